@@ -1,0 +1,330 @@
+//! A circuit breaker per candidate: closed → open after `consecutive_failures` provider
+//! failures in a row, or a failure rate of at least `failure_rate` over the last `window`
+//! attempts (once `min_attempts` were seen) → half-open after `open_ms`, admitting at most
+//! `half_open_probes` probes → closed after `successes_to_close` probe successes (any probe
+//! failure re-opens). A provider's `Retry-After` opens it for that long.
+//!
+//! Time is passed in; every transition is returned so the caller can count it.
+
+use crate::decision::{Millis, Timestamp};
+use serde::{Deserialize, Serialize};
+
+/// Thresholds of a [`Breaker`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    pub consecutive_failures: u32,
+    pub failure_rate: f64,
+    /// Attempts remembered for the failure rate (at most 64).
+    pub window: u32,
+    pub min_attempts: u32,
+    pub open_ms: f64,
+    pub half_open_probes: u32,
+    pub successes_to_close: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            consecutive_failures: 5,
+            failure_rate: 0.5,
+            window: 20,
+            min_attempts: 10,
+            open_ms: 30_000.0,
+            half_open_probes: 2,
+            successes_to_close: 2,
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// Checks the ranges.
+    ///
+    /// # Errors
+    /// A field outside its range, named.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        use crate::error::out_of_range;
+        if self.consecutive_failures == 0 {
+            return Err(out_of_range(
+                "breaker.consecutive_failures",
+                0,
+                "must be at least 1",
+            ));
+        }
+        crate::error::unit_interval("breaker.failure_rate", self.failure_rate)?;
+        if !(1..=64).contains(&self.window) {
+            return Err(out_of_range(
+                "breaker.window",
+                self.window,
+                "must be 1 to 64",
+            ));
+        }
+        if self.min_attempts > self.window {
+            return Err(out_of_range(
+                "breaker.min_attempts",
+                self.min_attempts,
+                "must not exceed breaker.window",
+            ));
+        }
+        crate::error::non_negative("breaker.open_ms", self.open_ms)?;
+        if self.half_open_probes == 0 || self.successes_to_close == 0 {
+            return Err(out_of_range(
+                "breaker.half_open_probes / successes_to_close",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if self.successes_to_close > self.half_open_probes {
+            return Err(out_of_range(
+                "breaker.successes_to_close",
+                self.successes_to_close,
+                "must not exceed breaker.half_open_probes, or the breaker could never close",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a breaker stands.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open { until: Timestamp },
+    HalfOpen { probes: u32, successes: u32 },
+}
+
+/// Whether an attempt may go to the candidate now.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Admission {
+    Allowed,
+    /// Allowed as one of the bounded half-open probes.
+    Probe,
+    Rejected {
+        until: Option<Timestamp>,
+    },
+}
+
+/// A state change, for metrics and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transition {
+    Opened,
+    HalfOpened,
+    Closed,
+}
+
+/// What an attempt means to the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerOutcome {
+    Success,
+    Failure,
+    /// Client errors and cancellations say nothing about the provider's health.
+    Ignored,
+}
+
+/// One candidate's circuit breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Breaker {
+    pub state: BreakerState,
+    consecutive: u32,
+    /// Last `len` outcomes, newest in bit 0, 1 = failure.
+    recent: u64,
+    len: u32,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            state: BreakerState::Closed,
+            consecutive: 0,
+            recent: 0,
+            len: 0,
+        }
+    }
+}
+
+impl Breaker {
+    /// What [`Breaker::admit`] would answer, without changing anything.
+    #[must_use]
+    pub fn peek(&self, now: Timestamp, cfg: &BreakerConfig) -> Admission {
+        match self.state {
+            BreakerState::Closed => Admission::Allowed,
+            BreakerState::Open { until } if now.0 < until.0 => {
+                Admission::Rejected { until: Some(until) }
+            }
+            BreakerState::Open { .. } => Admission::Probe,
+            BreakerState::HalfOpen { probes, .. } if probes < cfg.half_open_probes => {
+                Admission::Probe
+            }
+            BreakerState::HalfOpen { .. } => Admission::Rejected { until: None },
+        }
+    }
+
+    /// Admits an attempt: moves open → half-open when the open period is over and counts
+    /// half-open probes.
+    pub fn admit(
+        &mut self,
+        now: Timestamp,
+        cfg: &BreakerConfig,
+    ) -> (Admission, Option<Transition>) {
+        let mut transition = None;
+        if let BreakerState::Open { until } = self.state {
+            if now.0 >= until.0 {
+                self.state = BreakerState::HalfOpen {
+                    probes: 0,
+                    successes: 0,
+                };
+                transition = Some(Transition::HalfOpened);
+            }
+        }
+        let admission = self.peek(now, cfg);
+        if let (Admission::Probe, BreakerState::HalfOpen { probes, .. }) =
+            (admission, &mut self.state)
+        {
+            *probes += 1;
+        }
+        (admission, transition)
+    }
+
+    /// Records an attempt's outcome at `now`.
+    pub fn record(
+        &mut self,
+        now: Timestamp,
+        outcome: BreakerOutcome,
+        cfg: &BreakerConfig,
+    ) -> Option<Transition> {
+        if outcome == BreakerOutcome::Ignored {
+            return None;
+        }
+        let failed = outcome == BreakerOutcome::Failure;
+        match &mut self.state {
+            BreakerState::HalfOpen { probes, successes } => {
+                *probes = probes.saturating_sub(1);
+                if failed {
+                    return self.open(now.plus(Millis(cfg.open_ms)));
+                }
+                *successes += 1;
+                if *successes >= cfg.successes_to_close {
+                    *self = Breaker::default();
+                    return Some(Transition::Closed);
+                }
+                None
+            }
+            // A late result of an attempt admitted before the breaker opened.
+            BreakerState::Open { .. } => None,
+            BreakerState::Closed => {
+                self.recent = (self.recent << 1) | u64::from(failed);
+                self.len = (self.len + 1).min(cfg.window);
+                self.consecutive = if failed { self.consecutive + 1 } else { 0 };
+                let mask = if cfg.window >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << cfg.window) - 1
+                };
+                let failures = (self.recent & mask).count_ones();
+                let rate_trip = self.len >= cfg.min_attempts
+                    && f64::from(failures) >= cfg.failure_rate * f64::from(self.len);
+                if failed && (self.consecutive >= cfg.consecutive_failures || rate_trip) {
+                    return self.open(now.plus(Millis(cfg.open_ms)));
+                }
+                None
+            }
+        }
+    }
+
+    /// Opens until `until` (e.g. a `Retry-After`), unless already open for longer.
+    pub fn open(&mut self, until: Timestamp) -> Option<Transition> {
+        match self.state {
+            BreakerState::Open { until: current } if current.0 >= until.0 => None,
+            BreakerState::Open { .. } => {
+                self.state = BreakerState::Open { until };
+                None
+            }
+            _ => {
+                self.state = BreakerState::Open { until };
+                self.consecutive = 0;
+                self.recent = 0;
+                self.len = 0;
+                Some(Transition::Opened)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: f64) -> Timestamp {
+        Timestamp(ms)
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_then_probes_then_closes() {
+        let cfg = BreakerConfig::default();
+        let mut b = Breaker::default();
+        for i in 0..4 {
+            assert_eq!(
+                b.record(t(f64::from(i)), BreakerOutcome::Failure, &cfg),
+                None
+            );
+        }
+        assert_eq!(
+            b.record(t(4.0), BreakerOutcome::Failure, &cfg),
+            Some(Transition::Opened)
+        );
+        assert!(matches!(b.peek(t(10.0), &cfg), Admission::Rejected { .. }));
+        // After open_ms: half-open, at most two probes.
+        let later = t(4.0 + cfg.open_ms);
+        assert_eq!(
+            b.admit(later, &cfg),
+            (Admission::Probe, Some(Transition::HalfOpened))
+        );
+        assert_eq!(b.admit(later, &cfg).0, Admission::Probe);
+        assert!(matches!(b.admit(later, &cfg).0, Admission::Rejected { .. }));
+        assert_eq!(b.record(later, BreakerOutcome::Success, &cfg), None);
+        assert_eq!(
+            b.record(later, BreakerOutcome::Success, &cfg),
+            Some(Transition::Closed)
+        );
+        assert_eq!(b.peek(later, &cfg), Admission::Allowed);
+    }
+
+    #[test]
+    fn failure_rate_over_the_window_trips() {
+        let cfg = BreakerConfig::default();
+        let mut b = Breaker::default();
+        // Alternate failure/success: never 5 in a row, but 50% over 10 attempts.
+        let mut opened = None;
+        for i in 0..10 {
+            let o = if i % 2 == 0 {
+                BreakerOutcome::Success
+            } else {
+                BreakerOutcome::Failure
+            };
+            opened = opened.or(b.record(t(f64::from(i)), o, &cfg));
+        }
+        assert_eq!(opened, Some(Transition::Opened));
+    }
+
+    #[test]
+    fn probe_failure_reopens_and_retry_after_opens() {
+        let cfg = BreakerConfig::default();
+        let mut b = Breaker::default();
+        assert_eq!(b.open(t(1000.0)), Some(Transition::Opened));
+        let _ = b.admit(t(1000.0), &cfg);
+        assert_eq!(
+            b.record(t(1000.0), BreakerOutcome::Failure, &cfg),
+            Some(Transition::Opened)
+        );
+        assert_eq!(
+            b.state,
+            BreakerState::Open {
+                until: t(1000.0 + cfg.open_ms)
+            }
+        );
+        // Client errors are ignored whatever the state.
+        assert_eq!(b.record(t(1.0), BreakerOutcome::Ignored, &cfg), None);
+    }
+}

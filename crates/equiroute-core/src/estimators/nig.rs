@@ -1,0 +1,332 @@
+//! Normal-Inverse-Gamma posterior over the log-latency of a candidate.
+//!
+//! State is kept as decayed sufficient statistics of `y = ln(latency)`: the (decayed) weight
+//! `n`, the weighted mean `meanLog` and the weighted sum of squared deviations
+//! `deviationSum`. With a prior (μ0, κ0, α0, β0) the posterior is
+//!
+//! ```text
+//! κn = κ0 + n
+//! μn = (κ0·μ0 + n·meanLog) / κn
+//! αn = α0 + n/2
+//! βn = β0 + 0.5·deviationSum + κ0·n·(meanLog − μ0)² / (2·κn)
+//! ```
+//!
+//! Statistics merge exactly (Chan's parallel formula), so instances can share them; time
+//! decay multiplies `n` and `deviationSum` by `2^(−Δt/half_life)`, keeping the mean.
+//!
+//! **Censoring.** A request cancelled at the deadline `d` only says `y ≥ ln d`. Recording it
+//! as `ln d` biases the tail low; dropping it biases toward fast. We impute it with the
+//! moments of the current posterior truncated to `y > ln d` (mean `μ + σ·λ(a)` and variance
+//! `σ²·(1 + aλ − λ²)`, with `λ` the inverse Mills ratio): the point enters the mean and its
+//! conditional variance enters `deviationSum`. Repeated online, this is the EM fixed point
+//! of the censored normal likelihood; `tests/calibration.rs` checks that the predicted
+//! deadline-miss probability converges to the true one.
+
+use super::decay_factor;
+use super::dist::{lognormal_exceedance, truncated_normal_moments};
+use crate::decision::Timestamp;
+use rand::RngCore;
+use rand_distr::{Distribution, Gamma, StandardNormal};
+use serde::{Deserialize, Serialize};
+
+/// Prior of the log-latency posterior.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NigPrior {
+    /// Prior mean of ln(latency in ms).
+    pub mu0: f64,
+    /// Pseudo-observations behind `mu0`.
+    pub kappa0: f64,
+    /// Shape of the variance prior (> 1 for a finite prior mean of σ²).
+    pub alpha0: f64,
+    /// Scale of the variance prior; the prior mean of σ² is β0/(α0−1).
+    pub beta0: f64,
+}
+
+impl Default for NigPrior {
+    /// A weak prior centred on 1 s with σ² ≈ 0.5 (a factor of two either way is one σ).
+    fn default() -> Self {
+        NigPrior {
+            mu0: 1000f64.ln(),
+            kappa0: 1.0,
+            alpha0: 2.0,
+            beta0: 0.5,
+        }
+    }
+}
+
+impl NigPrior {
+    /// Checks the ranges.
+    ///
+    /// # Errors
+    /// A field outside its range, named.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        if !self.mu0.is_finite() {
+            return Err(crate::error::out_of_range(
+                "latency_prior.mu0",
+                self.mu0,
+                "must be a finite log-latency, e.g. ln(1000 ms) = 6.9",
+            ));
+        }
+        crate::error::positive("latency_prior.kappa0", self.kappa0)?;
+        crate::error::positive("latency_prior.alpha0", self.alpha0)?;
+        crate::error::positive("latency_prior.beta0", self.beta0)?;
+        Ok(())
+    }
+
+    /// The posterior of no data: the prior itself.
+    #[must_use]
+    pub fn as_posterior(&self) -> NigPosterior {
+        NigPosterior {
+            mu_n: self.mu0,
+            kappa_n: self.kappa0,
+            alpha_n: self.alpha0,
+            beta_n: self.beta0,
+        }
+    }
+}
+
+/// Decayed sufficient statistics of log-latencies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogLatencyStats {
+    /// Decayed number of observations `n`.
+    pub weight: f64,
+    /// Weighted mean of the logs, `meanLog`.
+    pub mean_log: f64,
+    /// Weighted sum of squared deviations from the mean, `deviationSum`.
+    pub deviation_sum: f64,
+    /// Exact number of observations ever recorded (not decayed).
+    pub count: u64,
+    /// Exact number of those that were censored.
+    pub censored: u64,
+    /// The time the decayed sums refer to.
+    pub at: Timestamp,
+}
+
+impl LogLatencyStats {
+    /// Statistics of a batch of latencies (no decay), e.g. for tests and fixtures.
+    #[must_use]
+    pub fn from_latencies(latencies_ms: &[f64]) -> LogLatencyStats {
+        let mut s = LogLatencyStats::default();
+        for &l in latencies_ms {
+            s.add_log(l.ln(), 1.0, 0.0);
+        }
+        s.count = latencies_ms.len() as u64;
+        s
+    }
+
+    /// Decays the sums to `now` (never backwards).
+    pub fn decay_to(&mut self, now: Timestamp, half_life_ms: Option<f64>) {
+        if now.0 > self.at.0 {
+            let f = decay_factor(half_life_ms, now.0 - self.at.0);
+            self.weight *= f;
+            self.deviation_sum *= f;
+            self.at = now;
+        }
+    }
+
+    /// Adds a log-latency `y` with weight `w` and extra spread `extra_var` (the conditional
+    /// variance of an imputed observation; 0 for an exact one).
+    fn add_log(&mut self, y: f64, w: f64, extra_var: f64) {
+        let new_weight = self.weight + w;
+        let delta = y - self.mean_log;
+        self.mean_log += delta * w / new_weight;
+        self.deviation_sum += w * delta * (y - self.mean_log) + w * extra_var;
+        self.weight = new_weight;
+    }
+
+    /// Records a completed attempt's latency at time `now`.
+    pub fn observe(&mut self, now: Timestamp, latency_ms: f64, half_life_ms: Option<f64>) {
+        self.decay_to(now, half_life_ms);
+        self.add_log(latency_ms.max(1e-3).ln(), 1.0, 0.0);
+        self.count += 1;
+    }
+
+    /// Records an attempt cut off after `cutoff_ms` (true latency ≥ cutoff), imputed from
+    /// `belief`, the current posterior of this slice.
+    pub fn observe_censored(
+        &mut self,
+        now: Timestamp,
+        cutoff_ms: f64,
+        belief: &NigPosterior,
+        half_life_ms: Option<f64>,
+    ) {
+        let (mean, var) = belief.censored_moments(cutoff_ms);
+        self.observe_imputed(now, mean, var, half_life_ms);
+    }
+
+    /// Records a censored attempt already imputed as log-mean `mean` and variance `var`
+    /// (see [`NigPosterior::censored_moments`]); lets one imputation feed several slices.
+    pub fn observe_imputed(
+        &mut self,
+        now: Timestamp,
+        mean: f64,
+        var: f64,
+        half_life_ms: Option<f64>,
+    ) {
+        self.decay_to(now, half_life_ms);
+        self.add_log(mean, 1.0, var);
+        self.count += 1;
+        self.censored += 1;
+    }
+
+    /// Adds another instance's statistics (Chan's parallel formula after decaying both to the
+    /// later of their two times): the statistics of the union of the two streams.
+    pub fn merge(&mut self, other: &LogLatencyStats, half_life_ms: Option<f64>) {
+        let mut other = *other;
+        let t = if other.at.0 > self.at.0 {
+            other.at
+        } else {
+            self.at
+        };
+        self.decay_to(t, half_life_ms);
+        other.decay_to(t, half_life_ms);
+        let total = self.weight + other.weight;
+        if total > 0.0 {
+            let delta = other.mean_log - self.mean_log;
+            self.mean_log += delta * other.weight / total;
+            self.deviation_sum +=
+                other.deviation_sum + delta * delta * self.weight * other.weight / total;
+        }
+        self.weight = total;
+        self.count += other.count;
+        self.censored += other.censored;
+    }
+
+    /// The same statistics worth at most `max_weight` observations (mean kept, spread scaled):
+    /// what a sparse child slice borrows from its parent.
+    #[must_use]
+    pub fn capped(&self, max_weight: f64) -> LogLatencyStats {
+        let mut s = *self;
+        if s.weight > max_weight {
+            let f = max_weight / s.weight;
+            s.weight = max_weight;
+            s.deviation_sum *= f;
+        }
+        s
+    }
+
+    /// The posterior under `prior` (the four update formulas).
+    #[must_use]
+    pub fn posterior(&self, prior: &NigPrior) -> NigPosterior {
+        let n = self.weight;
+        let kappa_n = prior.kappa0 + n;
+        NigPosterior {
+            kappa_n,
+            mu_n: (prior.kappa0 * prior.mu0 + n * self.mean_log) / kappa_n,
+            alpha_n: prior.alpha0 + n / 2.0,
+            beta_n: prior.beta0
+                + 0.5 * self.deviation_sum
+                + prior.kappa0 * n * (self.mean_log - prior.mu0).powi(2) / (2.0 * kappa_n),
+        }
+    }
+}
+
+/// Posterior parameters (μn, κn, αn, βn).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NigPosterior {
+    pub mu_n: f64,
+    pub kappa_n: f64,
+    pub alpha_n: f64,
+    pub beta_n: f64,
+}
+
+impl NigPosterior {
+    /// Posterior mean of σ²: βn/(αn−1) (βn/αn when αn ≤ 1, the mode-like fallback).
+    #[must_use]
+    pub fn mean_sigma2(&self) -> f64 {
+        if self.alpha_n > 1.0 {
+            self.beta_n / (self.alpha_n - 1.0)
+        } else {
+            self.beta_n / self.alpha_n
+        }
+    }
+
+    /// A point estimate (μn, sqrt(E[σ²])).
+    #[must_use]
+    pub fn point(&self) -> (f64, f64) {
+        (self.mu_n, self.mean_sigma2().sqrt())
+    }
+
+    /// A Thompson draw: σ² ~ InvGamma(αn, βn), μ ~ N(μn, σ²/κn). Returns (μ, σ).
+    pub fn sample(&self, rng: &mut dyn RngCore) -> (f64, f64) {
+        // InvGamma(α, β) = β / Gamma(α, 1). Parameters are positive by construction.
+        let g = Gamma::new(self.alpha_n, 1.0).map_or(self.alpha_n, |g| g.sample(rng));
+        let sigma2 = self.beta_n / g.max(1e-300);
+        let z: f64 = StandardNormal.sample(rng);
+        let mu = self.mu_n + (sigma2 / self.kappa_n).sqrt() * z;
+        (mu, sigma2.sqrt())
+    }
+
+    /// `P(L > d)` for one posterior draw.
+    pub fn sampled_exceedance(&self, deadline_ms: f64, rng: &mut dyn RngCore) -> f64 {
+        let (mu, sigma) = self.sample(rng);
+        lognormal_exceedance(mu, sigma, deadline_ms)
+    }
+
+    /// Plug-in `P(L > d)` at the point estimate (no sampling), for guardrails and display.
+    #[must_use]
+    pub fn point_exceedance(&self, deadline_ms: f64) -> f64 {
+        let (mu, sigma) = self.point();
+        lognormal_exceedance(mu, sigma, deadline_ms)
+    }
+
+    /// Mean and variance of `ln L` given `L ≥ cutoff`, at the point estimate: the imputation
+    /// of a censored observation.
+    #[must_use]
+    pub fn censored_moments(&self, cutoff_ms: f64) -> (f64, f64) {
+        let (mu, sigma) = self.point();
+        truncated_normal_moments(mu, sigma, cutoff_ms.max(1e-3).ln())
+    }
+
+    /// Median latency in ms at the point estimate.
+    #[must_use]
+    pub fn median_ms(&self) -> f64 {
+        self.mu_n.exp()
+    }
+}
+
+/// `P(bad) = P(fail) + (1 − P(fail))·P(L > d)`.
+#[must_use]
+pub fn bad_outcome_probability(failure: f64, exceedance: f64) -> f64 {
+    failure + (1.0 - failure) * exceedance
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_outcome_example_from_the_reference() {
+        // 2% + (1 − 2%)·5% = 6.9%
+        assert!((bad_outcome_probability(0.02, 0.05) - 0.069).abs() < 1e-15);
+    }
+
+    #[test]
+    fn posterior_formulas_by_hand() {
+        // Two latencies e^1 and e^3 ms: n = 2, meanLog = 2, deviationSum = 2.
+        let s = LogLatencyStats::from_latencies(&[1f64.exp(), 3f64.exp()]);
+        assert!((s.mean_log - 2.0).abs() < 1e-12 && (s.deviation_sum - 2.0).abs() < 1e-12);
+        let prior = NigPrior {
+            mu0: 0.0,
+            kappa0: 1.0,
+            alpha0: 2.0,
+            beta0: 1.0,
+        };
+        let p = s.posterior(&prior);
+        // κn = 3, μn = (0 + 2·2)/3 = 4/3, αn = 3, βn = 1 + 1 + 1·2·4/(2·3) = 10/3.
+        assert!((p.kappa_n - 3.0).abs() < 1e-12);
+        assert!((p.mu_n - 4.0 / 3.0).abs() < 1e-12);
+        assert!((p.alpha_n - 3.0).abs() < 1e-12);
+        assert!((p.beta_n - 10.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn decay_halves_the_weight_after_one_half_life() {
+        let mut s = LogLatencyStats::default();
+        s.observe(Timestamp(0.0), 100.0, Some(1000.0));
+        s.decay_to(Timestamp(1000.0), Some(1000.0));
+        assert!((s.weight - 0.5).abs() < 1e-12);
+        assert!((s.mean_log - 100f64.ln()).abs() < 1e-12);
+    }
+}

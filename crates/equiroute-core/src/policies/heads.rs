@@ -1,0 +1,154 @@
+//! Per-candidate LinUCB quality heads, shared by `lqm`, `lqm-ts`, `linucb` and `additive`,
+//! and the disjoint-LinUCB baseline itself (`û + α·sqrt(xᵀA⁻¹x)`, latency ignored).
+
+use super::{
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
+    QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+};
+use crate::estimators::linucb::{LinUcbConfig, LinUcbHead};
+use crate::StateError;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+/// One LinUCB head per candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeadsState {
+    pub heads: Vec<LinUcbHead>,
+}
+
+impl HeadsState {
+    pub(crate) fn new(k: usize, dim: usize, cfg: LinUcbConfig) -> HeadsState {
+        HeadsState {
+            heads: (0..k).map(|_| LinUcbHead::new(dim, cfg)).collect(),
+        }
+    }
+
+    /// `(û, sqrt(xᵀA⁻¹x))` of candidate `i`.
+    pub(crate) fn estimate(&self, i: usize, x: &[f64]) -> (f64, f64) {
+        let h = &self.heads[i];
+        (h.estimate(x), h.width_sq(x).sqrt())
+    }
+
+    pub(crate) fn merge(&mut self, other: &HeadsState) -> Result<(), StateError> {
+        check_len("candidates", self.heads.len(), other.heads.len())?;
+        for (h, o) in self.heads.iter_mut().zip(&other.heads) {
+            h.merge(o)?;
+        }
+        Ok(())
+    }
+}
+
+/// Parameters of the `linucb` baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LinUcbPolicyConfig {
+    /// Exploration scale α.
+    pub alpha_ucb: f64,
+    /// The quality heads.
+    pub head: LinUcbConfig,
+    /// Quality recorded for an attempt that failed or timed out (`None`: learn nothing).
+    pub failure_quality: Option<f64>,
+}
+
+impl Default for LinUcbPolicyConfig {
+    fn default() -> Self {
+        LinUcbPolicyConfig {
+            alpha_ucb: 0.5,
+            head: LinUcbConfig::default(),
+            failure_quality: Some(0.0),
+        }
+    }
+}
+
+impl LinUcbPolicyConfig {
+    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
+        crate::error::non_negative("alpha_ucb", self.alpha_ucb)?;
+        if let Some(q) = self.failure_quality {
+            crate::error::unit_interval("failure_quality", q)?;
+        }
+        self.head.validate()
+    }
+}
+
+/// The quality that a failed or timed-out attempt teaches, if any.
+pub(crate) fn failure_lesson(
+    obs: &AttemptObservation<'_>,
+    failure_quality: Option<f64>,
+) -> Option<f64> {
+    let s = obs.outcome.status;
+    if s.is_provider_failure() || s == crate::AttemptStatus::Timeout {
+        failure_quality
+    } else {
+        None
+    }
+}
+
+/// Disjoint LinUCB: `û_i + α·sqrt(xᵀA_i⁻¹x)`.
+#[derive(Clone, Debug)]
+pub struct LinUcbPolicy {
+    cfg: LinUcbPolicyConfig,
+    heads: HeadsState,
+}
+
+impl LinUcbPolicy {
+    /// A policy over `k` candidates with `dim` features.
+    #[must_use]
+    pub fn new(k: usize, dim: usize, cfg: LinUcbPolicyConfig) -> LinUcbPolicy {
+        LinUcbPolicy {
+            cfg,
+            heads: HeadsState::new(k, dim, cfg.head),
+        }
+    }
+}
+
+impl Policy for LinUcbPolicy {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Linucb
+    }
+
+    fn rank(&self, ctx: &RankContext<'_>, _rng: &mut dyn RngCore) -> Ranking {
+        let mut r = Ranking {
+            order: ctx
+                .eligible
+                .iter()
+                .map(|&i| {
+                    let (u, w) = self.heads.estimate(i, ctx.features);
+                    let bonus = self.cfg.alpha_ucb * w;
+                    ScoredCandidate {
+                        index: i,
+                        score: u + bonus,
+                        breakdown: ScoreBreakdown {
+                            quality: Some(u),
+                            exploration: Some(bonus),
+                            ..ScoreBreakdown::default()
+                        },
+                    }
+                })
+                .collect(),
+            first_choice_probability: Some(1.0),
+        };
+        r.sort();
+        r
+    }
+
+    fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
+        if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
+            self.heads.heads[obs.candidate].update(obs.features, u, obs.now);
+        }
+    }
+
+    fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
+        self.heads.heads[obs.candidate].update(obs.features, obs.quality, obs.now);
+    }
+
+    fn export_state(&self) -> PolicyState {
+        PolicyState::Linucb(self.heads.clone())
+    }
+
+    fn merge_state(&mut self, other: &PolicyState) -> Result<(), StateError> {
+        match other {
+            PolicyState::Linucb(h) => self.heads.merge(h),
+            _ => Err(wrong_policy(PolicyKind::Linucb, other)),
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! Routing policies: one trait, one file per policy, one way to build any of them by name.
+//!
+//! | name | what it ranks by |
+//! |---|---|
+//! | `lqm` | LQM-ContextRoute: `û/(1+τ̂/L_ref) + α·sqrt(xᵀA⁻¹x)/(1+λΔ)` |
+//! | `ts-deadline` | deadline-risk Thompson sampling: sampled `P(bad)` and cost |
+//! | `lqm-ts` | ours: contextual quality per service cycle × P(good) per unit of cost |
+//! | `sw-ucb` | sliding-window UCB on the scalar reward (quality) |
+//! | `linucb` | disjoint LinUCB on quality, latency ignored |
+//! | `additive` | LinUCB on `α·u − (1−α)·τ̃` |
+//! | `priority-cooldown` | a fixed order; candidates cool down after `allowed_fails` |
+//! | `round-robin`, `random`, `static` | rotation, uniform shuffle, one fixed candidate first |
+//! | `least-latency`, `least-busy`, `cheapest` | latency EMA, in-flight count, price among healthy |
+//! | `oracle` | true expected values supplied by the laboratory (for regret) |
+
+mod additive;
+mod config;
+mod heads;
+mod lqm;
+mod lqm_ts;
+mod priority_cooldown;
+mod risk;
+mod simple;
+mod sw_ucb;
+mod ts_deadline;
+
+pub use additive::{Additive, AdditiveConfig};
+pub use config::{PolicyConfig, PolicyKind};
+pub use heads::{LinUcbPolicy, LinUcbPolicyConfig};
+pub use lqm::{Lqm, LqmConfig};
+pub use lqm_ts::{LqmTs, LqmTsConfig};
+pub use priority_cooldown::{PriorityCooldown, PriorityCooldownConfig};
+pub use risk::{CostObjective, RiskConfig, RiskModel, RiskSample};
+pub use simple::{
+    Cheapest, CheapestConfig, LeastBusy, LeastLatency, LeastLatencyConfig, Oracle, RandomOrder,
+    RoundRobin, Static, StaticConfig,
+};
+pub use sw_ucb::{SwUcb, SwUcbConfig};
+pub use ts_deadline::{TsDeadline, TsDeadlineConfig};
+
+use crate::decision::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp, TokenEstimate};
+use crate::error::StateError;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+/// What a policy sees when it ranks one request.
+#[derive(Clone, Copy, Debug)]
+pub struct RankContext<'a> {
+    /// All candidates of the interface (indices below refer to this slice).
+    pub candidates: &'a [Candidate],
+    /// Indices of the eligible candidates, in configuration order.
+    pub eligible: &'a [usize],
+    /// The request's feature vector (dimension checked by the caller).
+    pub features: &'a [f64],
+    /// The request's deadline, if any.
+    pub deadline: Option<Millis>,
+    /// The statistics slice of the request.
+    pub slice: SlicePath,
+    /// Expected token counts, for per-token prices.
+    pub tokens: TokenEstimate,
+    /// In-flight attempts per candidate (for `least-busy`).
+    pub in_flight: Option<&'a [u32]>,
+    /// The current time.
+    pub now: Timestamp,
+    /// True expected value per candidate for this request (laboratory only, for `oracle`).
+    pub oracle_values: Option<&'a [f64]>,
+}
+
+impl<'a> RankContext<'a> {
+    /// A context with no deadline, the root slice, time 0 and no token estimate.
+    #[must_use]
+    pub fn new(candidates: &'a [Candidate], eligible: &'a [usize], features: &'a [f64]) -> Self {
+        RankContext {
+            candidates,
+            eligible,
+            features,
+            deadline: None,
+            slice: SlicePath::root(),
+            tokens: TokenEstimate::default(),
+            in_flight: None,
+            now: Timestamp(0.0),
+            oracle_values: None,
+        }
+    }
+
+    /// The expected cost of a call to candidate `i`.
+    #[must_use]
+    pub fn expected_cost(&self, i: usize) -> f64 {
+        self.candidates[i].price.cost(self.tokens).0
+    }
+}
+
+/// The per-candidate numbers behind a score, for the audit log and the state endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScoreBreakdown {
+    /// Estimated quality `û`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<f64>,
+    /// Exploration bonus added to the score.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exploration: Option<f64>,
+    /// Latency estimate in ms (EMA or posterior median).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<f64>,
+    /// Estimated provider-failure probability.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_probability: Option<f64>,
+    /// Sampled probability of missing the deadline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_miss_probability: Option<f64>,
+    /// Sampled `P(bad) = P(fail) + (1−P(fail))·P(L>d)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bad_probability: Option<f64>,
+    /// Expected cost of the call in USD.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The candidate was held back from exploration by a guardrail (ranked last).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub guarded: bool,
+}
+
+/// One ranked candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScoredCandidate {
+    /// Index into [`RankContext::candidates`].
+    pub index: usize,
+    /// The policy's score (higher is better); always finite.
+    pub score: f64,
+    pub breakdown: ScoreBreakdown,
+}
+
+/// A policy's answer: the eligible candidates, best first (the fallback order).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ranking {
+    pub order: Vec<ScoredCandidate>,
+    /// Probability with which the first choice was picked, where the policy defines one
+    /// (1 for deterministic policies, 1/K for uniform random; Thompson policies estimate it
+    /// by re-sampling when `propensity_samples > 0`).
+    pub first_choice_probability: Option<f64>,
+}
+
+impl Ranking {
+    /// Candidate indices in ranked order.
+    pub fn indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.order.iter().map(|s| s.index)
+    }
+
+    /// Sorts by score, best first; ties keep eligibility order (stable sort).
+    pub(crate) fn sort(&mut self) {
+        self.order.sort_by(|a, b| b.score.total_cmp(&a.score));
+    }
+}
+
+/// One finished attempt, as the policy learns from it.
+#[derive(Clone, Copy, Debug)]
+pub struct AttemptObservation<'a> {
+    pub candidate: usize,
+    pub features: &'a [f64],
+    pub slice: SlicePath,
+    pub deadline: Option<Millis>,
+    pub outcome: &'a AttemptOutcome,
+    pub now: Timestamp,
+}
+
+/// A delayed quality score for the attempt that answered a request.
+#[derive(Clone, Copy, Debug)]
+pub struct QualityObservation<'a> {
+    pub candidate: usize,
+    /// The features of the request the score is about (kept with the pending decision).
+    pub features: &'a [f64],
+    /// Quality in `[0, 1]`.
+    pub quality: f64,
+    /// Latency of the attempt that answered (the additive baseline needs it).
+    pub latency: Millis,
+    pub now: Timestamp,
+}
+
+/// A routing policy. Ranking reads state (`&self`) so the gateway can rank from a shared
+/// snapshot; observations mutate it.
+pub trait Policy: Send + Sync + std::fmt::Debug {
+    /// Which policy this is.
+    fn kind(&self) -> PolicyKind;
+
+    /// Ranks the eligible candidates of `ctx`, best first. The result is a permutation of
+    /// `ctx.eligible` with finite scores.
+    fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking;
+
+    /// Learns from one attempt (every attempt, failed ones included).
+    fn observe_attempt(&mut self, obs: &AttemptObservation<'_>);
+
+    /// Learns from a delayed quality score.
+    fn observe_quality(&mut self, obs: &QualityObservation<'_>);
+
+    /// The learning state, for persistence and sharing.
+    fn export_state(&self) -> PolicyState;
+
+    /// Adds another instance's state: afterwards this policy holds the statistics of both
+    /// observation streams.
+    ///
+    /// # Errors
+    /// The state belongs to another policy or another shape of interface.
+    fn merge_state(&mut self, other: &PolicyState) -> Result<(), StateError>;
+}
+
+/// Exported learning state of any policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "kebab-case")]
+pub enum PolicyState {
+    Lqm(lqm::LqmState),
+    TsDeadline(risk::RiskState),
+    LqmTs(lqm_ts::LqmTsState),
+    SwUcb(sw_ucb::SwUcbState),
+    Linucb(heads::HeadsState),
+    Additive(heads::HeadsState),
+    PriorityCooldown(priority_cooldown::CooldownState),
+    LeastLatency(simple::EmaState),
+    Cheapest(simple::HealthState),
+    /// Policies that learn nothing (`round-robin`, `random`, `static`, `least-busy`, `oracle`).
+    Stateless {
+        kind: PolicyKind,
+    },
+}
+
+impl PolicyState {
+    /// The policy this state belongs to.
+    #[must_use]
+    pub fn kind(&self) -> PolicyKind {
+        match self {
+            PolicyState::Lqm(_) => PolicyKind::Lqm,
+            PolicyState::TsDeadline(_) => PolicyKind::TsDeadline,
+            PolicyState::LqmTs(_) => PolicyKind::LqmTs,
+            PolicyState::SwUcb(_) => PolicyKind::SwUcb,
+            PolicyState::Linucb(_) => PolicyKind::Linucb,
+            PolicyState::Additive(_) => PolicyKind::Additive,
+            PolicyState::PriorityCooldown(_) => PolicyKind::PriorityCooldown,
+            PolicyState::LeastLatency(_) => PolicyKind::LeastLatency,
+            PolicyState::Cheapest(_) => PolicyKind::Cheapest,
+            PolicyState::Stateless { kind } => *kind,
+        }
+    }
+}
+
+pub(crate) fn wrong_policy(expected: PolicyKind, found: &PolicyState) -> StateError {
+    StateError::WrongPolicy {
+        expected: expected.as_str().to_owned(),
+        found: found.kind().as_str().to_owned(),
+    }
+}
+
+pub(crate) fn check_len(what: &str, mine: usize, theirs: usize) -> Result<(), StateError> {
+    if mine == theirs {
+        Ok(())
+    } else {
+        Err(StateError::Shape {
+            what: format!("{what}: {mine} here, {theirs} in the merged state"),
+        })
+    }
+}

@@ -1,0 +1,373 @@
+//! The deadline-risk model shared by `ts-deadline` and `lqm-ts`: an EWMA failure rate per
+//! candidate and a Normal-Inverse-Gamma log-latency posterior per candidate and statistics
+//! slice, sampled Thompson-style into `P(bad) = P(fail) + (1−P(fail))·P(L>d)`.
+//!
+//! **Slices.** Latency is kept per candidate at every level of the request's [`SlicePath`]
+//! (all requests → task class → deadline class → streaming and input size). A level borrows
+//! strength from the level above explicitly: its effective statistics are the parent's
+//! effective statistics capped at `borrow_strength` pseudo-observations, merged with its own.
+//! A new slice therefore starts from its parent's belief and is dominated by its own data
+//! after a few dozen observations. Failures are per candidate (a rate limit hits every slice).
+
+use crate::decision::{AttemptStatus, SlicePath, Timestamp};
+use crate::estimators::ewma::{FailureRate, FailureRateConfig};
+use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPosterior, NigPrior};
+use crate::StateError;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::{check_len, AttemptObservation, RankContext};
+
+/// How cost enters the ranking of `ts-deadline` (the reference leaves it open; ours is
+/// explicit). `C_ref` is `cost_ref_usd` or, when unset, the mean expected cost of the
+/// eligible candidates of the request.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum CostObjective {
+    /// Maximise `(1 − P(bad)) / (1 + cost/C_ref)`: good outcomes per unit of spend, where
+    /// every call costs one overhead unit plus its price in units of `C_ref`.
+    CostPerGood { cost_ref_usd: Option<f64> },
+    /// The cheapest candidate whose sampled `P(bad)` is at most `max_bad`; the rest after it,
+    /// by sampled `P(bad)`.
+    RiskBudget { max_bad: f64 },
+    /// Lowest sampled `P(bad)`, cost ignored.
+    MinRisk,
+}
+
+impl Default for CostObjective {
+    fn default() -> Self {
+        CostObjective::CostPerGood { cost_ref_usd: None }
+    }
+}
+
+impl CostObjective {
+    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
+        match *self {
+            CostObjective::CostPerGood {
+                cost_ref_usd: Some(c),
+            } => crate::error::positive("objective.cost_ref_usd", c).map(|_| ()),
+            CostObjective::RiskBudget { max_bad } => {
+                crate::error::unit_interval("objective.max_bad", max_bad).map(|_| ())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Parameters of the risk model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RiskConfig {
+    /// Prior of the log-latency posterior.
+    pub latency_prior: NigPrior,
+    /// Half-life of latency observations in ms (`None`: no decay).
+    pub latency_half_life_ms: Option<f64>,
+    /// Failure-rate EWMA.
+    pub failure: FailureRateConfig,
+    /// Number of slice levels used (1 = no slicing, up to 4).
+    pub slice_depth: usize,
+    /// Pseudo-observations a slice borrows from its parent.
+    pub borrow_strength: f64,
+    /// A candidate whose point-estimate `P(bad)` exceeds this is not explored: it is ranked
+    /// after every other candidate (still available as a last fallback).
+    pub exploration_guard: f64,
+}
+
+impl Default for RiskConfig {
+    fn default() -> Self {
+        RiskConfig {
+            latency_prior: NigPrior::default(),
+            latency_half_life_ms: Some(600_000.0),
+            failure: FailureRateConfig::default(),
+            slice_depth: SlicePath::MAX_DEPTH,
+            borrow_strength: 20.0,
+            exploration_guard: 0.6,
+        }
+    }
+}
+
+impl RiskConfig {
+    pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
+        self.latency_prior.validate()?;
+        if let Some(h) = self.latency_half_life_ms {
+            crate::error::positive("latency_half_life_ms", h)?;
+        }
+        self.failure.validate()?;
+        if !(1..=SlicePath::MAX_DEPTH).contains(&self.slice_depth) {
+            return Err(crate::error::out_of_range(
+                "slice_depth",
+                self.slice_depth,
+                "must be 1 (no slicing) to 4 (task, deadline class, streaming + input size)",
+            ));
+        }
+        crate::error::non_negative("borrow_strength", self.borrow_strength)?;
+        crate::error::unit_interval("exploration_guard", self.exploration_guard)?;
+        Ok(())
+    }
+}
+
+/// One Thompson draw of a candidate's risk.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RiskSample {
+    pub failure: f64,
+    pub exceedance: f64,
+    pub bad: f64,
+    /// Point-estimate `P(bad)` exceeded the exploration guard.
+    pub guarded: bool,
+    /// Posterior median latency in ms.
+    pub median_ms: f64,
+}
+
+/// Exported risk statistics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RiskState {
+    pub failures: Vec<FailureRate>,
+    /// Latency statistics per (candidate, slice key), sorted.
+    pub slices: Vec<SliceStats>,
+}
+
+/// Latency statistics of one candidate in one slice.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SliceStats {
+    pub candidate: u32,
+    pub slice: u64,
+    pub stats: LogLatencyStats,
+}
+
+/// A multiplicative hash for small integer keys: the map is probed K × depth times per
+/// decision, and the default hasher's flood resistance buys nothing for keys we compute ourselves.
+#[derive(Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+type SliceMap = HashMap<(u32, u64), LogLatencyStats, BuildHasherDefault<KeyHasher>>;
+
+/// Failure rates and sliced latency posteriors of every candidate of an interface.
+#[derive(Clone, Debug)]
+pub struct RiskModel {
+    cfg: RiskConfig,
+    failures: Vec<FailureRate>,
+    latency: SliceMap,
+}
+
+impl RiskModel {
+    /// A model over `k` candidates.
+    #[must_use]
+    pub fn new(k: usize, cfg: RiskConfig) -> RiskModel {
+        RiskModel {
+            cfg,
+            failures: vec![FailureRate::default(); k],
+            latency: SliceMap::default(),
+        }
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &RiskConfig {
+        &self.cfg
+    }
+
+    /// The slice keys this model uses for a request: the path cut to `slice_depth`.
+    fn used_levels<'s>(&self, slice: &'s SlicePath) -> &'s [u64] {
+        let levels = slice.levels();
+        &levels[..self.cfg.slice_depth.min(levels.len())]
+    }
+
+    /// Effective latency posterior of candidate `i` in `slice` at `now`, after borrowing
+    /// strength down the slice path.
+    #[must_use]
+    pub fn posterior(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
+        let hl = self.cfg.latency_half_life_ms;
+        let mut effective = LogLatencyStats::default();
+        for (level, &key) in self.used_levels(&slice).iter().enumerate() {
+            let own = self.latency.get(&(i as u32, key)).map(|s| {
+                let mut s = *s;
+                s.decay_to(now, hl);
+                s
+            });
+            if level == 0 {
+                effective = own.unwrap_or_default();
+            } else {
+                let mut borrowed = effective.capped(self.cfg.borrow_strength);
+                if let Some(own) = own {
+                    borrowed.merge(&own, hl);
+                }
+                effective = borrowed;
+            }
+        }
+        effective.posterior(&self.cfg.latency_prior)
+    }
+
+    /// Smoothed failure probability of candidate `i` at `now`.
+    #[must_use]
+    pub fn failure_rate(&self, i: usize, now: Timestamp) -> f64 {
+        self.failures[i].rate(now, &self.cfg.failure)
+    }
+
+    /// Point estimates (no sampling): failure rate and deadline-miss probability.
+    #[must_use]
+    pub fn point(&self, i: usize, ctx: &RankContext<'_>) -> (f64, f64) {
+        let failure = self.failure_rate(i, ctx.now);
+        let exceed = ctx.deadline.map_or(0.0, |d| {
+            self.posterior(i, ctx.slice, ctx.now).point_exceedance(d.0)
+        });
+        (failure, exceed)
+    }
+
+    /// A Thompson draw of candidate `i`'s risk for this request. Draws from `rng` only when
+    /// the request has a deadline and the candidate is not guarded.
+    pub fn sample(&self, i: usize, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> RiskSample {
+        let failure = self.failure_rate(i, ctx.now);
+        let post = self.posterior(i, ctx.slice, ctx.now);
+        let Some(deadline) = ctx.deadline else {
+            return RiskSample {
+                failure,
+                exceedance: 0.0,
+                bad: failure,
+                guarded: failure > self.cfg.exploration_guard,
+                median_ms: post.median_ms(),
+            };
+        };
+        let point_bad = bad_outcome_probability(failure, post.point_exceedance(deadline.0));
+        if point_bad > self.cfg.exploration_guard {
+            return RiskSample {
+                failure,
+                exceedance: post.point_exceedance(deadline.0),
+                bad: point_bad,
+                guarded: true,
+                median_ms: post.median_ms(),
+            };
+        }
+        let exceedance = post.sampled_exceedance(deadline.0, rng);
+        RiskSample {
+            failure,
+            exceedance,
+            bad: bad_outcome_probability(failure, exceedance),
+            guarded: false,
+            median_ms: post.median_ms(),
+        }
+    }
+
+    /// Learns from one attempt: provider failures and successes feed the failure EWMA
+    /// (client errors and cancellations do not); completed latencies feed every slice level;
+    /// timeouts and cancellations are censored and imputed (see [`LogLatencyStats`]).
+    pub fn observe(&mut self, obs: &AttemptObservation<'_>) {
+        let i = obs.candidate;
+        let status = obs.outcome.status;
+        match status {
+            AttemptStatus::ClientError => return,
+            AttemptStatus::Cancelled => {}
+            AttemptStatus::Ok | AttemptStatus::Timeout | AttemptStatus::ProviderError(_) => {
+                self.failures[i].record(obs.now, status.is_provider_failure(), &self.cfg.failure);
+            }
+        }
+        let hl = self.cfg.latency_half_life_ms;
+        let latency = obs.outcome.latency.0;
+        if status.is_censored() {
+            let (mean, var) = self
+                .posterior(i, obs.slice, obs.now)
+                .censored_moments(latency);
+            for &key in self.used_levels(&obs.slice) {
+                self.latency
+                    .entry((i as u32, key))
+                    .or_default()
+                    .observe_imputed(obs.now, mean, var, hl);
+            }
+        } else if status == AttemptStatus::Ok {
+            for &key in self.used_levels(&obs.slice) {
+                self.latency
+                    .entry((i as u32, key))
+                    .or_default()
+                    .observe(obs.now, latency, hl);
+            }
+        }
+    }
+
+    /// Exports the statistics, slices sorted by (candidate, key).
+    #[must_use]
+    pub fn export(&self) -> RiskState {
+        let mut slices: Vec<SliceStats> = self
+            .latency
+            .iter()
+            .map(|(&(candidate, slice), &stats)| SliceStats {
+                candidate,
+                slice,
+                stats,
+            })
+            .collect();
+        slices.sort_by_key(|s| (s.candidate, s.slice));
+        RiskState {
+            failures: self.failures.clone(),
+            slices,
+        }
+    }
+
+    /// Adds another instance's statistics.
+    ///
+    /// # Errors
+    /// Different candidate counts.
+    pub fn merge(&mut self, other: &RiskState) -> Result<(), StateError> {
+        check_len("candidates", self.failures.len(), other.failures.len())?;
+        if let Some(bad) = other
+            .slices
+            .iter()
+            .find(|s| s.candidate as usize >= self.failures.len())
+        {
+            return Err(StateError::Shape {
+                what: format!("slice statistics for candidate {}", bad.candidate),
+            });
+        }
+        for (f, o) in self.failures.iter_mut().zip(&other.failures) {
+            f.merge(o, &self.cfg.failure);
+        }
+        for s in &other.slices {
+            self.latency
+                .entry((s.candidate, s.slice))
+                .or_default()
+                .merge(&s.stats, self.cfg.latency_half_life_ms);
+        }
+        Ok(())
+    }
+}
+
+/// `C_ref` for a request: configured, or the mean expected cost of the eligible candidates.
+pub(crate) fn cost_reference(configured: Option<f64>, ctx: &RankContext<'_>) -> f64 {
+    configured.unwrap_or_else(|| {
+        if ctx.eligible.is_empty() {
+            0.0
+        } else {
+            ctx.eligible
+                .iter()
+                .map(|&i| ctx.expected_cost(i))
+                .sum::<f64>()
+                / ctx.eligible.len() as f64
+        }
+    })
+}
+
+/// `1 / (1 + cost/C_ref)`, 1 when there is no cost reference.
+pub(crate) fn cost_factor(cost: f64, cost_ref: f64) -> f64 {
+    if cost_ref > 0.0 {
+        1.0 / (1.0 + cost / cost_ref)
+    } else {
+        1.0
+    }
+}

@@ -1,0 +1,26 @@
+//! The `equiroute` binary: one subcommand per module.
+
+mod policies;
+
+use clap::{Parser, Subcommand};
+
+/// Adaptive router for functionally equivalent providers.
+#[derive(Parser)]
+#[command(name = "equiroute", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the routing policies with one line each.
+    Policies,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Policies => policies::run(),
+    }
+    Ok(())
+}
