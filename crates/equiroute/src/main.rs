@@ -18,9 +18,8 @@ enum Command {
     Policies,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     match Cli::parse().command {
         Command::Policies => policies::run(),
     }
-    Ok(())
 }

@@ -28,7 +28,7 @@ pub struct FailureRateConfig {
 impl Default for FailureRateConfig {
     fn default() -> Self {
         FailureRateConfig {
-            half_life_ms: Some(60_000.0),
+            half_life_ms: Some(20_000.0),
             prior_rate: 0.02,
             prior_weight: 2.0,
         }

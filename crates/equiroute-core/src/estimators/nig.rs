@@ -118,11 +118,15 @@ impl LogLatencyStats {
     /// Decays the sums to `now` (never backwards).
     pub fn decay_to(&mut self, now: Timestamp, half_life_ms: Option<f64>) {
         if now.0 > self.at.0 {
-            let f = decay_factor(half_life_ms, now.0 - self.at.0);
-            self.weight *= f;
-            self.deviation_sum *= f;
+            self.scale(decay_factor(half_life_ms, now.0 - self.at.0));
             self.at = now;
         }
+    }
+
+    /// Multiplies the weight and the deviation sum by `factor` (the mean is unchanged).
+    pub fn scale(&mut self, factor: f64) {
+        self.weight *= factor;
+        self.deviation_sum *= factor;
     }
 
     /// Adds a log-latency `y` with weight `w` and extra spread `extra_var` (the conditional

@@ -86,12 +86,13 @@ impl Policy for Additive {
     }
 
     fn rank(&self, ctx: &RankContext<'_>, _rng: &mut dyn RngCore) -> Ranking {
+        let estimates = self.heads.estimates(ctx.eligible, ctx.features);
         let mut r = Ranking {
             order: ctx
                 .eligible
                 .iter()
-                .map(|&i| {
-                    let (reward, w) = self.heads.estimate(i, ctx.features);
+                .zip(estimates)
+                .map(|(&i, (reward, w))| {
                     let bonus = self.cfg.alpha_ucb * w;
                     ScoredCandidate {
                         index: i,

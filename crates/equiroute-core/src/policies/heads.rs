@@ -5,6 +5,7 @@ use super::{
     check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
+use crate::estimators::linalg::{dot_f32, dots, dots_f32, packed_outer, packed_outer_f32};
 use crate::estimators::linucb::{LinUcbConfig, LinUcbHead};
 use crate::StateError;
 use rand::RngCore;
@@ -23,10 +24,40 @@ impl HeadsState {
         }
     }
 
-    /// `(û, sqrt(xᵀA⁻¹x))` of candidate `i`.
-    pub(crate) fn estimate(&self, i: usize, x: &[f64]) -> (f64, f64) {
-        let h = &self.heads[i];
-        (h.estimate(x), h.width_sq(x).sqrt())
+    /// `(û, sqrt(xᵀA⁻¹x))` of each candidate in `eligible`, in that order. The widths are
+    /// dot products of each packed `A⁻¹` with `packed_outer(x)` (computed once), four heads
+    /// at a time, in single precision when the heads keep a single-precision copy.
+    pub(crate) fn estimates(&self, eligible: &[usize], x: &[f64]) -> Vec<(f64, f64)> {
+        let fast = eligible.iter().all(|&i| self.heads[i].fast_width());
+        let (outer, outer32) = if fast {
+            (Vec::new(), packed_outer_f32(x))
+        } else {
+            (packed_outer(x), Vec::new())
+        };
+        let mut out = Vec::with_capacity(eligible.len());
+        let mut quads = eligible.chunks_exact(4);
+        for q in &mut quads {
+            let widths: [f64; 4] = if fast {
+                let h = |k: usize| self.heads[q[k]].a_inv_packed_f32();
+                dots_f32([h(0), h(1), h(2), h(3)], &outer32).map(f64::from)
+            } else {
+                let h = |k: usize| self.heads[q[k]].a_inv_packed();
+                dots([h(0), h(1), h(2), h(3)], &outer)
+            };
+            for (&i, w) in q.iter().zip(widths) {
+                out.push((self.heads[i].estimate(x), w.max(0.0).sqrt()));
+            }
+        }
+        for &i in quads.remainder() {
+            let h = &self.heads[i];
+            let w = if fast {
+                f64::from(dot_f32(h.a_inv_packed_f32(), &outer32))
+            } else {
+                h.width_sq_outer(&outer)
+            };
+            out.push((h.estimate(x), w.max(0.0).sqrt()));
+        }
+        out
     }
 
     pub(crate) fn merge(&mut self, other: &HeadsState) -> Result<(), StateError> {
@@ -107,12 +138,13 @@ impl Policy for LinUcbPolicy {
     }
 
     fn rank(&self, ctx: &RankContext<'_>, _rng: &mut dyn RngCore) -> Ranking {
+        let estimates = self.heads.estimates(ctx.eligible, ctx.features);
         let mut r = Ranking {
             order: ctx
                 .eligible
                 .iter()
-                .map(|&i| {
-                    let (u, w) = self.heads.estimate(i, ctx.features);
+                .zip(estimates)
+                .map(|(&i, (u, w))| {
                     let bonus = self.cfg.alpha_ucb * w;
                     ScoredCandidate {
                         index: i,

@@ -105,21 +105,20 @@ impl LqmState {
 
     /// The LQM scores of every eligible candidate, unsorted.
     pub(crate) fn score(&self, cfg: &LqmConfig, ctx: &RankContext<'_>) -> Vec<ScoredCandidate> {
+        let estimates = self.heads.estimates(ctx.eligible, ctx.features);
         let mut out: Vec<ScoredCandidate> = ctx
             .eligible
             .iter()
-            .map(|&i| {
-                let (u, w) = self.heads.estimate(i, ctx.features);
-                ScoredCandidate {
-                    index: i,
-                    score: 0.0,
-                    breakdown: ScoreBreakdown {
-                        quality: Some(u),
-                        exploration: Some(cfg.alpha_ucb * w),
-                        latency_ms: Some(self.latency[i].value_ms),
-                        ..ScoreBreakdown::default()
-                    },
-                }
+            .zip(estimates)
+            .map(|(&i, (u, w))| ScoredCandidate {
+                index: i,
+                score: 0.0,
+                breakdown: ScoreBreakdown {
+                    quality: Some(u),
+                    exploration: Some(cfg.alpha_ucb * w),
+                    latency_ms: Some(self.latency[i].value_ms),
+                    ..ScoreBreakdown::default()
+                },
             })
             .collect();
         let best = out

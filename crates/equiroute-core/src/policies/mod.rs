@@ -25,17 +25,17 @@ mod sw_ucb;
 mod ts_deadline;
 
 pub use additive::{Additive, AdditiveConfig};
-pub use config::{PolicyConfig, PolicyKind};
-pub use heads::{LinUcbPolicy, LinUcbPolicyConfig};
-pub use lqm::{Lqm, LqmConfig};
-pub use lqm_ts::{LqmTs, LqmTsConfig};
-pub use priority_cooldown::{PriorityCooldown, PriorityCooldownConfig};
-pub use risk::{CostObjective, RiskConfig, RiskModel, RiskSample};
+pub use config::{NoParams, PolicyConfig, PolicyKind};
+pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig};
+pub use lqm::{Lqm, LqmConfig, LqmState};
+pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsState};
+pub use priority_cooldown::{CooldownState, PriorityCooldown, PriorityCooldownConfig};
+pub use risk::{CostObjective, RiskConfig, RiskModel, RiskSample, RiskState, SliceStats};
 pub use simple::{
-    Cheapest, CheapestConfig, LeastBusy, LeastLatency, LeastLatencyConfig, Oracle, RandomOrder,
-    RoundRobin, Static, StaticConfig,
+    Cheapest, CheapestConfig, EmaState, HealthState, LeastBusy, LeastLatency, LeastLatencyConfig,
+    Oracle, RandomOrder, RoundRobin, Static, StaticConfig,
 };
-pub use sw_ucb::{SwUcb, SwUcbConfig};
+pub use sw_ucb::{Reward, SwUcb, SwUcbConfig, SwUcbState};
 pub use ts_deadline::{TsDeadline, TsDeadlineConfig};
 
 use crate::decision::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp, TokenEstimate};
@@ -206,15 +206,15 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "policy", rename_all = "kebab-case")]
 pub enum PolicyState {
-    Lqm(lqm::LqmState),
-    TsDeadline(risk::RiskState),
-    LqmTs(lqm_ts::LqmTsState),
-    SwUcb(sw_ucb::SwUcbState),
-    Linucb(heads::HeadsState),
-    Additive(heads::HeadsState),
-    PriorityCooldown(priority_cooldown::CooldownState),
-    LeastLatency(simple::EmaState),
-    Cheapest(simple::HealthState),
+    Lqm(LqmState),
+    TsDeadline(RiskState),
+    LqmTs(LqmTsState),
+    SwUcb(SwUcbState),
+    Linucb(HeadsState),
+    Additive(HeadsState),
+    PriorityCooldown(CooldownState),
+    LeastLatency(EmaState),
+    Cheapest(HealthState),
     /// Policies that learn nothing (`round-robin`, `random`, `static`, `least-busy`, `oracle`).
     Stateless {
         kind: PolicyKind,

@@ -10,6 +10,7 @@
 //! after a few dozen observations. Failures are per candidate (a rate limit hits every slice).
 
 use crate::decision::{AttemptStatus, SlicePath, Timestamp};
+use crate::estimators::decay_factor;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig};
 use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPosterior, NigPrior};
 use crate::StateError;
@@ -196,11 +197,20 @@ impl RiskModel {
     #[must_use]
     pub fn posterior(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
         let hl = self.cfg.latency_half_life_ms;
+        // Levels are usually updated together, so one decay factor serves them all.
+        let mut memo = (u64::MAX, 1.0);
         let mut effective = LogLatencyStats::default();
         for (level, &key) in self.used_levels(&slice).iter().enumerate() {
             let own = self.latency.get(&(i as u32, key)).map(|s| {
                 let mut s = *s;
-                s.decay_to(now, hl);
+                if s.at.0 < now.0 {
+                    // Keyed by the exact bits: the memo is for identical timestamps only.
+                    if s.at.0.to_bits() != memo.0 {
+                        memo = (s.at.0.to_bits(), decay_factor(hl, now.0 - s.at.0));
+                    }
+                    s.scale(memo.1);
+                    s.at = now;
+                }
                 s
             });
             if level == 0 {
@@ -246,12 +256,12 @@ impl RiskModel {
                 median_ms: post.median_ms(),
             };
         };
-        let point_bad = bad_outcome_probability(failure, post.point_exceedance(deadline.0));
-        if point_bad > self.cfg.exploration_guard {
+        if self.over_guard(failure, &post, deadline.0) {
+            let exceedance = post.point_exceedance(deadline.0);
             return RiskSample {
                 failure,
-                exceedance: post.point_exceedance(deadline.0),
-                bad: point_bad,
+                exceedance,
+                bad: bad_outcome_probability(failure, exceedance),
                 guarded: true,
                 median_ms: post.median_ms(),
             };
@@ -264,6 +274,21 @@ impl RiskModel {
             guarded: false,
             median_ms: post.median_ms(),
         }
+    }
+
+    /// Whether the point-estimate `P(bad)` exceeds the exploration guard. It does when the
+    /// point `P(L>d)` exceeds `t = (guard − P(fail))/(1 − P(fail))`; a median below the
+    /// deadline means `P(L>d) ≤ ½`, which settles the common case without evaluating the tail.
+    fn over_guard(&self, failure: f64, post: &NigPosterior, deadline_ms: f64) -> bool {
+        let guard = self.cfg.exploration_guard;
+        if failure >= 1.0 {
+            return true;
+        }
+        let threshold = (guard - failure) / (1.0 - failure);
+        if threshold >= 0.5 && deadline_ms.ln() >= post.mu_n {
+            return false;
+        }
+        bad_outcome_probability(failure, post.point_exceedance(deadline_ms)) > guard
     }
 
     /// Learns from one attempt: provider failures and successes feed the failure EWMA

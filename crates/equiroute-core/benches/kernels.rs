@@ -1,0 +1,38 @@
+//! Micro-benchmarks of the numerical kernels behind a decision (not run by CI):
+//! `cargo bench -p equiroute-core --bench kernels`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use equiroute_core::estimators::linalg::{
+    dot, dots, dots_f32, packed_len, packed_outer, packed_outer_f32,
+};
+
+fn bench(c: &mut Criterion) {
+    let d = 64;
+    let x: Vec<f64> = (0..d).map(|i| (i as f64).sin()).collect();
+    let ms: Vec<Vec<f64>> = (0..4)
+        .map(|k| (0..packed_len(d)).map(|i| ((i + k) as f64).cos()).collect())
+        .collect();
+    let ms32: Vec<Vec<f32>> = ms
+        .iter()
+        .map(|m| m.iter().map(|&v| v as f32).collect())
+        .collect();
+    let z = packed_outer(&x);
+    let z32 = packed_outer_f32(&x);
+    c.bench_function("kernel/dot_2080", |b| {
+        b.iter(|| dot(black_box(&ms[0]), black_box(&z)));
+    });
+    c.bench_function("kernel/dots_4x2080", |b| {
+        b.iter(|| dots([&ms[0], &ms[1], &ms[2], &ms[3]], black_box(&z)));
+    });
+    c.bench_function("kernel/dots_f32_4x2080", |b| {
+        b.iter(|| dots_f32([&ms32[0], &ms32[1], &ms32[2], &ms32[3]], black_box(&z32)));
+    });
+    c.bench_function("kernel/packed_outer_f32_64", |b| {
+        b.iter(|| packed_outer_f32(black_box(&x)));
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,863 @@
+//! The behaviour DESIGN.md specifies, with numbers that can be checked by hand.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+mod common;
+
+use common::{answered, attempt, attempt_in, queries};
+use equiroute_core::estimators::linalg::spd_inverse;
+use equiroute_core::estimators::linucb::{LinUcbConfig, LinUcbHead};
+use equiroute_core::estimators::nig::{bad_outcome_probability, NigPrior};
+use equiroute_core::policies::*;
+use equiroute_core::prelude::Featurizer;
+use equiroute_core::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+
+fn candidates(n: usize) -> Vec<Candidate> {
+    (0..n)
+        .map(|i| Candidate::new(&format!("c{i}"), &format!("p{i}"), "m"))
+        .collect()
+}
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+#[test]
+fn bad_outcome_is_failure_plus_surviving_deadline_misses() {
+    // 2% + (1 − 2%)·5% = 6.9%, not 7%.
+    assert!((bad_outcome_probability(0.02, 0.05) - 0.069).abs() < 1e-15);
+}
+
+#[test]
+fn additive_reward_collapses_onto_the_fast_useless_provider_and_lqm_does_not() {
+    let additive = AdditiveConfig::default();
+    assert!((additive.alpha - 0.4).abs() < 1e-15);
+    // α = 0.4: (τ̃=0, u=0.1) → 0.04 beats (τ̃=1, u=0.65) → −0.34.
+    assert!((additive.reward(0.1, 0.0) - 0.04).abs() < 1e-12);
+    assert!((additive.reward(0.65, additive.latency_scale_ms) + 0.34).abs() < 1e-12);
+
+    // Teach both policies the same history: c0 answers in 0 ms with u = 0.1, c1 in
+    // latency_scale ms with u = 0.65.
+    let cands = candidates(2);
+    let f = Featurizer::new(16).unwrap();
+    let mut add = PolicyConfig::Additive(additive).build(&cands, 16).unwrap();
+    let lqm_cfg = LqmConfig {
+        l_ref_ms: 1000.0,
+        ..LqmConfig::default()
+    };
+    let mut lqm = PolicyConfig::Lqm(lqm_cfg).build(&cands, 16).unwrap();
+    let slow = additive.latency_scale_ms;
+    for (t, q) in queries().iter().enumerate() {
+        let x = f.featurize(q);
+        for p in [&mut add, &mut lqm] {
+            answered(p.as_mut(), 0, &x, 0.0, 0.1, t as f64);
+            answered(p.as_mut(), 1, &x, slow, 0.65, t as f64);
+        }
+    }
+    let x = f.featurize("explain tax in 2026");
+    let ctx = RankContext::new(&cands, &[0, 1], &x);
+    let first = |p: &dyn Policy| p.rank(&ctx, &mut rng(1)).order[0].index;
+    assert_eq!(
+        first(add.as_ref()),
+        0,
+        "additive prefers the fast useless provider"
+    );
+    assert_eq!(first(lqm.as_ref()), 1, "LQM prefers the useful one");
+    // LQM's quality term: ≈ 0.65/(1 + 2000/1000) = 0.217 against ≈ 0.1/(1 + 0) = 0.1.
+    let r = lqm.rank(&ctx, &mut rng(1));
+    let term = |s: &ScoredCandidate| s.score - s.breakdown.exploration.unwrap();
+    assert!(
+        (term(&r.order[0]) - 0.65 / 3.0).abs() < 0.02,
+        "{:?}",
+        r.order[0]
+    );
+    assert!((term(&r.order[1]) - 0.1).abs() < 0.02, "{:?}", r.order[1]);
+}
+
+#[test]
+fn lqm_exploration_shrinks_only_for_dominated_arms_never_for_slowness() {
+    // Two untrained arms have equal bonuses whatever their latency.
+    let cands = candidates(2);
+    let mut lqm = Lqm::new(2, 8, LqmConfig::default());
+    let x = Featurizer::new(8).unwrap().featurize("q");
+    attempt(&mut lqm, 1, &x, AttemptStatus::Ok, 50_000.0, 0.0);
+    let r = lqm.rank(&RankContext::new(&cands, &[0, 1], &x), &mut rng(0));
+    let bonus: Vec<f64> = r
+        .order
+        .iter()
+        .map(|s| s.breakdown.exploration.unwrap())
+        .collect();
+    assert!((bonus[0] - bonus[1]).abs() < 1e-12);
+}
+
+/// Draws from a log-normal with median `median_ms` and log-sd `sigma`.
+fn lognormal(median_ms: f64, sigma: f64) -> LogNormal<f64> {
+    LogNormal::new(median_ms.ln(), sigma).unwrap()
+}
+
+#[test]
+fn censored_timeouts_calibrate_to_the_true_deadline_miss_rate() {
+    // True latency: log-normal, median 500 ms, σ = 0.6; deadline at its 90th percentile.
+    let (median, sigma): (f64, f64) = (500.0, 0.6);
+    let deadline = median.ln() + 1.281_551_565_544_600_4 * sigma;
+    let deadline = Millis(deadline.exp());
+    let cands = candidates(1);
+    let x = [0.0; 8];
+    for seed in [11, 12, 13] {
+        let mut r = rng(seed);
+        let cfg = TsDeadlineConfig {
+            risk: RiskConfig {
+                latency_half_life_ms: None,
+                ..RiskConfig::default()
+            },
+            ..TsDeadlineConfig::default()
+        };
+        let mut ts = TsDeadline::new(1, cfg);
+        let mut naive = TsDeadline::new(1, cfg);
+        let dist = lognormal(median, sigma);
+        for t in 0..20_000 {
+            let l: f64 = dist.sample(&mut r);
+            let (status, seen) = if l > deadline.0 {
+                (AttemptStatus::Timeout, deadline.0)
+            } else {
+                (AttemptStatus::Ok, l)
+            };
+            attempt_in(
+                &mut ts,
+                0,
+                &x,
+                status,
+                seen,
+                f64::from(t),
+                SlicePath::root(),
+                Some(deadline),
+            );
+            // The biased alternative: a timeout recorded as an exact latency of d.
+            attempt_in(
+                &mut naive,
+                0,
+                &x,
+                AttemptStatus::Ok,
+                seen,
+                f64::from(t),
+                SlicePath::root(),
+                Some(deadline),
+            );
+        }
+        let mut ctx = RankContext::new(&cands, &[0], &x);
+        ctx.deadline = Some(deadline);
+        ctx.now = Timestamp(20_000.0);
+        let predicted = |p: &TsDeadline, r: &mut ChaCha8Rng| {
+            (0..4000)
+                .map(|_| {
+                    p.rank(&ctx, r).order[0]
+                        .breakdown
+                        .deadline_miss_probability
+                        .unwrap()
+                })
+                .sum::<f64>()
+                / 4000.0
+        };
+        let miss = predicted(&ts, &mut r);
+        assert!(
+            (miss - 0.10).abs() <= 0.02,
+            "seed {seed}: predicted miss {miss:.4}, true 0.10"
+        );
+        let biased = predicted(&naive, &mut r);
+        eprintln!("seed {seed}: censored {miss:.4}, recorded as d {biased:.4}");
+        assert!(
+            biased < miss - 0.015,
+            "seed {seed}: recording timeouts as d should underestimate ({biased:.4})"
+        );
+    }
+}
+
+#[test]
+fn a_inverse_matches_a_direct_inverse_after_a_million_updates_and_downdates() {
+    let d = 16;
+    let w = 50;
+    let cfg = LinUcbConfig {
+        lambda_r: 1.0,
+        window: Some(w),
+        refresh_every: 1024,
+        fast_width: false,
+    };
+    let mut head = LinUcbHead::new(d, cfg);
+    let mut r = rng(5);
+    let mut recent: std::collections::VecDeque<Vec<f64>> = std::collections::VecDeque::new();
+    for t in 0..1_000_000u32 {
+        let mut x: Vec<f64> = (0..d).map(|_| r.random::<f64>() - 0.5).collect();
+        equiroute_core::features::normalise(&mut x);
+        head.update(&x, r.random(), Timestamp(f64::from(t)));
+        recent.push_back(x);
+        if recent.len() > w {
+            recent.pop_front();
+        }
+    }
+    assert_eq!(head.count(), 1_000_000);
+    assert_eq!(head.window_len(), w);
+    let mut a = vec![0.0; d * d];
+    for i in 0..d {
+        a[i * d + i] = 1.0;
+    }
+    for x in &recent {
+        for i in 0..d {
+            for j in 0..d {
+                a[i * d + j] += x[i] * x[j];
+            }
+        }
+    }
+    let direct = spd_inverse(&a, d).unwrap();
+    let scale = direct.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let err = head
+        .a_inv()
+        .iter()
+        .zip(&direct)
+        .fold(0.0f64, |m, (p, q)| m.max((p - q).abs()));
+    assert!(err / scale < 1e-8, "relative error {:.3e}", err / scale);
+}
+
+/// Builds ts-deadline and lqm-ts with the same risk configuration.
+fn twin_risk_policies(k: usize, dim: usize) -> (TsDeadline, LqmTs) {
+    let risk = RiskConfig::default();
+    let ts = TsDeadline::new(
+        k,
+        TsDeadlineConfig {
+            risk,
+            objective: CostObjective::CostPerGood { cost_ref_usd: None },
+            propensity_samples: 0,
+        },
+    );
+    let lt = LqmTs::new(
+        k,
+        dim,
+        LqmTsConfig {
+            risk,
+            ..LqmTsConfig::default()
+        },
+    );
+    (ts, lt)
+}
+
+#[test]
+fn lqm_ts_degrades_to_ts_deadline_without_quality_feedback() {
+    let mut cands = candidates(4);
+    // The fastest candidates are the most expensive, so cost and risk pull apart.
+    for (i, c) in cands.iter_mut().enumerate() {
+        c.price = Price::per_call(0.001 * (4 - i) as f64);
+    }
+    let f = Featurizer::new(16).unwrap();
+    let (mut ts, mut lt) = twin_risk_policies(4, 16);
+    let mut r = rng(3);
+    let medians = [300.0, 900.0, 2500.0, 5000.0];
+    for t in 0..400 {
+        let i = t % 4;
+        let x = f.featurize(&format!("query {t}"));
+        let l: f64 = lognormal(medians[i], 0.5).sample(&mut r);
+        let status = if r.random::<f64>() < 0.05 * i as f64 {
+            AttemptStatus::ProviderError(ProviderFailure::Server)
+        } else if l > 4000.0 {
+            AttemptStatus::Timeout
+        } else {
+            AttemptStatus::Ok
+        };
+        for p in [&mut ts as &mut dyn Policy, &mut lt] {
+            attempt_in(
+                p,
+                i,
+                &x,
+                status,
+                l.min(4000.0),
+                t as f64 * 10.0,
+                SlicePath::root(),
+                Some(Millis(4000.0)),
+            );
+        }
+    }
+    let eligible = [0, 1, 2, 3];
+    let mut firsts = std::collections::HashSet::new();
+    for t in 0..200 {
+        let x = f.featurize(&format!("probe {t}"));
+        let mut ctx = RankContext::new(&cands, &eligible, &x);
+        ctx.deadline = Some(Millis(500.0 + 50.0 * t as f64));
+        ctx.now = Timestamp(4000.0);
+        let a: Vec<usize> = ts.rank(&ctx, &mut rng(t)).indices().collect();
+        let b: Vec<usize> = lt.rank(&ctx, &mut rng(t)).indices().collect();
+        assert_eq!(a, b, "request {t}");
+        firsts.insert(a[0]);
+    }
+    assert!(
+        firsts.len() > 1,
+        "the comparison covered more than one outcome: {firsts:?}"
+    );
+}
+
+#[test]
+fn lqm_ts_degrades_to_lqm_without_deadline_cost_or_failures() {
+    let cands = candidates(3);
+    let f = Featurizer::new(16).unwrap();
+    let lqm_cfg = LqmConfig {
+        failure_quality: None,
+        ..LqmConfig::default()
+    };
+    let mut lqm = Lqm::new(3, 16, lqm_cfg);
+    let mut lt = LqmTs::new(
+        3,
+        16,
+        LqmTsConfig {
+            lqm: lqm_cfg,
+            ..LqmTsConfig::default()
+        },
+    );
+    let mut r = rng(9);
+    let qs = queries();
+    for t in 0..300 {
+        let i = t % 3;
+        let x = f.featurize(&qs[t % qs.len()]);
+        let q = [0.3, 0.8, 0.5][i] + 0.2 * (r.random::<f64>() - 0.5);
+        let l = [100.0, 1500.0, 600.0][i] * (0.5 + r.random::<f64>());
+        answered(&mut lqm, i, &x, l, q, t as f64);
+        answered(&mut lt, i, &x, l, q, t as f64);
+    }
+    let mut firsts = std::collections::HashSet::new();
+    for (t, q) in qs.iter().enumerate() {
+        let x = f.featurize(q);
+        let ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+        let a: Vec<usize> = lqm.rank(&ctx, &mut rng(t as u64)).indices().collect();
+        let b: Vec<usize> = lt.rank(&ctx, &mut rng(t as u64)).indices().collect();
+        assert_eq!(a, b, "query {q}");
+        firsts.insert(a[0]);
+    }
+    assert!(!firsts.is_empty());
+}
+
+/// A simulated provider pool: the outcome of trying candidate `i`.
+type World = dyn Fn(usize, &mut ChaCha8Rng) -> AttemptOutcome;
+
+/// Runs a closed loop: rank, try the first choice, observe. Returns how often each
+/// candidate was first, per phase.
+fn closed_loop(
+    policy: &mut dyn Policy,
+    cands: &[Candidate],
+    deadline: Millis,
+    phases: &[(usize, &World)],
+    seed: u64,
+) -> Vec<Vec<usize>> {
+    let mut r = rng(seed);
+    let x = [0.0; 8];
+    let eligible: Vec<usize> = (0..cands.len()).collect();
+    let mut now = 0.0;
+    let mut shares = Vec::new();
+    for (rounds, world) in phases {
+        let mut counts = vec![0; cands.len()];
+        for _ in 0..*rounds {
+            let mut ctx = RankContext::new(cands, &eligible, &x);
+            ctx.deadline = Some(deadline);
+            ctx.now = Timestamp(now);
+            let first = policy.rank(&ctx, &mut r).order[0].index;
+            counts[first] += 1;
+            let outcome = world(first, &mut r);
+            policy.observe_attempt(&AttemptObservation {
+                candidate: first,
+                features: &x,
+                slice: SlicePath::root(),
+                deadline: Some(deadline),
+                outcome: &outcome,
+                now: Timestamp(now),
+            });
+            now += 100.0;
+        }
+        shares.push(counts);
+    }
+    shares
+}
+
+/// A latency draw cut at the deadline.
+fn timed(l: f64, deadline: f64) -> AttemptOutcome {
+    if l > deadline {
+        AttemptOutcome::with_status(deadline, AttemptStatus::Timeout)
+    } else {
+        AttemptOutcome::ok(l)
+    }
+}
+
+#[test]
+fn ts_deadline_leaves_a_rate_limited_candidate_and_returns_after_recovery() {
+    let cands = vec![
+        Candidate::new("gemini", "g", "flash-lite").with_price(Price::per_call(0.001)),
+        Candidate::new("nano", "o", "nano").with_price(Price::per_call(0.002)),
+    ];
+    let healthy = |_: usize, r: &mut ChaCha8Rng| timed(lognormal(800.0, 0.4).sample(r), 6000.0);
+    let limited = |i: usize, r: &mut ChaCha8Rng| {
+        if i == 0 {
+            AttemptOutcome::with_status(
+                40.0,
+                AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+            )
+        } else {
+            timed(lognormal(800.0, 0.4).sample(r), 6000.0)
+        }
+    };
+    let mut ts = TsDeadline::new(2, TsDeadlineConfig::default());
+    let shares = closed_loop(
+        &mut ts,
+        &cands,
+        Millis(6000.0),
+        &[(3000, &healthy), (3000, &limited), (6000, &healthy)],
+        4,
+    );
+    let share0 = |c: &Vec<usize>| c[0] as f64 / (c[0] + c[1]) as f64;
+    assert!(share0(&shares[0]) > 0.8, "before: {:?}", shares[0]);
+    assert!(
+        share0(&shares[1]) < 0.1,
+        "during the rate limit: {:?}",
+        shares[1]
+    );
+    assert!(share0(&shares[2]) > 0.6, "after recovery: {:?}", shares[2]);
+}
+
+#[test]
+fn ts_deadline_prefers_flex_at_half_the_price_with_similar_latency() {
+    let cands = vec![
+        Candidate::new("nano-standard", "o", "nano").with_price(Price::per_call(0.002)),
+        Candidate::new("nano-flex", "o", "nano")
+            .with_tier(ServiceTier::Flex)
+            .with_price(Price::per_call(0.001)),
+    ];
+    // Similar medians (Flex a bit slower); both P95 above the 6 s deadline.
+    let world = |i: usize, r: &mut ChaCha8Rng| {
+        let median = if i == 0 { 2000.0 } else { 2200.0 };
+        timed(lognormal(median, 0.75).sample(r), 6000.0)
+    };
+    assert!(
+        2000f64 * (1.645f64 * 0.75).exp() > 6000.0,
+        "P95 above the deadline"
+    );
+    let mut ts = TsDeadline::new(2, TsDeadlineConfig::default());
+    let shares = closed_loop(&mut ts, &cands, Millis(6000.0), &[(4000, &world)], 8);
+    let flex = shares[0][1] as f64 / 4000.0;
+    assert!(flex > 0.7, "flex share {flex:.2}");
+}
+
+#[test]
+fn a_sparse_slice_borrows_its_parent_belief_and_then_its_own_data_dominates() {
+    let mut ts = TsDeadline::new(1, TsDeadlineConfig::default());
+    let x = [0.0; 8];
+    let slice = |task: &str| {
+        SlicePath::from_labels(
+            &SliceLabels {
+                task_class: Some(task.into()),
+                ..SliceLabels::default()
+            },
+            4,
+        )
+    };
+    for t in 0..200 {
+        attempt_in(
+            &mut ts,
+            0,
+            &x,
+            AttemptStatus::Ok,
+            100.0,
+            f64::from(t),
+            slice("chat"),
+            None,
+        );
+    }
+    let now = Timestamp(200.0);
+    let prior_median = NigPrior::default().mu0.exp();
+    // A task never seen: its belief comes from the candidate-wide level, not the prior.
+    let fresh = ts.risk().posterior(0, slice("rerank"), now).median_ms();
+    // 20 borrowed pseudo-observations at ln 100 against κ0 = 1 at ln 1000: 100·10^(1/21) ≈ 112.
+    assert!(
+        (fresh - 111.6).abs() < 1.0,
+        "borrowed median {fresh}, prior {prior_median}"
+    );
+    for t in 0..300 {
+        attempt_in(
+            &mut ts,
+            0,
+            &x,
+            AttemptStatus::Ok,
+            2000.0,
+            200.0 + f64::from(t),
+            slice("rerank"),
+            None,
+        );
+    }
+    let own = ts
+        .risk()
+        .posterior(0, slice("rerank"), Timestamp(500.0))
+        .median_ms();
+    let chat = ts
+        .risk()
+        .posterior(0, slice("chat"), Timestamp(500.0))
+        .median_ms();
+    assert!(own > 1500.0, "own data dominates: {own}");
+    assert!(
+        chat < own / 2.0,
+        "the other slice keeps its own belief: {chat}"
+    );
+}
+
+#[test]
+fn a_failing_candidate_is_not_explored() {
+    let cands = candidates(2);
+    let mut ts = TsDeadline::new(2, TsDeadlineConfig::default());
+    let x = [0.0; 8];
+    for t in 0..50 {
+        attempt(
+            &mut ts,
+            0,
+            &x,
+            AttemptStatus::ProviderError(ProviderFailure::Server),
+            10.0,
+            f64::from(t),
+        );
+    }
+    let mut ctx = RankContext::new(&cands, &[0, 1], &x);
+    ctx.deadline = Some(Millis(1000.0));
+    ctx.now = Timestamp(50.0);
+    for s in 0..200 {
+        let r = ts.rank(&ctx, &mut rng(s));
+        assert_eq!(r.order[1].index, 0);
+        assert!(r.order[1].breakdown.guarded);
+    }
+}
+
+#[test]
+fn propensity_is_estimated_by_resampling() {
+    let cands = candidates(2);
+    let cfg = TsDeadlineConfig {
+        propensity_samples: 400,
+        ..TsDeadlineConfig::default()
+    };
+    let ts = TsDeadline::new(2, cfg);
+    let x = [0.0; 8];
+    let mut ctx = RankContext::new(&cands, &[0, 1], &x);
+    ctx.deadline = Some(Millis(1000.0));
+    // Two identical unobserved candidates: each first about half the time.
+    let p = ts.rank(&ctx, &mut rng(2)).first_choice_probability.unwrap();
+    assert!((p - 0.5).abs() < 0.1, "{p}");
+}
+
+#[test]
+fn priority_cooldown_follows_the_order_and_cools_down_failing_candidates() {
+    let cands = candidates(3);
+    let cfg = PriorityCooldownConfig {
+        order: vec!["c2".into(), "c0".into()],
+        ..PriorityCooldownConfig::default()
+    };
+    let mut p = PolicyConfig::PriorityCooldown(cfg.clone())
+        .build(&cands, 8)
+        .unwrap();
+    let x = [0.0; 8];
+    let order = |p: &dyn Policy, now: f64| {
+        let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+        ctx.now = Timestamp(now);
+        p.rank(&ctx, &mut rng(0)).indices().collect::<Vec<_>>()
+    };
+    assert_eq!(order(p.as_ref(), 0.0), vec![2, 0, 1]);
+    // allowed_fails = 3: the fourth failure within a minute cools c2 down for 5 s.
+    for t in 0..3 {
+        attempt(
+            p.as_mut(),
+            2,
+            &x,
+            AttemptStatus::ProviderError(ProviderFailure::Server),
+            1.0,
+            f64::from(t),
+        );
+        assert_eq!(order(p.as_ref(), 10.0)[0], 2);
+    }
+    attempt(p.as_mut(), 2, &x, AttemptStatus::Timeout, 1.0, 3.0);
+    assert_eq!(order(p.as_ref(), 10.0), vec![0, 1, 2]);
+    assert_eq!(order(p.as_ref(), 3.0 + cfg.cooldown_ms), vec![2, 0, 1]);
+    // Retry-After cools down at once, for as long as the provider asked.
+    let mut outcome = AttemptOutcome::with_status(
+        1.0,
+        AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+    );
+    outcome.retry_after = Some(Millis(20_000.0));
+    p.observe_attempt(&AttemptObservation {
+        candidate: 0,
+        features: &x,
+        slice: SlicePath::root(),
+        deadline: None,
+        outcome: &outcome,
+        now: Timestamp(10_000.0),
+    });
+    assert_eq!(order(p.as_ref(), 10_001.0), vec![2, 1, 0]);
+    assert_eq!(order(p.as_ref(), 30_000.0), vec![2, 0, 1]);
+}
+
+#[test]
+fn simple_baselines_do_what_they_say() {
+    let mut cands = candidates(3);
+    cands[0].price = Price::per_call(0.03);
+    cands[1].price = Price::per_call(0.01);
+    cands[2].price = Price::per_call(0.02);
+    let x = [0.0; 8];
+    let all = [0, 1, 2];
+    let ctx = RankContext::new(&cands, &all, &x);
+    let build = |name: &str| {
+        PolicyConfig::from_name(name)
+            .unwrap()
+            .build(&cands, 8)
+            .unwrap()
+    };
+
+    let rr = build("round-robin");
+    let firsts: Vec<usize> = (0..6)
+        .map(|_| rr.rank(&ctx, &mut rng(0)).order[0].index)
+        .collect();
+    assert_eq!(firsts, vec![0, 1, 2, 0, 1, 2]);
+
+    let random = build("random");
+    let mut counts = [0; 3];
+    let mut r = rng(1);
+    for _ in 0..3000 {
+        let rank = random.rank(&ctx, &mut r);
+        assert!((rank.first_choice_probability.unwrap() - 1.0 / 3.0).abs() < 1e-12);
+        counts[rank.order[0].index] += 1;
+    }
+    assert!(
+        counts.iter().all(|&c| (850..1150).contains(&c)),
+        "{counts:?}"
+    );
+
+    let st = PolicyConfig::Static(StaticConfig {
+        candidate: Some("c2".into()),
+    })
+    .build(&cands, 8)
+    .unwrap();
+    assert_eq!(
+        st.rank(&ctx, &mut rng(0)).indices().collect::<Vec<_>>(),
+        vec![2, 0, 1]
+    );
+
+    let mut cheapest = build("cheapest");
+    assert_eq!(
+        cheapest
+            .rank(&ctx, &mut rng(0))
+            .indices()
+            .collect::<Vec<_>>(),
+        vec![1, 2, 0]
+    );
+    for t in 0..20 {
+        attempt(
+            cheapest.as_mut(),
+            1,
+            &x,
+            AttemptStatus::ProviderError(ProviderFailure::Connection),
+            5.0,
+            f64::from(t),
+        );
+    }
+    let mut later = ctx;
+    later.now = Timestamp(20.0);
+    assert_eq!(
+        cheapest
+            .rank(&later, &mut rng(0))
+            .indices()
+            .collect::<Vec<_>>(),
+        vec![2, 0, 1]
+    );
+
+    let busy = build("least-busy");
+    let in_flight = [4, 0, 2];
+    let mut bctx = ctx;
+    bctx.in_flight = Some(&in_flight);
+    assert_eq!(
+        busy.rank(&bctx, &mut rng(0)).indices().collect::<Vec<_>>(),
+        vec![1, 2, 0]
+    );
+
+    let mut fastest = build("least-latency");
+    for (i, l) in [(0, 300.0), (1, 100.0), (2, 200.0)] {
+        attempt(fastest.as_mut(), i, &x, AttemptStatus::Ok, l, 0.0);
+    }
+    assert_eq!(
+        fastest
+            .rank(&ctx, &mut rng(0))
+            .indices()
+            .collect::<Vec<_>>(),
+        vec![1, 2, 0]
+    );
+
+    let oracle = build("oracle");
+    let truth = [0.2, 0.9, 0.5];
+    let mut octx = ctx;
+    octx.oracle_values = Some(&truth);
+    assert_eq!(
+        oracle
+            .rank(&octx, &mut rng(0))
+            .indices()
+            .collect::<Vec<_>>(),
+        vec![1, 2, 0]
+    );
+}
+
+#[test]
+fn sw_ucb_tries_everything_then_prefers_the_best_recent_mean() {
+    let cands = candidates(2);
+    let mut p = SwUcb::new(
+        2,
+        SwUcbConfig {
+            window: 100,
+            ..SwUcbConfig::default()
+        },
+    );
+    let x = [0.0; 8];
+    let ctx = RankContext::new(&cands, &[0, 1], &x);
+    answered(&mut p, 0, &x, 10.0, 0.9, 0.0);
+    assert_eq!(
+        p.rank(&ctx, &mut rng(0)).order[0].index,
+        1,
+        "unplayed first"
+    );
+    for t in 0..100 {
+        answered(&mut p, 1, &x, 10.0, 0.2, f64::from(t));
+        answered(&mut p, 0, &x, 10.0, 0.9, f64::from(t));
+    }
+    assert_eq!(p.rank(&ctx, &mut rng(0)).order[0].index, 0);
+    // The window forgets: after 100 newer rewards where c0 is bad, c1 wins.
+    for t in 100..160 {
+        answered(&mut p, 0, &x, 10.0, 0.0, f64::from(t));
+        answered(&mut p, 1, &x, 10.0, 0.8, f64::from(t));
+    }
+    assert_eq!(p.rank(&ctx, &mut rng(0)).order[0].index, 1);
+}
+
+#[test]
+fn every_policy_builds_by_name_and_bad_configuration_names_the_fix() {
+    let cands = candidates(2);
+    for kind in PolicyKind::ALL {
+        let p = PolicyConfig::from_name(kind.as_str())
+            .unwrap()
+            .build(&cands, 64)
+            .unwrap();
+        assert_eq!(p.kind(), kind);
+        assert_eq!(p.export_state().kind(), kind);
+    }
+    let err = PolicyConfig::from_name("lqmx").unwrap_err().to_string();
+    assert!(
+        err.contains("unknown policy `lqmx`")
+            && err.contains("lqm-ts")
+            && err.contains("priority-cooldown"),
+        "{err}"
+    );
+
+    let err = PolicyConfig::Lqm(LqmConfig {
+        alpha_ucb: -1.0,
+        ..LqmConfig::default()
+    })
+    .build(&cands, 64)
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("alpha_ucb") && err.contains("at least 0"),
+        "{err}"
+    );
+    let err = PolicyConfig::Lqm(LqmConfig::default())
+        .build(&cands, 3)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("feature_dim"), "{err}");
+    let err = PolicyConfig::from_name("lqm")
+        .unwrap()
+        .build(&[], 64)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at least one candidate"), "{err}");
+    let err = PolicyConfig::Static(StaticConfig {
+        candidate: Some("nope".into()),
+    })
+    .build(&cands, 8)
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("`nope`") && err.contains("c0, c1"), "{err}");
+
+    // Parsed configuration: unknown fields are rejected, known ones land.
+    let cfg: PolicyConfig =
+        serde_json::from_str(r#"{"name":"lqm","l_ref_ms":800,"head":{"window":300}}"#).unwrap();
+    let PolicyConfig::Lqm(lqm) = &cfg else {
+        panic!("lqm expected")
+    };
+    assert!((lqm.l_ref_ms - 800.0).abs() < 1e-12 && lqm.head.window == Some(300));
+    let err = serde_json::from_str::<PolicyConfig>(r#"{"name":"lqm","l_ref":800}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `l_ref`"), "{err}");
+    let err = serde_json::from_str::<PolicyConfig>(r#"{"name":"round-robin","x":1}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field"), "{err}");
+    let cfg: PolicyConfig = serde_json::from_str(
+        r#"{"name":"ts-deadline","objective":{"kind":"risk-budget","max_bad":0.05}}"#,
+    )
+    .unwrap();
+    assert_eq!(cfg.kind(), PolicyKind::TsDeadline);
+    let back: PolicyConfig = serde_json::from_str(&serde_json::to_string(&cfg).unwrap()).unwrap();
+    assert_eq!(back, cfg);
+}
+
+#[test]
+fn risk_budget_picks_the_cheapest_candidate_under_budget() {
+    let mut cands = candidates(3);
+    for (c, p) in cands.iter_mut().zip([0.003, 0.001, 0.002]) {
+        c.price = Price::per_call(p);
+    }
+    let cfg = TsDeadlineConfig {
+        objective: CostObjective::RiskBudget { max_bad: 0.2 },
+        ..TsDeadlineConfig::default()
+    };
+    let mut ts = TsDeadline::new(3, cfg);
+    let x = [0.0; 8];
+    // c1 (cheapest) misses a 1 s deadline most of the time; c2 and c0 are fast.
+    for t in 0..200 {
+        let now = f64::from(t);
+        attempt_in(
+            &mut ts,
+            0,
+            &x,
+            AttemptStatus::Ok,
+            100.0,
+            now,
+            SlicePath::root(),
+            Some(Millis(1000.0)),
+        );
+        attempt_in(
+            &mut ts,
+            1,
+            &x,
+            AttemptStatus::Timeout,
+            1000.0,
+            now,
+            SlicePath::root(),
+            Some(Millis(1000.0)),
+        );
+        attempt_in(
+            &mut ts,
+            2,
+            &x,
+            AttemptStatus::Ok,
+            150.0,
+            now,
+            SlicePath::root(),
+            Some(Millis(1000.0)),
+        );
+    }
+    let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+    ctx.deadline = Some(Millis(1000.0));
+    ctx.now = Timestamp(200.0);
+    for s in 0..50 {
+        assert_eq!(
+            ts.rank(&ctx, &mut rng(s)).indices().collect::<Vec<_>>(),
+            vec![2, 0, 1]
+        );
+    }
+}
