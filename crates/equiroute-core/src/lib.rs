@@ -11,7 +11,8 @@
 //!    budgets, circuit breakers). Every excluded candidate carries an [`ExclusionReason`].
 //! 2. A [`Policy`](policies::Policy) ranks the eligible candidates; the order is the fallback
 //!    order. Policies are built by name from [`PolicyConfig`](policies::PolicyConfig).
-//! 3. The caller executes attempts and feeds each [`AttemptOutcome`] and any delayed quality
+//! 3. [`executor::Execution`] walks the ranking within the deadline and attempt limit; the
+//!    caller makes each attempt and feeds each [`AttemptOutcome`] and any delayed quality
 //!    score back through `observe_attempt` / `observe_quality`.
 //!
 //! ```
@@ -35,6 +36,7 @@ pub mod decision;
 pub mod eligibility;
 pub mod error;
 pub mod estimators;
+pub mod executor;
 pub mod features;
 pub mod policies;
 
@@ -47,6 +49,9 @@ pub mod prelude {
     pub use crate::decision::*;
     pub use crate::eligibility::{check_eligibility, EligibilityInput, Eligible};
     pub use crate::error::{ConfigError, StateError};
+    pub use crate::executor::{
+        Execution, ExecutionLimits, NextAttempt, RequestResult, RequestStatus,
+    };
     pub use crate::features::Featurizer;
     pub use crate::policies::{
         AttemptObservation, Policy, PolicyConfig, PolicyKind, PolicyState, QualityObservation,
