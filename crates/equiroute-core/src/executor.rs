@@ -174,7 +174,7 @@ impl Execution {
         match outcome.status {
             AttemptStatus::Ok => self.ended = Some(RequestStatus::Succeeded { candidate }),
             AttemptStatus::ClientError => {
-                self.ended = Some(RequestStatus::ClientError { candidate })
+                self.ended = Some(RequestStatus::ClientError { candidate });
             }
             AttemptStatus::Timeout => {
                 let end = started.plus(outcome.latency);

@@ -124,6 +124,8 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             window: Some(fx["window"].as_u64().unwrap() as usize),
             refresh_every: 1024,
             fast_width,
+            // The paper has no warm-up: the reference scores rank every arm from step 1.
+            warmup: 0,
         },
         failure_quality: None,
     };

@@ -1,6 +1,8 @@
 //! The `equiroute` binary: one subcommand per module.
 
+mod bench;
 mod policies;
+mod scenarios;
 
 use clap::{Parser, Subcommand};
 
@@ -14,12 +16,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run policies side by side in simulated scenarios and report over seeds.
+    Bench(bench::Args),
+    /// List the built-in scenarios with one line each.
+    Scenarios,
     /// List the routing policies with one line each.
     Policies,
 }
 
-fn main() {
+fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Bench(args) => bench::run(&args)?,
+        Command::Scenarios => scenarios::run()?,
         Command::Policies => policies::run(),
     }
+    Ok(())
 }

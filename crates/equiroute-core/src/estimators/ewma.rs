@@ -29,7 +29,7 @@ impl Default for FailureRateConfig {
     fn default() -> Self {
         FailureRateConfig {
             half_life_ms: Some(20_000.0),
-            prior_rate: 0.02,
+            prior_rate: 0.0,
             prior_weight: 2.0,
         }
     }
@@ -196,7 +196,10 @@ mod tests {
 
     #[test]
     fn prior_dominates_before_any_attempt() {
-        let cfg = FailureRateConfig::default();
+        let cfg = FailureRateConfig {
+            prior_rate: 0.02,
+            ..FailureRateConfig::default()
+        };
         assert!((FailureRate::default().rate(Timestamp(5.0), &cfg) - 0.02).abs() < 1e-15);
     }
 }

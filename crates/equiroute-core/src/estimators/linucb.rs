@@ -34,6 +34,8 @@ pub struct LinUcbConfig {
     /// the SIMD width and half the memory traffic; relative error of the width below 1e-6).
     /// The quality estimate `û` and all learning stay in double precision.
     pub fast_width: bool,
+    /// Quality observations a candidate collects (tried first) before its estimate ranks it.
+    pub warmup: u32,
 }
 
 impl Default for LinUcbConfig {
@@ -43,6 +45,7 @@ impl Default for LinUcbConfig {
             window: Some(2000),
             refresh_every: 1024,
             fast_width: true,
+            warmup: 3,
         }
     }
 }

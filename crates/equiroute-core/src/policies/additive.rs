@@ -108,10 +108,12 @@ impl Policy for Additive {
             first_choice_probability: Some(1.0),
         };
         r.sort();
+        super::heads::warmup_first(&mut r, &self.heads, self.cfg.head.warmup);
         r
     }
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
+        self.heads.note_try(obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
             let r = self.cfg.reward(u, obs.outcome.latency.0);
             self.heads.heads[obs.candidate].update(obs.features, r, obs.now);

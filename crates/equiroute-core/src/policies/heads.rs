@@ -11,16 +11,20 @@ use crate::StateError;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-/// One LinUCB head per candidate.
+/// One LinUCB head per candidate, and how often each candidate was tried.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HeadsState {
     pub heads: Vec<LinUcbHead>,
+    /// Attempts per candidate that reached it (client errors excluded), for the warm-up.
+    #[serde(default)]
+    pub tries: Vec<u64>,
 }
 
 impl HeadsState {
     pub(crate) fn new(k: usize, dim: usize, cfg: LinUcbConfig) -> HeadsState {
         HeadsState {
             heads: (0..k).map(|_| LinUcbHead::new(dim, cfg)).collect(),
+            tries: vec![0; k],
         }
     }
 
@@ -60,8 +64,22 @@ impl HeadsState {
         out
     }
 
+    /// Counts an attempt on candidate `obs.candidate` (not a client error).
+    pub(crate) fn note_try(&mut self, obs: &AttemptObservation<'_>) {
+        if obs.outcome.status != crate::AttemptStatus::ClientError {
+            if let Some(t) = self.tries.get_mut(obs.candidate) {
+                *t += 1;
+            }
+        }
+    }
+
     pub(crate) fn merge(&mut self, other: &HeadsState) -> Result<(), StateError> {
         check_len("candidates", self.heads.len(), other.heads.len())?;
+        if self.tries.len() == other.tries.len() {
+            for (t, o) in self.tries.iter_mut().zip(&other.tries) {
+                *t += o;
+            }
+        }
         for (h, o) in self.heads.iter_mut().zip(&other.heads) {
             h.merge(o)?;
         }
@@ -99,6 +117,37 @@ impl LinUcbPolicyConfig {
         }
         self.head.validate()
     }
+}
+
+/// Moves candidates with fewer than `warmup` quality scores to the front (fewest first,
+/// otherwise in ranked order): every candidate is tried a few times before the estimates
+/// decide. Without it, an unexplored head's `û = 0` looks dominated next to providers whose
+/// quality is high, and the dominance shrink stops LQM from ever trying it. A candidate held
+/// back by a guardrail is never forced, nor one already tried `10 × warmup` times without
+/// yielding that many scores (it keeps failing or its feedback never comes).
+pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, warmup: u32) {
+    if warmup == 0 {
+        return;
+    }
+    let warmup = u64::from(warmup);
+    let count = |s: &ScoredCandidate| heads.heads[s.index].count();
+    let cold = |s: &ScoredCandidate| {
+        let tries = heads.tries.get(s.index).copied().unwrap_or(0);
+        !s.breakdown.guarded && count(s) < warmup && tries < 10 * warmup
+    };
+    if !ranking.order.iter().any(cold) {
+        return;
+    }
+    for s in &mut ranking.order {
+        s.breakdown.warmup = cold(s);
+    }
+    ranking.order.sort_by_key(|s| {
+        if s.breakdown.warmup {
+            count(s)
+        } else {
+            u64::MAX
+        }
+    });
 }
 
 /// The quality that a failed or timed-out attempt teaches, if any.
@@ -160,10 +209,12 @@ impl Policy for LinUcbPolicy {
             first_choice_probability: Some(1.0),
         };
         r.sort();
+        warmup_first(&mut r, &self.heads, self.cfg.head.warmup);
         r
     }
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
+        self.heads.note_try(obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
             self.heads.heads[obs.candidate].update(obs.features, u, obs.now);
         }

@@ -137,10 +137,14 @@ impl LqmState {
         out
     }
 
-    /// Latency: every attempt that took time at the provider feeds the EMA (a timeout's
-    /// cut-off latency is a lower bound, still the service time the call consumed).
+    /// Latency: answers and timeouts feed the EMA (a timeout's cut-off latency is a lower
+    /// bound, still the service time the call consumed). Provider errors do not: a fast
+    /// connection refusal is no evidence of fast service.
     pub(crate) fn observe_latency(&mut self, cfg: &LqmConfig, obs: &AttemptObservation<'_>) {
-        if obs.outcome.status != AttemptStatus::ClientError {
+        if matches!(
+            obs.outcome.status,
+            AttemptStatus::Ok | AttemptStatus::Timeout
+        ) {
             self.latency[obs.candidate].update(obs.outcome.latency.0, cfg.ema_beta);
         }
     }
@@ -184,10 +188,12 @@ impl Policy for Lqm {
             first_choice_probability: Some(1.0),
         };
         r.sort();
+        super::heads::warmup_first(&mut r, &self.state.heads, self.cfg.head.warmup);
         r
     }
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
+        self.state.heads.note_try(obs);
         self.state.observe_latency(&self.cfg, obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
             self.state.heads.heads[obs.candidate].update(obs.features, u, obs.now);

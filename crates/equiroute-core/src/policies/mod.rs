@@ -117,6 +117,9 @@ pub struct ScoreBreakdown {
     /// The candidate was held back from exploration by a guardrail (ranked last).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub guarded: bool,
+    /// The candidate was moved first to collect its first quality observations.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub warmup: bool,
 }
 
 /// One ranked candidate.

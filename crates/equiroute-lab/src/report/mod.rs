@@ -1,0 +1,271 @@
+//! Results over seeds: mean and 95% confidence interval of every metric, as a table, JSON
+//! or CSV, and plots (see [`plot`]).
+//!
+//! JSON schema (one object per scenario; a list when several run), stable:
+//!
+//! ```text
+//! {"scenario": str, "seeds": N, "rounds": T, "seed_list": [u64],
+//!  "providers": [str],
+//!  "policies": {"<name>": {"quality": {"mean": f, "ci95": f}, "latency_mean_ms": {..},
+//!     "latency_p95_ms": {..}, "deadline_miss_rate": {..}, "request_failure_rate": {..},
+//!     "attempt_failure_rate": {..}, "cost_per_request": {..}, "regret": {..},
+//!     "share": {"<provider>": f}}}}
+//! ```
+//! `ci95` is the half-width of the Student-t 95% interval of the mean over seeds.
+
+pub mod plot;
+
+use crate::runner::{RunResult, BINS};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Mean and 95% confidence half-width over seeds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub mean: f64,
+    pub ci95: f64,
+}
+
+/// Two-sided 95% Student-t critical values for 1..=30 degrees of freedom.
+const T95: [f64; 30] = [
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+    2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+    2.052, 2.048, 2.045, 2.042,
+];
+
+impl Summary {
+    /// The summary of `xs`.
+    #[must_use]
+    pub fn of(xs: &[f64]) -> Summary {
+        let n = xs.len();
+        if n == 0 {
+            return Summary::default();
+        }
+        let mean = xs.iter().sum::<f64>() / n as f64;
+        if n < 2 {
+            return Summary { mean, ci95: 0.0 };
+        }
+        let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        let t = T95.get(n - 2).copied().unwrap_or(1.96);
+        Summary {
+            mean,
+            ci95: t * (var / n as f64).sqrt(),
+        }
+    }
+}
+
+/// One policy's results in one scenario.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PolicyReport {
+    pub quality: Summary,
+    pub latency_mean_ms: Summary,
+    pub latency_p95_ms: Summary,
+    pub deadline_miss_rate: Summary,
+    pub request_failure_rate: Summary,
+    pub attempt_failure_rate: Summary,
+    pub cost_per_request: Summary,
+    pub regret: Summary,
+    pub share: BTreeMap<String, f64>,
+    /// Mean share per provider per time bin (for plots; not in JSON).
+    #[serde(skip)]
+    pub share_over_time: Vec<Vec<f64>>,
+    /// Mean cumulative regret per time bin (for plots; not in JSON).
+    #[serde(skip)]
+    pub regret_over_time: Vec<f64>,
+}
+
+/// One scenario's results.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    pub seeds: usize,
+    pub rounds: usize,
+    pub seed_list: Vec<u64>,
+    pub providers: Vec<String>,
+    pub policies: BTreeMap<String, PolicyReport>,
+    /// Policies in the order they were asked for (for tables and plots).
+    #[serde(skip)]
+    pub order: Vec<String>,
+}
+
+impl ScenarioReport {
+    /// Aggregates runs (any order) of `policies` over seeds.
+    #[must_use]
+    pub fn new(
+        scenario: &str,
+        providers: Vec<String>,
+        policies: &[String],
+        runs: &[RunResult],
+    ) -> ScenarioReport {
+        let mut out = BTreeMap::new();
+        let mut seed_list: Vec<u64> = runs.iter().map(|r| r.seed).collect();
+        seed_list.sort_unstable();
+        seed_list.dedup();
+        for name in policies {
+            let rs: Vec<&RunResult> = runs.iter().filter(|r| &r.policy == name).collect();
+            let pick = |f: fn(&RunResult) -> f64| {
+                Summary::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>())
+            };
+            let n = rs.len().max(1) as f64;
+            let share = providers
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.clone(), rs.iter().map(|r| r.share[i]).sum::<f64>() / n))
+                .collect();
+            let share_over_time = (0..BINS)
+                .map(|b| {
+                    (0..providers.len())
+                        .map(|i| rs.iter().map(|r| r.share_over_time[b][i]).sum::<f64>() / n)
+                        .collect()
+                })
+                .collect();
+            let regret_over_time = (0..BINS)
+                .map(|b| rs.iter().map(|r| r.regret_over_time[b]).sum::<f64>() / n)
+                .collect();
+            out.insert(
+                name.clone(),
+                PolicyReport {
+                    quality: pick(|r| r.quality),
+                    latency_mean_ms: pick(|r| r.latency_mean_ms),
+                    latency_p95_ms: pick(|r| r.latency_p95_ms),
+                    deadline_miss_rate: pick(|r| r.deadline_miss_rate),
+                    request_failure_rate: pick(|r| r.request_failure_rate),
+                    attempt_failure_rate: pick(|r| r.attempt_failure_rate),
+                    cost_per_request: pick(|r| r.cost_per_request),
+                    regret: pick(|r| r.regret),
+                    share,
+                    share_over_time,
+                    regret_over_time,
+                },
+            );
+        }
+        ScenarioReport {
+            scenario: scenario.to_owned(),
+            seeds: seed_list.len(),
+            rounds: runs.first().map_or(0, |r| r.rounds),
+            seed_list,
+            providers,
+            policies: out,
+            order: policies.to_vec(),
+        }
+    }
+
+    /// Policies in the requested order with their reports.
+    pub fn ordered(&self) -> impl Iterator<Item = (&String, &PolicyReport)> {
+        self.order
+            .iter()
+            .filter_map(|n| self.policies.get_key_value(n))
+    }
+
+    /// A plain-text table.
+    #[must_use]
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let seeds: Vec<String> = self.seed_list.iter().map(u64::to_string).collect();
+        let _ = writeln!(
+            s,
+            "\n{} — {} seeds ({}), {} rounds; mean ± 95% CI over seeds",
+            self.scenario,
+            self.seeds,
+            seeds.join(","),
+            self.rounds
+        );
+        let _ = writeln!(
+            s,
+            "{:<20} {:>15} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  share",
+            "policy",
+            "quality",
+            "lat mean ms",
+            "lat p95 ms",
+            "miss rate",
+            "req fail",
+            "att fail",
+            "cost/req $",
+            "regret"
+        );
+        for (name, r) in self.ordered() {
+            let share: Vec<String> = self
+                .providers
+                .iter()
+                .filter_map(|p| r.share.get(p).map(|v| (p, v)))
+                .filter(|(_, v)| **v >= 0.005)
+                .map(|(p, v)| format!("{p} {:.0}%", v * 100.0))
+                .collect();
+            let _ = writeln!(
+                s,
+                "{:<20} {:>15} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  {}",
+                name,
+                fmt(r.quality, 3),
+                fmt(r.latency_mean_ms, 0),
+                fmt(r.latency_p95_ms, 0),
+                fmt(r.deadline_miss_rate, 3),
+                fmt(r.request_failure_rate, 3),
+                fmt(r.attempt_failure_rate, 3),
+                fmt_cost(r.cost_per_request),
+                fmt(r.regret, 1),
+                share.join(", ")
+            );
+        }
+        s
+    }
+
+    /// CSV rows `scenario,policy,metric,mean,ci95` (no header).
+    #[must_use]
+    pub fn csv_rows(&self) -> String {
+        let mut s = String::new();
+        for (name, r) in self.ordered() {
+            for (metric, v) in [
+                ("quality", r.quality),
+                ("latency_mean_ms", r.latency_mean_ms),
+                ("latency_p95_ms", r.latency_p95_ms),
+                ("deadline_miss_rate", r.deadline_miss_rate),
+                ("request_failure_rate", r.request_failure_rate),
+                ("attempt_failure_rate", r.attempt_failure_rate),
+                ("cost_per_request", r.cost_per_request),
+                ("regret", r.regret),
+            ] {
+                let _ = writeln!(
+                    s,
+                    "{},{},{},{},{}",
+                    self.scenario, name, metric, v.mean, v.ci95
+                );
+            }
+            for (p, v) in &r.share {
+                let _ = writeln!(s, "{},{},share:{},{},0", self.scenario, name, p, v);
+            }
+        }
+        s
+    }
+}
+
+/// The CSV header matching [`ScenarioReport::csv_rows`].
+pub const CSV_HEADER: &str = "scenario,policy,metric,mean,ci95";
+
+fn fmt(v: Summary, digits: usize) -> String {
+    format!("{:.*} ± {:.*}", digits, v.mean, digits, v.ci95)
+}
+
+fn fmt_cost(v: Summary) -> String {
+    format!("{:.5} ± {:.5}", v.mean, v.ci95)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_uses_the_t_interval() {
+        // Mean 3, sample sd sqrt(2.5), n = 5: half-width 2.776·sqrt(2.5/5) = 1.963.
+        let s = Summary::of(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert!((s.mean - 3.0).abs() < 1e-12);
+        assert!((s.ci95 - 2.776 * 0.5f64.sqrt()).abs() < 1e-9);
+        assert_eq!(
+            Summary::of(&[7.0]),
+            Summary {
+                mean: 7.0,
+                ci95: 0.0
+            }
+        );
+    }
+}

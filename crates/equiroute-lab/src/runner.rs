@@ -1,0 +1,297 @@
+//! Runs one policy through one scenario with one seed, in virtual time, with the same
+//! eligibility, breakers, executor and policies as the gateway.
+
+use crate::scenario::ScenarioSpec;
+use crate::world::World;
+use equiroute_core::breaker::{Breaker, BreakerConfig, BreakerOutcome};
+use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
+use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
+use equiroute_core::features::Featurizer;
+use equiroute_core::policies::{AttemptObservation, QualityObservation, RankContext};
+use equiroute_core::{AttemptStatus, Millis, Requirements, SlicePath, Timestamp};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// Time series are kept in this many bins.
+pub const BINS: usize = 40;
+
+/// Everything measured in one run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub policy: String,
+    pub seed: u64,
+    pub rounds: usize,
+    /// Mean gold quality per request (a failed request scores 0).
+    pub quality: f64,
+    pub latency_mean_ms: f64,
+    pub latency_p95_ms: f64,
+    /// Requests that missed the deadline (cut off, or answered after it).
+    pub deadline_miss_rate: f64,
+    /// Requests that got no answer.
+    pub request_failure_rate: f64,
+    /// Attempts that did not answer (provider errors, timeouts).
+    pub attempt_failure_rate: f64,
+    /// Spend per request, failed attempts included.
+    pub cost_per_request: f64,
+    /// Cumulative regret against the oracle's first choice, in expected delivered quality.
+    pub regret: f64,
+    /// Share of first choices per provider.
+    pub share: Vec<f64>,
+    /// Share of first choices per provider in each of [`BINS`] time bins.
+    pub share_over_time: Vec<Vec<f64>>,
+    /// Cumulative regret at the end of each time bin.
+    pub regret_over_time: Vec<f64>,
+}
+
+/// A run that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("scenario {scenario}: policy `{policy}`: {source}")]
+    Policy {
+        scenario: String,
+        policy: String,
+        source: equiroute_core::ConfigError,
+    },
+}
+
+/// A quality score on its way to the router.
+struct PendingFeedback {
+    due_round: usize,
+    candidate: usize,
+    features: Vec<f64>,
+    judged: f64,
+    latency: Millis,
+}
+
+/// Stable per-label salt so that policies get different exploration randomness per seed.
+fn salt(label: &str) -> u64 {
+    let mut h = equiroute_core::features::Fnv64::new();
+    h.write(label.as_bytes());
+    h.finish()
+}
+
+/// Runs `label` (a policy name or variant) through `spec` for `rounds` rounds with `seed`.
+///
+/// The world's randomness is split into streams seeded by `seed` alone (queries, outcomes,
+/// judge), so every policy faces the same queries; only the policy's own stream depends on
+/// its label.
+///
+/// # Errors
+/// The policy cannot be built for this scenario.
+#[allow(clippy::too_many_lines)]
+pub fn run(
+    spec: &ScenarioSpec,
+    label: &str,
+    seed: u64,
+    rounds: usize,
+) -> Result<RunResult, RunError> {
+    let err = |source| RunError::Policy {
+        scenario: spec.name.clone(),
+        policy: label.to_owned(),
+        source,
+    };
+    let mut world = World::new(spec);
+    let candidates = world.candidates();
+    let k = candidates.len();
+    let mut policy = spec
+        .policy(label)
+        .and_then(|c| c.build(&candidates, spec.feature_dim))
+        .map_err(err)?;
+    let is_oracle = policy.kind() == equiroute_core::policies::PolicyKind::Oracle;
+    let featurizer = Featurizer::new(spec.feature_dim).map_err(err)?;
+    let mut query_rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut outcome_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut judge_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x2545_f491_4f6c_dd1d);
+    let mut policy_rng = ChaCha8Rng::seed_from_u64(seed ^ salt(label));
+    let limits = ExecutionLimits {
+        max_attempts: spec.max_attempts,
+        ..ExecutionLimits::default()
+    };
+    let breaker_cfg = BreakerConfig::default();
+    let mut breakers = vec![Breaker::default(); k];
+    let requirements = Requirements::default();
+    let drift_ids: Vec<usize> = spec
+        .judge
+        .drift_providers
+        .iter()
+        .filter_map(|id| spec.providers.iter().position(|p| &p.id == id))
+        .collect();
+
+    let mut pending: VecDeque<PendingFeedback> = VecDeque::new();
+    let mut now = 0.0f64;
+    let (mut quality_sum, mut cost_sum, mut regret) = (0.0, 0.0, 0.0);
+    let (mut misses, mut failures, mut attempts, mut failed_attempts) =
+        (0usize, 0usize, 0usize, 0usize);
+    let mut latencies = Vec::with_capacity(rounds);
+    let mut share = vec![0.0; k];
+    let mut share_over_time = vec![vec![0.0; k]; BINS];
+    let mut bin_counts = vec![0usize; BINS];
+    let mut regret_over_time = vec![0.0; BINS];
+    let mut values = vec![0.0; k];
+
+    for round in 0..rounds {
+        let concurrency = world.concurrency(round);
+        now += spec.interarrival_ms / concurrency;
+        let t = Timestamp(now);
+        // Quality that has arrived by now reaches the policy first.
+        while pending.front().is_some_and(|p| p.due_round <= round) {
+            if let Some(p) = pending.pop_front() {
+                policy.observe_quality(&QualityObservation {
+                    candidate: p.candidate,
+                    features: &p.features,
+                    quality: p.judged,
+                    latency: p.latency,
+                    now: t,
+                });
+            }
+        }
+        let query = world.query(&mut query_rng);
+        let deadline = spec.draw_deadline(&mut query_rng);
+        let features = featurizer.featurize(&query.text);
+        let mut input = EligibilityInput::new(&candidates, &requirements);
+        input.breakers = Some((&breakers, &breaker_cfg));
+        input.now = t;
+        let mut eligible = check_eligibility(&input).eligible;
+        eligible.retain(|&i| world.available(i, round));
+        if eligible.is_empty() {
+            // Every breaker is open: fall back to every available provider rather than fail.
+            eligible = (0..k).filter(|&i| world.available(i, round)).collect();
+        }
+        for (i, v) in values.iter_mut().enumerate() {
+            *v = if world.available(i, round) {
+                world.true_value(i, round, query.cluster, deadline)
+            } else {
+                0.0
+            };
+        }
+        let in_flight: Vec<u32> = (0..k).map(|i| world.in_flight(i, round)).collect();
+        let mut ctx = RankContext::new(&candidates, &eligible, &features);
+        ctx.deadline = deadline;
+        ctx.slice = SlicePath::root();
+        ctx.tokens = spec.tokens;
+        ctx.now = t;
+        ctx.in_flight = Some(&in_flight);
+        if is_oracle {
+            ctx.oracle_values = Some(&values);
+        }
+        let ranking = policy.rank(&ctx, &mut policy_rng);
+        let order: Vec<usize> = ranking.indices().collect();
+        let Some(&first) = order.first() else {
+            continue;
+        };
+        world.note_choice(first);
+        let best = eligible.iter().map(|&i| values[i]).fold(0.0, f64::max);
+        regret += (best - values[first]).max(0.0);
+        let bin = round * BINS / rounds;
+        share[first] += 1.0;
+        share_over_time[bin][first] += 1.0;
+        bin_counts[bin] += 1;
+        regret_over_time[bin] = regret;
+
+        let mut run = Execution::new(order, t, deadline, limits);
+        let mut clock = t;
+        while let Some(next) = run.next_attempt(clock) {
+            let outcome = world.attempt(
+                next.candidate,
+                round,
+                clock.0,
+                next.timeout,
+                &mut outcome_rng,
+            );
+            attempts += 1;
+            if outcome.status != AttemptStatus::Ok {
+                failed_attempts += 1;
+            }
+            let end = clock.plus(outcome.latency);
+            policy.observe_attempt(&AttemptObservation {
+                candidate: next.candidate,
+                features: &features,
+                slice: SlicePath::root(),
+                deadline: run.remaining(clock),
+                outcome: &outcome,
+                now: end,
+            });
+            let verdict = match outcome.status {
+                AttemptStatus::Ok => BreakerOutcome::Success,
+                AttemptStatus::ProviderError(_) | AttemptStatus::Timeout => BreakerOutcome::Failure,
+                AttemptStatus::ClientError | AttemptStatus::Cancelled => BreakerOutcome::Ignored,
+            };
+            let _ = breakers[next.candidate].record(end, verdict, &breaker_cfg);
+            if let Some(retry) = outcome.retry_after {
+                let _ = breakers[next.candidate].open(end.plus(retry));
+            }
+            run.record(next.candidate, outcome, clock);
+            clock = end;
+        }
+        let result = run.finish(clock);
+        cost_sum += result.cost.0;
+        latencies.push(result.latency.0);
+        let late = deadline.is_some_and(|d| result.latency.0 > d.0);
+        if matches!(result.status, RequestStatus::DeadlineExceeded) || late {
+            misses += 1;
+        }
+        if let RequestStatus::Succeeded { candidate } = result.status {
+            let gold = world.gold_quality(candidate, round, query.cluster, &mut outcome_rng);
+            quality_sum += gold;
+            let drift = match spec.judge.drift_at_round {
+                Some(at) if round >= at && drift_ids.contains(&candidate) => spec.judge.drift_bias,
+                _ => 0.0,
+            };
+            let noise: f64 =
+                rand_distr::Distribution::sample(&rand_distr::StandardNormal, &mut judge_rng);
+            let judged =
+                (gold + spec.judge.bias + drift + spec.judge.noise_sd * noise).clamp(0.0, 1.0);
+            let answered = result
+                .attempts
+                .last()
+                .map_or(Millis(0.0), |a| a.outcome.latency);
+            pending.push_back(PendingFeedback {
+                due_round: round + spec.judge.delay_rounds,
+                candidate,
+                features,
+                judged,
+                latency: answered,
+            });
+        } else {
+            failures += 1;
+        }
+    }
+
+    let n = rounds.max(1) as f64;
+    for (b, counts) in share_over_time.iter_mut().enumerate() {
+        let total = bin_counts[b].max(1) as f64;
+        for c in counts.iter_mut() {
+            *c /= total;
+        }
+    }
+    // Bins without rounds (tiny runs) carry the last regret forward.
+    for b in 1..BINS {
+        if bin_counts[b] == 0 {
+            regret_over_time[b] = regret_over_time[b - 1];
+        }
+    }
+    let mut sorted = latencies.clone();
+    sorted.sort_by(f64::total_cmp);
+    let p95 = sorted
+        .get(((sorted.len() as f64 * 0.95).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0.0);
+    Ok(RunResult {
+        policy: label.to_owned(),
+        seed,
+        rounds,
+        quality: quality_sum / n,
+        latency_mean_ms: latencies.iter().sum::<f64>() / n,
+        latency_p95_ms: p95,
+        deadline_miss_rate: misses as f64 / n,
+        request_failure_rate: failures as f64 / n,
+        attempt_failure_rate: failed_attempts as f64 / attempts.max(1) as f64,
+        cost_per_request: cost_sum / n,
+        regret,
+        share: share.iter().map(|s| s / n).collect(),
+        share_over_time,
+        regret_over_time,
+    })
+}

@@ -1,0 +1,532 @@
+//! Scenarios: the TOML format, its validation, and the built-in library.
+//!
+//! A scenario describes a simulated world (providers with latency, failure, quality and cost
+//! models; load phases; a judge; a deadline) and the policies to compare in it. Built-in
+//! scenarios are TOML files in `crates/equiroute-lab/scenarios/`, compiled in; users pass their
+//! own with `--scenario-file`. `docs/scenarios.md` documents every field.
+
+use equiroute_core::policies::PolicyConfig;
+use equiroute_core::{Price, ServiceTier, TokenEstimate};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use thiserror::Error;
+
+/// The quality metric a scenario scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// Bernoulli correctness with the cluster's mean as probability.
+    Accuracy,
+    /// A bounded score: Beta-distributed around the cluster's mean.
+    F1,
+    /// nDCG@10 of a ranked list against graded relevance, computed as trec_eval does.
+    Ndcg,
+}
+
+/// A scenario as written in TOML.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioSpec {
+    pub name: String,
+    pub description: String,
+    /// What reference figure it reproduces, if any.
+    #[serde(default)]
+    pub reproduces: Option<String>,
+    pub rounds: usize,
+    pub metric: Metric,
+    /// Number of hidden query clusters; every provider's `quality` has one entry per cluster.
+    pub clusters: usize,
+    /// Request deadline (SLA) in ms; attempts past it are cancelled and censored.
+    #[serde(default)]
+    pub deadline_ms: Option<f64>,
+    /// Per-request deadlines drawn from this mix instead of one `deadline_ms` (e.g. interactive
+    /// and batch calls on the same interface).
+    #[serde(default)]
+    pub deadline_mix: Vec<DeadlineShare>,
+    /// Latency budget `L_ref` given to latency-aware policies (defaults to the deadline or 1 s).
+    #[serde(default)]
+    pub l_ref_ms: Option<f64>,
+    #[serde(default = "default_dim")]
+    pub feature_dim: usize,
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// Virtual time between requests at concurrency 1, in ms.
+    #[serde(default = "default_interarrival")]
+    pub interarrival_ms: f64,
+    /// Expected tokens per call, for per-token prices.
+    #[serde(default)]
+    pub tokens: TokenEstimate,
+    /// Policies compared by default: policy names or labels of `variants`.
+    pub policies: Vec<String>,
+    /// Named policy configurations, e.g. a priority list with a given order.
+    #[serde(default)]
+    pub variants: Vec<Variant>,
+    #[serde(default)]
+    pub judge: JudgeSpec,
+    /// Load phases in order; the last one lasts until the end.
+    #[serde(default)]
+    pub load: Vec<LoadPhase>,
+    pub providers: Vec<ProviderSpec>,
+}
+
+fn default_dim() -> usize {
+    64
+}
+fn default_attempts() -> u32 {
+    2
+}
+fn default_interarrival() -> f64 {
+    250.0
+}
+
+/// One entry of a deadline mix.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadlineShare {
+    pub ms: f64,
+    pub weight: f64,
+}
+
+/// A named policy configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub label: String,
+    pub policy: PolicyConfig,
+}
+
+/// How quality reaches the router: `u_judge = clip(u_gold + bias + N(0, noise_sd))`, after
+/// `delay_rounds` rounds. The gold value stays hidden and is what the scenario scores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JudgeSpec {
+    pub noise_sd: f64,
+    pub bias: f64,
+    pub delay_rounds: usize,
+    /// From `drift_at_round` on, the judge adds `drift_bias` for providers in `drift_providers`.
+    pub drift_at_round: Option<usize>,
+    pub drift_bias: f64,
+    pub drift_providers: Vec<String>,
+}
+
+impl Default for JudgeSpec {
+    fn default() -> Self {
+        JudgeSpec {
+            noise_sd: 0.05,
+            bias: 0.0,
+            delay_rounds: 5,
+            drift_at_round: None,
+            drift_bias: 0.0,
+            drift_providers: Vec::new(),
+        }
+    }
+}
+
+/// A load phase: requests arrive `concurrency` times faster than at concurrency 1 and that
+/// many are in flight on average.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadPhase {
+    pub until_round: usize,
+    pub concurrency: f64,
+}
+
+/// Latency of a provider: log-normal with the given median and 95th percentile.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencySpec {
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+}
+
+/// A provider of the simulated world.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSpec {
+    pub id: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub tier: ServiceTier,
+    #[serde(default)]
+    pub price: Price,
+    /// Mean quality per query cluster, in [0, 1].
+    pub quality: Vec<f64>,
+    pub latency: LatencySpec,
+    /// A call after `idle_ms` without traffic draws from this slower distribution.
+    #[serde(default)]
+    pub cold_start: Option<ColdStartSpec>,
+    /// Requests in flight it serves before queueing inflates latency (`None`: unlimited).
+    #[serde(default)]
+    pub capacity: Option<f64>,
+    /// Probability of a 5xx on any call.
+    #[serde(default)]
+    pub failure_rate: f64,
+    /// The round it becomes available (a newcomer); 0 = from the start.
+    #[serde(default)]
+    pub join_round: usize,
+    #[serde(default)]
+    pub events: Vec<EventSpec>,
+}
+
+/// A cold-start tail.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ColdStartSpec {
+    pub idle_ms: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+}
+
+/// A fault episode between `start_round` (inclusive) and `end_round` (exclusive).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSpec {
+    pub kind: EventKind,
+    pub start_round: usize,
+    pub end_round: usize,
+}
+
+/// What goes wrong during an event.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum EventKind {
+    /// A share `rate` of calls get 429, with a `Retry-After` when given.
+    RateLimit {
+        rate: f64,
+        retry_after_ms: Option<f64>,
+    },
+    /// Every call fails to connect.
+    Outage,
+    /// Latency and failure rate ramp linearly up to these values over the event, then stay.
+    Degrade {
+        latency_factor: f64,
+        failure_rate: f64,
+    },
+    /// Latency multiplied by `latency_factor`.
+    Spike { latency_factor: f64 },
+    /// Quality multiplied by `factor` (a silent regression).
+    QualityDrop { factor: f64 },
+}
+
+/// A scenario that cannot be used, with the field and the fix.
+#[derive(Debug, Error, PartialEq)]
+pub enum ScenarioError {
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: `{field}`: {fix}")]
+    Invalid {
+        file: String,
+        field: String,
+        fix: String,
+    },
+    #[error("unknown scenario `{name}`: built-in scenarios are {valid}")]
+    Unknown { name: String, valid: String },
+}
+
+impl ScenarioSpec {
+    /// Parses and validates a scenario from TOML text; `file` names it in errors.
+    ///
+    /// # Errors
+    /// TOML syntax, unknown fields, or values that make no sense, with the field named.
+    pub fn from_toml(text: &str, file: &str) -> Result<ScenarioSpec, ScenarioError> {
+        let spec: ScenarioSpec = toml::from_str(text).map_err(|e| ScenarioError::Parse {
+            file: file.to_owned(),
+            message: e.to_string(),
+        })?;
+        spec.validate(file)?;
+        Ok(spec)
+    }
+
+    /// Checks every value and cross-reference.
+    ///
+    /// # Errors
+    /// The first problem found, with the field path and the fix.
+    pub fn validate(&self, file: &str) -> Result<(), ScenarioError> {
+        let bad = |field: String, fix: &str| ScenarioError::Invalid {
+            file: file.to_owned(),
+            field,
+            fix: fix.to_owned(),
+        };
+        if self.rounds == 0 {
+            return Err(bad("rounds".into(), "must be at least 1"));
+        }
+        if self.clusters == 0 {
+            return Err(bad("clusters".into(), "must be at least 1"));
+        }
+        if self.providers.is_empty() {
+            return Err(bad(
+                "providers".into(),
+                "add at least one [[providers]] entry",
+            ));
+        }
+        if let Some(d) = self.deadline_ms {
+            if !(d.is_finite() && d > 0.0) {
+                return Err(bad("deadline_ms".into(), "must be a positive number of ms"));
+            }
+        }
+        for (n, d) in self.deadline_mix.iter().enumerate() {
+            if !(d.ms.is_finite() && d.ms > 0.0 && d.weight.is_finite() && d.weight > 0.0) {
+                return Err(bad(
+                    format!("deadline_mix[{n}]"),
+                    "ms and weight must be positive numbers",
+                ));
+            }
+        }
+        if !self.deadline_mix.is_empty() && self.deadline_ms.is_some() {
+            return Err(bad(
+                "deadline_mix".into(),
+                "set either deadline_ms or deadline_mix, not both",
+            ));
+        }
+        if self.l_ref_ms.is_some_and(|l| !(l.is_finite() && l > 0.0)) {
+            return Err(bad("l_ref_ms".into(), "must be a positive number of ms"));
+        }
+        if !(self.interarrival_ms.is_finite() && self.interarrival_ms > 0.0) {
+            return Err(bad(
+                "interarrival_ms".into(),
+                "must be a positive number of ms",
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(bad("max_attempts".into(), "must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.judge.noise_sd) {
+            return Err(bad("judge.noise_sd".into(), "must be between 0 and 1"));
+        }
+        let mut ids = BTreeSet::new();
+        for (n, p) in self.providers.iter().enumerate() {
+            if !ids.insert(p.id.as_str()) {
+                return Err(bad(
+                    format!("providers[{n}] ({}).id", p.id),
+                    "provider ids must be unique",
+                ));
+            }
+            self.validate_provider(n, p)
+                .map_err(|(field, fix)| bad(field, &fix))?;
+        }
+        for (n, phase) in self.load.iter().enumerate() {
+            if !(phase.concurrency.is_finite() && phase.concurrency > 0.0) {
+                return Err(bad(
+                    format!("load[{n}].concurrency"),
+                    "must be a positive number",
+                ));
+            }
+        }
+        for name in &self.judge.drift_providers {
+            if !ids.contains(name.as_str()) {
+                return Err(bad(
+                    "judge.drift_providers".into(),
+                    "names a provider that is not configured",
+                ));
+            }
+        }
+        let labels: BTreeSet<&str> = self.variants.iter().map(|v| v.label.as_str()).collect();
+        for p in &self.policies {
+            if !labels.contains(p.as_str()) && PolicyConfig::from_name(p).is_err() {
+                return Err(bad(
+                    "policies".into(),
+                    &format!("`{p}` is neither a policy name (see `equiroute policies`) nor the label of a [[variants]] entry"),
+                ));
+            }
+        }
+        for v in &self.variants {
+            let candidates: Vec<_> = self
+                .providers
+                .iter()
+                .map(|p| equiroute_core::Candidate::new(&p.id, &p.id, "m"))
+                .collect();
+            v.policy
+                .build(&candidates, self.feature_dim)
+                .map_err(|e| bad(format!("variants ({}).policy", v.label), &e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Checks one provider; returns the field path and the fix.
+    fn validate_provider(&self, n: usize, p: &ProviderSpec) -> Result<(), (String, String)> {
+        let at = |f: &str| format!("providers[{n}] ({}).{f}", p.id);
+        if p.quality.len() != self.clusters {
+            return Err((
+                at("quality"),
+                "needs exactly one value per cluster (see `clusters`)".to_owned(),
+            ));
+        }
+        if p.quality.iter().any(|q| !(0.0..=1.0).contains(q)) {
+            return Err((at("quality"), "values must be between 0 and 1".to_owned()));
+        }
+        check_latency(&p.latency).map_err(|fix| (at("latency"), fix.to_owned()))?;
+        if let Some(c) = &p.cold_start {
+            check_latency(&LatencySpec {
+                p50_ms: c.p50_ms,
+                p95_ms: c.p95_ms,
+            })
+            .map_err(|fix| (at("cold_start"), fix.to_owned()))?;
+        }
+        if p.capacity.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            return Err((
+                at("capacity"),
+                "must be a positive number of requests in flight".to_owned(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.failure_rate) {
+            return Err((at("failure_rate"), "must be between 0 and 1".to_owned()));
+        }
+        if p.join_round >= self.rounds {
+            return Err((at("join_round"), "must be before the last round".to_owned()));
+        }
+        for (k, e) in p.events.iter().enumerate() {
+            let field = at(&format!("events[{k}]"));
+            if e.end_round <= e.start_round {
+                return Err((field, "end_round must be after start_round".to_owned()));
+            }
+            let ok = match e.kind {
+                EventKind::RateLimit {
+                    rate,
+                    retry_after_ms,
+                } => (0.0..=1.0).contains(&rate) && retry_after_ms.is_none_or(|r| r >= 0.0),
+                EventKind::Outage => true,
+                EventKind::Degrade {
+                    latency_factor,
+                    failure_rate,
+                } => latency_factor >= 1.0 && (0.0..=1.0).contains(&failure_rate),
+                EventKind::Spike { latency_factor } => latency_factor > 0.0,
+                EventKind::QualityDrop { factor } => (0.0..=1.0).contains(&factor),
+            };
+            if !ok {
+                return Err((field, "rates and factors out of range: rate/failure_rate/factor in [0,1], latency_factor ≥ 1 for degrade and > 0 for spike".to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `L_ref`: explicit, else the deadline, else 1 s.
+    #[must_use]
+    pub fn l_ref(&self) -> f64 {
+        self.l_ref_ms.or(self.deadline_ms).unwrap_or(1000.0)
+    }
+
+    /// The deadline of one request: the fixed one, or a draw from the mix.
+    pub fn draw_deadline(&self, rng: &mut dyn rand::RngCore) -> Option<equiroute_core::Millis> {
+        use rand::Rng;
+        if self.deadline_mix.is_empty() {
+            return self.deadline_ms.map(equiroute_core::Millis);
+        }
+        let total: f64 = self.deadline_mix.iter().map(|d| d.weight).sum();
+        let mut u = rng.random::<f64>() * total;
+        for d in &self.deadline_mix {
+            if u < d.weight {
+                return Some(equiroute_core::Millis(d.ms));
+            }
+            u -= d.weight;
+        }
+        self.deadline_mix
+            .last()
+            .map(|d| equiroute_core::Millis(d.ms))
+    }
+
+    /// The policy configuration behind a name or variant label, tuned to the scenario
+    /// (latency-aware policies get the scenario's `L_ref`).
+    ///
+    /// # Errors
+    /// Neither a variant label nor a policy name.
+    pub fn policy(&self, label: &str) -> Result<PolicyConfig, equiroute_core::ConfigError> {
+        if let Some(v) = self.variants.iter().find(|v| v.label == label) {
+            return Ok(v.policy.clone());
+        }
+        let mut cfg = PolicyConfig::from_name(label)?;
+        let l_ref = self.l_ref();
+        match &mut cfg {
+            PolicyConfig::Lqm(c) => c.l_ref_ms = l_ref,
+            PolicyConfig::LqmTs(c) => c.lqm.l_ref_ms = l_ref,
+            PolicyConfig::Additive(c) => c.latency_scale_ms = l_ref,
+            _ => {}
+        }
+        Ok(cfg)
+    }
+}
+
+fn check_latency(l: &LatencySpec) -> Result<(), &'static str> {
+    if l.p50_ms > 0.0 && l.p95_ms >= l.p50_ms && l.p95_ms.is_finite() {
+        Ok(())
+    } else {
+        Err("needs 0 < p50_ms ≤ p95_ms")
+    }
+}
+
+/// The built-in scenarios, as (name, TOML text).
+pub const BUILTIN: &[(&str, &str)] = &[
+    (
+        "websearch-load",
+        include_str!("../scenarios/websearch-load.toml"),
+    ),
+    (
+        "strategyqa-hetero",
+        include_str!("../scenarios/strategyqa-hetero.toml"),
+    ),
+    (
+        "retriever-pool",
+        include_str!("../scenarios/retriever-pool.toml"),
+    ),
+    ("llm-pool", include_str!("../scenarios/llm-pool.toml")),
+    (
+        "ramp-ratelimit",
+        include_str!("../scenarios/ramp-ratelimit.toml"),
+    ),
+    (
+        "priority-mismatch-k10",
+        include_str!("../scenarios/priority-mismatch-k10.toml"),
+    ),
+    (
+        "sudden-ratelimit",
+        include_str!("../scenarios/sudden-ratelimit.toml"),
+    ),
+    (
+        "slow-degradation",
+        include_str!("../scenarios/slow-degradation.toml"),
+    ),
+    (
+        "latency-spike",
+        include_str!("../scenarios/latency-spike.toml"),
+    ),
+    (
+        "outage-recovery",
+        include_str!("../scenarios/outage-recovery.toml"),
+    ),
+    (
+        "cold-start-newcomer",
+        include_str!("../scenarios/cold-start-newcomer.toml"),
+    ),
+    ("near-ties", include_str!("../scenarios/near-ties.toml")),
+    ("judge-drift", include_str!("../scenarios/judge-drift.toml")),
+    (
+        "mixed-sla-cost",
+        include_str!("../scenarios/mixed-sla-cost.toml"),
+    ),
+];
+
+/// A built-in scenario by name.
+///
+/// # Errors
+/// An unknown name (the message lists the valid ones), or a built-in that fails validation.
+pub fn builtin(name: &str) -> Result<ScenarioSpec, ScenarioError> {
+    let Some((_, text)) = BUILTIN.iter().find(|(n, _)| *n == name) else {
+        return Err(ScenarioError::Unknown {
+            name: name.to_owned(),
+            valid: BUILTIN
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    ScenarioSpec::from_toml(text, &format!("built-in scenario {name}"))
+}
+
+/// All built-in scenarios.
+///
+/// # Errors
+/// A built-in that fails validation.
+pub fn all_builtin() -> Result<Vec<ScenarioSpec>, ScenarioError> {
+    BUILTIN.iter().map(|(n, _)| builtin(n)).collect()
+}

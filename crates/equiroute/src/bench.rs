@@ -1,0 +1,258 @@
+//! `equiroute bench`: policies side by side in simulated scenarios, over seeds, as a table,
+//! JSON or CSV, with SVG plots in `--out`.
+
+use anyhow::{bail, Context};
+use equiroute_lab::report::{plot, ScenarioReport, CSV_HEADER};
+use equiroute_lab::runner::{run as run_one, RunResult};
+use equiroute_lab::scenario::{all_builtin, builtin, ScenarioSpec};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A built-in scenario, or `all` (see `equiroute scenarios`).
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// A scenario file (TOML); may be repeated. Replaces `--scenario` when given.
+    #[arg(long = "scenario-file")]
+    scenario_files: Vec<PathBuf>,
+    /// Policies to compare, comma-separated (default: the scenario's list).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Number of seeds (1..=N).
+    #[arg(long, default_value_t = 5)]
+    seeds: u64,
+    /// Rounds per run (default: the scenario's).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Directory for results.json, results.csv, table.txt and the SVG plots.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Parallel workers (default: the machine's cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+struct Job {
+    scenario: usize,
+    policy: String,
+    seed: u64,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
+    if args.rounds == Some(0) {
+        bail!("--rounds must be at least 1");
+    }
+    let specs = load_scenarios(args)?;
+    let mut plans: Vec<(ScenarioSpec, Vec<String>, usize)> = Vec::new();
+    for spec in specs {
+        let policies = if args.policies.is_empty() {
+            spec.policies.clone()
+        } else {
+            args.policies.clone()
+        };
+        for p in &policies {
+            spec.policy(p).with_context(|| {
+                format!("--policies: `{p}` in scenario {}: use a policy from `equiroute policies` or a variant label of the scenario", spec.name)
+            })?;
+        }
+        let rounds = args.rounds.unwrap_or(spec.rounds);
+        plans.push((spec, policies, rounds));
+    }
+    let jobs: Vec<Job> = plans
+        .iter()
+        .enumerate()
+        .flat_map(|(s, (_, policies, _))| {
+            policies.iter().flat_map(move |p| {
+                (1..=args.seeds).map(move |seed| Job {
+                    scenario: s,
+                    policy: p.clone(),
+                    seed,
+                })
+            })
+        })
+        .collect();
+    let workers = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, std::num::NonZero::get))
+        .max(1);
+    let started = Instant::now();
+    let results = execute(&plans, &jobs, workers)?;
+    let reports: Vec<ScenarioReport> = plans
+        .iter()
+        .enumerate()
+        .map(|(s, (spec, policies, _))| {
+            let runs: Vec<RunResult> = results
+                .iter()
+                .filter(|(i, _)| *i == s)
+                .map(|(_, r)| r.clone())
+                .collect();
+            let providers = spec.providers.iter().map(|p| p.id.clone()).collect();
+            ScenarioReport::new(&spec.name, providers, policies, &runs)
+        })
+        .collect();
+    write_outputs(args, &reports)?;
+    match args.format {
+        Format::Table => {
+            for r in &reports {
+                print!("{}", r.table());
+            }
+            println!(
+                "\n{} runs in {:.1} s on {workers} workers; results, plots and table in {}",
+                jobs.len(),
+                started.elapsed().as_secs_f64(),
+                args.out.display()
+            );
+        }
+        Format::Json => println!("{}", json(&reports)?),
+        Format::Csv => {
+            println!("{CSV_HEADER}");
+            for r in &reports {
+                print!("{}", r.csv_rows());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn load_scenarios(args: &Args) -> anyhow::Result<Vec<ScenarioSpec>> {
+    if !args.scenario_files.is_empty() {
+        return args
+            .scenario_files
+            .iter()
+            .map(|path| {
+                let text = std::fs::read_to_string(path).with_context(|| {
+                    format!("--scenario-file {}: cannot read it", path.display())
+                })?;
+                Ok(ScenarioSpec::from_toml(&text, &path.display().to_string())?)
+            })
+            .collect();
+    }
+    if args.scenario == "all" {
+        Ok(all_builtin()?)
+    } else {
+        Ok(vec![builtin(&args.scenario)?])
+    }
+}
+
+/// Runs every job on `workers` threads, with a progress bar on a terminal and a plain line
+/// every 10% otherwise.
+fn execute(
+    plans: &[(ScenarioSpec, Vec<String>, usize)],
+    jobs: &[Job],
+    workers: usize,
+) -> anyhow::Result<Vec<(usize, RunResult)>> {
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::with_capacity(jobs.len()));
+    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::new(jobs.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} runs  {elapsed} elapsed, ~{eta} left  {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..workers.min(jobs.len()).max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let (spec, _, rounds) = &plans[job.scenario];
+                match run_one(spec, &job.policy, job.seed, *rounds) {
+                    Ok(r) => {
+                        if let Ok(mut v) = results.lock() {
+                            v.push((job.scenario, r));
+                        }
+                    }
+                    Err(e) => {
+                        if let Ok(mut f) = failure.lock() {
+                            f.get_or_insert(e.into());
+                        }
+                        break;
+                    }
+                }
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if let Some(b) = &bar {
+                    b.set_message(format!("{} / {}", spec.name, job.policy));
+                    b.inc(1);
+                } else if n * 10 / jobs.len() > (n - 1) * 10 / jobs.len() {
+                    eprintln!(
+                        "bench: {n}/{} runs done in {:.1} s",
+                        jobs.len(),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            });
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if let Some(e) = failure.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    let mut results = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a bench worker panicked"))?;
+    results.sort_by(|a, b| (a.0, &a.1.policy, a.1.seed).cmp(&(b.0, &b.1.policy, b.1.seed)));
+    Ok(results)
+}
+
+fn json(reports: &[ScenarioReport]) -> anyhow::Result<String> {
+    Ok(if reports.len() == 1 {
+        serde_json::to_string_pretty(&reports[0])?
+    } else {
+        serde_json::to_string_pretty(reports)?
+    })
+}
+
+fn write_outputs(args: &Args, reports: &[ScenarioReport]) -> anyhow::Result<()> {
+    let out = &args.out;
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("--out {}: cannot create it", out.display()))?;
+    let write = |name: &str, text: &str| {
+        let path = out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    };
+    write("results.json", &json(reports)?)?;
+    let mut csv = format!("{CSV_HEADER}\n");
+    let mut table = String::new();
+    for r in reports {
+        csv.push_str(&r.csv_rows());
+        table.push_str(&r.table());
+        write(&format!("{}-frontier.svg", r.scenario), &plot::frontier(r))?;
+        write(
+            &format!("{}-regret.svg", r.scenario),
+            &plot::regret_over_time(r),
+        )?;
+        for policy in &r.order {
+            if let Some(svg) = plot::share_over_time(r, policy) {
+                write(&format!("{}-share-{policy}.svg", r.scenario), &svg)?;
+            }
+        }
+    }
+    write("results.csv", &csv)?;
+    write("table.txt", &table)?;
+    Ok(())
+}
