@@ -163,6 +163,12 @@ impl Execution {
         })
     }
 
+    /// Passes over the candidate [`Execution::next_attempt`] proposed without trying it (e.g. its
+    /// circuit breaker refused the attempt at the last moment).
+    pub fn skip(&mut self) {
+        self.next += 1;
+    }
+
     /// Records the outcome of the attempt on `candidate` that started at `started`.
     pub fn record(&mut self, candidate: usize, outcome: AttemptOutcome, started: Timestamp) {
         self.attempts.push(AttemptRecord {
@@ -285,6 +291,23 @@ mod tests {
         assert_eq!(
             run.finish(Timestamp(600.0)).status,
             RequestStatus::DeadlineExceeded
+        );
+    }
+
+    #[test]
+    fn a_skipped_candidate_uses_no_attempt() {
+        let limits = ExecutionLimits {
+            max_attempts: 1,
+            ..ExecutionLimits::default()
+        };
+        let mut run = Execution::new(vec![4, 5], Timestamp(0.0), None, limits);
+        assert_eq!(run.next_attempt(Timestamp(0.0)).unwrap().candidate, 4);
+        run.skip();
+        assert_eq!(run.next_attempt(Timestamp(0.0)).unwrap().candidate, 5);
+        run.record(5, outcome(3.0, AttemptStatus::Ok, 0.0), Timestamp(0.0));
+        assert_eq!(
+            run.finish(Timestamp(3.0)).status,
+            RequestStatus::Succeeded { candidate: 5 }
         );
     }
 

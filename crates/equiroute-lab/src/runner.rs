@@ -3,7 +3,7 @@
 
 use crate::scenario::ScenarioSpec;
 use crate::world::World;
-use equiroute_core::breaker::{Breaker, BreakerConfig, BreakerOutcome};
+use equiroute_core::breaker::{Admission, Breaker, BreakerConfig, BreakerOutcome};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
 use equiroute_core::features::Featurizer;
@@ -193,6 +193,13 @@ pub fn run(
         let mut run = Execution::new(order, t, deadline, limits);
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
+            // The breaker admits the attempt now: it moves open → half-open when the open
+            // period is over and bounds the half-open probes.
+            let (admission, _) = breakers[next.candidate].admit(clock, &breaker_cfg);
+            if matches!(admission, Admission::Rejected { .. }) {
+                run.skip();
+                continue;
+            }
             let outcome = world.attempt(
                 next.candidate,
                 round,
@@ -213,10 +220,14 @@ pub fn run(
                 outcome: &outcome,
                 now: end,
             });
+            // The breaker guards provider health: a deadline cut-off says the provider was slow
+            // for this request, not that it is down, so it is left to the policies.
             let verdict = match outcome.status {
                 AttemptStatus::Ok => BreakerOutcome::Success,
-                AttemptStatus::ProviderError(_) | AttemptStatus::Timeout => BreakerOutcome::Failure,
-                AttemptStatus::ClientError | AttemptStatus::Cancelled => BreakerOutcome::Ignored,
+                AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
+                AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
+                    BreakerOutcome::Ignored
+                }
             };
             let _ = breakers[next.candidate].record(end, verdict, &breaker_cfg);
             if let Some(retry) = outcome.retry_after {

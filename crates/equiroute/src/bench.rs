@@ -231,28 +231,33 @@ fn write_outputs(args: &Args, reports: &[ScenarioReport]) -> anyhow::Result<()> 
     let out = &args.out;
     std::fs::create_dir_all(out)
         .with_context(|| format!("--out {}: cannot create it", out.display()))?;
-    let write = |name: &str, text: &str| {
+    let write = |name: &str, bytes: &[u8]| {
         let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        std::fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))
     };
-    write("results.json", &json(reports)?)?;
+    // Every plot as SVG and as PNG.
+    let save_plot = |name: &str, svg: &str| -> anyhow::Result<()> {
+        write(&format!("{name}.svg"), svg.as_bytes())?;
+        write(&format!("{name}.png"), &crate::png::render(svg)?)
+    };
+    write("results.json", json(reports)?.as_bytes())?;
     let mut csv = format!("{CSV_HEADER}\n");
     let mut table = String::new();
     for r in reports {
         csv.push_str(&r.csv_rows());
         table.push_str(&r.table());
-        write(&format!("{}-frontier.svg", r.scenario), &plot::frontier(r))?;
-        write(
-            &format!("{}-regret.svg", r.scenario),
+        save_plot(&format!("{}-frontier", r.scenario), &plot::frontier(r))?;
+        save_plot(
+            &format!("{}-regret", r.scenario),
             &plot::regret_over_time(r),
         )?;
         for policy in &r.order {
             if let Some(svg) = plot::share_over_time(r, policy) {
-                write(&format!("{}-share-{policy}.svg", r.scenario), &svg)?;
+                save_plot(&format!("{}-share-{policy}", r.scenario), &svg)?;
             }
         }
     }
-    write("results.csv", &csv)?;
-    write("table.txt", &table)?;
+    write("results.csv", csv.as_bytes())?;
+    write("table.txt", table.as_bytes())?;
     Ok(())
 }

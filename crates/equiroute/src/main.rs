@@ -1,6 +1,7 @@
 //! The `equiroute` binary: one subcommand per module.
 
 mod bench;
+mod png;
 mod policies;
 mod scenarios;
 

@@ -163,7 +163,10 @@ pub fn frontier(report: &ScenarioReport) -> String {
         ),
         "mean end-to-end latency (ms)",
         "quality (gold)",
-        padded(xl.max(0.0), xh),
+        {
+            let (lo, hi) = padded(xl.max(0.0), xh);
+            (lo.max(0.0), hi)
+        },
         padded(yl, yh),
     );
     for (k, (name, x, y, ex, ey)) in pts.iter().enumerate() {

@@ -1,0 +1,138 @@
+//! The binary as a user runs it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+fn equiroute(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_equiroute"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("equiroute-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn bench_json_follows_the_documented_schema_and_writes_plots() {
+    let out = temp_dir("json");
+    let o = equiroute(&[
+        "bench",
+        "--scenario",
+        "near-ties",
+        "--policies",
+        "lqm-ts,round-robin",
+        "--seeds",
+        "2",
+        "--rounds",
+        "300",
+        "--format",
+        "json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["scenario"], "near-ties");
+    assert_eq!(v["seeds"], 2);
+    assert_eq!(v["rounds"], 300);
+    for policy in ["lqm-ts", "round-robin"] {
+        let p = &v["policies"][policy];
+        for metric in [
+            "quality",
+            "latency_mean_ms",
+            "latency_p95_ms",
+            "deadline_miss_rate",
+            "request_failure_rate",
+            "attempt_failure_rate",
+            "cost_per_request",
+            "regret",
+        ] {
+            assert!(
+                p[metric]["mean"].is_number() && p[metric]["ci95"].is_number(),
+                "{policy}.{metric}"
+            );
+        }
+        let share: f64 = p["share"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        assert!((share - 1.0).abs() < 1e-9);
+    }
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(written, v);
+    for file in [
+        "near-ties-frontier.svg",
+        "near-ties-frontier.png",
+        "near-ties-regret.png",
+        "near-ties-share-lqm-ts.png",
+        "results.csv",
+        "table.txt",
+    ] {
+        let bytes = std::fs::read(out.join(file)).unwrap();
+        assert!(bytes.len() > 100, "{file}");
+    }
+    assert!(std::fs::read(out.join("near-ties-frontier.png"))
+        .unwrap()
+        .starts_with(b"\x89PNG"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn bad_input_names_the_field_and_exits_non_zero() {
+    let dir = temp_dir("bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("s.toml");
+    std::fs::write(
+        &file,
+        "name = \"x\"\ndescription = \"d\"\nrounds = 10\nmetric = \"f1\"\nclusters = 1\npolicies = [\"lqm\"]\n\n[[providers]]\nid = \"a\"\nquality = [1.5]\nlatency = { p50_ms = 10, p95_ms = 20 }\n",
+    )
+    .unwrap();
+    let o = equiroute(&[
+        "bench",
+        "--scenario-file",
+        file.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("providers[0] (a).quality") && err.contains("between 0 and 1"),
+        "{err}"
+    );
+
+    let o = equiroute(&[
+        "bench",
+        "--scenario",
+        "near-ties",
+        "--policies",
+        "lqmx",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("lqmx") && err.contains("equiroute policies"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn scenarios_and_policies_are_listed() {
+    let o = equiroute(&["scenarios"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.lines().count() >= 14 && text.contains("ramp-ratelimit"));
+    let o = equiroute(&["policies"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.lines().count() == 14 && text.contains("lqm-ts"));
+}
