@@ -161,7 +161,7 @@ pub fn run(
         }
         for (i, v) in values.iter_mut().enumerate() {
             *v = if world.available(i, round) {
-                world.true_value(i, round, query.cluster, deadline)
+                world.true_value(i, round, now, query.cluster, deadline)
             } else {
                 0.0
             };

@@ -162,11 +162,30 @@ pub struct ProviderSpec {
     /// Probability of a 5xx on any call.
     #[serde(default)]
     pub failure_rate: f64,
+    /// A token-bucket rate limit: calls beyond it get 429 (the more traffic a router sends,
+    /// the more it is refused).
+    #[serde(default)]
+    pub token_bucket: Option<TokenBucketSpec>,
     /// The round it becomes available (a newcomer); 0 = from the start.
     #[serde(default)]
     pub join_round: usize,
     #[serde(default)]
     pub events: Vec<EventSpec>,
+}
+
+/// A token bucket: `rate_per_s` tokens a second, at most `burst` stored; a call takes one.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBucketSpec {
+    pub rate_per_s: f64,
+    pub burst: f64,
+    /// Whether a refusal carries `Retry-After` (the time until the next token).
+    #[serde(default = "yes")]
+    pub retry_after: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A cold-start tail.
@@ -368,6 +387,14 @@ impl ScenarioSpec {
                 at("capacity"),
                 "must be a positive number of requests in flight".to_owned(),
             ));
+        }
+        if let Some(b) = p.token_bucket {
+            if !(b.rate_per_s.is_finite() && b.rate_per_s > 0.0 && b.burst >= 1.0) {
+                return Err((
+                    at("token_bucket"),
+                    "needs rate_per_s > 0 and burst ≥ 1".to_owned(),
+                ));
+            }
         }
         if !(0.0..=1.0).contains(&p.failure_rate) {
             return Err((at("failure_rate"), "must be between 0 and 1".to_owned()));

@@ -58,3 +58,55 @@ fn the_static_policy_sends_everything_to_one_provider() {
     let r = run(&spec, "static", 1, 800).unwrap();
     assert!(r.share[0] > 0.99, "{:?}", r.share);
 }
+
+#[test]
+fn a_token_bucket_refuses_calls_beyond_its_rate_with_retry_after() {
+    use equiroute_core::{AttemptStatus, ProviderFailure};
+    use equiroute_lab::scenario::ScenarioSpec;
+    use equiroute_lab::world::World;
+    use rand::SeedableRng;
+    let spec = ScenarioSpec::from_toml(
+        r#"
+name = "bucket"
+description = "one rate-limited provider"
+rounds = 10
+metric = "f1"
+clusters = 1
+policies = ["static"]
+
+[[providers]]
+id = "a"
+quality = [0.5]
+latency = { p50_ms = 10, p95_ms = 20 }
+token_bucket = { rate_per_s = 1.0, burst = 2.0 }
+"#,
+        "bucket.toml",
+    )
+    .unwrap();
+    let mut world = World::new(&spec);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    // Two tokens at t = 0, then empty: the third call is refused until a token refills (1 s).
+    assert_eq!(
+        world.attempt(0, 0, 0.0, None, &mut rng).status,
+        AttemptStatus::Ok
+    );
+    assert_eq!(
+        world.attempt(0, 0, 0.0, None, &mut rng).status,
+        AttemptStatus::Ok
+    );
+    let refused = world.attempt(0, 0, 0.0, None, &mut rng);
+    assert_eq!(
+        refused.status,
+        AttemptStatus::ProviderError(ProviderFailure::RateLimited)
+    );
+    assert!((refused.retry_after.unwrap().0 - 1000.0).abs() < 1e-9);
+    assert!(refused.cost.0.abs() < 1e-15, "a 429 is not billed");
+    assert!(
+        world.true_value(0, 0, 500.0, 0, None) == 0.0,
+        "the oracle knows the bucket is empty"
+    );
+    assert_eq!(
+        world.attempt(0, 0, 1000.0, None, &mut rng).status,
+        AttemptStatus::Ok
+    );
+}

@@ -24,69 +24,47 @@ pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     ((acc[0] + acc[1]) + (acc[2] + acc[3])).reduce_add() + tail
 }
 
-/// `dot(m_h, z)` for four matrices at once: `z` is loaded once for all of them, which is
-/// what bounds a single dot (two loads per multiply-add).
-#[must_use]
-#[inline]
-pub fn dots(ms: [&[f64]; 4], z: &[f64]) -> [f64; 4] {
-    let n = ms.iter().fold(z.len(), |n, m| n.min(m.len()));
-    let (zc, _) = z[..n].as_chunks::<4>();
-    let [(c0, _), (c1, _), (c2, _), (c3, _)] = ms.map(|m| m[..n].as_chunks::<4>());
-    let mut acc = [f64x4::ZERO; 4];
-    for ((((zv, v0), v1), v2), v3) in zc.iter().zip(c0).zip(c1).zip(c2).zip(c3) {
-        let zv = f64x4::from(*zv);
-        acc[0] = f64x4::from(*v0).mul_add(zv, acc[0]);
-        acc[1] = f64x4::from(*v1).mul_add(zv, acc[1]);
-        acc[2] = f64x4::from(*v2).mul_add(zv, acc[2]);
-        acc[3] = f64x4::from(*v3).mul_add(zv, acc[3]);
-    }
-    let full = zc.len() * 4;
-    let tail = |m: &[f64]| {
-        m[full..n]
-            .iter()
-            .zip(&z[full..n])
-            .map(|(a, b)| a * b)
-            .sum::<f64>()
+/// Defines a four-matrix dot kernel for one element type and its SIMD vector.
+macro_rules! four_dots {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $v:ty, $lanes:literal) => {
+        $(#[$doc])*
+        #[must_use]
+        #[inline]
+        pub fn $name(ms: [&[$t]; 4], z: &[$t]) -> [$t; 4] {
+            let n = ms.iter().fold(z.len(), |n, m| n.min(m.len()));
+            let (zc, _) = z[..n].as_chunks::<$lanes>();
+            let [(c0, _), (c1, _), (c2, _), (c3, _)] = ms.map(|m| m[..n].as_chunks::<$lanes>());
+            let mut acc = [<$v>::ZERO; 4];
+            for ((((zv, v0), v1), v2), v3) in zc.iter().zip(c0).zip(c1).zip(c2).zip(c3) {
+                let zv = <$v>::from(*zv);
+                acc[0] = <$v>::from(*v0).mul_add(zv, acc[0]);
+                acc[1] = <$v>::from(*v1).mul_add(zv, acc[1]);
+                acc[2] = <$v>::from(*v2).mul_add(zv, acc[2]);
+                acc[3] = <$v>::from(*v3).mul_add(zv, acc[3]);
+            }
+            let full = zc.len() * $lanes;
+            let tail = |m: &[$t]| m[full..n].iter().zip(&z[full..n]).map(|(a, b)| a * b).sum::<$t>();
+            [
+                acc[0].reduce_add() + tail(ms[0]),
+                acc[1].reduce_add() + tail(ms[1]),
+                acc[2].reduce_add() + tail(ms[2]),
+                acc[3].reduce_add() + tail(ms[3]),
+            ]
+        }
     };
-    [
-        acc[0].reduce_add() + tail(ms[0]),
-        acc[1].reduce_add() + tail(ms[1]),
-        acc[2].reduce_add() + tail(ms[2]),
-        acc[3].reduce_add() + tail(ms[3]),
-    ]
 }
 
-/// Single-precision counterpart of [`dots`], for the exploration widths (see
-/// [`super::linucb::LinUcbConfig::fast_width`]).
-#[must_use]
-#[inline]
-pub fn dots_f32(ms: [&[f32]; 4], z: &[f32]) -> [f32; 4] {
-    let n = ms.iter().fold(z.len(), |n, m| n.min(m.len()));
-    let (zc, _) = z[..n].as_chunks::<8>();
-    let [(c0, _), (c1, _), (c2, _), (c3, _)] = ms.map(|m| m[..n].as_chunks::<8>());
-    let mut acc = [f32x8::ZERO; 4];
-    for ((((zv, v0), v1), v2), v3) in zc.iter().zip(c0).zip(c1).zip(c2).zip(c3) {
-        let zv = f32x8::from(*zv);
-        acc[0] = f32x8::from(*v0).mul_add(zv, acc[0]);
-        acc[1] = f32x8::from(*v1).mul_add(zv, acc[1]);
-        acc[2] = f32x8::from(*v2).mul_add(zv, acc[2]);
-        acc[3] = f32x8::from(*v3).mul_add(zv, acc[3]);
-    }
-    let full = zc.len() * 8;
-    let tail = |m: &[f32]| {
-        m[full..n]
-            .iter()
-            .zip(&z[full..n])
-            .map(|(a, b)| a * b)
-            .sum::<f32>()
-    };
-    [
-        acc[0].reduce_add() + tail(ms[0]),
-        acc[1].reduce_add() + tail(ms[1]),
-        acc[2].reduce_add() + tail(ms[2]),
-        acc[3].reduce_add() + tail(ms[3]),
-    ]
-}
+four_dots!(
+    /// `dot(m_h, z)` for four matrices at once: `z` is loaded once for all of them, which is
+    /// what bounds a single dot (two loads per multiply-add).
+    dots, f64, f64x4, 4
+);
+
+four_dots!(
+    /// Single-precision counterpart of [`dots`], for the exploration widths (see
+    /// [`super::linucb::LinUcbConfig::fast_width`]).
+    dots_f32, f32, f32x8, 8
+);
 
 /// Single-precision `a · b`.
 #[must_use]

@@ -38,6 +38,8 @@ pub struct SimProvider {
     warm: LogNormal,
     cold: Option<(f64, LogNormal)>,
     last_call_ms: Option<f64>,
+    /// Tokens in the bucket and when they were counted.
+    tokens: (f64, f64),
 }
 
 impl SimProvider {
@@ -49,7 +51,16 @@ impl SimProvider {
                 .map(|c| (c.idle_ms, LogNormal::from_p50_p95(c.p50_ms, c.p95_ms))),
             spec: spec.clone(),
             last_call_ms: None,
+            tokens: (spec.token_bucket.map_or(0.0, |b| b.burst), 0.0),
         }
+    }
+
+    /// Tokens available at `now_ms` (the bucket refilled since it was last counted).
+    fn tokens_at(&self, now_ms: f64) -> f64 {
+        self.spec.token_bucket.map_or(f64::INFINITY, |b| {
+            let (tokens, at) = self.tokens;
+            (tokens + b.rate_per_s * (now_ms - at).max(0.0) / 1000.0).min(b.burst)
+        })
     }
 
     /// The conditions at `round` (events, no load).
@@ -304,6 +315,22 @@ impl World {
                 false,
             );
         }
+        if let Some(bucket) = p.spec.token_bucket {
+            let tokens = p.tokens_at(now_ms);
+            if tokens < 1.0 {
+                p.tokens = (tokens, now_ms);
+                let mut o = fail(
+                    20.0 + 40.0 * rng.random::<f64>(),
+                    ProviderFailure::RateLimited,
+                    false,
+                );
+                if bucket.retry_after {
+                    o.retry_after = Some(Millis((1.0 - tokens) / bucket.rate_per_s * 1000.0));
+                }
+                return o;
+            }
+            p.tokens = (tokens - 1.0, now_ms);
+        }
         if cond.rate_limit > 0.0 && rng.random::<f64>() < cond.rate_limit {
             let mut o = fail(
                 20.0 + 40.0 * rng.random::<f64>(),
@@ -355,12 +382,13 @@ impl World {
         &self,
         i: usize,
         round: usize,
+        now_ms: f64,
         cluster: usize,
         deadline: Option<Millis>,
     ) -> f64 {
         let p = &self.providers[i];
         let cond = p.conditions(round);
-        if cond.outage {
+        if cond.outage || p.tokens_at(now_ms) < 1.0 {
             return 0.0;
         }
         let answer = (1.0 - cond.rate_limit) * (1.0 - cond.failure_rate);
