@@ -4,6 +4,7 @@ mod bench;
 mod png;
 mod policies;
 mod scenarios;
+mod serve;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the gateway (the embedded default routes to simulated providers).
+    Serve(serve::Args),
     /// Run policies side by side in simulated scenarios and report over seeds.
     Bench(bench::Args),
     /// List the built-in scenarios with one line each.
@@ -27,6 +30,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Serve(args) => serve::run(&args)?,
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
         Command::Policies => policies::run(),

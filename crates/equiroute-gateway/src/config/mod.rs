@@ -1,0 +1,371 @@
+//! Gateway configuration: TOML parsed into raw structs (unknown fields are errors), then
+//! validated by [`load`] into types that cannot be wrong: every interface has at least one
+//! provider, ids are unique, policies are built and checked, secrets are read from the
+//! environment by name and never printed. Errors name the file, the field and the fix.
+
+use equiroute_core::executor::ExecutionLimits;
+use equiroute_core::policies::PolicyConfig;
+use equiroute_core::{Candidate, CandidateId, Capabilities, Millis, Price, ServiceTier};
+use equiroute_lab::scenario::LatencySpec;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+/// The embedded default: two interfaces of in-process simulated providers, so that
+/// `equiroute serve` routes for real on a fresh machine with no keys and no services.
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// What an interface serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InterfaceKind {
+    /// OpenAI-compatible chat completions (`POST /v1/chat/completions`).
+    Chat,
+    /// A generic JSON tool call (`POST /v1/tools/{interface}`).
+    Tool,
+}
+
+/// Kinds of upstream provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// In-process simulated provider, using the laboratory's latency and failure models.
+    Sim,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    server: RawServer,
+    #[serde(default)]
+    interfaces: BTreeMap<String, RawInterface>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    max_body_bytes: Option<usize>,
+    /// Names of environment variables holding accepted bearer keys.
+    #[serde(default)]
+    api_keys_env: Vec<String>,
+    /// How long a request's context waits for quality feedback, in seconds.
+    feedback_ttl_s: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawInterface {
+    kind: InterfaceKind,
+    #[serde(default)]
+    policy: Option<PolicyConfig>,
+    deadline_ms: Option<f64>,
+    max_attempts: Option<u32>,
+    attempt_timeout_ms: Option<f64>,
+    feature_dim: Option<usize>,
+    #[serde(default)]
+    providers: Vec<RawProvider>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    id: String,
+    kind: ProviderKind,
+    model: Option<String>,
+    #[serde(default)]
+    tier: ServiceTier,
+    #[serde(default)]
+    price: Price,
+    #[serde(default)]
+    capabilities: Capabilities,
+    sim: Option<SimSpec>,
+}
+
+/// Behaviour of a simulated provider.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimSpec {
+    pub latency: LatencySpec,
+    /// Probability of a 500.
+    #[serde(default)]
+    pub failure_rate: f64,
+    /// Probability of a 429 (with `Retry-After: 1`).
+    #[serde(default)]
+    pub rate_limit_rate: f64,
+}
+
+/// One provider of an interface, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProviderConfig {
+    pub candidate: Candidate,
+    pub upstream: UpstreamConfig,
+}
+
+/// How to reach a provider.
+#[derive(Clone, Debug, PartialEq)]
+pub enum UpstreamConfig {
+    Sim(SimSpec),
+}
+
+/// One interface, validated: at least one provider, a built-and-checked policy.
+#[derive(Clone, Debug)]
+pub struct InterfaceConfig {
+    pub name: String,
+    pub kind: InterfaceKind,
+    pub policy: PolicyConfig,
+    pub deadline: Option<Millis>,
+    pub limits: ExecutionLimits,
+    pub feature_dim: usize,
+    pub providers: Vec<ProviderConfig>,
+}
+
+/// The whole gateway configuration, validated.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    /// Accepted bearer keys (values read from the environment; never printed).
+    pub api_keys: Vec<String>,
+    pub feedback_ttl: Millis,
+    pub interfaces: Vec<InterfaceConfig>,
+}
+
+/// A configuration problem: the file, the field path and the fix.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{file}: `{field}`: {fix}")]
+pub struct ConfigError {
+    pub file: String,
+    pub field: String,
+    pub fix: String,
+}
+
+/// Parses and validates a configuration; `file` names it in errors. `env` looks up
+/// environment variables (secrets are referenced by name).
+///
+/// # Errors
+/// Every problem as a [`ConfigError`]; the first one found.
+pub fn load(
+    text: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<GatewayConfig, ConfigError> {
+    let err = |field: &str, fix: String| ConfigError {
+        file: file.to_owned(),
+        field: field.to_owned(),
+        fix,
+    };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let message = e.message().to_owned();
+        err("(syntax)", message)
+    })?;
+    let listen = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
+    let listen: SocketAddr = listen.parse().map_err(|_| {
+        err(
+            "server.listen",
+            format!("`{listen}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
+        )
+    })?;
+    let mut api_keys = Vec::new();
+    for (n, name) in raw.server.api_keys_env.iter().enumerate() {
+        match env(name) {
+            Some(v) if !v.is_empty() => api_keys.push(v),
+            _ => {
+                return Err(err(
+                    &format!("server.api_keys_env[{n}]"),
+                    format!("environment variable `{name}` is not set: export it, or remove it from the list"),
+                ))
+            }
+        }
+    }
+    let ttl = raw.server.feedback_ttl_s.unwrap_or(3600.0);
+    if !(ttl.is_finite() && ttl > 0.0) {
+        return Err(err(
+            "server.feedback_ttl_s",
+            "must be a positive number of seconds".into(),
+        ));
+    }
+    if raw.interfaces.is_empty() {
+        return Err(err(
+            "interfaces",
+            "define at least one [interfaces.NAME] table".into(),
+        ));
+    }
+    let mut interfaces = Vec::new();
+    for (name, raw_if) in raw.interfaces {
+        interfaces.push(load_interface(&name, raw_if).map_err(|(field, fix)| err(&field, fix))?);
+    }
+    Ok(GatewayConfig {
+        listen,
+        max_body_bytes: raw.server.max_body_bytes.unwrap_or(1 << 20),
+        api_keys,
+        feedback_ttl: Millis(ttl * 1000.0),
+        interfaces,
+    })
+}
+
+fn load_interface(name: &str, raw: RawInterface) -> Result<InterfaceConfig, (String, String)> {
+    let at = |f: &str| format!("interfaces.{name}.{f}");
+    if name.is_empty() || name.contains('/') {
+        return Err((
+            format!("interfaces.{name}"),
+            "interface names must be non-empty and contain no `/`".into(),
+        ));
+    }
+    if raw.providers.is_empty() {
+        return Err((
+            at("providers"),
+            "add at least one [[interfaces.NAME.providers]] entry".into(),
+        ));
+    }
+    let mut providers: Vec<ProviderConfig> = Vec::new();
+    for (n, p) in raw.providers.into_iter().enumerate() {
+        let field = |f: &str| at(&format!("providers[{n}].{f}"));
+        if providers.iter().any(|q| q.candidate.id.0 == p.id) {
+            return Err((
+                field("id"),
+                format!("`{}` is used twice: provider ids must be unique", p.id),
+            ));
+        }
+        providers.push(load_provider(p).map_err(|(f, fix)| (field(f), fix))?);
+    }
+    let feature_dim = raw.feature_dim.unwrap_or(64);
+    let policy = raw
+        .policy
+        .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
+    let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
+    policy
+        .build(&candidates, feature_dim)
+        .map_err(|e| (at("policy"), e.to_string()))?;
+    let deadline = match raw.deadline_ms {
+        Some(d) if d.is_finite() && d > 0.0 => Some(Millis(d)),
+        Some(_) => return Err((at("deadline_ms"), "must be a positive number of ms".into())),
+        None => None,
+    };
+    let max_attempts = raw.max_attempts.unwrap_or(3);
+    if max_attempts == 0 {
+        return Err((at("max_attempts"), "must be at least 1".into()));
+    }
+    let attempt_timeout = match raw.attempt_timeout_ms {
+        Some(t) if t.is_finite() && t > 0.0 => Some(Millis(t)),
+        Some(_) => {
+            return Err((
+                at("attempt_timeout_ms"),
+                "must be a positive number of ms".into(),
+            ))
+        }
+        None => None,
+    };
+    Ok(InterfaceConfig {
+        name: name.to_owned(),
+        kind: raw.kind,
+        policy,
+        deadline,
+        limits: ExecutionLimits {
+            max_attempts,
+            attempt_timeout,
+            ..ExecutionLimits::default()
+        },
+        feature_dim,
+        providers,
+    })
+}
+
+/// One provider; errors carry the field below the provider and the fix.
+fn load_provider(p: RawProvider) -> Result<ProviderConfig, (&'static str, String)> {
+    if p.id.is_empty() || p.id.contains('/') {
+        return Err((
+            "id",
+            "provider ids must be non-empty and contain no `/`".into(),
+        ));
+    }
+    let upstream = match p.kind {
+        ProviderKind::Sim => {
+            let sim = p.sim.ok_or_else(|| {
+                (
+                    "sim",
+                    "a `sim` provider needs sim = { latency = { p50_ms, p95_ms } }".to_owned(),
+                )
+            })?;
+            if !(sim.latency.p50_ms > 0.0 && sim.latency.p95_ms >= sim.latency.p50_ms) {
+                return Err(("sim.latency", "needs 0 < p50_ms ≤ p95_ms".into()));
+            }
+            if !(0.0..=1.0).contains(&sim.failure_rate)
+                || !(0.0..=1.0).contains(&sim.rate_limit_rate)
+            {
+                return Err((
+                    "sim",
+                    "failure_rate and rate_limit_rate must be between 0 and 1".into(),
+                ));
+            }
+            UpstreamConfig::Sim(sim)
+        }
+    };
+    let model = p.model.unwrap_or_else(|| p.id.clone());
+    let mut candidate = Candidate::new(&p.id, &p.id, &model);
+    candidate.id = CandidateId(p.id.clone());
+    candidate.tier = p.tier;
+    candidate.price = p.price;
+    candidate.capabilities = p.capabilities;
+    Ok(ProviderConfig {
+        candidate,
+        upstream,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn the_embedded_default_loads() {
+        let cfg = load(DEFAULT_CONFIG, "default", &no_env).unwrap();
+        assert!(cfg.interfaces.len() >= 2);
+        assert!(cfg.listen.ip().is_loopback());
+    }
+
+    #[test]
+    fn problems_name_the_field_and_the_fix() {
+        let base = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        assert!(load(base, "x.toml", &no_env).is_ok());
+        let cases = [
+            (base.replace("p95_ms = 20", "p95_ms = 5"), "interfaces.chat.providers[0].sim.latency", "p50_ms"),
+            (format!("{base}[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n"), "interfaces.chat.providers[1].id", "unique"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\npolicy = { name = \"lqm\", alpha_ucb = -1 }"), "interfaces.chat.policy", "alpha_ucb"),
+            (format!("[server]\napi_keys_env = [\"NOPE_KEY\"]\n{base}"), "server.api_keys_env[0]", "NOPE_KEY"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
+        ];
+        for (text, field, fix) in cases {
+            let e = load(&text, "x.toml", &no_env).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(
+                e.to_string().contains(fix) && e.to_string().starts_with("x.toml"),
+                "{e}"
+            );
+        }
+        let e = load(
+            &base.replace("kind = \"sim\"", "kind = \"sim\"\nweight = 3"),
+            "x.toml",
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(e.fix.contains("weight"), "{e}");
+    }
+
+    #[test]
+    fn secrets_come_from_the_environment_and_are_not_in_errors() {
+        let text = "[server]\napi_keys_env = [\"GW_KEY\"]\n[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let env = |name: &str| (name == "GW_KEY").then(|| "s3cret-value".to_owned());
+        let cfg = load(text, "x.toml", &env).unwrap();
+        assert_eq!(cfg.api_keys, vec!["s3cret-value".to_owned()]);
+        assert!(
+            !format!("{:?}", load("[server]\nlisten = \"nope\"", "x.toml", &env))
+                .contains("s3cret")
+        );
+    }
+}

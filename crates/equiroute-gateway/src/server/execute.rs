@@ -1,0 +1,311 @@
+//! Executing one request in real time: eligibility, ranking, then attempts in order driven
+//! by the core's [`Execution`] state machine (the same loop the laboratory drives in virtual
+//! time), feeding every attempt to the policy and the breaker.
+
+use super::error::ApiError;
+use super::state::{AppState, InterfaceRuntime, PendingFeedback};
+use crate::upstream::{UpstreamReply, UpstreamRequest};
+use axum::http::StatusCode;
+use equiroute_core::breaker::{Admission, BreakerOutcome};
+use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
+use equiroute_core::executor::{Execution, NextAttempt, RequestStatus};
+use equiroute_core::policies::{AttemptObservation, RankContext};
+use equiroute_core::{
+    AttemptOutcome, AttemptStatus, Millis, ProviderFailure, Requirements, SlicePath, TokenEstimate,
+    Usd,
+};
+use rand::SeedableRng;
+use std::time::{Duration, Instant};
+
+/// A request that got an answer.
+#[derive(Debug)]
+pub struct Answered {
+    pub request_id: String,
+    pub provider: String,
+    pub model: String,
+    pub attempts: usize,
+    pub body: serde_json::Value,
+}
+
+/// Routes and executes one request on `iface`.
+///
+/// # Errors
+/// No eligible provider (503), every attempt failed (502), the deadline passed (504), or the
+/// provider rejected the request itself (its status and reason, not retried).
+pub async fn execute(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    body: &serde_json::Value,
+    pinned: Option<usize>,
+    deadline: Option<Millis>,
+) -> Result<Answered, ApiError> {
+    let (n, request_id) = state.next_request();
+    let started = Instant::now();
+    let features = iface
+        .featurizer
+        .featurize(&super::query_text(iface.kind, body));
+    let t0 = state.now();
+    let order = decide(state, iface, &features, n, pinned, deadline, t0)?;
+    let mut run = Execution::new(order, t0, deadline, iface.limits);
+    let (mut last, mut answer) = (None, None);
+    loop {
+        let now = state.now();
+        let Some(next) = run.next_attempt(now) else {
+            break;
+        };
+        if !admit(state, iface, next.candidate, now)? {
+            run.skip();
+            continue;
+        }
+        if next.number > 0 {
+            state.metrics.fallback(&iface.name);
+        }
+        let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let (outcome, reply) =
+            attempt(state, iface, &mut run, next, now, body, &features, seed).await?;
+        if outcome.status == AttemptStatus::Ok {
+            answer = Some(reply);
+        } else {
+            last = Some(reply);
+        }
+    }
+    let result = run.finish(state.now());
+    let attempts = result.attempts.len();
+    match (result.status, answer) {
+        (RequestStatus::Succeeded { candidate }, Some(reply)) => {
+            state.metrics.request(&iface.name, "ok");
+            if let Ok(mut pending) = state.pending.lock() {
+                pending.insert(
+                    request_id.clone(),
+                    PendingFeedback {
+                        interface: iface.name.clone(),
+                        candidate,
+                        features,
+                        latency: Millis(started.elapsed().as_secs_f64() * 1000.0),
+                        at: state.now(),
+                        consumed: false,
+                    },
+                );
+            }
+            let c = &iface.candidates[candidate];
+            Ok(Answered {
+                request_id,
+                provider: c.id.0.clone(),
+                model: c.model.clone(),
+                attempts,
+                body: reply.body.unwrap_or(serde_json::Value::Null),
+            })
+        }
+        (status, _) => Err(failure(state, iface, status, attempts, last, deadline)),
+    }
+}
+
+/// Eligibility then ranking: the router's share of the request, timed for `/metrics`.
+fn decide(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    features: &[f64],
+    n: u64,
+    pinned: Option<usize>,
+    deadline: Option<Millis>,
+    now: equiroute_core::Timestamp,
+) -> Result<Vec<usize>, ApiError> {
+    let started = Instant::now();
+    let requirements = Requirements::default();
+    let eligible = {
+        let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+        let mut input = EligibilityInput::new(&iface.candidates, &requirements);
+        input.breakers = Some((&breakers, &iface.breaker_config));
+        input.pinned = pinned;
+        input.now = now;
+        check_eligibility(&input)
+    };
+    if eligible.eligible.is_empty() {
+        state.metrics.request(&iface.name, "no_eligible_provider");
+        let reasons: Vec<String> = eligible
+            .excluded
+            .iter()
+            .map(|e| format!("{}: {}", iface.candidates[e.candidate].id, e.reason))
+            .collect();
+        return Err(ApiError::upstream(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_eligible_provider",
+            format!(
+                "no provider of `{}` can take this request ({})",
+                iface.name,
+                reasons.join("; ")
+            ),
+        ));
+    }
+    let order: Vec<usize> = {
+        let policy = iface.policy.lock().map_err(|_| poisoned())?;
+        let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
+        ctx.deadline = deadline;
+        ctx.now = now;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(state.seed_for(n));
+        policy.rank(&ctx, &mut rng).indices().collect()
+    };
+    state
+        .metrics
+        .decision_time(started.elapsed().as_secs_f64() * 1e6);
+    if let Some(&first) = order.first() {
+        iface.first_choices[first].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(order)
+}
+
+/// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
+fn admit(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    now: equiroute_core::Timestamp,
+) -> Result<bool, ApiError> {
+    let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+    let (admission, transition) = breakers[candidate].admit(now, &iface.breaker_config);
+    if let Some(t) = transition {
+        state
+            .metrics
+            .breaker(&iface.candidates[candidate].id.0, transition_name(t));
+    }
+    Ok(!matches!(admission, Admission::Rejected { .. }))
+}
+
+/// Makes one attempt and feeds its outcome to the policy, the breaker, the metrics and the
+/// execution.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    body: &serde_json::Value,
+    features: &[f64],
+    seed: u64,
+) -> Result<(AttemptOutcome, UpstreamReply), ApiError> {
+    let candidate = &iface.candidates[next.candidate];
+    let req = UpstreamRequest {
+        kind: iface.kind,
+        body,
+        model: &candidate.model,
+        seed,
+    };
+    let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
+    let reply = iface.upstreams[next.candidate].call(req, timeout).await;
+    let end = state.now();
+    let outcome = AttemptOutcome {
+        latency: reply.latency,
+        status: reply.status,
+        // Billed unless the provider refused before doing any work.
+        cost: match reply.status {
+            AttemptStatus::ProviderError(
+                ProviderFailure::RateLimited | ProviderFailure::Connection,
+            )
+            | AttemptStatus::ClientError => Usd(0.0),
+            _ => candidate.price.cost(TokenEstimate::default()),
+        },
+        time_to_first_byte: None,
+        retry_after: reply.retry_after,
+    };
+    state
+        .metrics
+        .attempt(&iface.name, &candidate.id.0, outcome.status.as_str());
+    iface
+        .policy
+        .lock()
+        .map_err(|_| poisoned())?
+        .observe_attempt(&AttemptObservation {
+            candidate: next.candidate,
+            features,
+            slice: SlicePath::root(),
+            deadline: run.remaining(now),
+            outcome: &outcome,
+            now: end,
+        });
+    {
+        let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+        // Health only: a deadline cut-off says the provider was slow for this request.
+        let verdict = match outcome.status {
+            AttemptStatus::Ok => BreakerOutcome::Success,
+            AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
+            AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
+                BreakerOutcome::Ignored
+            }
+        };
+        let mut transitions = Vec::new();
+        transitions.extend(breakers[next.candidate].record(end, verdict, &iface.breaker_config));
+        if let Some(retry) = outcome.retry_after {
+            transitions.extend(breakers[next.candidate].open(end.plus(retry)));
+        }
+        for t in transitions {
+            state.metrics.breaker(&candidate.id.0, transition_name(t));
+        }
+    }
+    run.record(next.candidate, outcome, now);
+    Ok((outcome, reply))
+}
+
+/// The error answer of a request that got no answer.
+fn failure(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    status: RequestStatus,
+    attempts: usize,
+    last: Option<UpstreamReply>,
+    deadline: Option<Millis>,
+) -> ApiError {
+    let reason = last.and_then(|r| r.reason);
+    match status {
+        RequestStatus::ClientError { candidate } => {
+            state.metrics.request(&iface.name, "client_error");
+            ApiError::bad_request(
+                "upstream_rejected_request",
+                None,
+                format!(
+                    "provider `{}` rejected the request: {}",
+                    iface.candidates[candidate].id,
+                    reason.unwrap_or_else(|| "rejected".into())
+                ),
+            )
+        }
+        RequestStatus::DeadlineExceeded => {
+            state.metrics.request(&iface.name, "deadline_exceeded");
+            ApiError::upstream(
+                StatusCode::GATEWAY_TIMEOUT,
+                "deadline_exceeded",
+                format!(
+                    "no provider answered within the {:.0} ms deadline ({attempts} attempts)",
+                    deadline.map_or(0.0, |d| d.0)
+                ),
+            )
+        }
+        RequestStatus::Exhausted | RequestStatus::Succeeded { .. } => {
+            state.metrics.request(&iface.name, "failed");
+            ApiError::upstream(
+                StatusCode::BAD_GATEWAY,
+                "all_providers_failed",
+                format!(
+                    "every attempt failed ({attempts} attempts); last: {}",
+                    reason.unwrap_or_else(|| "no attempt could be made".into())
+                ),
+            )
+        }
+    }
+}
+
+fn transition_name(t: equiroute_core::breaker::Transition) -> &'static str {
+    match t {
+        equiroute_core::breaker::Transition::Opened => "open",
+        equiroute_core::breaker::Transition::HalfOpened => "half_open",
+        equiroute_core::breaker::Transition::Closed => "closed",
+    }
+}
+
+fn poisoned() -> ApiError {
+    ApiError::upstream(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "internal state is unavailable after a crash in another request",
+    )
+}

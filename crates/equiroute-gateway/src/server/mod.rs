@@ -1,0 +1,416 @@
+//! The HTTP server.
+//!
+//! Middleware order, outermost first (written once, here):
+//! 1. request body limit: bodies over `server.max_body_bytes` get 413;
+//! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
+//!    an OpenAI-style 401 (keys compared in constant time);
+//! 3. the routes below.
+
+pub mod error;
+mod execute;
+pub mod metrics;
+pub mod state;
+
+use crate::config::InterfaceKind;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use equiroute_core::policies::RankContext;
+use equiroute_core::{Millis, QualityFeedback};
+use error::ApiError;
+use serde_json::{json, Value};
+use state::{AppState, InterfaceRuntime};
+use std::sync::Arc;
+
+/// The router of a gateway with `state`.
+pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/tools/{interface}", post(tool_call))
+        .route("/v1/feedback", post(feedback))
+        .route("/v1/interfaces", get(list_interfaces))
+        .route("/v1/interfaces/{name}/state", get(interface_state))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ready" }))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// The text a request is about, for the featurizer: the last user message of a chat, the
+/// `query` (or whole body) of a tool call.
+#[must_use]
+pub fn query_text(kind: InterfaceKind, body: &Value) -> String {
+    match kind {
+        InterfaceKind::Chat => body
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|m| {
+                m.iter()
+                    .rev()
+                    .find(|msg| msg.get("role").and_then(Value::as_str) == Some("user"))
+                    .or_else(|| m.last())
+            })
+            .and_then(|msg| msg.get("content"))
+            .map(|c| match c {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_default(),
+        InterfaceKind::Tool => body
+            .get("query")
+            .and_then(Value::as_str)
+            .map_or_else(|| body.to_string(), str::to_owned),
+    }
+}
+
+/// Constant-time equality, so a wrong key's timing says nothing about the right one.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if state.api_keys.is_empty() {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let ok = state
+        .api_keys
+        .iter()
+        .fold(false, |acc, k| acc | same(given.as_bytes(), k.as_bytes()));
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(
+            "invalid_json",
+            None,
+            format!("the body is not valid JSON: {e}"),
+        )
+    })
+}
+
+fn deadline_from(
+    headers: &HeaderMap,
+    iface: &InterfaceRuntime,
+) -> Result<Option<Millis>, ApiError> {
+    match headers.get("x-equiroute-deadline-ms") {
+        None => Ok(iface.deadline),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|d| d.is_finite() && *d > 0.0)
+            .map(|d| Some(Millis(d)))
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "invalid_deadline",
+                    None,
+                    "x-equiroute-deadline-ms must be a positive number of milliseconds",
+                )
+            }),
+    }
+}
+
+/// The provider's answer with the routing headers; `model` names the model that answered.
+fn routed(mut answered: execute::Answered) -> Response {
+    let mut body = std::mem::take(&mut answered.body);
+    if let Some(obj) = body.as_object_mut() {
+        if obj.contains_key("model") {
+            obj.insert("model".into(), Value::String(answered.model.clone()));
+        }
+    }
+    let mut resp = (StatusCode::OK, Json(body)).into_response();
+    let h = resp.headers_mut();
+    for (name, value) in [
+        ("x-equiroute-request-id", answered.request_id.as_str()),
+        ("x-equiroute-provider", answered.provider.as_str()),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(name, v);
+        }
+    }
+    h.insert("x-equiroute-attempts", HeaderValue::from(answered.attempts));
+    resp
+}
+
+/// `POST /v1/chat/completions`: `model` names an interface, or `interface/provider` to pin one.
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let body = parse_json(&body)?;
+    let model = body.get("model").and_then(Value::as_str).ok_or_else(|| {
+        ApiError::bad_request(
+            "missing_model",
+            Some("model"),
+            "`model` is required: name an interface, or interface/provider",
+        )
+    })?;
+    if body
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_none_or(Vec::is_empty)
+    {
+        return Err(ApiError::bad_request(
+            "missing_messages",
+            Some("messages"),
+            "`messages` must be a non-empty array",
+        ));
+    }
+    if body.get("stream").and_then(Value::as_bool) == Some(true) {
+        return Err(ApiError::bad_request(
+            "streaming_unsupported",
+            Some("stream"),
+            "streaming is not available in this version of the gateway: send \"stream\": false",
+        ));
+    }
+    let (name, pinned) = model
+        .split_once('/')
+        .map_or((model, None), |(i, p)| (i, Some(p)));
+    let iface = state
+        .interfaces
+        .get(name)
+        .filter(|i| i.kind == InterfaceKind::Chat)
+        .ok_or_else(|| {
+            let chats: Vec<&str> = state
+                .interfaces
+                .values()
+                .filter(|i| i.kind == InterfaceKind::Chat)
+                .map(|i| i.name.as_str())
+                .collect();
+            ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "`{name}` is not a chat interface: use one of {}",
+                    chats.join(", ")
+                ),
+            )
+        })?;
+    let pinned = match pinned {
+        None => None,
+        Some(p) => Some(iface.index_of(p).ok_or_else(|| {
+            let ids: Vec<&str> = iface.candidates.iter().map(|c| c.id.0.as_str()).collect();
+            ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "`{name}` has no provider `{p}`: use one of {}",
+                    ids.join(", ")
+                ),
+            )
+        })?),
+    };
+    let deadline = deadline_from(&headers, iface)?;
+    let answered = execute::execute(&state, iface, &body, pinned, deadline).await?;
+    Ok(routed(answered))
+}
+
+/// `POST /v1/tools/{interface}`: a JSON tool call routed to one of the interface's providers.
+async fn tool_call(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let body = parse_json(&body)?;
+    let iface = state
+        .interfaces
+        .get(&name)
+        .filter(|i| i.kind == InterfaceKind::Tool)
+        .ok_or_else(|| {
+            let tools: Vec<&str> = state
+                .interfaces
+                .values()
+                .filter(|i| i.kind == InterfaceKind::Tool)
+                .map(|i| i.name.as_str())
+                .collect();
+            ApiError::not_found(
+                "interface_not_found",
+                format!(
+                    "`{name}` is not a tool interface: use one of {}",
+                    tools.join(", ")
+                ),
+            )
+        })?;
+    let deadline = deadline_from(&headers, iface)?;
+    let answered = execute::execute(&state, iface, &body, None, deadline).await?;
+    Ok(routed(answered))
+}
+
+/// `POST /v1/feedback`: `{request_id, quality in [0,1], source}`.
+async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        request_id: String,
+        quality: f64,
+        #[serde(default)]
+        source: Option<equiroute_core::FeedbackSource>,
+    }
+    let b: Body = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request("invalid_feedback", None, format!("expected {{\"request_id\": str, \"quality\": number in [0,1], \"source\": \"judge|user|api|gold\"}}: {e}"))
+    })?;
+    if !(0.0..=1.0).contains(&b.quality) {
+        return Err(ApiError::bad_request(
+            "invalid_quality",
+            Some("quality"),
+            "`quality` must be between 0 and 1",
+        ));
+    }
+    let now = state.now();
+    state.prune_pending(now);
+    let entry = {
+        let mut pending = state
+            .pending
+            .lock()
+            .map_err(|_| ApiError::bad_request("internal", None, "state unavailable"))?;
+        let Some(e) = pending.get_mut(&b.request_id) else {
+            state.metrics.feedback("unknown");
+            return Err(ApiError::not_found(
+                "unknown_request_id",
+                format!(
+                    "no answered request `{}` is waiting for feedback",
+                    b.request_id
+                ),
+            ));
+        };
+        if e.consumed {
+            state.metrics.feedback("duplicate");
+            return Ok((
+                StatusCode::OK,
+                Json(json!({"status": "duplicate", "request_id": b.request_id})),
+            )
+                .into_response());
+        }
+        if now.0 - e.at.0 > state.feedback_ttl.0 {
+            state.metrics.feedback("expired");
+            return Err(ApiError {
+                status: StatusCode::GONE,
+                kind: "invalid_request_error",
+                code: "feedback_expired",
+                message: format!(
+                    "request `{}` is older than the feedback window (server.feedback_ttl_s)",
+                    b.request_id
+                ),
+                param: None,
+            });
+        }
+        e.consumed = true;
+        e.clone()
+    };
+    if let Some(iface) = state.interfaces.get(&entry.interface) {
+        if let Ok(mut policy) = iface.policy.lock() {
+            policy.observe_quality(&equiroute_core::policies::QualityObservation {
+                candidate: entry.candidate,
+                features: &entry.features,
+                quality: b.quality,
+                latency: entry.latency,
+                now,
+            });
+        }
+    }
+    state.metrics.feedback("accepted");
+    let fb = QualityFeedback {
+        decision_id: 0,
+        quality: b.quality,
+        source: b.source.unwrap_or(equiroute_core::FeedbackSource::Api),
+    };
+    Ok((StatusCode::OK, Json(json!({"status": "accepted", "request_id": b.request_id, "quality": fb.quality, "source": fb.source}))).into_response())
+}
+
+async fn list_interfaces(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let list: Vec<Value> = state
+        .interfaces
+        .values()
+        .map(|i| {
+            json!({
+                "name": i.name,
+                "kind": i.kind,
+                "policy": i.policy_name,
+                "deadline_ms": i.deadline.map(|d| d.0),
+                "providers": i.candidates.iter().map(|c| json!({"id": c.id, "model": c.model, "tier": c.tier, "price": c.price})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Json(json!({"interfaces": list}))
+}
+
+/// `GET /v1/interfaces/{name}/state`: each candidate's current estimates (from the policy's
+/// view of an empty query at the interface deadline), breaker state and traffic share.
+async fn interface_state(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let iface = state.interfaces.get(&name).ok_or_else(|| {
+        ApiError::not_found("interface_not_found", format!("no interface `{name}`"))
+    })?;
+    let features = iface.featurizer.featurize("");
+    let all: Vec<usize> = (0..iface.candidates.len()).collect();
+    let ranking = {
+        let policy = iface
+            .policy
+            .lock()
+            .map_err(|_| ApiError::bad_request("internal", None, "state unavailable"))?;
+        let mut ctx = RankContext::new(&iface.candidates, &all, &features);
+        ctx.deadline = iface.deadline;
+        ctx.now = state.now();
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+        policy.rank(&ctx, &mut rng)
+    };
+    let breakers = iface.breakers.lock().map(|b| b.clone()).unwrap_or_default();
+    let total: u64 = iface
+        .first_choices
+        .iter()
+        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
+    let candidates: Vec<Value> = ranking
+        .order
+        .iter()
+        .map(|s| {
+            let c = &iface.candidates[s.index];
+            let first = iface.first_choices[s.index].load(std::sync::atomic::Ordering::Relaxed);
+            json!({
+                "id": c.id,
+                "score": s.score,
+                "estimates": s.breakdown,
+                "breaker": breakers.get(s.index).map(|b| b.state),
+                "first_choices": first,
+                "traffic_share": if total > 0 { first as f64 / total as f64 } else { 0.0 },
+            })
+        })
+        .collect();
+    Ok(Json(
+        json!({"interface": name, "policy": iface.policy_name, "candidates": candidates}),
+    ))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let mut resp = state.metrics.render().into_response();
+    resp.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}

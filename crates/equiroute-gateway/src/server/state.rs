@@ -1,0 +1,151 @@
+//! Shared state of a running gateway: the interfaces with their policies and breakers, the
+//! contexts of answered requests waiting for quality feedback, and the metrics.
+//!
+//! Locks are held only around pure, microsecond-scale core calls (rank, observe, breaker
+//! bookkeeping) and never across an `.await`.
+
+use super::metrics::Metrics;
+use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
+use crate::upstream::Upstream;
+use equiroute_core::breaker::{Breaker, BreakerConfig};
+use equiroute_core::executor::ExecutionLimits;
+use equiroute_core::features::Featurizer;
+use equiroute_core::policies::Policy;
+use equiroute_core::{Candidate, Millis, Timestamp};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One interface at run time.
+#[derive(Debug)]
+pub struct InterfaceRuntime {
+    pub name: String,
+    pub kind: InterfaceKind,
+    pub candidates: Vec<Candidate>,
+    pub upstreams: Vec<Upstream>,
+    pub featurizer: Featurizer,
+    pub deadline: Option<Millis>,
+    pub limits: ExecutionLimits,
+    pub policy: Mutex<Box<dyn Policy>>,
+    pub breakers: Mutex<Vec<Breaker>>,
+    pub breaker_config: BreakerConfig,
+    /// How often each candidate was the first choice.
+    pub first_choices: Vec<AtomicU64>,
+    pub policy_name: &'static str,
+}
+
+impl InterfaceRuntime {
+    fn new(cfg: &InterfaceConfig) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
+        let candidates: Vec<Candidate> =
+            cfg.providers.iter().map(|p| p.candidate.clone()).collect();
+        let policy = cfg.policy.build(&candidates, cfg.feature_dim)?;
+        Ok(InterfaceRuntime {
+            name: cfg.name.clone(),
+            kind: cfg.kind,
+            upstreams: cfg
+                .providers
+                .iter()
+                .map(|p| Upstream::new(&p.candidate.id.0, &p.upstream))
+                .collect(),
+            featurizer: Featurizer::new(cfg.feature_dim)?,
+            deadline: cfg.deadline,
+            limits: cfg.limits,
+            policy_name: cfg.policy.kind().as_str(),
+            policy: Mutex::new(policy),
+            breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),
+            breaker_config: BreakerConfig::default(),
+            first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
+            candidates,
+        })
+    }
+
+    /// The index of the candidate called `id`.
+    #[must_use]
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.candidates.iter().position(|c| c.id.0 == id)
+    }
+}
+
+/// The context of an answered request, kept until its quality score arrives.
+#[derive(Clone, Debug)]
+pub struct PendingFeedback {
+    pub interface: String,
+    pub candidate: usize,
+    pub features: Vec<f64>,
+    pub latency: Millis,
+    pub at: Timestamp,
+    pub consumed: bool,
+}
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
+    pub pending: Mutex<HashMap<String, PendingFeedback>>,
+    pub metrics: Metrics,
+    pub api_keys: Vec<String>,
+    pub feedback_ttl: Millis,
+    epoch: Instant,
+    requests: AtomicU64,
+    seed: u64,
+}
+
+impl AppState {
+    /// The state of a gateway configured by `cfg`; `seed` seeds every random choice.
+    ///
+    /// # Errors
+    /// A policy or featurizer that cannot be built (already checked by config loading).
+    pub fn new(cfg: &GatewayConfig, seed: u64) -> Result<AppState, equiroute_core::ConfigError> {
+        let mut interfaces = BTreeMap::new();
+        for i in &cfg.interfaces {
+            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i)?));
+        }
+        Ok(AppState {
+            interfaces,
+            pending: Mutex::new(HashMap::new()),
+            metrics: Metrics::default(),
+            api_keys: cfg.api_keys.clone(),
+            feedback_ttl: cfg.feedback_ttl,
+            epoch: Instant::now(),
+            requests: AtomicU64::new(0),
+            seed,
+        })
+    }
+
+    /// Milliseconds since the gateway started: the clock the core sees.
+    #[must_use]
+    pub fn now(&self) -> Timestamp {
+        Timestamp(self.epoch.elapsed().as_secs_f64() * 1000.0)
+    }
+
+    /// A new request number and id.
+    pub fn next_request(&self) -> (u64, String) {
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        (
+            n,
+            format!(
+                "req-{:016x}",
+                self.seed
+                    .wrapping_add(n)
+                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    ^ n
+            ),
+        )
+    }
+
+    /// A seed for request number `n`'s random choices.
+    #[must_use]
+    pub fn seed_for(&self, n: u64) -> u64 {
+        self.seed ^ n.wrapping_mul(0xbf58_476d_1ce4_e5b9)
+    }
+
+    /// Drops contexts older than twice the feedback TTL (expired ones are kept for one more
+    /// TTL so that late feedback gets a clear 410 rather than a 404).
+    pub fn prune_pending(&self, now: Timestamp) {
+        if let Ok(mut p) = self.pending.lock() {
+            let horizon = 2.0 * self.feedback_ttl.0;
+            p.retain(|_, e| now.0 - e.at.0 <= horizon);
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Upstream providers, one file per kind. A closed set: an enum, matched exhaustively.
+
+pub mod sim;
+
+use crate::config::{InterfaceKind, UpstreamConfig};
+use equiroute_core::{AttemptStatus, Millis};
+use std::time::Duration;
+
+/// What the gateway forwards to a provider.
+#[derive(Clone, Copy, Debug)]
+pub struct UpstreamRequest<'a> {
+    pub kind: InterfaceKind,
+    /// The client's JSON body (`model` already resolved).
+    pub body: &'a serde_json::Value,
+    /// The provider's model name.
+    pub model: &'a str,
+    /// Seeds the simulated provider's randomness for this attempt.
+    pub seed: u64,
+}
+
+/// What came back from one attempt.
+#[derive(Clone, Debug)]
+pub struct UpstreamReply {
+    pub status: AttemptStatus,
+    pub latency: Millis,
+    /// The provider's JSON body on success.
+    pub body: Option<serde_json::Value>,
+    /// The provider's HTTP status (0 when no response arrived).
+    pub http_status: u16,
+    pub retry_after: Option<Millis>,
+    /// A short reason for failures, safe to show to the client.
+    pub reason: Option<String>,
+}
+
+/// A configured upstream.
+#[derive(Clone, Debug)]
+pub enum Upstream {
+    Sim(sim::SimUpstream),
+}
+
+impl Upstream {
+    /// The upstream described by `config`.
+    #[must_use]
+    pub fn new(id: &str, config: &UpstreamConfig) -> Upstream {
+        match config {
+            UpstreamConfig::Sim(spec) => Upstream::Sim(sim::SimUpstream::new(id, *spec)),
+        }
+    }
+
+    /// Makes one attempt, cancelled after `timeout`.
+    pub async fn call(&self, req: UpstreamRequest<'_>, timeout: Option<Duration>) -> UpstreamReply {
+        match self {
+            Upstream::Sim(s) => s.call(req, timeout).await,
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The in-process simulated provider: the laboratory's log-normal latency model in real
+//! time, with configurable 500s and 429s, answering in the interface's wire format.
+
+use super::{UpstreamReply, UpstreamRequest};
+use crate::config::{InterfaceKind, SimSpec};
+use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
+use equiroute_lab::world::latency::LogNormal;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use std::time::Duration;
+
+/// A simulated provider.
+#[derive(Clone, Debug)]
+pub struct SimUpstream {
+    id: String,
+    spec: SimSpec,
+    latency: LogNormal,
+}
+
+impl SimUpstream {
+    /// A simulated provider named `id`.
+    #[must_use]
+    pub fn new(id: &str, spec: SimSpec) -> SimUpstream {
+        SimUpstream {
+            id: id.to_owned(),
+            latency: LogNormal::from_p50_p95(spec.latency.p50_ms, spec.latency.p95_ms),
+            spec,
+        }
+    }
+
+    pub(crate) async fn call(
+        &self,
+        req: UpstreamRequest<'_>,
+        timeout: Option<Duration>,
+    ) -> UpstreamReply {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(req.seed);
+        let failure =
+            |latency: f64, f: ProviderFailure, http_status: u16, reason: &str| UpstreamReply {
+                status: AttemptStatus::ProviderError(f),
+                latency: Millis(latency),
+                body: None,
+                http_status,
+                retry_after: None,
+                reason: Some(reason.to_owned()),
+            };
+        if rng.random::<f64>() < self.spec.rate_limit_rate {
+            let mut r = failure(
+                0.0,
+                ProviderFailure::RateLimited,
+                429,
+                "rate limited (simulated)",
+            );
+            r.retry_after = Some(Millis(1000.0));
+            return r;
+        }
+        let latency_ms = self.latency.sample(&mut rng);
+        let wait = Duration::from_secs_f64(latency_ms / 1000.0);
+        if let Some(limit) = timeout {
+            if wait > limit {
+                tokio::time::sleep(limit).await;
+                return UpstreamReply {
+                    status: AttemptStatus::Timeout,
+                    latency: Millis(limit.as_secs_f64() * 1000.0),
+                    body: None,
+                    http_status: 0,
+                    retry_after: None,
+                    reason: Some("timed out".to_owned()),
+                };
+            }
+        }
+        if rng.random::<f64>() < self.spec.failure_rate {
+            let quick = wait.mul_f64(0.3);
+            tokio::time::sleep(quick).await;
+            return failure(
+                quick.as_secs_f64() * 1000.0,
+                ProviderFailure::Server,
+                500,
+                "server error (simulated)",
+            );
+        }
+        tokio::time::sleep(wait).await;
+        UpstreamReply {
+            status: AttemptStatus::Ok,
+            latency: Millis(latency_ms),
+            body: Some(self.answer(req)),
+            http_status: 200,
+            retry_after: None,
+            reason: None,
+        }
+    }
+
+    fn answer(&self, req: UpstreamRequest<'_>) -> serde_json::Value {
+        let question = crate::server::query_text(req.kind, req.body);
+        match req.kind {
+            InterfaceKind::Chat => {
+                let content = format!(
+                    "[{}] simulated answer to: {}",
+                    self.id,
+                    truncate(&question, 200)
+                );
+                let prompt_tokens = question.split_whitespace().count().max(1);
+                let completion_tokens = content.split_whitespace().count();
+                json!({
+                    "id": format!("chatcmpl-sim-{:016x}", req.seed),
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": req.model,
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop"
+                    }],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens
+                    }
+                })
+            }
+            InterfaceKind::Tool => json!({
+                "provider": self.id,
+                "query": question,
+                "results": [
+                    {"title": format!("{} result 1", self.id), "url": "https://example.invalid/1"},
+                    {"title": format!("{} result 2", self.id), "url": "https://example.invalid/2"}
+                ]
+            }),
+        }
+    }
+}
+
+fn truncate(s: &str, max_chars: usize) -> String {
+    s.chars().take(max_chars).collect()
+}

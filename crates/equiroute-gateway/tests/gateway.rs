@@ -1,0 +1,405 @@
+//! The gateway on a loopback port, driven over real HTTP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use equiroute_gateway::config::load;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A running gateway; dropped at the end of the test with its runtime.
+struct Gateway {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+async fn start(config: &str, env: &[(&str, &str)]) -> Gateway {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let cfg = load(config, "test.toml", &move |name| {
+        env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        equiroute_gateway::serve(&cfg, listener, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Gateway {
+        addr,
+        stop: Some(tx),
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// A minimal HTTP/1.1 client: one request per connection.
+async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("content-type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        let _ = write!(req, "{k}: {v}\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+const TWO: &str = r#"
+[interfaces.chat]
+kind = "chat"
+policy = { name = "static", candidate = "broken" }
+deadline_ms = 3000
+
+[[interfaces.chat.providers]]
+id = "broken"
+kind = "sim"
+model = "broken-model"
+sim = { latency = { p50_ms = 5, p95_ms = 10 }, failure_rate = 1.0 }
+
+[[interfaces.chat.providers]]
+id = "good"
+kind = "sim"
+model = "good-model"
+sim = { latency = { p50_ms = 5, p95_ms = 10 } }
+
+[[interfaces.chat.providers]]
+id = "slow"
+kind = "sim"
+model = "slow-model"
+sim = { latency = { p50_ms = 5000, p95_ms = 6000 } }
+
+[interfaces.search]
+kind = "tool"
+policy = { name = "lqm" }
+
+[[interfaces.search.providers]]
+id = "s1"
+kind = "sim"
+sim = { latency = { p50_ms = 5, p95_ms = 10 } }
+"#;
+
+fn chat(model: &str) -> String {
+    json!({"model": model, "messages": [{"role": "user", "content": "what is the capital of france"}]}).to_string()
+}
+
+#[tokio::test]
+async fn falls_back_past_a_failing_provider_and_reports_it() {
+    let gw = start(TWO, &[]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat("chat")).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-equiroute-provider"), Some("good"));
+    assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
+    assert!(r
+        .header("x-equiroute-request-id")
+        .unwrap()
+        .starts_with("req-"));
+    let v = r.json();
+    assert_eq!(
+        v["model"], "good-model",
+        "the response names the model that answered"
+    );
+    assert_eq!(v["object"], "chat.completion");
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(m.contains(r#"equiroute_attempts_total{interface="chat",provider="broken",status="provider_error"} 1"#), "{m}");
+    assert!(
+        m.contains(r#"equiroute_fallbacks_total{interface="chat"} 1"#),
+        "{m}"
+    );
+    assert!(m.contains("equiroute_decision_microseconds_count 1"), "{m}");
+}
+
+#[tokio::test]
+async fn a_pinned_provider_and_the_deadline_are_honoured() {
+    let gw = start(TWO, &[]).await;
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat("chat/good"),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.header("x-equiroute-provider")),
+        (200, Some("good"))
+    );
+    // The slow provider takes ~5 s; a 300 ms deadline must end the call at about 300 ms.
+    let t = Instant::now();
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-equiroute-deadline-ms", "300")],
+        &chat("chat/slow"),
+    )
+    .await;
+    let took = t.elapsed();
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "deadline_exceeded");
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_millis(900),
+        "{took:?}"
+    );
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-equiroute-deadline-ms", "-3")],
+        &chat("chat"),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_style_errors() {
+    let gw = start(TWO, &[]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat("nope")).await;
+    assert_eq!(r.status, 404);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "model_not_found");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("use one of chat"));
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat("chat/ghost"),
+    )
+    .await;
+    assert!(r.status == 404 && r.body.contains("good"), "{}", r.body);
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], "{not json").await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (400, json!("invalid_json"))
+    );
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"chat","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(r.json()["error"]["param"], "messages");
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"chat","stream":true,"messages":[{"role":"user","content":"x"}]}"#,
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (400, json!("streaming_unsupported"))
+    );
+    let big = format!(
+        r#"{{"model":"chat","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(2 << 20)
+    );
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &big).await;
+    assert_eq!(r.status, 413);
+}
+
+#[tokio::test]
+async fn feedback_reaches_the_policy_once() {
+    let gw = start(TWO, &[]).await;
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/tools/search",
+        &[],
+        r#"{"query":"rust borrow checker"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let id = r.header("x-equiroute-request-id").unwrap().to_owned();
+    let quality = |state: &Value| {
+        state["candidates"][0]["estimates"]["quality"]
+            .as_f64()
+            .unwrap()
+    };
+    let before = quality(
+        &http(gw.addr, "GET", "/v1/interfaces/search/state", &[], "")
+            .await
+            .json(),
+    );
+    let fb = json!({"request_id": id, "quality": 1.0, "source": "user"}).to_string();
+    let r = http(gw.addr, "POST", "/v1/feedback", &[], &fb).await;
+    assert_eq!(
+        (r.status, r.json()["status"].clone()),
+        (200, json!("accepted"))
+    );
+    let after = quality(
+        &http(gw.addr, "GET", "/v1/interfaces/search/state", &[], "")
+            .await
+            .json(),
+    );
+    assert!(after > before + 0.01, "quality estimate {before} → {after}");
+    let r = http(gw.addr, "POST", "/v1/feedback", &[], &fb).await;
+    assert_eq!(
+        (r.status, r.json()["status"].clone()),
+        (200, json!("duplicate"))
+    );
+    let again = quality(
+        &http(gw.addr, "GET", "/v1/interfaces/search/state", &[], "")
+            .await
+            .json(),
+    );
+    assert!((again - after).abs() < 1e-12, "a duplicate changes nothing");
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/feedback",
+        &[],
+        r#"{"request_id":"req-unknown","quality":0.5}"#,
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/feedback",
+        &[],
+        &json!({"request_id": id, "quality": 1.5}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let list = http(gw.addr, "GET", "/v1/interfaces", &[], "").await.json();
+    assert_eq!(list["interfaces"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn keys_are_required_when_configured_and_never_echoed() {
+    let config = format!("[server]\napi_keys_env = [\"GW_TEST_KEY\"]\n{TWO}");
+    let gw = start(&config, &[("GW_TEST_KEY", "k-123-secret")]).await;
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat("chat/good"),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (401, json!("invalid_api_key"))
+    );
+    assert!(!r.body.contains("k-123-secret"));
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer wrong")],
+        &chat("chat/good"),
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", "Bearer k-123-secret")],
+        &chat("chat/good"),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // Health and metrics stay open for probes.
+    assert_eq!(http(gw.addr, "GET", "/healthz", &[], "").await.status, 200);
+}

@@ -1,0 +1,77 @@
+//! `equiroute serve`: the gateway, with the embedded default configuration when no
+//! `--config` is given (in-process simulated providers: no keys, no services).
+
+use anyhow::Context;
+use equiroute_gateway::config::{load, DEFAULT_CONFIG};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Configuration file (TOML); without it, the embedded default with simulated providers.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on, overriding `server.listen` (e.g. 127.0.0.1:0 for any free port).
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let (text, file) = match &args.config {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("--config {}: cannot read it", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => (
+            DEFAULT_CONFIG.to_owned(),
+            "embedded default configuration".to_owned(),
+        ),
+    };
+    let mut config = load(&text, &file, &|name| std::env::var(name).ok())?;
+    if let Some(listen) = &args.listen {
+        config.listen = listen.parse().with_context(|| {
+            format!("--listen `{listen}`: write host:port, e.g. 127.0.0.1:8080")
+        })?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}: is the port free?", config.listen))?;
+        let addr = listener.local_addr()?;
+        let chat = config
+            .interfaces
+            .iter()
+            .find(|i| i.kind == equiroute_gateway::config::InterfaceKind::Chat)
+            .map_or("chat", |i| i.name.as_str());
+        println!("equiroute listening on http://{addr} ({} interfaces from {file})", config.interfaces.len());
+        println!(
+            "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
+        );
+        equiroute_gateway::serve(&config, listener, shutdown_signal()).await?;
+        println!("equiroute stopped");
+        anyhow::Ok(())
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
