@@ -1,9 +1,11 @@
 //! # equiroute-gateway
 //!
 //! The HTTP gateway: [`config`] (TOML → validated types), [`server`] (routes, middleware,
-//! request execution on the core's state machine), [`upstream`] (one file per provider kind).
+//! request execution on the core's state machine), [`upstream`] (one file per provider kind),
+//! and [`mock`], a configurable mock upstream for tests, demos and benchmarks.
 
 pub mod config;
+pub mod mock;
 pub mod server;
 pub mod upstream;
 

@@ -1,6 +1,7 @@
 //! The `equiroute` binary: one subcommand per module.
 
 mod bench;
+mod mock;
 mod png;
 mod policies;
 mod scenarios;
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Run the gateway (the embedded default routes to simulated providers).
     Serve(serve::Args),
+    /// Run a mock OpenAI-compatible and search upstream with configurable faults.
+    MockUpstream(mock::Args),
     /// Run policies side by side in simulated scenarios and report over seeds.
     Bench(bench::Args),
     /// List the built-in scenarios with one line each.
@@ -31,6 +34,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve::run(&args)?,
+        Command::MockUpstream(args) => mock::run(&args)?,
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
         Command::Policies => policies::run(),

@@ -31,6 +31,20 @@ pub enum InterfaceKind {
 pub enum ProviderKind {
     /// In-process simulated provider, using the laboratory's latency and failure models.
     Sim,
+    /// An OpenAI-compatible chat completions API (`{base_url}/chat/completions`).
+    Openai,
+    /// A JSON API called with `POST {url}` (web search, retrieval, any tool).
+    Http,
+}
+
+/// A secret read from the environment. Its `Debug` never shows the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,6 +95,12 @@ struct RawProvider {
     #[serde(default)]
     capabilities: Capabilities,
     sim: Option<SimSpec>,
+    /// `openai`: the API root, e.g. `https://api.openai.com/v1`.
+    base_url: Option<String>,
+    /// `http`: the endpoint to POST to.
+    url: Option<String>,
+    /// Name of the environment variable holding the provider's API key.
+    api_key_env: Option<String>,
 }
 
 /// Behaviour of a simulated provider.
@@ -107,6 +127,16 @@ pub struct ProviderConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub enum UpstreamConfig {
     Sim(SimSpec),
+    /// `POST {base_url}/chat/completions` with `Authorization: Bearer <key>`.
+    Openai {
+        base_url: String,
+        api_key: Option<Secret>,
+    },
+    /// `POST {url}` with `Authorization: Bearer <key>`.
+    Http {
+        url: String,
+        api_key: Option<Secret>,
+    },
 }
 
 /// One interface, validated: at least one provider, a built-and-checked policy.
@@ -127,7 +157,7 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
     /// Accepted bearer keys (values read from the environment; never printed).
-    pub api_keys: Vec<String>,
+    pub api_keys: Vec<Secret>,
     pub feedback_ttl: Millis,
     pub interfaces: Vec<InterfaceConfig>,
 }
@@ -170,7 +200,7 @@ pub fn load(
     let mut api_keys = Vec::new();
     for (n, name) in raw.server.api_keys_env.iter().enumerate() {
         match env(name) {
-            Some(v) if !v.is_empty() => api_keys.push(v),
+            Some(v) if !v.is_empty() => api_keys.push(Secret(v)),
             _ => {
                 return Err(err(
                     &format!("server.api_keys_env[{n}]"),
@@ -194,7 +224,8 @@ pub fn load(
     }
     let mut interfaces = Vec::new();
     for (name, raw_if) in raw.interfaces {
-        interfaces.push(load_interface(&name, raw_if).map_err(|(field, fix)| err(&field, fix))?);
+        interfaces
+            .push(load_interface(&name, raw_if, env).map_err(|(field, fix)| err(&field, fix))?);
     }
     Ok(GatewayConfig {
         listen,
@@ -205,7 +236,11 @@ pub fn load(
     })
 }
 
-fn load_interface(name: &str, raw: RawInterface) -> Result<InterfaceConfig, (String, String)> {
+fn load_interface(
+    name: &str,
+    raw: RawInterface,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<InterfaceConfig, (String, String)> {
     let at = |f: &str| format!("interfaces.{name}.{f}");
     if name.is_empty() || name.contains('/') {
         return Err((
@@ -228,7 +263,7 @@ fn load_interface(name: &str, raw: RawInterface) -> Result<InterfaceConfig, (Str
                 format!("`{}` is used twice: provider ids must be unique", p.id),
             ));
         }
-        providers.push(load_provider(p).map_err(|(f, fix)| (field(f), fix))?);
+        providers.push(load_provider(p, env).map_err(|(f, fix)| (field(f), fix))?);
     }
     let feature_dim = raw.feature_dim.unwrap_or(64);
     let policy = raw
@@ -273,7 +308,10 @@ fn load_interface(name: &str, raw: RawInterface) -> Result<InterfaceConfig, (Str
 }
 
 /// One provider; errors carry the field below the provider and the fix.
-fn load_provider(p: RawProvider) -> Result<ProviderConfig, (&'static str, String)> {
+fn load_provider(
+    p: RawProvider,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ProviderConfig, (&'static str, String)> {
     if p.id.is_empty() || p.id.contains('/') {
         return Err((
             "id",
@@ -301,6 +339,24 @@ fn load_provider(p: RawProvider) -> Result<ProviderConfig, (&'static str, String
             }
             UpstreamConfig::Sim(sim)
         }
+        ProviderKind::Openai => UpstreamConfig::Openai {
+            base_url: http_url(
+                p.base_url.as_deref(),
+                "base_url",
+                "https://api.openai.com/v1",
+            )?
+            .trim_end_matches('/')
+            .to_owned(),
+            api_key: secret(p.api_key_env.as_deref(), env)?,
+        },
+        ProviderKind::Http => UpstreamConfig::Http {
+            url: http_url(
+                p.url.as_deref(),
+                "url",
+                "https://search.example.com/v1/search",
+            )?,
+            api_key: secret(p.api_key_env.as_deref(), env)?,
+        },
     };
     let model = p.model.unwrap_or_else(|| p.id.clone());
     let mut candidate = Candidate::new(&p.id, &p.id, &model);
@@ -312,6 +368,42 @@ fn load_provider(p: RawProvider) -> Result<ProviderConfig, (&'static str, String
         candidate,
         upstream,
     })
+}
+
+fn http_url(
+    url: Option<&str>,
+    field: &'static str,
+    example: &str,
+) -> Result<String, (&'static str, String)> {
+    match url {
+        Some(u) if u.starts_with("http://") || u.starts_with("https://") => Ok(u.to_owned()),
+        Some(u) => Err((
+            field,
+            format!("`{u}` is not an http(s) URL, e.g. {example}"),
+        )),
+        None => Err((
+            field,
+            format!("this provider kind needs `{field}`, e.g. {example}"),
+        )),
+    }
+}
+
+fn secret(
+    name: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<Secret>, (&'static str, String)> {
+    match name {
+        None => Ok(None),
+        Some(n) => match env(n) {
+            Some(v) if !v.is_empty() => Ok(Some(Secret(v))),
+            _ => Err((
+                "api_key_env",
+                format!(
+                    "environment variable `{n}` is not set: export it before starting the gateway"
+                ),
+            )),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -362,7 +454,11 @@ mod tests {
         let text = "[server]\napi_keys_env = [\"GW_KEY\"]\n[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
         let env = |name: &str| (name == "GW_KEY").then(|| "s3cret-value".to_owned());
         let cfg = load(text, "x.toml", &env).unwrap();
-        assert_eq!(cfg.api_keys, vec!["s3cret-value".to_owned()]);
+        assert_eq!(cfg.api_keys, vec![Secret("s3cret-value".to_owned())]);
+        assert!(
+            !format!("{cfg:?}").contains("s3cret"),
+            "Debug redacts secrets"
+        );
         assert!(
             !format!("{:?}", load("[server]\nlisten = \"nope\"", "x.toml", &env))
                 .contains("s3cret")

@@ -93,7 +93,7 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
     let ok = state
         .api_keys
         .iter()
-        .fold(false, |acc, k| acc | same(given.as_bytes(), k.as_bytes()));
+        .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()));
     if ok {
         next.run(req).await
     } else {

@@ -36,7 +36,10 @@ pub struct InterfaceRuntime {
 }
 
 impl InterfaceRuntime {
-    fn new(cfg: &InterfaceConfig) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
+    fn new(
+        cfg: &InterfaceConfig,
+        client: &reqwest::Client,
+    ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
         let policy = cfg.policy.build(&candidates, cfg.feature_dim)?;
@@ -46,7 +49,7 @@ impl InterfaceRuntime {
             upstreams: cfg
                 .providers
                 .iter()
-                .map(|p| Upstream::new(&p.candidate.id.0, &p.upstream))
+                .map(|p| Upstream::new(&p.candidate.id.0, &p.upstream, client))
                 .collect(),
             featurizer: Featurizer::new(cfg.feature_dim)?,
             deadline: cfg.deadline,
@@ -84,7 +87,7 @@ pub struct AppState {
     pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
     pub pending: Mutex<HashMap<String, PendingFeedback>>,
     pub metrics: Metrics,
-    pub api_keys: Vec<String>,
+    pub api_keys: Vec<crate::config::Secret>,
     pub feedback_ttl: Millis,
     epoch: Instant,
     requests: AtomicU64,
@@ -97,9 +100,14 @@ impl AppState {
     /// # Errors
     /// A policy or featurizer that cannot be built (already checked by config loading).
     pub fn new(cfg: &GatewayConfig, seed: u64) -> Result<AppState, equiroute_core::ConfigError> {
+        // One connection pool for every HTTP upstream.
+        let client = reqwest::Client::builder()
+            .pool_idle_timeout(std::time::Duration::from_secs(90))
+            .build()
+            .unwrap_or_default();
         let mut interfaces = BTreeMap::new();
         for i in &cfg.interfaces {
-            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i)?));
+            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &client)?));
         }
         Ok(AppState {
             interfaces,

@@ -1,5 +1,6 @@
 //! Upstream providers, one file per kind. A closed set: an enum, matched exhaustively.
 
+pub mod http;
 pub mod sim;
 
 use crate::config::{InterfaceKind, UpstreamConfig};
@@ -36,14 +37,23 @@ pub struct UpstreamReply {
 #[derive(Clone, Debug)]
 pub enum Upstream {
     Sim(sim::SimUpstream),
+    Http(http::HttpUpstream),
 }
 
 impl Upstream {
-    /// The upstream described by `config`.
+    /// The upstream described by `config`; HTTP upstreams share `client`'s connection pool.
     #[must_use]
-    pub fn new(id: &str, config: &UpstreamConfig) -> Upstream {
+    pub fn new(id: &str, config: &UpstreamConfig, client: &reqwest::Client) -> Upstream {
         match config {
             UpstreamConfig::Sim(spec) => Upstream::Sim(sim::SimUpstream::new(id, *spec)),
+            UpstreamConfig::Openai { base_url, api_key } => Upstream::Http(
+                http::HttpUpstream::openai(client.clone(), base_url, api_key.clone()),
+            ),
+            UpstreamConfig::Http { url, api_key } => Upstream::Http(http::HttpUpstream::json(
+                client.clone(),
+                url,
+                api_key.clone(),
+            )),
         }
     }
 
@@ -51,6 +61,7 @@ impl Upstream {
     pub async fn call(&self, req: UpstreamRequest<'_>, timeout: Option<Duration>) -> UpstreamReply {
         match self {
             Upstream::Sim(s) => s.call(req, timeout).await,
+            Upstream::Http(h) => h.call(req, timeout).await,
         }
     }
 }

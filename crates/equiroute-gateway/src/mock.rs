@@ -1,0 +1,202 @@
+//! A mock upstream for tests, demos and benchmarks: a real HTTP server speaking the OpenAI
+//! chat API (`POST /v1/chat/completions`) and a search-style JSON API (`POST /search`), with
+//! per-route latency and error rates (500, 503, 429 with or without `Retry-After`, 400), and
+//! call counters at `GET /_stats`.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use equiroute_lab::scenario::LatencySpec;
+use equiroute_lab::world::latency::LogNormal;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+use serde_json::json;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Behaviour of one route.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouteProfile {
+    pub latency: LatencySpec,
+    pub error_500: f64,
+    pub error_503: f64,
+    pub error_429: f64,
+    /// `Retry-After` seconds sent with a 429 (none when unset).
+    pub retry_after_s: Option<f64>,
+    pub error_400: f64,
+}
+
+impl Default for RouteProfile {
+    fn default() -> Self {
+        RouteProfile {
+            latency: LatencySpec {
+                p50_ms: 20.0,
+                p95_ms: 20.0,
+            },
+            error_500: 0.0,
+            error_503: 0.0,
+            error_429: 0.0,
+            retry_after_s: None,
+            error_400: 0.0,
+        }
+    }
+}
+
+/// Behaviour of the whole mock.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MockProfile {
+    pub chat: RouteProfile,
+    pub search: RouteProfile,
+}
+
+impl MockProfile {
+    /// Parses a profile; `file` names it in errors.
+    ///
+    /// # Errors
+    /// Syntax errors and unknown fields, with the field named.
+    pub fn from_toml(text: &str, file: &str) -> Result<MockProfile, String> {
+        toml::from_str(text).map_err(|e| format!("{file}: {}", e.message()))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    chat: AtomicU64,
+    search: AtomicU64,
+    authorized: AtomicU64,
+}
+
+#[derive(Debug)]
+struct MockState {
+    profile: MockProfile,
+    counters: Counters,
+    seq: AtomicU64,
+}
+
+/// The mock's router.
+pub fn router(profile: MockProfile) -> Router {
+    let state = Arc::new(MockState {
+        profile,
+        counters: Counters::default(),
+        seq: AtomicU64::new(1),
+    });
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/search", post(search))
+        .route("/_stats", get(stats))
+        .with_state(state)
+}
+
+/// Serves the mock on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// The server fails.
+pub async fn serve(
+    profile: MockProfile,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(profile))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Waits the route's latency, then decides the outcome: `Err` is an error response.
+async fn behave(state: &MockState, route: &RouteProfile) -> Result<(), Response> {
+    let n = state.seq.fetch_add(1, Ordering::Relaxed);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n);
+    let latency =
+        LogNormal::from_p50_p95(route.latency.p50_ms, route.latency.p95_ms).sample(&mut rng);
+    tokio::time::sleep(std::time::Duration::from_secs_f64(latency / 1000.0)).await;
+    let error = |status: StatusCode, message: &str| {
+        (status, Json(json!({"error": {"message": message, "type": "mock_error", "code": status.as_u16()}}))).into_response()
+    };
+    let u: f64 = rng.random();
+    let mut edge = route.error_500;
+    if u < edge {
+        return Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock internal error",
+        ));
+    }
+    edge += route.error_503;
+    if u < edge {
+        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "mock overloaded"));
+    }
+    edge += route.error_429;
+    if u < edge {
+        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "mock rate limit");
+        if let Some(s) = route.retry_after_s {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&format!("{s}")) {
+                r.headers_mut().insert("retry-after", v);
+            }
+        }
+        return Err(r);
+    }
+    edge += route.error_400;
+    if u < edge {
+        return Err(error(StatusCode::BAD_REQUEST, "mock rejects this request"));
+    }
+    Ok(())
+}
+
+fn count_auth(state: &MockState, headers: &HeaderMap) {
+    if headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer "))
+    {
+        state.counters.authorized.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+async fn chat(
+    State(state): State<Arc<MockState>>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    state.counters.chat.fetch_add(1, Ordering::Relaxed);
+    count_auth(&state, &headers);
+    if let Err(r) = behave(&state, &state.profile.chat).await {
+        return r;
+    }
+    let model = body
+        .get("model")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("mock-model");
+    Json(json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "mock answer"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    }))
+    .into_response()
+}
+
+async fn search(
+    State(state): State<Arc<MockState>>,
+    headers: HeaderMap,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    state.counters.search.fetch_add(1, Ordering::Relaxed);
+    count_auth(&state, &headers);
+    if let Err(r) = behave(&state, &state.profile.search).await {
+        return r;
+    }
+    Json(json!({"query": body.get("query"), "results": [{"title": "mock result", "url": "https://example.invalid/mock"}]})).into_response()
+}
+
+async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
+    Json(json!({
+        "chat": state.counters.chat.load(Ordering::Relaxed),
+        "search": state.counters.search.load(Ordering::Relaxed),
+        "authorized": state.counters.authorized.load(Ordering::Relaxed),
+    }))
+}

@@ -1,0 +1,181 @@
+//! Upstreams over HTTP: OpenAI-compatible chat completions and generic JSON APIs.
+//!
+//! Classification of an attempt: 2xx → ok; 429 and 5xx → provider error (a 429's
+//! `Retry-After` is honoured); other 4xx → client error with the provider's reason (not
+//! retried, not counted against the provider); connection failures → provider error; the
+//! attempt's timeout → timeout (censored). API keys travel only in the `Authorization` header
+//! to the provider and never appear in replies or errors.
+
+use super::{UpstreamReply, UpstreamRequest};
+use crate::config::Secret;
+use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
+use std::time::{Duration, Instant};
+
+/// An HTTP upstream.
+#[derive(Clone, Debug)]
+pub struct HttpUpstream {
+    client: reqwest::Client,
+    url: String,
+    api_key: Option<Secret>,
+    /// Chat upstreams get the provider's model name in the body.
+    set_model: bool,
+}
+
+impl HttpUpstream {
+    /// An OpenAI-compatible upstream at `base_url`.
+    #[must_use]
+    pub fn openai(
+        client: reqwest::Client,
+        base_url: &str,
+        api_key: Option<Secret>,
+    ) -> HttpUpstream {
+        HttpUpstream {
+            client,
+            url: format!("{base_url}/chat/completions"),
+            api_key,
+            set_model: true,
+        }
+    }
+
+    /// A JSON API at `url`.
+    #[must_use]
+    pub fn json(client: reqwest::Client, url: &str, api_key: Option<Secret>) -> HttpUpstream {
+        HttpUpstream {
+            client,
+            url: url.to_owned(),
+            api_key,
+            set_model: false,
+        }
+    }
+
+    pub(crate) async fn call(
+        &self,
+        req: UpstreamRequest<'_>,
+        timeout: Option<Duration>,
+    ) -> UpstreamReply {
+        let started = Instant::now();
+        let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
+        let mut body = req.body.clone();
+        if self.set_model {
+            if let Some(obj) = body.as_object_mut() {
+                obj.insert(
+                    "model".into(),
+                    serde_json::Value::String(req.model.to_owned()),
+                );
+                obj.insert("stream".into(), serde_json::Value::Bool(false));
+            }
+        }
+        let mut builder = self.client.post(&self.url).json(&body);
+        if let Some(key) = &self.api_key {
+            builder = builder.bearer_auth(&key.0);
+        }
+        if let Some(t) = timeout {
+            builder = builder.timeout(t);
+        }
+        let reply = |status: AttemptStatus, http_status: u16, reason: String| UpstreamReply {
+            status,
+            latency: elapsed(),
+            body: None,
+            http_status,
+            retry_after: None,
+            reason: Some(reason),
+        };
+        let response = match builder.send().await {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => {
+                let mut r = reply(AttemptStatus::Timeout, 0, "timed out".into());
+                if let Some(t) = timeout {
+                    r.latency = Millis(t.as_secs_f64() * 1000.0);
+                }
+                return r;
+            }
+            // The error's text can contain the URL but never the key (it is only a header).
+            Err(e) => {
+                return reply(
+                    AttemptStatus::ProviderError(ProviderFailure::Connection),
+                    0,
+                    format!("connection failed: {}", redacted(&e)),
+                )
+            }
+        };
+        let code = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|s| Millis(s * 1000.0));
+        let text = match response.text().await {
+            Ok(t) => t,
+            Err(e) if e.is_timeout() => {
+                return reply(
+                    AttemptStatus::Timeout,
+                    code,
+                    "timed out reading the body".into(),
+                )
+            }
+            Err(_) => {
+                return reply(
+                    AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
+                    code,
+                    "the response body broke off".into(),
+                )
+            }
+        };
+        classify(code, retry_after, &text, elapsed())
+    }
+}
+
+/// The error's text with the provider's URL taken out (it may carry query parameters).
+fn redacted(e: &reqwest::Error) -> String {
+    let text = e.to_string();
+    match e.url() {
+        Some(url) => text.replace(url.as_str(), "<provider>"),
+        None => text,
+    }
+}
+
+/// Status, body and message of a provider's answer → the attempt's outcome.
+fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis) -> UpstreamReply {
+    let json: Option<serde_json::Value> = serde_json::from_str(text).ok();
+    let message = json
+        .as_ref()
+        .and_then(|j| j.pointer("/error/message"))
+        .and_then(serde_json::Value::as_str)
+        .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"));
+    let reply = |status: AttemptStatus, reason: String| UpstreamReply {
+        status,
+        latency,
+        body: None,
+        http_status: code,
+        retry_after: None,
+        reason: Some(reason),
+    };
+    match code {
+        200..=299 => match json {
+            Some(body) => UpstreamReply {
+                status: AttemptStatus::Ok,
+                latency,
+                body: Some(body),
+                http_status: code,
+                retry_after: None,
+                reason: None,
+            },
+            None => reply(
+                AttemptStatus::ProviderError(ProviderFailure::Server),
+                format!("HTTP {code} with a body that is not JSON"),
+            ),
+        },
+        429 | 500..=599 => {
+            let failure = if code == 429 {
+                ProviderFailure::RateLimited
+            } else {
+                ProviderFailure::Server
+            };
+            let mut r = reply(AttemptStatus::ProviderError(failure), message);
+            r.retry_after = retry_after;
+            r
+        }
+        _ => reply(AttemptStatus::ClientError, message),
+    }
+}

@@ -1,0 +1,154 @@
+//! Helpers shared by the gateway's integration tests: a gateway and mock upstreams on
+//! loopback ports, and a minimal HTTP/1.1 client.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use equiroute_gateway::config::load;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A running gateway; dropped at the end of the test with its runtime.
+pub struct Gateway {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+pub async fn start(config: &str, env: &[(&str, &str)]) -> Gateway {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let cfg = load(config, "test.toml", &move |name| {
+        env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        equiroute_gateway::serve(&cfg, listener, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Gateway {
+        addr,
+        stop: Some(tx),
+    }
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// A minimal HTTP/1.1 client: one request per connection.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("content-type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        let _ = write!(req, "{k}: {v}\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+/// A mock upstream with `profile` (TOML) on a free loopback port.
+pub async fn mock(profile: &str) -> Gateway {
+    let profile = equiroute_gateway::mock::MockProfile::from_toml(profile, "mock.toml").unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        equiroute_gateway::mock::serve(profile, listener, async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    Gateway {
+        addr,
+        stop: Some(tx),
+    }
+}

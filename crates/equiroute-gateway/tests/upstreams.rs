@@ -1,0 +1,182 @@
+//! The gateway in front of real HTTP upstreams (mock servers on loopback ports).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{http, mock, start};
+use serde_json::json;
+
+fn config(a: std::net::SocketAddr, b: std::net::SocketAddr) -> String {
+    format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "a" }}
+deadline_ms = 3000
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "model-a"
+base_url = "http://{a}/v1"
+api_key_env = "MOCK_KEY_A"
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "model-b"
+base_url = "http://{b}/v1"
+
+[interfaces.web_search]
+kind = "tool"
+
+[[interfaces.web_search.providers]]
+id = "search-a"
+kind = "http"
+url = "http://{a}/search"
+api_key_env = "MOCK_KEY_A"
+"#
+    )
+}
+
+fn chat() -> String {
+    json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).to_string()
+}
+
+async fn calls(addr: std::net::SocketAddr) -> serde_json::Value {
+    http(addr, "GET", "/_stats", &[], "").await.json()
+}
+
+#[tokio::test]
+async fn falls_back_on_500_and_forwards_the_key_only_to_its_provider() {
+    let a = mock("[chat]\nerror_500 = 1.0\n").await;
+    let b = mock("").await;
+    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "sk-test-a")]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-equiroute-provider"), Some("b"));
+    assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
+    assert_eq!(r.json()["model"], "model-b");
+    assert!(!r.body.contains("sk-test-a"));
+    let (sa, sb) = (calls(a.addr).await, calls(b.addr).await);
+    assert_eq!(
+        (sa["chat"].as_u64(), sa["authorized"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        (sb["chat"].as_u64(), sb["authorized"].as_u64()),
+        (Some(1), Some(0)),
+        "no key configured for b"
+    );
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_takes_the_provider_out_until_then() {
+    let a = mock("[chat]\nerror_429 = 1.0\nretry_after_s = 30\n").await;
+    let b = mock("").await;
+    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "k")]).await;
+    let first = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(
+        (first.status, first.header("x-equiroute-attempts")),
+        (200, Some("2"))
+    );
+    // `static` still prefers a, but its breaker is open for 30 s: b answers directly.
+    for _ in 0..3 {
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+        assert_eq!(
+            (
+                r.header("x-equiroute-provider"),
+                r.header("x-equiroute-attempts")
+            ),
+            (Some("b"), Some("1"))
+        );
+    }
+    assert_eq!(
+        calls(a.addr).await["chat"],
+        1,
+        "no tight loop on a rate-limited provider"
+    );
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains(r#"equiroute_breaker_transitions_total{provider="a",to="open"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn client_errors_go_back_to_the_caller_without_retry() {
+    let a = mock("[chat]\nerror_400 = 1.0\n").await;
+    let b = mock("").await;
+    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "k")]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "upstream_rejected_request");
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("mock rejects this request"));
+    assert_eq!(calls(b.addr).await["chat"], 0, "not retried elsewhere");
+    // And not counted against the provider: its breaker stays closed.
+    let state = http(gw.addr, "GET", "/v1/interfaces/chat/state", &[], "")
+        .await
+        .json();
+    let a_state = state["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "a")
+        .unwrap()
+        .clone();
+    assert_eq!(a_state["breaker"]["state"], "closed");
+}
+
+#[tokio::test]
+async fn timeouts_and_dead_providers_fall_back_within_the_deadline() {
+    let a = mock("[chat]\nlatency = { p50_ms = 2000, p95_ms = 2000 }\n").await;
+    let b = mock("").await;
+    let cfg = config(a.addr, b.addr).replace(
+        "deadline_ms = 3000",
+        "deadline_ms = 3000\nattempt_timeout_ms = 200",
+    );
+    let gw = start(&cfg, &[("MOCK_KEY_A", "k")]).await;
+    let t = std::time::Instant::now();
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(
+        (r.status, r.header("x-equiroute-provider")),
+        (200, Some("b"))
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
+    );
+    // A provider nobody listens on: connection refused, then fallback.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gw = start(&config(dead, b.addr), &[("MOCK_KEY_A", "k")]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(
+        (r.status, r.header("x-equiroute-provider")),
+        (200, Some("b")),
+        "{}",
+        r.body
+    );
+    let tool = http(
+        gw.addr,
+        "POST",
+        "/v1/tools/web_search",
+        &[],
+        r#"{"query":"x"}"#,
+    )
+    .await;
+    assert_eq!(tool.status, 502, "{}", tool.body);
+    assert!(
+        !tool.body.contains(&dead.to_string()),
+        "provider URLs stay private: {}",
+        tool.body
+    );
+}
