@@ -1,6 +1,7 @@
 //! The `equiroute` binary: one subcommand per module.
 
 mod bench;
+mod check;
 mod mock;
 mod png;
 mod policies;
@@ -23,6 +24,8 @@ enum Command {
     Serve(serve::Args),
     /// Run a mock OpenAI-compatible and search upstream with configurable faults.
     MockUpstream(mock::Args),
+    /// Validate a gateway configuration file.
+    CheckConfig(check::Args),
     /// Run policies side by side in simulated scenarios and report over seeds.
     Bench(bench::Args),
     /// List the built-in scenarios with one line each.
@@ -35,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve::run(&args)?,
         Command::MockUpstream(args) => mock::run(&args)?,
+        Command::CheckConfig(args) => check::run(&args)?,
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
         Command::Policies => policies::run(),

@@ -49,7 +49,7 @@ impl InterfaceRuntime {
             upstreams: cfg
                 .providers
                 .iter()
-                .map(|p| Upstream::new(&p.candidate.id.0, &p.upstream, client))
+                .map(|p| Upstream::new(&p.candidate.id.0, p.candidate.tier, &p.upstream, client))
                 .collect(),
             featurizer: Featurizer::new(cfg.feature_dim)?,
             deadline: cfg.deadline,

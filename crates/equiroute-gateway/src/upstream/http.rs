@@ -19,6 +19,8 @@ pub struct HttpUpstream {
     api_key: Option<Secret>,
     /// Chat upstreams get the provider's model name in the body.
     set_model: bool,
+    /// `service_tier` sent to OpenAI-compatible APIs (`flex`, `priority`; none for standard).
+    service_tier: Option<&'static str>,
 }
 
 impl HttpUpstream {
@@ -28,12 +30,18 @@ impl HttpUpstream {
         client: reqwest::Client,
         base_url: &str,
         api_key: Option<Secret>,
+        tier: equiroute_core::ServiceTier,
     ) -> HttpUpstream {
         HttpUpstream {
             client,
             url: format!("{base_url}/chat/completions"),
             api_key,
             set_model: true,
+            service_tier: match tier {
+                equiroute_core::ServiceTier::Flex => Some("flex"),
+                equiroute_core::ServiceTier::Priority => Some("priority"),
+                equiroute_core::ServiceTier::Standard => None,
+            },
         }
     }
 
@@ -45,6 +53,7 @@ impl HttpUpstream {
             url: url.to_owned(),
             api_key,
             set_model: false,
+            service_tier: None,
         }
     }
 
@@ -63,6 +72,12 @@ impl HttpUpstream {
                     serde_json::Value::String(req.model.to_owned()),
                 );
                 obj.insert("stream".into(), serde_json::Value::Bool(false));
+                if let Some(tier) = self.service_tier {
+                    obj.insert(
+                        "service_tier".into(),
+                        serde_json::Value::String(tier.to_owned()),
+                    );
+                }
             }
         }
         let mut builder = self.client.post(&self.url).json(&body);

@@ -43,11 +43,16 @@ pub enum Upstream {
 impl Upstream {
     /// The upstream described by `config`; HTTP upstreams share `client`'s connection pool.
     #[must_use]
-    pub fn new(id: &str, config: &UpstreamConfig, client: &reqwest::Client) -> Upstream {
+    pub fn new(
+        id: &str,
+        tier: equiroute_core::ServiceTier,
+        config: &UpstreamConfig,
+        client: &reqwest::Client,
+    ) -> Upstream {
         match config {
             UpstreamConfig::Sim(spec) => Upstream::Sim(sim::SimUpstream::new(id, *spec)),
             UpstreamConfig::Openai { base_url, api_key } => Upstream::Http(
-                http::HttpUpstream::openai(client.clone(), base_url, api_key.clone()),
+                http::HttpUpstream::openai(client.clone(), base_url, api_key.clone(), tier),
             ),
             UpstreamConfig::Http { url, api_key } => Upstream::Http(http::HttpUpstream::json(
                 client.clone(),

@@ -1,0 +1,74 @@
+"""The official OpenAI Python SDK against `equiroute serve` with its embedded defaults.
+
+Run by `.ci/run` (which installs `openai` into a virtualenv):
+    python tests/sdk/test_openai_sdk.py target/debug/equiroute
+"""
+
+import re
+import subprocess
+import sys
+
+import openai
+
+MESSAGES = [{"role": "user", "content": "what is the capital of france?"}]
+
+
+def check_completion(client):
+    r = client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert r.object == "chat.completion", r
+    assert r.choices[0].message.role == "assistant", r
+    assert r.choices[0].message.content.startswith("[sim-"), r
+    assert r.model in ("sim-model", "sim-small"), r.model
+    assert r.usage.total_tokens > 0, r.usage
+    raw = client.chat.completions.with_raw_response.create(model="chat/sim-small", messages=MESSAGES)
+    assert raw.headers.get("x-equiroute-provider") == "sim-small", raw.headers
+    assert raw.headers.get("x-equiroute-request-id", "").startswith("req-"), raw.headers
+    assert raw.parse().model == "sim-small"
+
+
+def check_not_found(client):
+    try:
+        client.chat.completions.create(model="no-such-interface", messages=MESSAGES)
+    except openai.NotFoundError as e:
+        assert e.status_code == 404
+        assert "is not a chat interface" in str(e), str(e)
+        return
+    raise AssertionError("expected openai.NotFoundError")
+
+
+def check_bad_request(client):
+    try:
+        client.chat.completions.create(model="chat", messages=[])
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert "messages" in str(e), str(e)
+        return
+    raise AssertionError("expected openai.BadRequestError")
+
+
+def main():
+    binary = sys.argv[1] if len(sys.argv) > 1 else "target/debug/equiroute"
+    proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    passed = failed = 0
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"http://([0-9.]+:[0-9]+)", line)
+        assert match, f"no address in {line!r}"
+        client = openai.OpenAI(base_url=f"http://{match.group(1)}/v1", api_key="unused", max_retries=0)
+        for check in (check_completion, check_not_found, check_bad_request):
+            try:
+                check(client)
+                passed += 1
+                print(f"ok {check.__name__}")
+            except Exception as e:  # report every check, then fail the run
+                failed += 1
+                print(f"FAILED {check.__name__}: {e!r}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    print(f"sdk: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
