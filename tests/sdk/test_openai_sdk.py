@@ -26,6 +26,14 @@ def check_completion(client):
     assert raw.parse().model == "sim-small"
 
 
+def check_stream(client):
+    chunks = list(client.chat.completions.create(model="chat", messages=MESSAGES, stream=True))
+    assert len(chunks) >= 3, chunks
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("[sim-"), text
+    assert chunks[-1].choices[0].finish_reason == "stop", chunks[-1]
+
+
 def check_not_found(client):
     try:
         client.chat.completions.create(model="no-such-interface", messages=MESSAGES)
@@ -55,7 +63,7 @@ def main():
         match = re.search(r"http://([0-9.]+:[0-9]+)", line)
         assert match, f"no address in {line!r}"
         client = openai.OpenAI(base_url=f"http://{match.group(1)}/v1", api_key="unused", max_retries=0)
-        for check in (check_completion, check_not_found, check_bad_request):
+        for check in (check_completion, check_stream, check_not_found, check_bad_request):
             try:
                 check(client)
                 passed += 1

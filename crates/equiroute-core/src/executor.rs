@@ -163,6 +163,12 @@ impl Execution {
         })
     }
 
+    /// Attempts recorded so far.
+    #[must_use]
+    pub fn attempts(&self) -> usize {
+        self.attempts.len()
+    }
+
     /// Passes over the candidate [`Execution::next_attempt`] proposed without trying it (e.g. its
     /// circuit breaker refused the attempt at the last moment).
     pub fn skip(&mut self) {

@@ -21,7 +21,11 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let state = server::state::AppState::new(config, 0x00e9_u64)
+    // Request ids and sampling seeds differ from one start to the next.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0x00e9, |d| d.as_nanos() as u64);
+    let state = server::state::AppState::new(config, seed)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let app = server::router(Arc::new(state), config.max_body_bytes);
     axum::serve(listener, app)

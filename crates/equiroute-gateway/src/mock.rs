@@ -28,6 +28,12 @@ pub struct RouteProfile {
     /// `Retry-After` seconds sent with a 429 (none when unset).
     pub retry_after_s: Option<f64>,
     pub error_400: f64,
+    /// Streamed answers: milliseconds between chunks.
+    pub chunk_gap_ms: f64,
+    /// Streamed answers: break the connection after this many chunks.
+    pub stream_cut_after: Option<usize>,
+    /// Streamed answers: go silent (forever) after this many chunks.
+    pub stream_stall_after: Option<usize>,
 }
 
 impl Default for RouteProfile {
@@ -42,6 +48,9 @@ impl Default for RouteProfile {
             error_429: 0.0,
             retry_after_s: None,
             error_400: 0.0,
+            chunk_gap_ms: 5.0,
+            stream_cut_after: None,
+            stream_stall_after: None,
         }
     }
 }
@@ -169,6 +178,9 @@ async fn chat(
         .get("model")
         .and_then(serde_json::Value::as_str)
         .unwrap_or("mock-model");
+    if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
+        return stream_answer(&state.profile.chat, model);
+    }
     Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
@@ -178,6 +190,55 @@ async fn chat(
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     }))
     .into_response()
+}
+
+/// The chunks of the mock's streamed answer, in OpenAI's format, ending with `[DONE]`.
+#[must_use]
+pub fn stream_chunks(model: &str) -> Vec<String> {
+    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+        let c = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {c}\n\n")
+    };
+    let mut out = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        serde_json::Value::Null,
+    )];
+    for word in ["mock ", "streamed ", "answer"] {
+        out.push(chunk(json!({"content": word}), serde_json::Value::Null));
+    }
+    out.push(chunk(json!({}), json!("stop")));
+    out.push("data: [DONE]\n\n".to_owned());
+    out
+}
+
+fn stream_answer(route: &RouteProfile, model: &str) -> Response {
+    let chunks = stream_chunks(model);
+    let gap = std::time::Duration::from_secs_f64(route.chunk_gap_ms / 1000.0);
+    let (cut, stall) = (route.stream_cut_after, route.stream_stall_after);
+    let stream = futures_util::stream::unfold((0usize, chunks), move |(i, chunks)| async move {
+        if cut == Some(i) {
+            // An error item makes the server drop the connection mid-body.
+            return Some((Err(std::io::Error::other("cut")), (usize::MAX, chunks)));
+        }
+        if stall == Some(i) {
+            std::future::pending::<()>().await;
+        }
+        let next = chunks.get(i)?.clone();
+        if i > 0 {
+            tokio::time::sleep(gap).await;
+        }
+        Some((
+            Ok::<_, std::io::Error>(bytes::Bytes::from(next)),
+            (i + 1, chunks),
+        ))
+    });
+    let mut r = axum::body::Body::from_stream(stream).into_response();
+    r.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    r
 }
 
 async fn search(

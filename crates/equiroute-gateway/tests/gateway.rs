@@ -150,18 +150,6 @@ async fn bad_requests_get_openai_style_errors() {
     )
     .await;
     assert_eq!(r.json()["error"]["param"], "messages");
-    let r = http(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        r#"{"model":"chat","stream":true,"messages":[{"role":"user","content":"x"}]}"#,
-    )
-    .await;
-    assert_eq!(
-        (r.status, r.json()["error"]["code"].clone()),
-        (400, json!("streaming_unsupported"))
-    );
     let big = format!(
         r#"{{"model":"chat","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "x".repeat(2 << 20)

@@ -180,3 +180,90 @@ async fn timeouts_and_dead_providers_fall_back_within_the_deadline() {
         tool.body
     );
 }
+
+fn streamed() -> String {
+    json!({"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+}
+
+#[tokio::test]
+async fn streamed_bytes_are_the_providers_and_end_with_done() {
+    let a = mock("").await;
+    let b = mock("").await;
+    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "k")]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &streamed()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(r.header("x-equiroute-provider"), Some("a"));
+    let want: String = equiroute_gateway::mock::stream_chunks("model-a").concat();
+    assert_eq!(r.body, want, "relayed byte for byte");
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains(r#"equiroute_requests_total{interface="chat",outcome="ok"} 1"#),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_stream_ends_in_an_error_event_not_done() {
+    for profile in [
+        "[chat]\nstream_cut_after = 2\n",
+        "[chat]\nstream_stall_after = 2\n",
+    ] {
+        let a = mock(profile).await;
+        let b = mock("").await;
+        let cfg = config(a.addr, b.addr).replace(
+            "deadline_ms = 3000",
+            "deadline_ms = 3000\nstream_idle_ms = 300",
+        );
+        let gw = start(&cfg, &[("MOCK_KEY_A", "k")]).await;
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &streamed()).await;
+        assert_eq!(r.status, 200, "the stream was committed before it broke");
+        // What arrived before the break was relayed as is (the mock's server may drop a buffered
+        // chunk when it cuts the connection, so only the first is certain).
+        assert!(
+            r.body
+                .starts_with(&equiroute_gateway::mock::stream_chunks("model-a")[0]),
+            "{}",
+            r.body
+        );
+        assert!(
+            r.body.contains("\"code\":\"stream_broken\""),
+            "{profile}: {}",
+            r.body
+        );
+        assert!(
+            !r.body.contains("[DONE]"),
+            "{profile}: a broken stream must not look complete"
+        );
+        let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+        assert!(
+            m.contains(r#"provider="a",status="provider_error"} 1"#),
+            "{profile}: {m}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_first_byte_in_time_falls_back_before_anything_is_sent() {
+    let a = mock("[chat]\nlatency = { p50_ms = 2000, p95_ms = 2000 }\n").await;
+    let b = mock("").await;
+    let cfg = config(a.addr, b.addr).replace(
+        "deadline_ms = 3000",
+        "deadline_ms = 3000\nattempt_timeout_ms = 200",
+    );
+    let gw = start(&cfg, &[("MOCK_KEY_A", "k")]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &streamed()).await;
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (200, Some("b"), Some("2"))
+    );
+    assert_eq!(
+        r.body,
+        equiroute_gateway::mock::stream_chunks("model-b").concat()
+    );
+}

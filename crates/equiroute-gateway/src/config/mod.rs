@@ -77,6 +77,8 @@ struct RawInterface {
     deadline_ms: Option<f64>,
     max_attempts: Option<u32>,
     attempt_timeout_ms: Option<f64>,
+    /// Longest silence between chunks of a streamed answer before it is ended as broken.
+    stream_idle_ms: Option<f64>,
     feature_dim: Option<usize>,
     #[serde(default)]
     providers: Vec<RawProvider>,
@@ -147,6 +149,7 @@ pub struct InterfaceConfig {
     pub policy: PolicyConfig,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
+    pub stream_idle: Millis,
     pub feature_dim: usize,
     pub providers: Vec<ProviderConfig>,
 }
@@ -292,8 +295,19 @@ fn load_interface(
         }
         None => None,
     };
+    let stream_idle = match raw.stream_idle_ms {
+        Some(t) if t.is_finite() && t > 0.0 => Millis(t),
+        Some(_) => {
+            return Err((
+                at("stream_idle_ms"),
+                "must be a positive number of ms".into(),
+            ))
+        }
+        None => Millis(30_000.0),
+    };
     Ok(InterfaceConfig {
         name: name.to_owned(),
+        stream_idle,
         kind: raw.kind,
         policy,
         deadline,

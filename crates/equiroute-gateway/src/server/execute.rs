@@ -4,8 +4,9 @@
 
 use super::error::ApiError;
 use super::state::{AppState, InterfaceRuntime, PendingFeedback};
-use crate::upstream::{UpstreamReply, UpstreamRequest};
+use crate::upstream::{ChunkStream, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
+use bytes::Bytes;
 use equiroute_core::breaker::{Admission, BreakerOutcome};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, NextAttempt, RequestStatus};
@@ -15,6 +16,7 @@ use equiroute_core::{
     Usd,
 };
 use rand::SeedableRng;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A request that got an answer.
@@ -31,7 +33,7 @@ pub struct Answered {
 ///
 /// # Errors
 /// No eligible provider (503), every attempt failed (502), the deadline passed (504), or the
-/// provider rejected the request itself (its status and reason, not retried).
+/// provider rejected the request itself (400 with the provider's reason, not retried).
 pub async fn execute(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -74,6 +76,9 @@ pub async fn execute(
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
             state.metrics.request(&iface.name, "ok");
+            if n % 1024 == 0 {
+                state.prune_pending(state.now());
+            }
             if let Ok(mut pending) = state.pending.lock() {
                 pending.insert(
                     request_id.clone(),
@@ -193,8 +198,22 @@ async fn attempt(
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
-    let end = state.now();
-    let outcome = AttemptOutcome {
+    let outcome = outcome_of(&reply, candidate);
+    learn(
+        state,
+        iface,
+        next.candidate,
+        features,
+        &outcome,
+        run.remaining(now),
+    )?;
+    run.record(next.candidate, outcome, now);
+    Ok((outcome, reply))
+}
+
+/// The attempt outcome of a provider's reply.
+fn outcome_of(reply: &UpstreamReply, candidate: &equiroute_core::Candidate) -> AttemptOutcome {
+    AttemptOutcome {
         latency: reply.latency,
         status: reply.status,
         // Billed unless the provider refused before doing any work.
@@ -207,43 +226,53 @@ async fn attempt(
         },
         time_to_first_byte: None,
         retry_after: reply.retry_after,
-    };
+    }
+}
+
+/// Feeds one attempt's outcome to the policy, the breaker and the metrics.
+fn learn(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    index: usize,
+    features: &[f64],
+    outcome: &AttemptOutcome,
+    remaining: Option<Millis>,
+) -> Result<(), ApiError> {
+    let end = state.now();
+    let id = &iface.candidates[index].id.0;
     state
         .metrics
-        .attempt(&iface.name, &candidate.id.0, outcome.status.as_str());
+        .attempt(&iface.name, id, outcome.status.as_str());
     iface
         .policy
         .lock()
         .map_err(|_| poisoned())?
         .observe_attempt(&AttemptObservation {
-            candidate: next.candidate,
+            candidate: index,
             features,
             slice: SlicePath::root(),
-            deadline: run.remaining(now),
-            outcome: &outcome,
+            deadline: remaining,
+            outcome,
             now: end,
         });
-    {
-        let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
-        // Health only: a deadline cut-off says the provider was slow for this request.
-        let verdict = match outcome.status {
-            AttemptStatus::Ok => BreakerOutcome::Success,
-            AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
-            AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
-                BreakerOutcome::Ignored
-            }
-        };
-        let mut transitions = Vec::new();
-        transitions.extend(breakers[next.candidate].record(end, verdict, &iface.breaker_config));
-        if let Some(retry) = outcome.retry_after {
-            transitions.extend(breakers[next.candidate].open(end.plus(retry)));
+    let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+    // Health only: a deadline cut-off says the provider was slow for this request.
+    let verdict = match outcome.status {
+        AttemptStatus::Ok => BreakerOutcome::Success,
+        AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
+        AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
+            BreakerOutcome::Ignored
         }
-        for t in transitions {
-            state.metrics.breaker(&candidate.id.0, transition_name(t));
-        }
+    };
+    let mut transitions = Vec::new();
+    transitions.extend(breakers[index].record(end, verdict, &iface.breaker_config));
+    if let Some(retry) = outcome.retry_after {
+        transitions.extend(breakers[index].open(end.plus(retry)));
     }
-    run.record(next.candidate, outcome, now);
-    Ok((outcome, reply))
+    for t in transitions {
+        state.metrics.breaker(id, transition_name(t));
+    }
+    Ok(())
 }
 
 /// The error answer of a request that got no answer.
@@ -308,4 +337,244 @@ fn poisoned() -> ApiError {
         "internal_error",
         "internal state is unavailable after a crash in another request",
     )
+}
+
+/// Routes and executes a streamed chat request. Attempts fall back, exactly as unstreamed
+/// ones, until one produces its first byte within the time left; from then on the answer is
+/// committed and relayed chunk by chunk. A stream that breaks, stalls longer than the
+/// interface's idle limit or ends without `[DONE]` is closed with an OpenAI-style error event
+/// and no `[DONE]`, and the attempt is recorded as failed.
+///
+/// # Errors
+/// As [`execute`], when no attempt produced a first byte.
+pub async fn execute_stream(
+    state: Arc<AppState>,
+    iface: Arc<InterfaceRuntime>,
+    body: serde_json::Value,
+    pinned: Option<usize>,
+    deadline: Option<Millis>,
+) -> Result<axum::response::Response, ApiError> {
+    let (n, request_id) = state.next_request();
+    let started = Instant::now();
+    let features = iface
+        .featurizer
+        .featurize(&super::query_text(iface.kind, &body));
+    let t0 = state.now();
+    let order = decide(&state, &iface, &features, n, pinned, deadline, t0)?;
+    let mut run = Execution::new(order, t0, deadline, iface.limits);
+    let mut last = None;
+    loop {
+        let now = state.now();
+        let Some(next) = run.next_attempt(now) else {
+            break;
+        };
+        if !admit(&state, &iface, next.candidate, now)? {
+            run.skip();
+            continue;
+        }
+        if next.number > 0 {
+            state.metrics.fallback(&iface.name);
+        }
+        let candidate = &iface.candidates[next.candidate];
+        let req = UpstreamRequest {
+            kind: iface.kind,
+            body: &body,
+            model: &candidate.model,
+            seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+        };
+        let limit = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
+        match iface.upstreams[next.candidate]
+            .open_stream(req, limit)
+            .await
+        {
+            StreamStart::Failed(reply) => {
+                let outcome = outcome_of(&reply, candidate);
+                learn(
+                    &state,
+                    &iface,
+                    next.candidate,
+                    &features,
+                    &outcome,
+                    run.remaining(now),
+                )?;
+                run.record(next.candidate, outcome, now);
+                last = Some(reply);
+            }
+            StreamStart::Started { first, rest, ttfb } => {
+                let attempts = run.attempts() + 1;
+                let relay = Relay {
+                    state: state.clone(),
+                    iface: iface.clone(),
+                    candidate: next.candidate,
+                    features,
+                    request_id: request_id.clone(),
+                    started,
+                    ttfb,
+                };
+                return Ok(relay.start(first, rest, attempts));
+            }
+        }
+    }
+    let result = run.finish(state.now());
+    let attempts = result.attempts.len();
+    Err(failure(
+        &state,
+        &iface,
+        result.status,
+        attempts,
+        last,
+        deadline,
+    ))
+}
+
+/// A committed stream being relayed to the client.
+struct Relay {
+    state: Arc<AppState>,
+    iface: Arc<InterfaceRuntime>,
+    candidate: usize,
+    features: Vec<f64>,
+    request_id: String,
+    started: Instant,
+    ttfb: Millis,
+}
+
+impl Relay {
+    /// Starts relaying in a task; returns the SSE response with the routing headers.
+    fn start(self, first: Bytes, rest: ChunkStream, attempts: usize) -> axum::response::Response {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+        let c = &self.iface.candidates[self.candidate];
+        let headers = [
+            ("x-equiroute-request-id", self.request_id.clone()),
+            ("x-equiroute-provider", c.id.0.clone()),
+            ("x-equiroute-attempts", attempts.to_string()),
+        ];
+        // The task ends with the upstream stream, the idle limit, or a departed client.
+        tokio::spawn(self.pump(first, rest, tx));
+        let body =
+            axum::body::Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|item| (item, rx))
+            }));
+        let mut resp = axum::response::Response::new(body);
+        let h = resp.headers_mut();
+        h.insert(
+            "content-type",
+            axum::http::HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(
+            "cache-control",
+            axum::http::HeaderValue::from_static("no-cache"),
+        );
+        for (name, value) in headers {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
+                h.insert(name, v);
+            }
+        }
+        resp
+    }
+
+    async fn pump(
+        self,
+        first: Bytes,
+        mut rest: ChunkStream,
+        tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    ) {
+        use futures_util::StreamExt;
+        let idle = Duration::from_secs_f64(self.iface.stream_idle.0 / 1000.0);
+        let mut done = DoneScan::default();
+        done.feed(&first);
+        let mut broken: Option<String> = None;
+        let mut client_gone = tx.send(Ok(first)).await.is_err();
+        while !client_gone {
+            match tokio::time::timeout(idle, rest.next()).await {
+                Err(_) => {
+                    broken = Some(format!(
+                        "the provider's stream stalled for more than {:.0} ms",
+                        idle.as_secs_f64() * 1000.0
+                    ));
+                    break;
+                }
+                Ok(None) => {
+                    if !done.seen {
+                        broken = Some("the provider's stream ended before [DONE]".into());
+                    }
+                    break;
+                }
+                Ok(Some(Err(reason))) => {
+                    broken = Some(reason);
+                    break;
+                }
+                Ok(Some(Ok(bytes))) => {
+                    done.feed(&bytes);
+                    client_gone = tx.send(Ok(bytes)).await.is_err();
+                }
+            }
+        }
+        if let Some(reason) = &broken {
+            let event = serde_json::json!({"error": {"message": reason, "type": "api_error", "param": null, "code": "stream_broken"}});
+            let _ = tx.send(Ok(Bytes::from(format!("data: {event}\n\n")))).await;
+        }
+        drop(tx);
+        let status = match (&broken, client_gone) {
+            (Some(_), _) => AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
+            (None, true) => AttemptStatus::Cancelled,
+            (None, false) => AttemptStatus::Ok,
+        };
+        let c = &self.iface.candidates[self.candidate];
+        let latency = Millis(self.started.elapsed().as_secs_f64() * 1000.0);
+        let outcome = AttemptOutcome {
+            latency,
+            status,
+            cost: c.price.cost(TokenEstimate::default()),
+            time_to_first_byte: Some(self.ttfb),
+            retry_after: None,
+        };
+        let _ = learn(
+            &self.state,
+            &self.iface,
+            self.candidate,
+            &self.features,
+            &outcome,
+            None,
+        );
+        let label = match status {
+            AttemptStatus::Ok => "ok",
+            AttemptStatus::Cancelled => "cancelled",
+            _ => "stream_broken",
+        };
+        self.state.metrics.request(&self.iface.name, label);
+        if status == AttemptStatus::Ok {
+            if let Ok(mut pending) = self.state.pending.lock() {
+                pending.insert(
+                    self.request_id.clone(),
+                    PendingFeedback {
+                        interface: self.iface.name.clone(),
+                        candidate: self.candidate,
+                        features: self.features.clone(),
+                        latency,
+                        at: self.state.now(),
+                        consumed: false,
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Finds `[DONE]` in a byte stream even when a chunk boundary splits it.
+#[derive(Default)]
+struct DoneScan {
+    tail: Vec<u8>,
+    seen: bool,
+}
+
+impl DoneScan {
+    fn feed(&mut self, bytes: &[u8]) {
+        const MARK: &[u8] = b"[DONE]";
+        self.tail.extend_from_slice(bytes);
+        if self.tail.windows(MARK.len()).any(|w| w == MARK) {
+            self.seen = true;
+        }
+        let keep = self.tail.len().saturating_sub(MARK.len() - 1);
+        self.tail.drain(..keep);
+    }
 }

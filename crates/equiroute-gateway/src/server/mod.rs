@@ -180,13 +180,6 @@ async fn chat_completions(
             "`messages` must be a non-empty array",
         ));
     }
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        return Err(ApiError::bad_request(
-            "streaming_unsupported",
-            Some("stream"),
-            "streaming is not available in this version of the gateway: send \"stream\": false",
-        ));
-    }
     let (name, pinned) = model
         .split_once('/')
         .map_or((model, None), |(i, p)| (i, Some(p)));
@@ -223,6 +216,9 @@ async fn chat_completions(
         })?),
     };
     let deadline = deadline_from(&headers, iface)?;
+    if body.get("stream").and_then(Value::as_bool) == Some(true) {
+        return execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline).await;
+    }
     let answered = execute::execute(&state, iface, &body, pinned, deadline).await?;
     Ok(routed(answered))
 }

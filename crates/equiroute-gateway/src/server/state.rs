@@ -27,6 +27,8 @@ pub struct InterfaceRuntime {
     pub featurizer: Featurizer,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
+    /// Longest silence between two chunks of a relayed stream.
+    pub stream_idle: Millis,
     pub policy: Mutex<Box<dyn Policy>>,
     pub breakers: Mutex<Vec<Breaker>>,
     pub breaker_config: BreakerConfig,
@@ -54,6 +56,7 @@ impl InterfaceRuntime {
             featurizer: Featurizer::new(cfg.feature_dim)?,
             deadline: cfg.deadline,
             limits: cfg.limits,
+            stream_idle: cfg.stream_idle,
             policy_name: cfg.policy.kind().as_str(),
             policy: Mutex::new(policy),
             breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),

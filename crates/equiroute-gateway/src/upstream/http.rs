@@ -1,9 +1,10 @@
 //! Upstreams over HTTP: OpenAI-compatible chat completions and generic JSON APIs.
 //!
-//! Classification of an attempt: 2xx → ok; 429 and 5xx → provider error (a 429's
-//! `Retry-After` is honoured); other 4xx → client error with the provider's reason (not
-//! retried, not counted against the provider); connection failures → provider error; the
-//! attempt's timeout → timeout (censored). API keys travel only in the `Authorization` header
+//! Classification of an attempt: 2xx → ok; 429 and 5xx → provider error (`Retry-After` is
+//! honoured on both); 401, 403 and 404 → provider error too (a wrong key or model name is the
+//! provider's configuration, not the caller's request, so the next provider should be tried);
+//! other 4xx → client error with the provider's reason (not retried, not counted against the
+//! provider); connection failures → provider error; the attempt's timeout → timeout (censored). API keys travel only in the `Authorization` header
 //! to the provider and never appear in replies or errors.
 
 use super::{UpstreamReply, UpstreamRequest};
@@ -54,6 +55,81 @@ impl HttpUpstream {
             api_key,
             set_model: false,
             service_tier: None,
+        }
+    }
+
+    /// Opens a streamed chat completion; the status and the first chunk must arrive within
+    /// `first_byte_limit`, else the attempt is a timeout and nothing was relayed.
+    pub(crate) async fn open_stream(
+        &self,
+        req: UpstreamRequest<'_>,
+        first_byte_limit: Option<Duration>,
+    ) -> super::StreamStart {
+        use futures_util::StreamExt;
+        let started = Instant::now();
+        let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
+        let mut body = req.body.clone();
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert(
+                "model".into(),
+                serde_json::Value::String(req.model.to_owned()),
+            );
+            obj.insert("stream".into(), serde_json::Value::Bool(true));
+            if let Some(tier) = self.service_tier {
+                obj.insert(
+                    "service_tier".into(),
+                    serde_json::Value::String(tier.to_owned()),
+                );
+            }
+        }
+        let mut builder = self.client.post(&self.url).json(&body);
+        if let Some(key) = &self.api_key {
+            builder = builder.bearer_auth(&key.0);
+        }
+        let limit = first_byte_limit.unwrap_or(Duration::from_secs(3600));
+        let timed_out = |latency: Millis| UpstreamReply {
+            status: AttemptStatus::Timeout,
+            latency,
+            body: None,
+            http_status: 0,
+            retry_after: None,
+            reason: Some("no first byte in time".into()),
+        };
+        let first = tokio::time::timeout(limit, async {
+            let response = builder
+                .send()
+                .await
+                .map_err(|e| classify_send_error(&e, elapsed()))?;
+            let code = response.status().as_u16();
+            if !(200..300).contains(&code) {
+                let retry_after = retry_after_of(&response);
+                let text = response.text().await.unwrap_or_default();
+                return Err(classify(code, retry_after, &text, elapsed()));
+            }
+            let mut stream = response.bytes_stream();
+            match stream.next().await {
+                Some(Ok(bytes)) => Ok((bytes, stream)),
+                _ => Err(UpstreamReply {
+                    status: AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
+                    latency: elapsed(),
+                    body: None,
+                    http_status: code,
+                    retry_after: None,
+                    reason: Some("the stream ended before its first byte".into()),
+                }),
+            }
+        })
+        .await;
+        match first {
+            Err(_) => super::StreamStart::Failed(timed_out(Millis(limit.as_secs_f64() * 1000.0))),
+            Ok(Err(reply)) => super::StreamStart::Failed(reply),
+            Ok(Ok((first, stream))) => super::StreamStart::Started {
+                first,
+                ttfb: elapsed(),
+                rest: Box::pin(
+                    stream.map(|r| r.map_err(|_| "the provider's stream broke".to_owned())),
+                ),
+            },
         }
     }
 
@@ -138,6 +214,34 @@ impl HttpUpstream {
             }
         };
         classify(code, retry_after, &text, elapsed())
+    }
+}
+
+fn retry_after_of(response: &reqwest::Response) -> Option<Millis> {
+    response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|s| Millis(s * 1000.0))
+}
+
+fn classify_send_error(e: &reqwest::Error, latency: Millis) -> UpstreamReply {
+    let (status, reason) = if e.is_timeout() {
+        (AttemptStatus::Timeout, "timed out".to_owned())
+    } else {
+        (
+            AttemptStatus::ProviderError(ProviderFailure::Connection),
+            format!("connection failed: {}", redacted(e)),
+        )
+    };
+    UpstreamReply {
+        status,
+        latency,
+        body: None,
+        http_status: 0,
+        retry_after: None,
+        reason: Some(reason),
     }
 }
 

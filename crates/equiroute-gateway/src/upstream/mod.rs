@@ -4,8 +4,25 @@ pub mod http;
 pub mod sim;
 
 use crate::config::{InterfaceKind, UpstreamConfig};
+use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis};
+use std::pin::Pin;
 use std::time::Duration;
+
+/// The rest of a streamed answer, chunk by chunk; `Err` means the stream broke.
+pub type ChunkStream = Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, String>> + Send>>;
+
+/// How a streamed attempt began.
+pub enum StreamStart {
+    /// The first bytes arrived within the limit: relay `first`, then `rest`.
+    Started {
+        first: Bytes,
+        rest: ChunkStream,
+        ttfb: Millis,
+    },
+    /// The attempt ended before its first byte (error, timeout, connection failure).
+    Failed(UpstreamReply),
+}
 
 /// What the gateway forwards to a provider.
 #[derive(Clone, Copy, Debug)]
@@ -59,6 +76,18 @@ impl Upstream {
                 url,
                 api_key.clone(),
             )),
+        }
+    }
+
+    /// Opens a streamed attempt; gives up if no byte arrives within `first_byte_limit`.
+    pub async fn open_stream(
+        &self,
+        req: UpstreamRequest<'_>,
+        first_byte_limit: Option<Duration>,
+    ) -> StreamStart {
+        match self {
+            Upstream::Sim(s) => s.open_stream(req, first_byte_limit).await,
+            Upstream::Http(h) => h.open_stream(req, first_byte_limit).await,
         }
     }
 

@@ -89,6 +89,52 @@ impl SimUpstream {
         }
     }
 
+    /// A streamed answer in OpenAI's chunk format: the first chunk after the sampled latency
+    /// (the time to first byte), then one chunk per word 5 ms apart, then `[DONE]`.
+    pub(crate) async fn open_stream(
+        &self,
+        req: UpstreamRequest<'_>,
+        first_byte_limit: Option<Duration>,
+    ) -> super::StreamStart {
+        let full = self.call(req, first_byte_limit).await;
+        let Some(body) = full.body.clone() else {
+            return super::StreamStart::Failed(full);
+        };
+        let content = body
+            .pointer("/choices/0/message/content")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let id = body.get("id").cloned().unwrap_or_default();
+        let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+            let c = json!({
+                "id": id, "object": "chat.completion.chunk", "created": 0, "model": req.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+            });
+            bytes::Bytes::from(format!("data: {c}\n\n"))
+        };
+        let mut chunks: Vec<bytes::Bytes> = vec![chunk(
+            json!({"role": "assistant", "content": ""}),
+            serde_json::Value::Null,
+        )];
+        for word in content.split_inclusive(' ') {
+            chunks.push(chunk(json!({"content": word}), serde_json::Value::Null));
+        }
+        chunks.push(chunk(json!({}), json!("stop")));
+        chunks.push(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
+        let first = chunks.remove(0);
+        let rest = futures_util::stream::unfold(chunks.into_iter(), |mut it| async move {
+            let next = it.next()?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Some((Ok(next), it))
+        });
+        super::StreamStart::Started {
+            first,
+            rest: Box::pin(rest),
+            ttfb: full.latency,
+        }
+    }
+
     fn answer(&self, req: UpstreamRequest<'_>) -> serde_json::Value {
         let question = crate::server::query_text(req.kind, req.body);
         match req.kind {
