@@ -25,10 +25,22 @@ pub async fn serve(
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0x00e9, |d| d.as_nanos() as u64);
-    let state = server::state::AppState::new(config, seed)
+    let mut state = server::state::AppState::new(config, seed)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let mut writer = None;
+    if let Some(cfg) = &config.audit {
+        let (log, task) = server::audit::AuditLog::start(cfg.clone())?;
+        state.audit = Some(log);
+        writer = Some(task);
+    }
     let app = server::router(Arc::new(state), config.max_body_bytes);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
-        .await
+        .await?;
+    // The state (and the log's sender) is gone once the last connection closed: the writer
+    // drains what is queued, flushes and ends.
+    if let Some(task) = writer {
+        let _ = task.await;
+    }
+    Ok(())
 }

@@ -52,6 +52,9 @@ impl std::fmt::Debug for Secret {
 struct RawConfig {
     #[serde(default)]
     server: RawServer,
+    /// The decision audit log (JSON lines, size-rotated); none when absent.
+    #[serde(default)]
+    audit: Option<crate::server::audit::AuditConfig>,
     #[serde(default)]
     interfaces: BTreeMap<String, RawInterface>,
 }
@@ -64,6 +67,9 @@ struct RawServer {
     /// Names of environment variables holding accepted bearer keys.
     #[serde(default)]
     api_keys_env: Vec<String>,
+    /// Names of environment variables holding the keys of the state routes.
+    #[serde(default)]
+    admin_keys_env: Vec<String>,
     /// How long a request's context waits for quality feedback, in seconds.
     feedback_ttl_s: Option<f64>,
 }
@@ -161,7 +167,10 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     /// Accepted bearer keys (values read from the environment; never printed).
     pub api_keys: Vec<Secret>,
+    /// Keys of the state routes; empty: the gateway keys.
+    pub admin_keys: Vec<Secret>,
     pub feedback_ttl: Millis,
+    pub audit: Option<crate::server::audit::AuditConfig>,
     pub interfaces: Vec<InterfaceConfig>,
 }
 
@@ -200,18 +209,21 @@ pub fn load(
             format!("`{listen}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
         )
     })?;
-    let mut api_keys = Vec::new();
-    for (n, name) in raw.server.api_keys_env.iter().enumerate() {
-        match env(name) {
-            Some(v) if !v.is_empty() => api_keys.push(Secret(v)),
-            _ => {
-                return Err(err(
-                    &format!("server.api_keys_env[{n}]"),
+    let keys = |names: &[String], field: &str| -> Result<Vec<Secret>, ConfigError> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(n, name)| match env(name) {
+                Some(v) if !v.is_empty() => Ok(Secret(v)),
+                _ => Err(err(
+                    &format!("server.{field}[{n}]"),
                     format!("environment variable `{name}` is not set: export it, or remove it from the list"),
-                ))
-            }
-        }
-    }
+                )),
+            })
+            .collect()
+    };
+    let api_keys = keys(&raw.server.api_keys_env, "api_keys_env")?;
+    let admin_keys = keys(&raw.server.admin_keys_env, "admin_keys_env")?;
     let ttl = raw.server.feedback_ttl_s.unwrap_or(3600.0);
     if !(ttl.is_finite() && ttl > 0.0) {
         return Err(err(
@@ -234,7 +246,9 @@ pub fn load(
         listen,
         max_body_bytes: raw.server.max_body_bytes.unwrap_or(1 << 20),
         api_keys,
+        admin_keys,
         feedback_ttl: Millis(ttl * 1000.0),
+        audit: raw.audit,
         interfaces,
     })
 }

@@ -47,8 +47,19 @@ pub async fn execute(
         .featurizer
         .featurize(&super::query_text(iface.kind, body));
     let t0 = state.now();
-    let order = decide(state, iface, &features, n, pinned, deadline, t0)?;
-    let mut run = Execution::new(order, t0, deadline, iface.limits);
+    let (requirements, tokens) = super::request_profile(iface.kind, body);
+    let decided = decide(
+        state,
+        iface,
+        &features,
+        n,
+        pinned,
+        deadline,
+        t0,
+        &requirements,
+        tokens,
+    )?;
+    let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
     let (mut last, mut answer) = (None, None);
     loop {
         let now = state.now();
@@ -73,6 +84,30 @@ pub async fn execute(
     }
     let result = run.finish(state.now());
     let attempts = result.attempts.len();
+    let fallback_reason = (attempts > 1)
+        .then(|| {
+            result
+                .attempts
+                .first()
+                .map(|a| a.outcome.status.as_str().to_owned())
+        })
+        .flatten();
+    let label = match result.status {
+        RequestStatus::Succeeded { .. } => "ok",
+        RequestStatus::ClientError { .. } => "client_error",
+        RequestStatus::DeadlineExceeded => "deadline_exceeded",
+        RequestStatus::Exhausted => "failed",
+    };
+    audit(
+        state,
+        iface,
+        &request_id,
+        &decided,
+        &result.attempts,
+        label,
+        fallback_reason,
+        result.latency,
+    );
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
             state.metrics.request(&iface.name, "ok");
@@ -105,7 +140,15 @@ pub async fn execute(
     }
 }
 
+/// What was decided for a request, kept for the audit log.
+struct Decided {
+    order: Vec<usize>,
+    ranking: equiroute_core::policies::Ranking,
+    excluded: Vec<equiroute_core::eligibility::Exclusion>,
+}
+
 /// Eligibility then ranking: the router's share of the request, timed for `/metrics`.
+#[allow(clippy::too_many_arguments)]
 fn decide(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -114,14 +157,16 @@ fn decide(
     pinned: Option<usize>,
     deadline: Option<Millis>,
     now: equiroute_core::Timestamp,
-) -> Result<Vec<usize>, ApiError> {
+    requirements: &Requirements,
+    tokens: TokenEstimate,
+) -> Result<Decided, ApiError> {
     let started = Instant::now();
-    let requirements = Requirements::default();
     let eligible = {
         let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
-        let mut input = EligibilityInput::new(&iface.candidates, &requirements);
+        let mut input = EligibilityInput::new(&iface.candidates, requirements);
         input.breakers = Some((&breakers, &iface.breaker_config));
         input.pinned = pinned;
+        input.tokens = tokens;
         input.now = now;
         check_eligibility(&input)
     };
@@ -142,21 +187,76 @@ fn decide(
             ),
         ));
     }
-    let order: Vec<usize> = {
+    let ranking = {
         let policy = iface.policy.lock().map_err(|_| poisoned())?;
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
+        ctx.tokens = tokens;
         ctx.now = now;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(state.seed_for(n));
-        policy.rank(&ctx, &mut rng).indices().collect()
+        policy.rank(&ctx, &mut rng)
     };
     state
         .metrics
         .decision_time(started.elapsed().as_secs_f64() * 1e6);
+    let order: Vec<usize> = ranking.indices().collect();
     if let Some(&first) = order.first() {
         iface.first_choices[first].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    Ok(order)
+    Ok(Decided {
+        order,
+        ranking,
+        excluded: eligible.excluded,
+    })
+}
+
+/// Writes the audit record of a finished request, when an audit log is configured.
+#[allow(clippy::too_many_arguments)]
+fn audit(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    request_id: &str,
+    decided: &Decided,
+    attempts: &[equiroute_core::executor::AttemptRecord],
+    outcome: &str,
+    fallback_reason: Option<String>,
+    latency: Millis,
+) {
+    let Some(log) = &state.audit else { return };
+    let id = |i: usize| iface.candidates[i].id.0.clone();
+    log.record(super::audit::AuditRecord {
+        ts_ms: state.now().0,
+        request_id: request_id.to_owned(),
+        interface: iface.name.clone(),
+        policy: iface.policy_name,
+        candidates: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
+        excluded: decided
+            .excluded
+            .iter()
+            .map(|e| (id(e.candidate), e.reason.to_string()))
+            .collect(),
+        scores: decided
+            .ranking
+            .order
+            .iter()
+            .map(|s| serde_json::json!({"provider": id(s.index), "score": s.score, "breakdown": s.breakdown}))
+            .collect(),
+        order: decided.order.iter().map(|&i| id(i)).collect(),
+        propensity: decided.ranking.first_choice_probability,
+        attempts: attempts
+            .iter()
+            .map(|a| super::audit::AuditAttempt {
+                provider: id(a.candidate),
+                status: a.outcome.status.as_str(),
+                latency_ms: a.outcome.latency.0,
+                cost_usd: a.outcome.cost.0,
+            })
+            .collect(),
+        outcome: outcome.to_owned(),
+        fallback_reason,
+        latency_ms: latency.0,
+        cost_usd: attempts.iter().map(|a| a.outcome.cost.0).sum(),
+    });
 }
 
 /// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
@@ -198,7 +298,11 @@ async fn attempt(
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
-    let outcome = outcome_of(&reply, candidate);
+    let outcome = outcome_of(
+        &reply,
+        candidate,
+        super::request_profile(iface.kind, body).1,
+    );
     learn(
         state,
         iface,
@@ -211,18 +315,40 @@ async fn attempt(
     Ok((outcome, reply))
 }
 
+/// Token counts the provider reported in `usage`, if any.
+fn usage_of(body: Option<&serde_json::Value>) -> Option<TokenEstimate> {
+    let usage = body?.get("usage")?;
+    let count = |k: &str| {
+        usage
+            .get(k)
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    Some(TokenEstimate {
+        input: count("prompt_tokens")?,
+        output: count("completion_tokens").unwrap_or(0),
+    })
+}
+
 /// The attempt outcome of a provider's reply.
-fn outcome_of(reply: &UpstreamReply, candidate: &equiroute_core::Candidate) -> AttemptOutcome {
+fn outcome_of(
+    reply: &UpstreamReply,
+    candidate: &equiroute_core::Candidate,
+    estimate: TokenEstimate,
+) -> AttemptOutcome {
     AttemptOutcome {
         latency: reply.latency,
         status: reply.status,
-        // Billed unless the provider refused before doing any work.
+        // Billed unless the provider refused before doing any work; by the provider's reported
+        // usage when it sent one, else by the request's estimate.
         cost: match reply.status {
             AttemptStatus::ProviderError(
                 ProviderFailure::RateLimited | ProviderFailure::Connection,
             )
             | AttemptStatus::ClientError => Usd(0.0),
-            _ => candidate.price.cost(TokenEstimate::default()),
+            _ => candidate
+                .price
+                .cost(usage_of(reply.body.as_ref()).unwrap_or(estimate)),
         },
         time_to_first_byte: None,
         retry_after: reply.retry_after,
@@ -360,8 +486,19 @@ pub async fn execute_stream(
         .featurizer
         .featurize(&super::query_text(iface.kind, &body));
     let t0 = state.now();
-    let order = decide(&state, &iface, &features, n, pinned, deadline, t0)?;
-    let mut run = Execution::new(order, t0, deadline, iface.limits);
+    let (requirements, tokens) = super::request_profile(iface.kind, &body);
+    let decided = decide(
+        &state,
+        &iface,
+        &features,
+        n,
+        pinned,
+        deadline,
+        t0,
+        &requirements,
+        tokens,
+    )?;
+    let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
     let mut last = None;
     loop {
         let now = state.now();
@@ -388,7 +525,7 @@ pub async fn execute_stream(
             .await
         {
             StreamStart::Failed(reply) => {
-                let outcome = outcome_of(&reply, candidate);
+                let outcome = outcome_of(&reply, candidate, tokens);
                 learn(
                     &state,
                     &iface,
@@ -403,6 +540,7 @@ pub async fn execute_stream(
             StreamStart::Started { first, rest, ttfb } => {
                 let attempts = run.attempts() + 1;
                 let relay = Relay {
+                    tokens,
                     state: state.clone(),
                     iface: iface.clone(),
                     candidate: next.candidate,
@@ -429,6 +567,7 @@ pub async fn execute_stream(
 
 /// A committed stream being relayed to the client.
 struct Relay {
+    tokens: TokenEstimate,
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
     candidate: usize,
@@ -524,7 +663,7 @@ impl Relay {
         let outcome = AttemptOutcome {
             latency,
             status,
-            cost: c.price.cost(TokenEstimate::default()),
+            cost: c.price.cost(self.tokens),
             time_to_first_byte: Some(self.ttfb),
             retry_after: None,
         };

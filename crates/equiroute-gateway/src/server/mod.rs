@@ -3,9 +3,11 @@
 //! Middleware order, outermost first (written once, here):
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
-//!    an OpenAI-style 401 (keys compared in constant time);
+//!    an OpenAI-style 401 (keys compared in constant time); the state routes
+//!    (`/v1/interfaces…`) take the admin keys when those are configured;
 //! 3. the routes below.
 
+pub mod audit;
 pub mod error;
 mod execute;
 pub mod metrics;
@@ -32,11 +34,17 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/tools/{interface}", post(tool_call))
         .route("/v1/feedback", post(feedback))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    let admin = Router::new()
         .route("/v1/interfaces", get(list_interfaces))
         .route("/v1/interfaces/{name}/state", get(interface_state))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_admin_key,
+        ));
     Router::new()
         .merge(v1)
+        .merge(admin)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ready" }))
         .route("/metrics", get(metrics))
@@ -71,6 +79,61 @@ pub fn query_text(kind: InterfaceKind, body: &Value) -> String {
     }
 }
 
+/// What a request needs from a provider, and its expected size in tokens: `tools` present
+/// → tool support; `response_format` json → JSON mode; `stream` → streaming; image parts →
+/// vision; input ≈ characters/4 + 4 per message, output = `max_completion_tokens` or
+/// `max_tokens` (256 when unset); the context window must hold both.
+#[must_use]
+pub fn request_profile(
+    kind: InterfaceKind,
+    body: &Value,
+) -> (equiroute_core::Requirements, equiroute_core::TokenEstimate) {
+    let mut req = equiroute_core::Requirements::default();
+    let mut tokens = equiroute_core::TokenEstimate::default();
+    if kind != InterfaceKind::Chat {
+        return (req, tokens);
+    }
+    req.tools = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty());
+    req.json_mode = body
+        .pointer("/response_format/type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.starts_with("json"));
+    req.streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let mut chars = 0usize;
+    for m in messages {
+        match m.get("content") {
+            Some(Value::String(s)) => chars += s.chars().count(),
+            Some(Value::Array(parts)) => {
+                for p in parts {
+                    if p.get("type").and_then(Value::as_str) == Some("image_url") {
+                        req.vision = true;
+                    }
+                    chars += p
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .map_or(0, |t| t.chars().count());
+                }
+            }
+            _ => {}
+        }
+    }
+    tokens.input = u32::try_from(chars / 4 + 4 * messages.len()).unwrap_or(u32::MAX);
+    tokens.output = body
+        .get("max_completion_tokens")
+        .or_else(|| body.get("max_tokens"))
+        .and_then(Value::as_u64)
+        .map_or(256, |t| u32::try_from(t).unwrap_or(u32::MAX));
+    req.context_tokens = tokens.input.saturating_add(tokens.output);
+    (req, tokens)
+}
+
 /// Constant-time equality, so a wrong key's timing says nothing about the right one.
 fn same(a: &[u8], b: &[u8]) -> bool {
     let mut diff = a.len() ^ b.len();
@@ -80,9 +143,10 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if state.api_keys.is_empty() {
-        return next.run(req).await;
+/// Whether the request's bearer key is one of `keys` (no keys configured: open).
+fn authorized(req: &Request, keys: &[crate::config::Secret]) -> bool {
+    if keys.is_empty() {
+        return true;
     }
     let given = req
         .headers()
@@ -90,11 +154,30 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let ok = state
-        .api_keys
-        .iter()
-        .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()));
-    if ok {
+    keys.iter()
+        .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()))
+}
+
+/// The state and admin routes take the admin keys when configured, else the gateway keys.
+async fn require_admin_key(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let keys = if state.admin_keys.is_empty() {
+        &state.api_keys
+    } else {
+        &state.admin_keys
+    };
+    if authorized(&req, keys) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if authorized(&req, &state.api_keys) {
         next.run(req).await
     } else {
         ApiError::unauthorized().into_response()

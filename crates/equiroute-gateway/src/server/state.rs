@@ -91,6 +91,9 @@ pub struct AppState {
     pub pending: Mutex<HashMap<String, PendingFeedback>>,
     pub metrics: Metrics,
     pub api_keys: Vec<crate::config::Secret>,
+    pub admin_keys: Vec<crate::config::Secret>,
+    /// The decision audit log, when configured.
+    pub audit: Option<super::audit::AuditLog>,
     pub feedback_ttl: Millis,
     epoch: Instant,
     requests: AtomicU64,
@@ -117,6 +120,8 @@ impl AppState {
             pending: Mutex::new(HashMap::new()),
             metrics: Metrics::default(),
             api_keys: cfg.api_keys.clone(),
+            admin_keys: cfg.admin_keys.clone(),
+            audit: None,
             feedback_ttl: cfg.feedback_ttl,
             epoch: Instant::now(),
             requests: AtomicU64::new(0),
