@@ -5,6 +5,7 @@
 //! and [`mock`], a configurable mock upstream for tests, demos and benchmarks.
 
 pub mod config;
+pub mod feedback;
 pub mod mock;
 pub mod server;
 pub mod upstream;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Behaviour of one route.
-#[derive(Clone, Copy, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteProfile {
     pub latency: LatencySpec,
@@ -34,6 +34,8 @@ pub struct RouteProfile {
     pub stream_cut_after: Option<usize>,
     /// Streamed answers: go silent (forever) after this many chunks.
     pub stream_stall_after: Option<usize>,
+    /// The chat answer's text (e.g. a score, to act as an LLM judge).
+    pub content: String,
 }
 
 impl Default for RouteProfile {
@@ -51,12 +53,13 @@ impl Default for RouteProfile {
             chunk_gap_ms: 5.0,
             stream_cut_after: None,
             stream_stall_after: None,
+            content: "mock answer".to_owned(),
         }
     }
 }
 
 /// Behaviour of the whole mock.
-#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MockProfile {
     pub chat: RouteProfile,
@@ -186,7 +189,7 @@ async fn chat(
         "object": "chat.completion",
         "created": 0,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "mock answer"}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.profile.chat.content}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     }))
     .into_response()

@@ -172,3 +172,106 @@ async fn state_routes_take_the_admin_key() {
         401
     );
 }
+
+/// Waits (bounded) until `/metrics` contains `needle`.
+async fn metrics_show(addr: std::net::SocketAddr, needle: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = http(addr, "GET", "/metrics", &[], "").await.body;
+        if m.contains(needle) || Instant::now() > until {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn judged(judge: std::net::SocketAddr) -> String {
+    format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "lqm" }}
+judge = {{ base_url = "http://{judge}/v1", model = "judge-1", sample_rate = 1.0 }}
+
+[[interfaces.chat.providers]]
+id = "only"
+kind = "sim"
+sim = {{ latency = {{ p50_ms = 2, p95_ms = 4 }} }}
+"#
+    )
+}
+
+#[tokio::test]
+async fn an_llm_judge_scores_answers_in_the_background() {
+    let judge = common::mock("[chat]\ncontent = \"Score: 0.9\"\n").await;
+    let gw = start(&judged(judge.addr), &[]).await;
+    let quality =
+        |v: &serde_json::Value| v["candidates"][0]["estimates"]["quality"].as_f64().unwrap();
+    let before = quality(
+        &http(gw.addr, "GET", "/v1/interfaces/chat/state", &[], "")
+            .await
+            .json(),
+    );
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat(&json!({})),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let m = metrics_show(
+        gw.addr,
+        r#"equiroute_feedback_total{outcome="judge_accepted"} 1"#,
+    )
+    .await;
+    assert!(
+        m.contains(r#"equiroute_feedback_total{outcome="judge_accepted"} 1"#),
+        "{m}"
+    );
+    let after = quality(
+        &http(gw.addr, "GET", "/v1/interfaces/chat/state", &[], "")
+            .await
+            .json(),
+    );
+    assert!(
+        after > before + 0.01,
+        "judge score reached the policy: {before} → {after}"
+    );
+    assert_eq!(
+        http(judge.addr, "GET", "/_stats", &[], "").await.json()["chat"],
+        1
+    );
+    // The judged request's feedback slot is used: a later API score is a duplicate.
+    let id = r.header("x-equiroute-request-id").unwrap();
+    let fb = http(
+        gw.addr,
+        "POST",
+        "/v1/feedback",
+        &[],
+        &json!({"request_id": id, "quality": 0.1}).to_string(),
+    )
+    .await;
+    assert_eq!(fb.json()["status"], "duplicate");
+}
+
+#[tokio::test]
+async fn a_failing_judge_never_fails_the_request() {
+    let judge = common::mock("[chat]\nerror_500 = 1.0\n").await;
+    let gw = start(&judged(judge.addr), &[]).await;
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat(&json!({})),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let m = metrics_show(gw.addr, r#"outcome="judge_failed"} 1"#).await;
+    assert!(
+        m.contains(r#"equiroute_feedback_total{outcome="judge_failed"} 1"#),
+        "{m}"
+    );
+}

@@ -85,6 +85,8 @@ struct RawInterface {
     attempt_timeout_ms: Option<f64>,
     /// Longest silence between chunks of a streamed answer before it is ended as broken.
     stream_idle_ms: Option<f64>,
+    /// An LLM-as-judge that scores a sample of answers.
+    judge: Option<RawJudge>,
     feature_dim: Option<usize>,
     #[serde(default)]
     providers: Vec<RawProvider>,
@@ -109,6 +111,33 @@ struct RawProvider {
     url: Option<String>,
     /// Name of the environment variable holding the provider's API key.
     api_key_env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJudge {
+    base_url: String,
+    model: String,
+    api_key_env: Option<String>,
+    sample_rate: Option<f64>,
+    prompt: Option<String>,
+    timeout_ms: Option<f64>,
+    max_in_flight: Option<usize>,
+}
+
+/// An LLM-as-judge, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JudgeConfig {
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Option<Secret>,
+    /// Share of answers judged.
+    pub sample_rate: f64,
+    /// Prompt with `{question}` and `{answer}` placeholders.
+    pub prompt: String,
+    pub timeout_ms: f64,
+    /// Judge calls running at once; beyond that, answers go unjudged.
+    pub max_in_flight: usize,
 }
 
 /// Behaviour of a simulated provider.
@@ -156,6 +185,7 @@ pub struct InterfaceConfig {
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
     pub stream_idle: Millis,
+    pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub providers: Vec<ProviderConfig>,
 }
@@ -319,9 +349,14 @@ fn load_interface(
         }
         None => Millis(30_000.0),
     };
+    let judge = match raw.judge {
+        None => None,
+        Some(j) => Some(load_judge(j, env).map_err(|(f, fix)| (at(&format!("judge.{f}")), fix))?),
+    };
     Ok(InterfaceConfig {
         name: name.to_owned(),
         stream_idle,
+        judge,
         kind: raw.kind,
         policy,
         deadline,
@@ -395,6 +430,44 @@ fn load_provider(
     Ok(ProviderConfig {
         candidate,
         upstream,
+    })
+}
+
+fn load_judge(
+    j: RawJudge,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<JudgeConfig, (&'static str, String)> {
+    let sample_rate = j.sample_rate.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&sample_rate) {
+        return Err(("sample_rate", "must be between 0 and 1".into()));
+    }
+    let prompt = j
+        .prompt
+        .unwrap_or_else(|| crate::feedback::judge::DEFAULT_PROMPT.to_owned());
+    if !prompt.contains("{answer}") {
+        return Err((
+            "prompt",
+            "must contain {answer} (and usually {question})".into(),
+        ));
+    }
+    let timeout_ms = j.timeout_ms.unwrap_or(10_000.0);
+    if !(timeout_ms.is_finite() && timeout_ms > 0.0) {
+        return Err(("timeout_ms", "must be a positive number of ms".into()));
+    }
+    let max_in_flight = j.max_in_flight.unwrap_or(4);
+    if max_in_flight == 0 {
+        return Err(("max_in_flight", "must be at least 1".into()));
+    }
+    Ok(JudgeConfig {
+        base_url: http_url(Some(&j.base_url), "base_url", "https://api.openai.com/v1")?
+            .trim_end_matches('/')
+            .to_owned(),
+        model: j.model,
+        api_key: secret(j.api_key_env.as_deref(), env)?,
+        sample_rate,
+        prompt,
+        timeout_ms,
+        max_in_flight,
     })
 }
 

@@ -216,6 +216,38 @@ fn deadline_from(
     }
 }
 
+/// Sends a sample of answers to the interface's judge, beside the request path.
+fn maybe_judge(
+    state: &Arc<AppState>,
+    iface: &InterfaceRuntime,
+    question: &Value,
+    answered: &execute::Answered,
+) {
+    let Some(judge) = &iface.judge else { return };
+    let u = (state.seed_for(
+        u64::from_str_radix(answered.request_id.trim_start_matches("req-"), 16).unwrap_or(0),
+    ) >> 11) as f64
+        / (1u64 << 53) as f64;
+    if !judge.samples(u) {
+        return;
+    }
+    let answer = match iface.kind {
+        InterfaceKind::Chat => answered
+            .body
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        InterfaceKind::Tool => answered.body.to_string(),
+    };
+    judge.spawn(
+        state.clone(),
+        answered.request_id.clone(),
+        query_text(iface.kind, question),
+        answer,
+    );
+}
+
 /// The provider's answer with the routing headers; `model` names the model that answered.
 fn routed(mut answered: execute::Answered) -> Response {
     let mut body = std::mem::take(&mut answered.body);
@@ -303,6 +335,7 @@ async fn chat_completions(
         return execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline).await;
     }
     let answered = execute::execute(&state, iface, &body, pinned, deadline).await?;
+    maybe_judge(&state, iface, &body, &answered);
     Ok(routed(answered))
 }
 
@@ -335,6 +368,7 @@ async fn tool_call(
         })?;
     let deadline = deadline_from(&headers, iface)?;
     let answered = execute::execute(&state, iface, &body, None, deadline).await?;
+    maybe_judge(&state, iface, &body, &answered);
     Ok(routed(answered))
 }
 
@@ -358,24 +392,8 @@ async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Res
             "`quality` must be between 0 and 1",
         ));
     }
-    let now = state.now();
-    state.prune_pending(now);
-    let entry = {
-        let mut pending = state
-            .pending
-            .lock()
-            .map_err(|_| ApiError::bad_request("internal", None, "state unavailable"))?;
-        let Some(e) = pending.get_mut(&b.request_id) else {
-            state.metrics.feedback("unknown");
-            return Err(ApiError::not_found(
-                "unknown_request_id",
-                format!(
-                    "no answered request `{}` is waiting for feedback",
-                    b.request_id
-                ),
-            ));
-        };
-        if e.consumed {
+    match crate::feedback::apply(&state, &b.request_id, b.quality) {
+        Ok(crate::feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((
                 StatusCode::OK,
@@ -383,31 +401,14 @@ async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Res
             )
                 .into_response());
         }
-        if now.0 - e.at.0 > state.feedback_ttl.0 {
-            state.metrics.feedback("expired");
-            return Err(ApiError {
-                status: StatusCode::GONE,
-                kind: "invalid_request_error",
-                code: "feedback_expired",
-                message: format!(
-                    "request `{}` is older than the feedback window (server.feedback_ttl_s)",
-                    b.request_id
-                ),
-                param: None,
+        Ok(crate::feedback::Applied::Accepted) => {}
+        Err(e) => {
+            state.metrics.feedback(if e.status == StatusCode::GONE {
+                "expired"
+            } else {
+                "unknown"
             });
-        }
-        e.consumed = true;
-        e.clone()
-    };
-    if let Some(iface) = state.interfaces.get(&entry.interface) {
-        if let Ok(mut policy) = iface.policy.lock() {
-            policy.observe_quality(&equiroute_core::policies::QualityObservation {
-                candidate: entry.candidate,
-                features: &entry.features,
-                quality: b.quality,
-                latency: entry.latency,
-                now,
-            });
+            return Err(e);
         }
     }
     state.metrics.feedback("accepted");

@@ -29,6 +29,8 @@ pub struct InterfaceRuntime {
     pub limits: ExecutionLimits,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
+    /// The LLM-as-judge, when configured.
+    pub judge: Option<Arc<crate::feedback::judge::Judge>>,
     pub policy: Mutex<Box<dyn Policy>>,
     pub breakers: Mutex<Vec<Breaker>>,
     pub breaker_config: BreakerConfig,
@@ -57,6 +59,10 @@ impl InterfaceRuntime {
             deadline: cfg.deadline,
             limits: cfg.limits,
             stream_idle: cfg.stream_idle,
+            judge: cfg
+                .judge
+                .as_ref()
+                .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
             policy_name: cfg.policy.kind().as_str(),
             policy: Mutex::new(policy),
             breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),

@@ -1,0 +1,69 @@
+//! Quality feedback: from the API (`POST /v1/feedback`) and from an optional LLM-as-judge.
+//! Both end in [`apply`], which hands the score to the policy with the context of the
+//! request it is about. The judge runs beside the request path: a bounded number of judge
+//! calls run at once, anything beyond is skipped, and a judge failure never touches the
+//! request it was judging.
+
+pub mod judge;
+
+use crate::server::error::ApiError;
+use crate::server::state::AppState;
+use axum::http::StatusCode;
+use equiroute_core::policies::QualityObservation;
+
+/// What happened to a score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Accepted,
+    Duplicate,
+}
+
+/// Hands `quality` for `request_id` to its interface's policy, once.
+///
+/// # Errors
+/// Unknown id (404), or older than the feedback window (410).
+pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied, ApiError> {
+    let now = state.now();
+    state.prune_pending(now);
+    let entry = {
+        let mut pending = state.pending.lock().map_err(|_| {
+            ApiError::upstream(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "state unavailable",
+            )
+        })?;
+        let Some(e) = pending.get_mut(request_id) else {
+            return Err(ApiError::not_found(
+                "unknown_request_id",
+                format!("no answered request `{request_id}` is waiting for feedback"),
+            ));
+        };
+        if e.consumed {
+            return Ok(Applied::Duplicate);
+        }
+        if now.0 - e.at.0 > state.feedback_ttl.0 {
+            return Err(ApiError {
+                status: StatusCode::GONE,
+                kind: "invalid_request_error",
+                code: "feedback_expired",
+                message: format!("request `{request_id}` is older than the feedback window (server.feedback_ttl_s)"),
+                param: None,
+            });
+        }
+        e.consumed = true;
+        e.clone()
+    };
+    if let Some(iface) = state.interfaces.get(&entry.interface) {
+        if let Ok(mut policy) = iface.policy.lock() {
+            policy.observe_quality(&QualityObservation {
+                candidate: entry.candidate,
+                features: &entry.features,
+                quality,
+                latency: entry.latency,
+                now,
+            });
+        }
+    }
+    Ok(Applied::Accepted)
+}
