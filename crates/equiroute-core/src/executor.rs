@@ -169,6 +169,17 @@ impl Execution {
         self.attempts.len()
     }
 
+    /// Continues with `order` instead of the rest of the ranking, and resumes a request that
+    /// a client error had ended: for errors that belong to the candidate rather than the
+    /// request, such as a context window too small for it.
+    pub fn continue_with(&mut self, order: Vec<usize>) {
+        if matches!(self.ended, Some(RequestStatus::ClientError { .. })) {
+            self.ended = None;
+        }
+        self.order.truncate(self.next);
+        self.order.extend(order);
+    }
+
     /// Passes over the candidate [`Execution::next_attempt`] proposed without trying it (e.g. its
     /// circuit breaker refused the attempt at the last moment).
     pub fn skip(&mut self) {
@@ -297,6 +308,34 @@ mod tests {
         assert_eq!(
             run.finish(Timestamp(600.0)).status,
             RequestStatus::DeadlineExceeded
+        );
+    }
+
+    #[test]
+    fn a_client_error_of_the_candidate_can_continue_elsewhere() {
+        let mut run = Execution::new(
+            vec![0, 1, 2],
+            Timestamp(0.0),
+            None,
+            ExecutionLimits::default(),
+        );
+        let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+        run.record(
+            0,
+            outcome(5.0, AttemptStatus::ClientError, 0.0),
+            Timestamp(0.0),
+        );
+        assert!(
+            run.clone().next_attempt(Timestamp(5.0)).is_none(),
+            "a client error ends the request"
+        );
+        run.continue_with(vec![2]);
+        assert_eq!(run.next_attempt(Timestamp(5.0)).unwrap().candidate, 2);
+        run.record(2, outcome(5.0, AttemptStatus::Ok, 0.0), Timestamp(5.0));
+        assert!(run.next_attempt(Timestamp(10.0)).is_none());
+        assert_eq!(
+            run.finish(Timestamp(10.0)).status,
+            RequestStatus::Succeeded { candidate: 2 }
         );
     }
 

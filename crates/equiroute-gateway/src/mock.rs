@@ -36,6 +36,8 @@ pub struct RouteProfile {
     pub stream_stall_after: Option<usize>,
     /// The chat answer's text (e.g. a score, to act as an LLM judge).
     pub content: String,
+    /// `error.code` of the 400s (e.g. `context_length_exceeded`).
+    pub error_400_code: Option<String>,
 }
 
 impl Default for RouteProfile {
@@ -54,6 +56,7 @@ impl Default for RouteProfile {
             stream_cut_after: None,
             stream_stall_after: None,
             content: "mock answer".to_owned(),
+            error_400_code: None,
         }
     }
 }
@@ -152,7 +155,12 @@ async fn behave(state: &MockState, route: &RouteProfile) -> Result<(), Response>
     }
     edge += route.error_400;
     if u < edge {
-        return Err(error(StatusCode::BAD_REQUEST, "mock rejects this request"));
+        let mut r = error(StatusCode::BAD_REQUEST, "mock rejects this request");
+        if let Some(code) = &route.error_400_code {
+            let body = json!({"error": {"message": "mock rejects this request", "type": "invalid_request_error", "code": code}});
+            r = (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        }
+        return Err(r);
     }
     Ok(())
 }

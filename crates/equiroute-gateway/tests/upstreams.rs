@@ -267,3 +267,68 @@ async fn no_first_byte_in_time_falls_back_before_anything_is_sent() {
         equiroute_gateway::mock::stream_chunks("model-b").concat()
     );
 }
+
+#[tokio::test]
+async fn a_context_length_error_moves_to_a_larger_window() {
+    let small =
+        mock("[chat]\nerror_400 = 1.0\nerror_400_code = \"context_length_exceeded\"\n").await;
+    let tiny = mock("").await;
+    let large = mock("").await;
+    let cfg = format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "small" }}
+
+[[interfaces.chat.providers]]
+id = "small"
+kind = "openai"
+base_url = "http://{}/v1"
+capabilities = {{ context_tokens = 8000 }}
+
+[[interfaces.chat.providers]]
+id = "tiny"
+kind = "openai"
+base_url = "http://{}/v1"
+capabilities = {{ context_tokens = 4000 }}
+
+[[interfaces.chat.providers]]
+id = "large"
+kind = "openai"
+base_url = "http://{}/v1"
+capabilities = {{ context_tokens = 200000 }}
+"#,
+        small.addr, tiny.addr, large.addr
+    );
+    let gw = start(&cfg, &[]).await;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (200, Some("large"), Some("2")),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        calls(tiny.addr).await["chat"],
+        0,
+        "a smaller window is not tried"
+    );
+    // Other 400s still go straight back to the caller.
+    let plain = mock("[chat]\nerror_400 = 1.0\n").await;
+    let gw = start(
+        &cfg.replace(&small.addr.to_string(), &plain.addr.to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        http(gw.addr, "POST", "/v1/chat/completions", &[], &chat())
+            .await
+            .status,
+        400
+    );
+    assert_eq!(calls(large.addr).await["chat"], 1);
+}

@@ -60,6 +60,7 @@ pub async fn execute(
         tokens,
     )?;
     let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+    let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     loop {
         let now = state.now();
@@ -76,6 +77,10 @@ pub async fn execute(
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
         let (outcome, reply) =
             attempt(state, iface, &mut run, next, now, body, &features, seed).await?;
+        tried.push(next.candidate);
+        if reply.context_overflow {
+            reroute_larger(iface, &decided.order, &tried, next.candidate, &mut run);
+        }
         if outcome.status == AttemptStatus::Ok {
             answer = Some(reply);
         } else {
@@ -84,20 +89,8 @@ pub async fn execute(
     }
     let result = run.finish(state.now());
     let attempts = result.attempts.len();
-    let fallback_reason = (attempts > 1)
-        .then(|| {
-            result
-                .attempts
-                .first()
-                .map(|a| a.outcome.status.as_str().to_owned())
-        })
-        .flatten();
-    let label = match result.status {
-        RequestStatus::Succeeded { .. } => "ok",
-        RequestStatus::ClientError { .. } => "client_error",
-        RequestStatus::DeadlineExceeded => "deadline_exceeded",
-        RequestStatus::Exhausted => "failed",
-    };
+    let fallback_reason = fallback_reason(&result.attempts);
+    let label = outcome_label(result.status);
     audit(
         state,
         iface,
@@ -257,6 +250,44 @@ fn audit(
         latency_ms: latency.0,
         cost_usd: attempts.iter().map(|a| a.outcome.cost.0).sum(),
     });
+}
+
+/// The first attempt's status, when the request fell back.
+fn fallback_reason(attempts: &[equiroute_core::executor::AttemptRecord]) -> Option<String> {
+    match attempts {
+        [first, _, ..] => Some(first.outcome.status.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// The request outcome's name in metrics and the audit log.
+fn outcome_label(status: RequestStatus) -> &'static str {
+    match status {
+        RequestStatus::Succeeded { .. } => "ok",
+        RequestStatus::ClientError { .. } => "client_error",
+        RequestStatus::DeadlineExceeded => "deadline_exceeded",
+        RequestStatus::Exhausted => "failed",
+    }
+}
+
+/// After a provider refused the request as too long for its context window, continues with
+/// the untried candidates of the ranking whose window is larger, if there are any.
+fn reroute_larger(
+    iface: &InterfaceRuntime,
+    order: &[usize],
+    tried: &[usize],
+    failed: usize,
+    run: &mut Execution,
+) {
+    let window = |i: usize| iface.candidates[i].capabilities.context_tokens;
+    let larger: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(|&i| !tried.contains(&i) && window(i) > window(failed))
+        .collect();
+    if !larger.is_empty() {
+        run.continue_with(larger);
+    }
 }
 
 /// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
@@ -499,6 +530,7 @@ pub async fn execute_stream(
         tokens,
     )?;
     let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+    let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
     loop {
         let now = state.now();
@@ -535,6 +567,10 @@ pub async fn execute_stream(
                     run.remaining(now),
                 )?;
                 run.record(next.candidate, outcome, now);
+                tried.push(next.candidate);
+                if reply.context_overflow {
+                    reroute_larger(&iface, &decided.order, &tried, next.candidate, &mut run);
+                }
                 last = Some(reply);
             }
             StreamStart::Started { first, rest, ttfb } => {

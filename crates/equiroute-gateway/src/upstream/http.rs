@@ -94,6 +94,7 @@ impl HttpUpstream {
             http_status: 0,
             retry_after: None,
             reason: Some("no first byte in time".into()),
+            context_overflow: false,
         };
         let first = tokio::time::timeout(limit, async {
             let response = builder
@@ -116,6 +117,7 @@ impl HttpUpstream {
                     http_status: code,
                     retry_after: None,
                     reason: Some("the stream ended before its first byte".into()),
+                    context_overflow: false,
                 }),
             }
         })
@@ -170,6 +172,7 @@ impl HttpUpstream {
             http_status,
             retry_after: None,
             reason: Some(reason),
+            context_overflow: false,
         };
         let response = match builder.send().await {
             Ok(r) => r,
@@ -242,6 +245,7 @@ fn classify_send_error(e: &reqwest::Error, latency: Millis) -> UpstreamReply {
         http_status: 0,
         retry_after: None,
         reason: Some(reason),
+        context_overflow: false,
     }
 }
 
@@ -269,6 +273,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis)
         http_status: code,
         retry_after: None,
         reason: Some(reason),
+        context_overflow: false,
     };
     match code {
         200..=299 => match json {
@@ -279,6 +284,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis)
                 http_status: code,
                 retry_after: None,
                 reason: None,
+                context_overflow: false,
             },
             None => reply(
                 AttemptStatus::ProviderError(ProviderFailure::Server),
@@ -295,6 +301,16 @@ fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis)
             r.retry_after = retry_after;
             r
         }
-        _ => reply(AttemptStatus::ClientError, message),
+        _ => {
+            let code_of = json
+                .as_ref()
+                .and_then(|j| j.pointer("/error/code"))
+                .and_then(serde_json::Value::as_str);
+            let mut r = reply(AttemptStatus::ClientError, message.clone());
+            r.context_overflow = code == 400
+                && (code_of == Some("context_length_exceeded")
+                    || message.contains("maximum context length"));
+            r
+        }
     }
 }

@@ -48,6 +48,8 @@ pub struct UpstreamReply {
     pub retry_after: Option<Millis>,
     /// A short reason for failures, safe to show to the client.
     pub reason: Option<String>,
+    /// The provider refused the request as too long for its context window.
+    pub context_overflow: bool,
 }
 
 /// A configured upstream.

@@ -42,6 +42,7 @@ impl SimUpstream {
                 http_status,
                 retry_after: None,
                 reason: Some(reason.to_owned()),
+                context_overflow: false,
             };
         if rng.random::<f64>() < self.spec.rate_limit_rate {
             let mut r = failure(
@@ -65,6 +66,7 @@ impl SimUpstream {
                     http_status: 0,
                     retry_after: None,
                     reason: Some("timed out".to_owned()),
+                    context_overflow: false,
                 };
             }
         }
@@ -86,6 +88,7 @@ impl SimUpstream {
             http_status: 200,
             retry_after: None,
             reason: None,
+            context_overflow: false,
         }
     }
 
