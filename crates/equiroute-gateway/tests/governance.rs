@@ -275,3 +275,44 @@ async fn a_failing_judge_never_fails_the_request() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn tenants_are_checked_and_latency_is_measured() {
+    let config = BASE.replace(
+        "id = \"full\"\nkind = \"sim\"",
+        "id = \"full\"\nkind = \"sim\"\ntenants = [\"acme\"]",
+    );
+    let gw = start(&config, &[]).await;
+    let pinned = json!({"model": "chat/full"});
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-equiroute-tenant", "globex")],
+        &chat(&pinned),
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        r.body.contains("tenant `globex` is not on its allow-list"),
+        "{}",
+        r.body
+    );
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[
+            ("x-equiroute-tenant", "acme"),
+            ("x-equiroute-task-class", "rerank"),
+        ],
+        &chat(&pinned),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains("equiroute_request_latency_ms_count{interface=\"chat\"} 1"),
+        "{m}"
+    );
+}

@@ -13,9 +13,17 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.path)
         .with_context(|| format!("cannot read {}", args.path.display()))?;
-    let cfg = equiroute_gateway::config::load(&text, &args.path.display().to_string(), &|name| {
-        std::env::var(name).ok()
-    })?;
+    let file = args.path.display().to_string();
+    let env = |name: &str| std::env::var(name).ok();
+    let cfg = match equiroute_gateway::config::load_all(&text, &file, &env) {
+        Ok(cfg) => cfg,
+        Err(problems) => {
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            anyhow::bail!("{file}: {} problem(s)", problems.len());
+        }
+    };
     println!("{}: ok, listening on {}", args.path.display(), cfg.listen);
     for i in &cfg.interfaces {
         let ids: Vec<&str> = i

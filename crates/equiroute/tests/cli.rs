@@ -136,3 +136,37 @@ fn scenarios_and_policies_are_listed() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && text.lines().count() == 14 && text.contains("lqm-ts"));
 }
+
+#[test]
+fn check_config_reports_every_problem_with_its_field() {
+    let dir = temp_dir("check");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\napi_key_env = \"EQUIROUTE_TEST_UNSET_KEY\"\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 50, p95_ms = 10 } }\n",
+    )
+    .unwrap();
+    let o = equiroute(&["check-config", bad.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("interfaces.chat.providers[0].base_url"),
+        "{err}"
+    );
+    assert!(
+        err.contains("interfaces.chat.providers[1].sim.latency"),
+        "{err}"
+    );
+    assert!(err.contains("2 problem(s)"), "{err}");
+    let good = dir.join("good.toml");
+    std::fs::write(&good, equiroute_gateway_default()).unwrap();
+    let o = equiroute(&["check-config", good.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ok, listening on 127.0.0.1:8080"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn equiroute_gateway_default() -> &'static str {
+    include_str!("../../equiroute-gateway/src/config/default.toml")
+}

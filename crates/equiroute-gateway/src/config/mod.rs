@@ -111,6 +111,8 @@ struct RawProvider {
     url: Option<String>,
     /// Name of the environment variable holding the provider's API key.
     api_key_env: Option<String>,
+    /// Tenants allowed to use this provider (`x-equiroute-tenant`); absent: every tenant.
+    tenants: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,100 +219,135 @@ pub struct ConfigError {
 /// environment variables (secrets are referenced by name).
 ///
 /// # Errors
-/// Every problem as a [`ConfigError`]; the first one found.
+/// The first problem found (see [`load_all`] for every problem).
 pub fn load(
     text: &str,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<GatewayConfig, ConfigError> {
+    load_all(text, file, env).map_err(|problems| {
+        problems.into_iter().next().unwrap_or_else(|| ConfigError {
+            file: file.to_owned(),
+            field: "(config)".into(),
+            fix: "invalid".into(),
+        })
+    })
+}
+
+/// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
+/// it; otherwise every server field, interface and provider is checked).
+///
+/// # Errors
+/// Every problem found, in file order.
+pub fn load_all(
+    text: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<GatewayConfig, Vec<ConfigError>> {
     let err = |field: &str, fix: String| ConfigError {
         file: file.to_owned(),
         field: field.to_owned(),
         fix,
     };
-    let raw: RawConfig = toml::from_str(text).map_err(|e| {
-        let message = e.message().to_owned();
-        err("(syntax)", message)
-    })?;
-    let listen = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
-    let listen: SocketAddr = listen.parse().map_err(|_| {
-        err(
+    let raw: RawConfig =
+        toml::from_str(text).map_err(|e| vec![err("(syntax)", e.message().to_owned())])?;
+    let mut problems = Vec::new();
+    let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
+    let listen: Option<SocketAddr> = listen_text.parse().ok();
+    if listen.is_none() {
+        problems.push(err(
             "server.listen",
-            format!("`{listen}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
-        )
-    })?;
-    let keys = |names: &[String], field: &str| -> Result<Vec<Secret>, ConfigError> {
-        names
-            .iter()
-            .enumerate()
-            .map(|(n, name)| match env(name) {
-                Some(v) if !v.is_empty() => Ok(Secret(v)),
-                _ => Err(err(
+            format!("`{listen_text}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
+        ));
+    }
+    let mut keys = |names: &[String], field: &str| -> Vec<Secret> {
+        let mut out = Vec::new();
+        for (n, name) in names.iter().enumerate() {
+            match env(name) {
+                Some(v) if !v.is_empty() => out.push(Secret(v)),
+                _ => problems.push(err(
                     &format!("server.{field}[{n}]"),
                     format!("environment variable `{name}` is not set: export it, or remove it from the list"),
                 )),
-            })
-            .collect()
+            }
+        }
+        out
     };
-    let api_keys = keys(&raw.server.api_keys_env, "api_keys_env")?;
-    let admin_keys = keys(&raw.server.admin_keys_env, "admin_keys_env")?;
+    let api_keys = keys(&raw.server.api_keys_env, "api_keys_env");
+    let admin_keys = keys(&raw.server.admin_keys_env, "admin_keys_env");
     let ttl = raw.server.feedback_ttl_s.unwrap_or(3600.0);
     if !(ttl.is_finite() && ttl > 0.0) {
-        return Err(err(
+        problems.push(err(
             "server.feedback_ttl_s",
             "must be a positive number of seconds".into(),
         ));
     }
     if raw.interfaces.is_empty() {
-        return Err(err(
+        problems.push(err(
             "interfaces",
             "define at least one [interfaces.NAME] table".into(),
         ));
     }
     let mut interfaces = Vec::new();
     for (name, raw_if) in raw.interfaces {
-        interfaces
-            .push(load_interface(&name, raw_if, env).map_err(|(field, fix)| err(&field, fix))?);
+        match load_interface(&name, raw_if, env) {
+            Ok(i) => interfaces.push(i),
+            Err(ps) => problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix))),
+        }
     }
-    Ok(GatewayConfig {
-        listen,
-        max_body_bytes: raw.server.max_body_bytes.unwrap_or(1 << 20),
-        api_keys,
-        admin_keys,
-        feedback_ttl: Millis(ttl * 1000.0),
-        audit: raw.audit,
-        interfaces,
-    })
+    match listen {
+        Some(listen) if problems.is_empty() => Ok(GatewayConfig {
+            listen,
+            max_body_bytes: raw.server.max_body_bytes.unwrap_or(1 << 20),
+            api_keys,
+            admin_keys,
+            feedback_ttl: Millis(ttl * 1000.0),
+            audit: raw.audit,
+            interfaces,
+        }),
+        _ => Err(problems),
+    }
 }
 
 fn load_interface(
     name: &str,
     raw: RawInterface,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<InterfaceConfig, (String, String)> {
+) -> Result<InterfaceConfig, Vec<(String, String)>> {
     let at = |f: &str| format!("interfaces.{name}.{f}");
     if name.is_empty() || name.contains('/') {
-        return Err((
+        return Err(vec![(
             format!("interfaces.{name}"),
             "interface names must be non-empty and contain no `/`".into(),
-        ));
+        )]);
     }
     if raw.providers.is_empty() {
-        return Err((
+        return Err(vec![(
             at("providers"),
             "add at least one [[interfaces.NAME.providers]] entry".into(),
-        ));
+        )]);
     }
+    // Every provider is checked, so that one run reports every broken provider.
     let mut providers: Vec<ProviderConfig> = Vec::new();
+    let mut problems = Vec::new();
+    let mut ids: Vec<String> = Vec::new();
     for (n, p) in raw.providers.into_iter().enumerate() {
         let field = |f: &str| at(&format!("providers[{n}].{f}"));
-        if providers.iter().any(|q| q.candidate.id.0 == p.id) {
-            return Err((
+        if ids.contains(&p.id) {
+            problems.push((
                 field("id"),
                 format!("`{}` is used twice: provider ids must be unique", p.id),
             ));
+            continue;
         }
-        providers.push(load_provider(p, env).map_err(|(f, fix)| (field(f), fix))?);
+        ids.push(p.id.clone());
+        match load_provider(p, env) {
+            Ok(pc) => providers.push(pc),
+            Err((f, fix)) => problems.push((field(f), fix)),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems);
     }
     let feature_dim = raw.feature_dim.unwrap_or(64);
     let policy = raw
@@ -319,39 +356,28 @@ fn load_interface(
     let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
     policy
         .build(&candidates, feature_dim)
-        .map_err(|e| (at("policy"), e.to_string()))?;
-    let deadline = match raw.deadline_ms {
-        Some(d) if d.is_finite() && d > 0.0 => Some(Millis(d)),
-        Some(_) => return Err((at("deadline_ms"), "must be a positive number of ms".into())),
-        None => None,
+        .map_err(|e| vec![(at("policy"), e.to_string())])?;
+    let positive = |v: Option<f64>, field: &str| -> Result<Option<Millis>, Vec<(String, String)>> {
+        match v {
+            Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Millis(t))),
+            Some(_) => Err(vec![(at(field), "must be a positive number of ms".into())]),
+            None => Ok(None),
+        }
     };
+    let deadline = positive(raw.deadline_ms, "deadline_ms")?;
     let max_attempts = raw.max_attempts.unwrap_or(3);
     if max_attempts == 0 {
-        return Err((at("max_attempts"), "must be at least 1".into()));
+        return Err(vec![(at("max_attempts"), "must be at least 1".into())]);
     }
-    let attempt_timeout = match raw.attempt_timeout_ms {
-        Some(t) if t.is_finite() && t > 0.0 => Some(Millis(t)),
-        Some(_) => {
-            return Err((
-                at("attempt_timeout_ms"),
-                "must be a positive number of ms".into(),
-            ))
-        }
-        None => None,
-    };
-    let stream_idle = match raw.stream_idle_ms {
-        Some(t) if t.is_finite() && t > 0.0 => Millis(t),
-        Some(_) => {
-            return Err((
-                at("stream_idle_ms"),
-                "must be a positive number of ms".into(),
-            ))
-        }
-        None => Millis(30_000.0),
-    };
+    // Never wait forever on one provider, even without a deadline.
+    let attempt_timeout =
+        positive(raw.attempt_timeout_ms, "attempt_timeout_ms")?.or(Some(Millis(60_000.0)));
+    let stream_idle = positive(raw.stream_idle_ms, "stream_idle_ms")?.unwrap_or(Millis(30_000.0));
     let judge = match raw.judge {
         None => None,
-        Some(j) => Some(load_judge(j, env).map_err(|(f, fix)| (at(&format!("judge.{f}")), fix))?),
+        Some(j) => {
+            Some(load_judge(j, env).map_err(|(f, fix)| vec![(at(&format!("judge.{f}")), fix)])?)
+        }
     };
     Ok(InterfaceConfig {
         name: name.to_owned(),
@@ -427,6 +453,7 @@ fn load_provider(
     candidate.tier = p.tier;
     candidate.price = p.price;
     candidate.capabilities = p.capabilities;
+    candidate.tenants = p.tenants;
     Ok(ProviderConfig {
         candidate,
         upstream,
@@ -548,6 +575,22 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.fix.contains("weight"), "{e}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_in_one_pass() {
+        let text = "[server]\nlisten = \"nope\"\n[interfaces.a]\nkind = \"chat\"\n[[interfaces.a.providers]]\nid = \"x\"\nkind = \"sim\"\n[[interfaces.a.providers]]\nid = \"y\"\nkind = \"openai\"\n[interfaces.b]\nkind = \"tool\"\n";
+        let problems = load_all(text, "x.toml", &no_env).unwrap_err();
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            vec![
+                "server.listen",
+                "interfaces.a.providers[0].sim",
+                "interfaces.a.providers[1].base_url",
+                "interfaces.b.providers"
+            ]
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
         e.clone()
     };
     if let Some(iface) = state.interfaces.get(&entry.interface) {
-        if let Ok(mut policy) = iface.policy.lock() {
+        if let Ok(mut policy) = iface.policy.write() {
             policy.observe_quality(&QualityObservation {
                 candidate: entry.candidate,
                 features: &entry.features,

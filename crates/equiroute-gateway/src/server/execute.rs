@@ -40,6 +40,7 @@ pub async fn execute(
     body: &serde_json::Value,
     pinned: Option<usize>,
     deadline: Option<Millis>,
+    meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
     let (n, request_id) = state.next_request();
     let started = Instant::now();
@@ -58,6 +59,7 @@ pub async fn execute(
         t0,
         &requirements,
         tokens,
+        meta,
     )?;
     let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
     let mut tried: Vec<usize> = Vec::new();
@@ -75,8 +77,18 @@ pub async fn execute(
             state.metrics.fallback(&iface.name);
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let (outcome, reply) =
-            attempt(state, iface, &mut run, next, now, body, &features, seed).await?;
+        let (outcome, reply) = attempt(
+            state,
+            iface,
+            &mut run,
+            next,
+            now,
+            body,
+            &features,
+            decided.slice,
+            seed,
+        )
+        .await?;
         tried.push(next.candidate);
         if reply.context_overflow {
             reroute_larger(iface, &decided.order, &tried, next.candidate, &mut run);
@@ -89,37 +101,25 @@ pub async fn execute(
     }
     let result = run.finish(state.now());
     let attempts = result.attempts.len();
-    let fallback_reason = fallback_reason(&result.attempts);
-    let label = outcome_label(result.status);
-    audit(
-        state,
-        iface,
-        &request_id,
-        &decided,
-        &result.attempts,
-        label,
-        fallback_reason,
-        result.latency,
-    );
+    record_request(state, iface, &request_id, &decided, &result);
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
             state.metrics.request(&iface.name, "ok");
             if n % 1024 == 0 {
                 state.prune_pending(state.now());
             }
-            if let Ok(mut pending) = state.pending.lock() {
-                pending.insert(
-                    request_id.clone(),
-                    PendingFeedback {
-                        interface: iface.name.clone(),
-                        candidate,
-                        features,
-                        latency: Millis(started.elapsed().as_secs_f64() * 1000.0),
-                        at: state.now(),
-                        consumed: false,
-                    },
-                );
-            }
+            remember(
+                state,
+                &request_id,
+                PendingFeedback {
+                    interface: iface.name.clone(),
+                    candidate,
+                    features,
+                    latency: Millis(started.elapsed().as_secs_f64() * 1000.0),
+                    at: state.now(),
+                    consumed: false,
+                },
+            );
             let c = &iface.candidates[candidate];
             Ok(Answered {
                 request_id,
@@ -136,6 +136,8 @@ pub async fn execute(
 /// What was decided for a request, kept for the audit log.
 struct Decided {
     order: Vec<usize>,
+    /// The statistics slice of the request.
+    slice: SlicePath,
     ranking: equiroute_core::policies::Ranking,
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
 }
@@ -152,13 +154,24 @@ fn decide(
     now: equiroute_core::Timestamp,
     requirements: &Requirements,
     tokens: TokenEstimate,
+    meta: &super::RequestMeta,
 ) -> Result<Decided, ApiError> {
     let started = Instant::now();
+    let slice = SlicePath::from_labels(
+        &equiroute_core::SliceLabels {
+            task_class: meta.task_class.clone(),
+            deadline_class: Some(equiroute_core::deadline_class(deadline).to_owned()),
+            streaming: requirements.streaming,
+            input_bucket: Some(equiroute_core::input_size_bucket(tokens.input)),
+        },
+        SlicePath::MAX_DEPTH,
+    );
     let eligible = {
         let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
         let mut input = EligibilityInput::new(&iface.candidates, requirements);
         input.breakers = Some((&breakers, &iface.breaker_config));
         input.pinned = pinned;
+        input.tenant = meta.tenant.as_deref();
         input.tokens = tokens;
         input.now = now;
         check_eligibility(&input)
@@ -181,10 +194,11 @@ fn decide(
         ));
     }
     let ranking = {
-        let policy = iface.policy.lock().map_err(|_| poisoned())?;
+        let policy = iface.policy.read().map_err(|_| poisoned())?;
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
         ctx.tokens = tokens;
+        ctx.slice = slice;
         ctx.now = now;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(state.seed_for(n));
         policy.rank(&ctx, &mut rng)
@@ -198,6 +212,7 @@ fn decide(
     }
     Ok(Decided {
         order,
+        slice,
         ranking,
         excluded: eligible.excluded,
     })
@@ -250,6 +265,34 @@ fn audit(
         latency_ms: latency.0,
         cost_usd: attempts.iter().map(|a| a.outcome.cost.0).sum(),
     });
+}
+
+/// The latency metric and the audit record of a finished request.
+fn record_request(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    request_id: &str,
+    decided: &Decided,
+    result: &equiroute_core::executor::RequestResult,
+) {
+    state.metrics.request_latency(&iface.name, result.latency.0);
+    audit(
+        state,
+        iface,
+        request_id,
+        decided,
+        &result.attempts,
+        outcome_label(result.status),
+        fallback_reason(&result.attempts),
+        result.latency,
+    );
+}
+
+/// Keeps an answered request's context until its quality score arrives.
+fn remember(state: &AppState, request_id: &str, entry: PendingFeedback) {
+    if let Ok(mut pending) = state.pending.lock() {
+        pending.insert(request_id.to_owned(), entry);
+    }
 }
 
 /// The first attempt's status, when the request fell back.
@@ -318,6 +361,7 @@ async fn attempt(
     now: equiroute_core::Timestamp,
     body: &serde_json::Value,
     features: &[f64],
+    slice: SlicePath,
     seed: u64,
 ) -> Result<(AttemptOutcome, UpstreamReply), ApiError> {
     let candidate = &iface.candidates[next.candidate];
@@ -339,6 +383,7 @@ async fn attempt(
         iface,
         next.candidate,
         features,
+        slice,
         &outcome,
         run.remaining(now),
     )?;
@@ -392,6 +437,7 @@ fn learn(
     iface: &InterfaceRuntime,
     index: usize,
     features: &[f64],
+    slice: SlicePath,
     outcome: &AttemptOutcome,
     remaining: Option<Millis>,
 ) -> Result<(), ApiError> {
@@ -402,12 +448,12 @@ fn learn(
         .attempt(&iface.name, id, outcome.status.as_str());
     iface
         .policy
-        .lock()
+        .write()
         .map_err(|_| poisoned())?
         .observe_attempt(&AttemptObservation {
             candidate: index,
             features,
-            slice: SlicePath::root(),
+            slice,
             deadline: remaining,
             outcome,
             now: end,
@@ -510,6 +556,7 @@ pub async fn execute_stream(
     body: serde_json::Value,
     pinned: Option<usize>,
     deadline: Option<Millis>,
+    meta: super::RequestMeta,
 ) -> Result<axum::response::Response, ApiError> {
     let (n, request_id) = state.next_request();
     let started = Instant::now();
@@ -528,6 +575,7 @@ pub async fn execute_stream(
         t0,
         &requirements,
         tokens,
+        &meta,
     )?;
     let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
     let mut tried: Vec<usize> = Vec::new();
@@ -563,6 +611,7 @@ pub async fn execute_stream(
                     &iface,
                     next.candidate,
                     &features,
+                    decided.slice,
                     &outcome,
                     run.remaining(now),
                 )?;
@@ -577,6 +626,7 @@ pub async fn execute_stream(
                 let attempts = run.attempts() + 1;
                 let relay = Relay {
                     tokens,
+                    slice: decided.slice,
                     state: state.clone(),
                     iface: iface.clone(),
                     candidate: next.candidate,
@@ -604,6 +654,7 @@ pub async fn execute_stream(
 /// A committed stream being relayed to the client.
 struct Relay {
     tokens: TokenEstimate,
+    slice: SlicePath,
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
     candidate: usize,
@@ -703,11 +754,15 @@ impl Relay {
             time_to_first_byte: Some(self.ttfb),
             retry_after: None,
         };
+        self.state
+            .metrics
+            .request_latency(&self.iface.name, latency.0);
         let _ = learn(
             &self.state,
             &self.iface,
             self.candidate,
             &self.features,
+            self.slice,
             &outcome,
             None,
         );

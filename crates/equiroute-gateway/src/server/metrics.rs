@@ -7,11 +7,21 @@ use std::sync::Mutex;
 /// Upper bounds (µs) of the decision-time histogram buckets.
 const DECISION_BUCKETS_US: [f64; 8] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0];
 
+/// Upper bounds (ms) of the request-latency histogram buckets.
+const LATENCY_BUCKETS_MS: [f64; 10] = [
+    10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
+];
+
+/// Bucket counts, observation count and sum of one histogram.
+type Histogram = (Vec<u64>, u64, f64);
+
 /// Counters and histograms of the gateway.
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: Mutex<BTreeMap<String, u64>>,
-    decision: Mutex<(Vec<u64>, u64, f64)>,
+    decision: Mutex<Histogram>,
+    /// Per interface: end-to-end request latency (ms).
+    latency: Mutex<BTreeMap<String, Histogram>>,
 }
 
 fn label(v: &str) -> String {
@@ -80,6 +90,22 @@ impl Metrics {
         }
     }
 
+    /// Records one request's end-to-end latency on `interface`, in ms.
+    pub fn request_latency(&self, interface: &str, ms: f64) {
+        if let Ok(mut l) = self.latency.lock() {
+            let h = l
+                .entry(interface.to_owned())
+                .or_insert_with(|| (vec![0; LATENCY_BUCKETS_MS.len()], 0, 0.0));
+            for (i, b) in LATENCY_BUCKETS_MS.iter().enumerate() {
+                if ms <= *b {
+                    h.0[i] += 1;
+                }
+            }
+            h.1 += 1;
+            h.2 += ms;
+        }
+    }
+
     /// The Prometheus text exposition.
     #[must_use]
     pub fn render(&self) -> String {
@@ -105,6 +131,31 @@ impl Metrics {
             );
             let _ = writeln!(s, "equiroute_decision_microseconds_sum {}", d.2);
             let _ = writeln!(s, "equiroute_decision_microseconds_count {}", d.1);
+        }
+        if let Ok(l) = self.latency.lock() {
+            let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
+            for (iface, (buckets, count, sum)) in l.iter() {
+                let i = label(iface);
+                for (k, b) in LATENCY_BUCKETS_MS.iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "equiroute_request_latency_ms_bucket{{interface=\"{i}\",le=\"{b}\"}} {}",
+                        buckets[k]
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "equiroute_request_latency_ms_bucket{{interface=\"{i}\",le=\"+Inf\"}} {count}"
+                );
+                let _ = writeln!(
+                    s,
+                    "equiroute_request_latency_ms_sum{{interface=\"{i}\"}} {sum}"
+                );
+                let _ = writeln!(
+                    s,
+                    "equiroute_request_latency_ms_count{{interface=\"{i}\"}} {count}"
+                );
+            }
         }
         s
     }

@@ -194,6 +194,32 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     })
 }
 
+/// Who a request is for and what kind of task it is, from its headers:
+/// `x-equiroute-tenant` (checked against providers' tenant allow-lists) and
+/// `x-equiroute-task-class` (the first level of the statistics slices).
+#[derive(Debug, Clone, Default)]
+pub struct RequestMeta {
+    pub tenant: Option<String>,
+    pub task_class: Option<String>,
+}
+
+impl RequestMeta {
+    fn from_headers(headers: &HeaderMap) -> RequestMeta {
+        let get = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        RequestMeta {
+            tenant: get("x-equiroute-tenant"),
+            task_class: get("x-equiroute-task-class"),
+        }
+    }
+}
+
 fn deadline_from(
     headers: &HeaderMap,
     iface: &InterfaceRuntime,
@@ -332,9 +358,12 @@ async fn chat_completions(
     };
     let deadline = deadline_from(&headers, iface)?;
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        return execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline).await;
+        let meta = RequestMeta::from_headers(&headers);
+        return execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
+            .await;
     }
-    let answered = execute::execute(&state, iface, &body, pinned, deadline).await?;
+    let meta = RequestMeta::from_headers(&headers);
+    let answered = execute::execute(&state, iface, &body, pinned, deadline, &meta).await?;
     maybe_judge(&state, iface, &body, &answered);
     Ok(routed(answered))
 }
@@ -367,7 +396,8 @@ async fn tool_call(
             )
         })?;
     let deadline = deadline_from(&headers, iface)?;
-    let answered = execute::execute(&state, iface, &body, None, deadline).await?;
+    let meta = RequestMeta::from_headers(&headers);
+    let answered = execute::execute(&state, iface, &body, None, deadline, &meta).await?;
     maybe_judge(&state, iface, &body, &answered);
     Ok(routed(answered))
 }
@@ -451,7 +481,7 @@ async fn interface_state(
     let ranking = {
         let policy = iface
             .policy
-            .lock()
+            .read()
             .map_err(|_| ApiError::bad_request("internal", None, "state unavailable"))?;
         let mut ctx = RankContext::new(&iface.candidates, &all, &features);
         ctx.deadline = iface.deadline;

@@ -14,7 +14,7 @@ use equiroute_core::policies::Policy;
 use equiroute_core::{Candidate, Millis, Timestamp};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// One interface at run time.
@@ -31,7 +31,8 @@ pub struct InterfaceRuntime {
     pub stream_idle: Millis,
     /// The LLM-as-judge, when configured.
     pub judge: Option<Arc<crate::feedback::judge::Judge>>,
-    pub policy: Mutex<Box<dyn Policy>>,
+    /// Ranks take the read side (they run in parallel); observations the write side.
+    pub policy: RwLock<Box<dyn Policy>>,
     pub breakers: Mutex<Vec<Breaker>>,
     pub breaker_config: BreakerConfig,
     /// How often each candidate was the first choice.
@@ -64,7 +65,7 @@ impl InterfaceRuntime {
                 .as_ref()
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
             policy_name: cfg.policy.kind().as_str(),
-            policy: Mutex::new(policy),
+            policy: RwLock::new(policy),
             breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),
             breaker_config: BreakerConfig::default(),
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
