@@ -42,26 +42,15 @@ pub async fn execute(
     deadline: Option<Millis>,
     meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
-    let (n, request_id) = state.next_request();
-    let started = Instant::now();
-    let features = iface
-        .featurizer
-        .featurize(&super::query_text(iface.kind, body));
-    let t0 = state.now();
-    let (requirements, tokens) = super::request_profile(iface.kind, body);
-    let decided = decide(
-        state,
-        iface,
-        &features,
+    let Begun {
         n,
-        pinned,
-        deadline,
-        t0,
-        &requirements,
+        request_id,
+        started,
+        features,
         tokens,
-        meta,
-    )?;
-    let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+        decided,
+        mut run,
+    } = begin(state, iface, body, pinned, deadline, meta)?;
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     loop {
@@ -86,6 +75,7 @@ pub async fn execute(
             body,
             &features,
             decided.slice,
+            tokens,
             seed,
         )
         .await?;
@@ -131,6 +121,57 @@ pub async fn execute(
         }
         (status, _) => Err(failure(state, iface, status, attempts, last, deadline)),
     }
+}
+
+/// A request after its decision, ready for its first attempt.
+struct Begun {
+    n: u64,
+    request_id: String,
+    started: Instant,
+    features: Vec<f64>,
+    tokens: TokenEstimate,
+    decided: Decided,
+    run: Execution,
+}
+
+/// Numbers the request, sizes and featurizes it, decides, and starts its execution.
+fn begin(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    body: &serde_json::Value,
+    pinned: Option<usize>,
+    deadline: Option<Millis>,
+    meta: &super::RequestMeta,
+) -> Result<Begun, ApiError> {
+    let (n, request_id) = state.next_request();
+    let started = Instant::now();
+    let features = iface
+        .featurizer
+        .featurize(&super::query_text(iface.kind, body));
+    let t0 = state.now();
+    let (requirements, tokens) = super::request_profile(iface.kind, body);
+    let decided = decide(
+        state,
+        iface,
+        &features,
+        n,
+        pinned,
+        deadline,
+        t0,
+        &requirements,
+        tokens,
+        meta,
+    )?;
+    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+    Ok(Begun {
+        n,
+        request_id,
+        started,
+        features,
+        tokens,
+        decided,
+        run,
+    })
 }
 
 /// What was decided for a request, kept for the audit log.
@@ -362,6 +403,7 @@ async fn attempt(
     body: &serde_json::Value,
     features: &[f64],
     slice: SlicePath,
+    tokens: TokenEstimate,
     seed: u64,
 ) -> Result<(AttemptOutcome, UpstreamReply), ApiError> {
     let candidate = &iface.candidates[next.candidate];
@@ -373,11 +415,7 @@ async fn attempt(
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
-    let outcome = outcome_of(
-        &reply,
-        candidate,
-        super::request_profile(iface.kind, body).1,
-    );
+    let outcome = outcome_of(&reply, candidate, tokens);
     learn(
         state,
         iface,
@@ -558,26 +596,15 @@ pub async fn execute_stream(
     deadline: Option<Millis>,
     meta: super::RequestMeta,
 ) -> Result<axum::response::Response, ApiError> {
-    let (n, request_id) = state.next_request();
-    let started = Instant::now();
-    let features = iface
-        .featurizer
-        .featurize(&super::query_text(iface.kind, &body));
-    let t0 = state.now();
-    let (requirements, tokens) = super::request_profile(iface.kind, &body);
-    let decided = decide(
-        &state,
-        &iface,
-        &features,
+    let Begun {
         n,
-        pinned,
-        deadline,
-        t0,
-        &requirements,
+        request_id,
+        started,
+        features,
         tokens,
-        &meta,
-    )?;
-    let mut run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+        decided,
+        mut run,
+    } = begin(&state, &iface, &body, pinned, deadline, &meta)?;
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
     loop {

@@ -58,6 +58,30 @@ impl HttpUpstream {
         }
     }
 
+    /// The provider request: chat bodies get the provider's model, `stream` and the service
+    /// tier; the key goes only into the `Authorization` header.
+    fn request(&self, req: UpstreamRequest<'_>, stream: bool) -> reqwest::RequestBuilder {
+        let mut body = req.body.clone();
+        if let (true, Some(obj)) = (self.set_model, body.as_object_mut()) {
+            obj.insert(
+                "model".into(),
+                serde_json::Value::String(req.model.to_owned()),
+            );
+            obj.insert("stream".into(), serde_json::Value::Bool(stream));
+            if let Some(tier) = self.service_tier {
+                obj.insert(
+                    "service_tier".into(),
+                    serde_json::Value::String(tier.to_owned()),
+                );
+            }
+        }
+        let builder = self.client.post(&self.url).json(&body);
+        match &self.api_key {
+            Some(key) => builder.bearer_auth(&key.0),
+            None => builder,
+        }
+    }
+
     /// Opens a streamed chat completion; the status and the first chunk must arrive within
     /// `first_byte_limit`, else the attempt is a timeout and nothing was relayed.
     pub(crate) async fn open_stream(
@@ -68,24 +92,7 @@ impl HttpUpstream {
         use futures_util::StreamExt;
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
-        let mut body = req.body.clone();
-        if let Some(obj) = body.as_object_mut() {
-            obj.insert(
-                "model".into(),
-                serde_json::Value::String(req.model.to_owned()),
-            );
-            obj.insert("stream".into(), serde_json::Value::Bool(true));
-            if let Some(tier) = self.service_tier {
-                obj.insert(
-                    "service_tier".into(),
-                    serde_json::Value::String(tier.to_owned()),
-                );
-            }
-        }
-        let mut builder = self.client.post(&self.url).json(&body);
-        if let Some(key) = &self.api_key {
-            builder = builder.bearer_auth(&key.0);
-        }
+        let builder = self.request(req, true);
         let limit = first_byte_limit.unwrap_or(Duration::from_secs(3600));
         let timed_out = |latency: Millis| UpstreamReply {
             status: AttemptStatus::Timeout,
@@ -142,26 +149,7 @@ impl HttpUpstream {
     ) -> UpstreamReply {
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
-        let mut body = req.body.clone();
-        if self.set_model {
-            if let Some(obj) = body.as_object_mut() {
-                obj.insert(
-                    "model".into(),
-                    serde_json::Value::String(req.model.to_owned()),
-                );
-                obj.insert("stream".into(), serde_json::Value::Bool(false));
-                if let Some(tier) = self.service_tier {
-                    obj.insert(
-                        "service_tier".into(),
-                        serde_json::Value::String(tier.to_owned()),
-                    );
-                }
-            }
-        }
-        let mut builder = self.client.post(&self.url).json(&body);
-        if let Some(key) = &self.api_key {
-            builder = builder.bearer_auth(&key.0);
-        }
+        let mut builder = self.request(req, false);
         if let Some(t) = timeout {
             builder = builder.timeout(t);
         }
