@@ -8,6 +8,7 @@ pub mod config;
 pub mod feedback;
 pub mod mock;
 pub mod server;
+pub mod store;
 pub mod upstream;
 
 use std::future::Future;
@@ -34,12 +35,43 @@ pub async fn serve(
         state.audit = Some(log);
         writer = Some(task);
     }
-    let app = server::router(Arc::new(state), config.max_body_bytes);
+    let mut store = None;
+    if let Some(cfg) = &config.state {
+        let s = store::Store::open(&cfg.path).map_err(|e| std::io::Error::other(e.to_string()))?;
+        s.restore(&state)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        store = Some((
+            Arc::new(s),
+            std::time::Duration::from_secs_f64(cfg.snapshot_interval_s.max(0.05)),
+        ));
+    }
+    let state = Arc::new(state);
+    // Periodic snapshots, off the request path (a blocking thread per save).
+    let saver = store.as_ref().map(|(s, every)| {
+        let (s, st, every) = (s.clone(), state.clone(), *every);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let (s, st) = (s.clone(), st.clone());
+                let _ = tokio::task::spawn_blocking(move || s.save(&st)).await;
+            }
+        })
+    });
+    let app = server::router(state.clone(), config.max_body_bytes);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
-    // The state (and the log's sender) is gone once the last connection closed: the writer
-    // drains what is queued, flushes and ends.
+    if let Some(task) = saver {
+        task.abort();
+        let _ = task.await;
+    }
+    // The last snapshot, after every in-flight request has finished.
+    if let Some((s, _)) = &store {
+        s.save(&state)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+    }
+    // Dropping the state drops the audit log's sender: the writer drains, flushes and ends.
+    drop(state);
     if let Some(task) = writer {
         let _ = task.await;
     }

@@ -13,6 +13,10 @@ pub struct Args {
     /// Address to listen on, overriding `server.listen` (e.g. 127.0.0.1:0 for any free port).
     #[arg(long)]
     listen: Option<String>,
+    /// Start from empty statistics: delete the `[state]` file first (the way out of an
+    /// incompatible or corrupt state file).
+    #[arg(long)]
+    reset_state: bool,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {

@@ -55,6 +55,9 @@ struct RawConfig {
     /// The decision audit log (JSON lines, size-rotated); none when absent.
     #[serde(default)]
     audit: Option<crate::server::audit::AuditConfig>,
+    /// Where learning state is saved across restarts; none: in memory only.
+    #[serde(default)]
+    state: Option<crate::store::StoreConfig>,
     #[serde(default)]
     interfaces: BTreeMap<String, RawInterface>,
 }
@@ -203,6 +206,7 @@ pub struct GatewayConfig {
     pub admin_keys: Vec<Secret>,
     pub feedback_ttl: Millis,
     pub audit: Option<crate::server::audit::AuditConfig>,
+    pub state: Option<crate::store::StoreConfig>,
     pub interfaces: Vec<InterfaceConfig>,
 }
 
@@ -303,6 +307,7 @@ pub fn load_all(
             admin_keys,
             feedback_ttl: Millis(ttl * 1000.0),
             audit: raw.audit,
+            state: raw.state,
             interfaces,
         }),
         _ => Err(problems),

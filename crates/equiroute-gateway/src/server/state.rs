@@ -81,7 +81,7 @@ impl InterfaceRuntime {
 }
 
 /// The context of an answered request, kept until its quality score arrives.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PendingFeedback {
     pub interface: String,
     pub candidate: usize,
@@ -103,6 +103,8 @@ pub struct AppState {
     pub audit: Option<super::audit::AuditLog>,
     pub feedback_ttl: Millis,
     epoch: Instant,
+    /// Wall-clock time at `epoch`; `now()` advances monotonically from it.
+    started_unix_ms: f64,
     requests: AtomicU64,
     seed: u64,
 }
@@ -131,15 +133,21 @@ impl AppState {
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
             epoch: Instant::now(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
             requests: AtomicU64::new(0),
             seed,
         })
     }
 
-    /// Milliseconds since the gateway started: the clock the core sees.
+    /// Wall-clock milliseconds since the Unix epoch: the clock the core sees. Wall time (not
+    /// time since start) so that learning state saved by one run still decays correctly in
+    /// the next.
     #[must_use]
     pub fn now(&self) -> Timestamp {
-        Timestamp(self.epoch.elapsed().as_secs_f64() * 1000.0)
+        let since_start = self.epoch.elapsed().as_secs_f64() * 1000.0;
+        Timestamp(self.started_unix_ms + since_start)
     }
 
     /// A new request number and id.
