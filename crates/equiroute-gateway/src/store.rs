@@ -115,6 +115,67 @@ impl Store {
         txn.commit().map_err(|e| write_err(&e))
     }
 
+    /// The last snapshot as JSON (for `equiroute state export`), if there is one.
+    ///
+    /// # Errors
+    /// The file cannot be read.
+    pub fn export_json(&self) -> Result<Option<serde_json::Value>, StoreError> {
+        let Some(bytes) = self.read_raw()? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| self.unusable(format!("the snapshot cannot be read ({e})")))
+    }
+
+    /// Replaces the snapshot with `json` (for `equiroute state import`), after checking that
+    /// it is a snapshot of this schema.
+    ///
+    /// # Errors
+    /// Not a snapshot, another schema, or the write failed.
+    pub fn import_json(&self, json: &serde_json::Value) -> Result<(), StoreError> {
+        let snap: Snapshot = serde_json::from_value(json.clone()).map_err(|e| {
+            self.unusable(format!(
+                "the imported file is not an Equiroute state snapshot ({e})"
+            ))
+        })?;
+        if snap.schema != SCHEMA {
+            return Err(self.unusable(format!(
+                "the imported snapshot has schema version {} and this build reads version {SCHEMA}",
+                snap.schema
+            )));
+        }
+        let bytes = serde_json::to_vec(&snap).map_err(|e| self.unusable(e.to_string()))?;
+        self.write_raw(&bytes)
+    }
+
+    fn read_raw(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| self.unusable(e.to_string()))?;
+        let table = match txn.open_table(SNAPSHOTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.unusable(e.to_string())),
+        };
+        let value = table.get(KEY).map_err(|e| self.unusable(e.to_string()))?;
+        Ok(value.map(|v| v.value().to_vec()))
+    }
+
+    fn write_raw(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        let write_err = |e: &dyn std::fmt::Display| StoreError::Write {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        };
+        let txn = self.db.begin_write().map_err(|e| write_err(&e))?;
+        {
+            let mut table = txn.open_table(SNAPSHOTS).map_err(|e| write_err(&e))?;
+            table.insert(KEY, bytes).map_err(|e| write_err(&e))?;
+        }
+        txn.commit().map_err(|e| write_err(&e))
+    }
+
     /// Restores the last snapshot into `state` (built from the current configuration).
     /// Returns whether there was one.
     ///

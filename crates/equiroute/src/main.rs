@@ -7,6 +7,7 @@ mod png;
 mod policies;
 mod scenarios;
 mod serve;
+mod state;
 
 use clap::{Parser, Subcommand};
 
@@ -26,6 +27,9 @@ enum Command {
     MockUpstream(mock::Args),
     /// Validate a gateway configuration file.
     CheckConfig(check::Args),
+    /// Export or import the saved learning state as JSON.
+    #[command(subcommand)]
+    State(state::Command),
     /// Run policies side by side in simulated scenarios and report over seeds.
     Bench(bench::Args),
     /// List the built-in scenarios with one line each.
@@ -39,6 +43,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(&args)?,
         Command::MockUpstream(args) => mock::run(&args)?,
         Command::CheckConfig(args) => check::run(&args)?,
+        Command::State(cmd) => state::run(&cmd)?,
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
         Command::Policies => policies::run(),

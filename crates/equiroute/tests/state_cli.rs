@@ -1,0 +1,130 @@
+//! Learning state on disk, through the binary: `kill -9` during load never leaves a file the
+//! next start refuses, and `state export|import` round-trips the snapshot.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_equiroute")
+}
+
+/// Starts `serve` and returns it with its address (read from its first line).
+fn serve(config: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(bin())
+        .args([
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let Some(start) = line.find("http://") else {
+        let mut err = String::new();
+        let _ = child.stderr.as_mut().unwrap().read_to_string(&mut err);
+        panic!("serve did not start: {line} {err}");
+    };
+    let addr = line[start + 7..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    (child, addr)
+}
+
+fn post(addr: &str, path: &str, body: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn kill_9_during_load_then_restart_and_export_import() {
+    let dir = std::env::temp_dir().join(format!("equiroute-kill9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[state]\npath = {:?}\nsnapshot_interval_s = 0.05\n[interfaces.search]\nkind = \"tool\"\npolicy = {{ name = \"lqm\" }}\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n",
+            dir.join("state.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    for round in 0..4 {
+        let (mut child, addr) = serve(&config);
+        for _ in 0..25 {
+            let reply = post(&addr, "/v1/tools/search", r#"{"query":"rust"}"#);
+            assert!(reply.starts_with("HTTP/1.1 200"), "round {round}: {reply}");
+            let id = reply
+                .lines()
+                .find_map(|l| l.strip_prefix("x-equiroute-request-id: "))
+                .unwrap()
+                .trim()
+                .to_owned();
+            post(
+                &addr,
+                "/v1/feedback",
+                &format!(r#"{{"request_id":"{id}","quality":1.0}}"#),
+            );
+        }
+        child.kill().unwrap(); // SIGKILL: no shutdown, no final snapshot
+        child.wait().unwrap();
+    }
+    let out = Command::new(bin())
+        .args(["state", "export", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(snap["schema"], 1);
+    let heads = &snap["interfaces"]["search"]["policy"]["heads"]["heads"];
+    assert!(heads.is_array(), "{snap}");
+    let exported = dir.join("snapshot.json");
+    std::fs::write(&exported, &out.stdout).unwrap();
+    let ok = Command::new(bin())
+        .args([
+            "state",
+            "import",
+            "--config",
+            config.to_str().unwrap(),
+            exported.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    std::fs::write(&exported, br#"{"schema": 99}"#).unwrap();
+    let bad = Command::new(bin())
+        .args([
+            "state",
+            "import",
+            "--config",
+            config.to_str().unwrap(),
+            exported.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not an Equiroute state snapshot"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
