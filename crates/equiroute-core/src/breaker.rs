@@ -123,6 +123,22 @@ pub enum BreakerOutcome {
     Ignored,
 }
 
+impl BreakerOutcome {
+    /// The health verdict of an attempt. A deadline cut-off says the provider was slow for
+    /// this request, not that it is down, so it is left to the policies.
+    #[must_use]
+    pub fn of(status: crate::decision::AttemptStatus) -> BreakerOutcome {
+        use crate::decision::AttemptStatus;
+        match status {
+            AttemptStatus::Ok => BreakerOutcome::Success,
+            AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
+            AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
+                BreakerOutcome::Ignored
+            }
+        }
+    }
+}
+
 /// One candidate's circuit breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Breaker {
@@ -231,6 +247,19 @@ impl Breaker {
                 None
             }
         }
+    }
+
+    /// Records a finished attempt ending at `now`: its health verdict, then its `Retry-After`
+    /// (which opens the breaker for that long). Returns the transitions, in order.
+    pub fn observe(
+        &mut self,
+        now: Timestamp,
+        outcome: &crate::decision::AttemptOutcome,
+        cfg: &BreakerConfig,
+    ) -> [Option<Transition>; 2] {
+        let verdict = self.record(now, BreakerOutcome::of(outcome.status), cfg);
+        let retry = outcome.retry_after.and_then(|r| self.open(now.plus(r)));
+        [verdict, retry]
     }
 
     /// Opens until `until` (e.g. a `Retry-After`), unless already open for longer.

@@ -134,19 +134,26 @@ impl Store {
     /// # Errors
     /// Not a snapshot, another schema, or the write failed.
     pub fn import_json(&self, json: &serde_json::Value) -> Result<(), StoreError> {
-        let snap: Snapshot = serde_json::from_value(json.clone()).map_err(|e| {
-            self.unusable(format!(
-                "the imported file is not an Equiroute state snapshot ({e})"
-            ))
-        })?;
+        let snap: Snapshot = self.decode(
+            serde_json::from_value(json.clone())
+                .map_err(|e| format!("the imported file is not an Equiroute state snapshot ({e})")),
+            "the imported snapshot has",
+        )?;
+        let bytes = serde_json::to_vec(&snap).map_err(|e| self.unusable(e.to_string()))?;
+        self.write_raw(&bytes)
+    }
+
+    /// A parsed snapshot of this build's schema, or why it is unusable (`what` starts the
+    /// schema message: "it has", "the imported snapshot has").
+    fn decode(&self, parsed: Result<Snapshot, String>, what: &str) -> Result<Snapshot, StoreError> {
+        let snap = parsed.map_err(|reason| self.unusable(reason))?;
         if snap.schema != SCHEMA {
             return Err(self.unusable(format!(
-                "the imported snapshot has schema version {} and this build reads version {SCHEMA}",
+                "{what} schema version {} and this build reads version {SCHEMA}",
                 snap.schema
             )));
         }
-        let bytes = serde_json::to_vec(&snap).map_err(|e| self.unusable(e.to_string()))?;
-        self.write_raw(&bytes)
+        Ok(snap)
     }
 
     fn read_raw(&self) -> Result<Option<Vec<u8>>, StoreError> {
@@ -182,26 +189,14 @@ impl Store {
     /// # Errors
     /// A snapshot of another schema, of other providers or policies, or unreadable.
     pub fn restore(&self, state: &AppState) -> Result<bool, StoreError> {
-        let txn = self
-            .db
-            .begin_read()
-            .map_err(|e| self.unusable(e.to_string()))?;
-        let table = match txn.open_table(SNAPSHOTS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
-            Err(e) => return Err(self.unusable(e.to_string())),
-        };
-        let Some(value) = table.get(KEY).map_err(|e| self.unusable(e.to_string()))? else {
+        let Some(bytes) = self.read_raw()? else {
             return Ok(false);
         };
-        let snap: Snapshot = serde_json::from_slice(value.value())
-            .map_err(|e| self.unusable(format!("the snapshot cannot be read ({e})")))?;
-        if snap.schema != SCHEMA {
-            return Err(self.unusable(format!(
-                "it has schema version {} and this build reads version {SCHEMA}",
-                snap.schema
-            )));
-        }
+        let snap: Snapshot = self.decode(
+            serde_json::from_slice(&bytes)
+                .map_err(|e| format!("the snapshot cannot be read ({e})")),
+            "it has",
+        )?;
         for (name, saved) in &snap.interfaces {
             let Some(iface) = state.interfaces.get(name) else {
                 continue;

@@ -3,7 +3,7 @@
 
 use crate::scenario::ScenarioSpec;
 use crate::world::World;
-use equiroute_core::breaker::{Admission, Breaker, BreakerConfig, BreakerOutcome};
+use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
 use equiroute_core::features::Featurizer;
@@ -220,19 +220,7 @@ pub fn run(
                 outcome: &outcome,
                 now: end,
             });
-            // The breaker guards provider health: a deadline cut-off says the provider was slow
-            // for this request, not that it is down, so it is left to the policies.
-            let verdict = match outcome.status {
-                AttemptStatus::Ok => BreakerOutcome::Success,
-                AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
-                AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
-                    BreakerOutcome::Ignored
-                }
-            };
-            let _ = breakers[next.candidate].record(end, verdict, &breaker_cfg);
-            if let Some(retry) = outcome.retry_after {
-                let _ = breakers[next.candidate].open(end.plus(retry));
-            }
+            let _ = breakers[next.candidate].observe(end, &outcome, &breaker_cfg);
             run.record(next.candidate, outcome, clock);
             clock = end;
         }

@@ -311,17 +311,6 @@ pub fn spd_inverse(a: &[f64], d: usize) -> Option<Vec<f64>> {
     Some(inv)
 }
 
-/// Makes `m` exactly symmetric by averaging it with its transpose.
-pub fn symmetrize(m: &mut [f64], d: usize) {
-    for i in 0..d {
-        for j in (i + 1)..d {
-            let avg = 0.5 * (m[i * d + j] + m[j * d + i]);
-            m[i * d + j] = avg;
-            m[j * d + i] = avg;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,6 +47,15 @@ impl ApiError {
             param: None,
         }
     }
+    /// Shared state is unusable (a lock poisoned by a crash in another request).
+    pub fn internal() -> Self {
+        ApiError::upstream(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            "internal state is unavailable after a crash in another request",
+        )
+    }
+
     pub fn upstream(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,

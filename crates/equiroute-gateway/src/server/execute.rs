@@ -7,7 +7,7 @@ use super::state::{AppState, InterfaceRuntime, PendingFeedback};
 use crate::upstream::{ChunkStream, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
 use bytes::Bytes;
-use equiroute_core::breaker::{Admission, BreakerOutcome};
+use equiroute_core::breaker::Admission;
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, NextAttempt, RequestStatus};
 use equiroute_core::policies::{AttemptObservation, RankContext};
@@ -497,20 +497,11 @@ fn learn(
             now: end,
         });
     let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
-    // Health only: a deadline cut-off says the provider was slow for this request.
-    let verdict = match outcome.status {
-        AttemptStatus::Ok => BreakerOutcome::Success,
-        AttemptStatus::ProviderError(_) => BreakerOutcome::Failure,
-        AttemptStatus::Timeout | AttemptStatus::ClientError | AttemptStatus::Cancelled => {
-            BreakerOutcome::Ignored
-        }
-    };
-    let mut transitions = Vec::new();
-    transitions.extend(breakers[index].record(end, verdict, &iface.breaker_config));
-    if let Some(retry) = outcome.retry_after {
-        transitions.extend(breakers[index].open(end.plus(retry)));
-    }
-    for t in transitions {
+    for t in breakers[index]
+        .observe(end, outcome, &iface.breaker_config)
+        .into_iter()
+        .flatten()
+    {
         state.metrics.breaker(id, transition_name(t));
     }
     Ok(())
@@ -573,11 +564,7 @@ fn transition_name(t: equiroute_core::breaker::Transition) -> &'static str {
 }
 
 fn poisoned() -> ApiError {
-    ApiError::upstream(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal_error",
-        "internal state is unavailable after a crash in another request",
-    )
+    ApiError::internal()
 }
 
 /// Routes and executes a streamed chat request. Attempts fall back, exactly as unstreamed

@@ -158,6 +158,15 @@ fn authorized(req: &Request, keys: &[crate::config::Secret]) -> bool {
         .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()))
 }
 
+/// Runs `req` when its bearer key is one of `keys`, else answers 401.
+async fn guarded(keys: &[crate::config::Secret], req: Request, next: Next) -> Response {
+    if authorized(&req, keys) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
 /// The state and admin routes take the admin keys when configured, else the gateway keys.
 async fn require_admin_key(
     State(state): State<Arc<AppState>>,
@@ -169,19 +178,11 @@ async fn require_admin_key(
     } else {
         &state.admin_keys
     };
-    if authorized(&req, keys) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
+    guarded(keys, req, next).await
 }
 
 async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if authorized(&req, &state.api_keys) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
+    guarded(&state.api_keys, req, next).await
 }
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
@@ -479,10 +480,7 @@ async fn interface_state(
     let features = iface.featurizer.featurize("");
     let all: Vec<usize> = (0..iface.candidates.len()).collect();
     let ranking = {
-        let policy = iface
-            .policy
-            .read()
-            .map_err(|_| ApiError::bad_request("internal", None, "state unavailable"))?;
+        let policy = iface.policy.read().map_err(|_| ApiError::internal())?;
         let mut ctx = RankContext::new(&iface.candidates, &all, &features);
         ctx.deadline = iface.deadline;
         ctx.now = state.now();
