@@ -74,13 +74,16 @@ impl FailureRate {
         }
     }
 
-    /// Records one attempt that counts for the provider's health.
+    /// Records one attempt that counts for the provider's health. An attempt older than the
+    /// sums (another instance's, arriving late) counts with the weight it has decayed to, so
+    /// the sums do not depend on the order observations arrive in.
     pub fn record(&mut self, now: Timestamp, failed: bool, cfg: &FailureRateConfig) {
         self.decay_to(now, cfg);
-        self.attempts += 1.0;
+        let w = decay_factor(cfg.half_life_ms, self.at.0 - now.0);
+        self.attempts += w;
         self.count += 1;
         if failed {
-            self.failures += 1.0;
+            self.failures += w;
         }
     }
 
@@ -192,6 +195,35 @@ mod tests {
         assert!((left.failures - a.failures).abs() < 1e-12);
         assert!((left.attempts - a.attempts).abs() < 1e-12);
         assert_eq!(left.count, 2);
+    }
+
+    #[test]
+    fn late_attempts_count_with_their_decayed_weight_whatever_the_order() {
+        let cfg = FailureRateConfig {
+            half_life_ms: Some(1000.0),
+            prior_rate: 0.0,
+            prior_weight: 0.0,
+        };
+        let events: [(f64, bool); 4] =
+            [(0.0, true), (250.0, false), (1700.0, true), (900.0, false)];
+        let mut in_order = FailureRate::default();
+        let mut sorted = events;
+        sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (t, f) in sorted {
+            in_order.record(Timestamp(t), f, &cfg);
+        }
+        let mut shuffled = FailureRate::default();
+        for (t, f) in [events[2], events[0], events[3], events[1]] {
+            shuffled.record(Timestamp(t), f, &cfg);
+        }
+        assert_eq!(shuffled.at, in_order.at);
+        assert!((shuffled.failures - in_order.failures).abs() < 1e-12);
+        assert!((shuffled.attempts - in_order.attempts).abs() < 1e-12);
+        // A late failure 1 s old counts as half a failure.
+        let mut late = FailureRate::default();
+        late.record(Timestamp(1000.0), false, &cfg);
+        late.record(Timestamp(0.0), true, &cfg);
+        assert!((late.failures - 0.5).abs() < 1e-12);
     }
 
     #[test]

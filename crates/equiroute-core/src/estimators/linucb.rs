@@ -388,6 +388,11 @@ impl LinUcbHead {
                 ),
             });
         }
+        if self.count == 0 && self.window.is_empty() {
+            // Nothing here: the union is the other head, window order included.
+            self.clone_from(other);
+            return Ok(());
+        }
         self.count += other.count;
         if let Some(w) = self.config.window {
             let mut all: Vec<WindowEntry> = self.window.drain(..).collect();

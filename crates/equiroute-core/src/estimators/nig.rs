@@ -140,9 +140,12 @@ impl LogLatencyStats {
     }
 
     /// Records a completed attempt's latency at time `now`.
+    /// An observation older than the sums (another instance's, arriving late) counts with
+    /// the weight it has decayed to, so the sums do not depend on arrival order.
     pub fn observe(&mut self, now: Timestamp, latency_ms: f64, half_life_ms: Option<f64>) {
         self.decay_to(now, half_life_ms);
-        self.add_log(latency_ms.max(1e-3).ln(), 1.0, 0.0);
+        let w = decay_factor(half_life_ms, self.at.0 - now.0);
+        self.add_log(latency_ms.max(1e-3).ln(), w, 0.0);
         self.count += 1;
     }
 
@@ -169,7 +172,8 @@ impl LogLatencyStats {
         half_life_ms: Option<f64>,
     ) {
         self.decay_to(now, half_life_ms);
-        self.add_log(mean, 1.0, var);
+        let w = decay_factor(half_life_ms, self.at.0 - now.0);
+        self.add_log(mean, w, var);
         self.count += 1;
         self.censored += 1;
     }
@@ -323,6 +327,24 @@ mod tests {
         assert!((p.mu_n - 4.0 / 3.0).abs() < 1e-12);
         assert!((p.alpha_n - 3.0).abs() < 1e-12);
         assert!((p.beta_n - 10.0 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn late_observations_give_the_same_sums_whatever_the_order() {
+        let h = Some(800.0);
+        let events = [(0.0, 120.0), (300.0, 80.0), (2000.0, 450.0), (1100.0, 95.0)];
+        let mut in_order = LogLatencyStats::default();
+        for (t, l) in [events[0], events[1], events[3], events[2]] {
+            in_order.observe(Timestamp(t), l, h);
+        }
+        let mut shuffled = LogLatencyStats::default();
+        for (t, l) in [events[2], events[3], events[0], events[1]] {
+            shuffled.observe(Timestamp(t), l, h);
+        }
+        assert_eq!(shuffled.count, 4);
+        assert!((shuffled.weight - in_order.weight).abs() < 1e-12);
+        assert!((shuffled.mean_log - in_order.mean_log).abs() < 1e-12);
+        assert!((shuffled.deviation_sum - in_order.deviation_sum).abs() < 1e-12);
     }
 
     #[test]

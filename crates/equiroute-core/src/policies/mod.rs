@@ -18,6 +18,7 @@ mod config;
 mod heads;
 mod lqm;
 mod lqm_ts;
+mod observation;
 mod priority_cooldown;
 mod risk;
 mod simple;
@@ -29,6 +30,7 @@ pub use config::{NoParams, PolicyConfig, PolicyKind};
 pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig};
 pub use lqm::{Lqm, LqmConfig, LqmState};
 pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsState};
+pub use observation::Observation;
 pub use priority_cooldown::{CooldownState, PriorityCooldown, PriorityCooldownConfig};
 pub use risk::{CostObjective, RiskConfig, RiskModel, RiskSample, RiskState, SliceStats};
 pub use simple::{
@@ -178,9 +180,22 @@ pub struct QualityObservation<'a> {
     pub now: Timestamp,
 }
 
+/// A boxed copy of a policy (implemented for every `Clone` policy): lets the gateway build a
+/// new view of shared state beside the one serving requests, then swap it in.
+pub trait PolicyClone {
+    /// A copy of this policy with the same configuration and state.
+    fn clone_box(&self) -> Box<dyn Policy>;
+}
+
+impl<T: Policy + Clone + 'static> PolicyClone for T {
+    fn clone_box(&self) -> Box<dyn Policy> {
+        Box::new(self.clone())
+    }
+}
+
 /// A routing policy. Ranking reads state (`&self`) so the gateway can rank from a shared
 /// snapshot; observations mutate it.
-pub trait Policy: Send + Sync + std::fmt::Debug {
+pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// Which policy this is.
     fn kind(&self) -> PolicyKind;
 

@@ -39,6 +39,14 @@ pub struct RoundRobin {
     next: AtomicUsize,
 }
 
+impl Clone for RoundRobin {
+    fn clone(&self) -> Self {
+        RoundRobin {
+            next: AtomicUsize::new(self.next.load(Ordering::Relaxed)),
+        }
+    }
+}
+
 impl Policy for RoundRobin {
     fn kind(&self) -> PolicyKind {
         PolicyKind::RoundRobin
@@ -65,7 +73,7 @@ impl Policy for RoundRobin {
 }
 
 /// A uniformly random order.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RandomOrder;
 
 impl Policy for RandomOrder {
@@ -102,7 +110,7 @@ pub struct StaticConfig {
 }
 
 /// One fixed candidate first, then the others in configuration order.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Static {
     preferred: usize,
 }
@@ -168,7 +176,7 @@ pub struct EmaState {
 }
 
 /// Lowest latency EMA first; candidates never measured first of all (to measure them).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct LeastLatency {
     cfg: LeastLatencyConfig,
     state: EmaState,
@@ -240,7 +248,7 @@ impl Policy for LeastLatency {
 }
 
 /// Fewest in-flight attempts first (counts passed in by the caller), random among ties.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LeastBusy;
 
 impl Policy for LeastBusy {
@@ -301,7 +309,7 @@ pub struct HealthState {
 }
 
 /// The cheapest healthy candidate first; unhealthy ones last, healthiest first.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Cheapest {
     cfg: CheapestConfig,
     state: HealthState,
@@ -382,7 +390,7 @@ impl Policy for Cheapest {
 /// Ranks by the true expected value of each candidate for this request, which only the
 /// laboratory knows ([`RankContext::oracle_values`]). Without values it keeps
 /// configuration order with score 0.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Oracle;
 
 impl Policy for Oracle {
