@@ -8,6 +8,7 @@ pub mod config;
 pub mod feedback;
 pub mod mock;
 pub mod server;
+pub mod shared;
 pub mod store;
 pub mod upstream;
 
@@ -36,14 +37,27 @@ pub async fn serve(
         writer = Some(task);
     }
     let mut store = None;
-    if let Some(cfg) = &config.state {
-        let s = store::Store::open(&cfg.path).map_err(|e| std::io::Error::other(e.to_string()))?;
-        s.restore(&state)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        store = Some((
-            Arc::new(s),
-            std::time::Duration::from_secs_f64(cfg.snapshot_interval_s.max(0.05)),
-        ));
+    let mut syncer = None;
+    match &config.state {
+        Some(config::StateConfig::File(cfg)) => {
+            let s =
+                store::Store::open(&cfg.path).map_err(|e| std::io::Error::other(e.to_string()))?;
+            s.restore(&state)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            store = Some((
+                Arc::new(s),
+                std::time::Duration::from_secs_f64(cfg.snapshot_interval_s.max(0.05)),
+            ));
+        }
+        Some(config::StateConfig::Redis(cfg)) => {
+            let mut s = shared::Syncer::start(cfg, &state)
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            // Start from what the other instances learnt (a no-op when Redis is down).
+            s.tick(&state).await;
+            syncer = Some(s);
+        }
+        None => {}
     }
     let state = Arc::new(state);
     // Periodic snapshots, off the request path (a blocking thread per save).
@@ -57,6 +71,9 @@ pub async fn serve(
             }
         })
     });
+    // Background exchange with the other instances; a last push after the drain.
+    let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
+    let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));
     let app = server::router(state.clone(), config.max_body_bytes);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
@@ -64,6 +81,10 @@ pub async fn serve(
     if let Some(task) = saver {
         task.abort();
         let _ = task.await;
+    }
+    let _ = stop_sync.send(true);
+    if let Some(task) = sync_task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
     }
     // The last snapshot, after every in-flight request has finished.
     if let Some((s, _)) = &store {

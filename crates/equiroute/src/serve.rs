@@ -2,7 +2,7 @@
 //! `--config` is given (in-process simulated providers: no keys, no services).
 
 use anyhow::Context;
-use equiroute_gateway::config::{load, DEFAULT_CONFIG};
+use equiroute_gateway::config::{load, StateConfig, DEFAULT_CONFIG};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -41,6 +41,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        if args.reset_state {
+            reset_state(config.state.as_ref()).await?;
+        }
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}: is the port free?", config.listen))?;
@@ -58,6 +61,26 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("equiroute stopped");
         anyhow::Ok(())
     })
+}
+
+/// `--reset-state`: deletes the state file, or the shared state's keys in Redis.
+async fn reset_state(state: Option<&StateConfig>) -> anyhow::Result<()> {
+    match state {
+        Some(StateConfig::File(f)) => match std::fs::remove_file(&f.path) {
+            Ok(()) => println!("--reset-state: deleted {}", f.path.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => anyhow::bail!("--reset-state: cannot delete {}: {e}", f.path.display()),
+        },
+        Some(StateConfig::Redis(r)) => {
+            equiroute_gateway::shared::reset(r).await?;
+            println!(
+                "--reset-state: deleted the shared state of namespace `{}` in Redis",
+                r.namespace
+            );
+        }
+        None => println!("--reset-state: no [state] section, nothing to delete"),
+    }
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM.

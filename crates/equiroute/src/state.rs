@@ -2,6 +2,7 @@
 //! and migration. Run them while no gateway holds the state file.
 
 use anyhow::{bail, Context};
+use equiroute_gateway::config::StateConfig;
 use equiroute_gateway::store::Store;
 use std::path::PathBuf;
 
@@ -28,13 +29,17 @@ fn store_of(config: &PathBuf) -> anyhow::Result<Store> {
     let cfg = equiroute_gateway::config::load(&text, &config.display().to_string(), &|name| {
         std::env::var(name).ok()
     })?;
-    let Some(state) = cfg.state else {
-        bail!(
+    match cfg.state {
+        Some(StateConfig::File(state)) => Ok(Store::open(&state.path)?),
+        Some(StateConfig::Redis(_)) => bail!(
+            "{}: [state] uses the redis backend: export and import work on the file backend; point a configuration with `[state] path = \"…\"` at a copy, or read the shared state from GET /v1/interfaces/NAME/state?full=true",
+            config.display()
+        ),
+        None => bail!(
             "{}: has no [state] section: add `[state] path = \"…\"` to keep learning state",
             config.display()
-        );
-    };
-    Ok(Store::open(&state.path)?)
+        ),
+    }
 }
 
 pub fn run(command: &Command) -> anyhow::Result<()> {

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
+mod state;
+pub use state::{RedisStateConfig, StateConfig};
+
 /// The embedded default: two interfaces of in-process simulated providers, so that
 /// `equiroute serve` routes for real on a fresh machine with no keys and no services.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
@@ -57,7 +60,7 @@ struct RawConfig {
     audit: Option<crate::server::audit::AuditConfig>,
     /// Where learning state is saved across restarts; none: in memory only.
     #[serde(default)]
-    state: Option<crate::store::StoreConfig>,
+    state: Option<state::RawState>,
     #[serde(default)]
     interfaces: BTreeMap<String, RawInterface>,
 }
@@ -206,7 +209,8 @@ pub struct GatewayConfig {
     pub admin_keys: Vec<Secret>,
     pub feedback_ttl: Millis,
     pub audit: Option<crate::server::audit::AuditConfig>,
-    pub state: Option<crate::store::StoreConfig>,
+    /// Where learning state lives; none: in memory only.
+    pub state: Option<StateConfig>,
     pub interfaces: Vec<InterfaceConfig>,
 }
 
@@ -292,6 +296,13 @@ pub fn load_all(
             "define at least one [interfaces.NAME] table".into(),
         ));
     }
+    let state = raw.state.and_then(|r| match state::validate(r, env) {
+        Ok(s) => Some(s),
+        Err(ps) => {
+            problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
+            None
+        }
+    });
     let mut interfaces = Vec::new();
     for (name, raw_if) in raw.interfaces {
         match load_interface(&name, raw_if, env) {
@@ -307,7 +318,7 @@ pub fn load_all(
             admin_keys,
             feedback_ttl: Millis(ttl * 1000.0),
             audit: raw.audit,
-            state: raw.state,
+            state,
             interfaces,
         }),
         _ => Err(problems),

@@ -49,15 +49,19 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
         e.clone()
     };
     if let Some(iface) = state.interfaces.get(&entry.interface) {
-        if let Ok(mut policy) = iface.policy.write() {
-            policy.observe_quality(&QualityObservation {
-                candidate: entry.candidate,
-                features: &entry.features,
-                quality,
-                latency: entry.latency,
-                now,
-            });
-        }
+        state
+            .record_quality(
+                iface,
+                request_id,
+                &QualityObservation {
+                    candidate: entry.candidate,
+                    features: &entry.features,
+                    quality,
+                    latency: entry.latency,
+                    now,
+                },
+            )
+            .map_err(|_| ApiError::internal())?;
     }
     Ok(Applied::Accepted)
 }

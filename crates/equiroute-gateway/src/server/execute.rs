@@ -10,7 +10,7 @@ use bytes::Bytes;
 use equiroute_core::breaker::Admission;
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, NextAttempt, RequestStatus};
-use equiroute_core::policies::{AttemptObservation, RankContext};
+use equiroute_core::policies::RankContext;
 use equiroute_core::{
     AttemptOutcome, AttemptStatus, Millis, ProviderFailure, Requirements, SlicePath, TokenEstimate,
     Usd,
@@ -331,9 +331,7 @@ fn record_request(
 
 /// Keeps an answered request's context until its quality score arrives.
 fn remember(state: &AppState, request_id: &str, entry: PendingFeedback) {
-    if let Ok(mut pending) = state.pending.lock() {
-        pending.insert(request_id.to_owned(), entry);
-    }
+    state.remember(request_id, entry);
 }
 
 /// The first attempt's status, when the request fell back.
@@ -384,9 +382,10 @@ fn admit(
     let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
     let (admission, transition) = breakers[candidate].admit(now, &iface.breaker_config);
     if let Some(t) = transition {
-        state
-            .metrics
-            .breaker(&iface.candidates[candidate].id.0, transition_name(t));
+        state.metrics.breaker(
+            &iface.candidates[candidate].id.0,
+            super::state::transition_name(t),
+        );
     }
     Ok(!matches!(admission, Admission::Rejected { .. }))
 }
@@ -416,8 +415,7 @@ async fn attempt(
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
     let outcome = outcome_of(&reply, candidate, tokens);
-    learn(
-        state,
+    state.record_attempt(
         iface,
         next.candidate,
         features,
@@ -469,44 +467,6 @@ fn outcome_of(
     }
 }
 
-/// Feeds one attempt's outcome to the policy, the breaker and the metrics.
-fn learn(
-    state: &AppState,
-    iface: &InterfaceRuntime,
-    index: usize,
-    features: &[f64],
-    slice: SlicePath,
-    outcome: &AttemptOutcome,
-    remaining: Option<Millis>,
-) -> Result<(), ApiError> {
-    let end = state.now();
-    let id = &iface.candidates[index].id.0;
-    state
-        .metrics
-        .attempt(&iface.name, id, outcome.status.as_str());
-    iface
-        .policy
-        .write()
-        .map_err(|_| poisoned())?
-        .observe_attempt(&AttemptObservation {
-            candidate: index,
-            features,
-            slice,
-            deadline: remaining,
-            outcome,
-            now: end,
-        });
-    let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
-    for t in breakers[index]
-        .observe(end, outcome, &iface.breaker_config)
-        .into_iter()
-        .flatten()
-    {
-        state.metrics.breaker(id, transition_name(t));
-    }
-    Ok(())
-}
-
 /// The error answer of a request that got no answer.
 fn failure(
     state: &AppState,
@@ -552,14 +512,6 @@ fn failure(
                 ),
             )
         }
-    }
-}
-
-fn transition_name(t: equiroute_core::breaker::Transition) -> &'static str {
-    match t {
-        equiroute_core::breaker::Transition::Opened => "open",
-        equiroute_core::breaker::Transition::HalfOpened => "half_open",
-        equiroute_core::breaker::Transition::Closed => "closed",
     }
 }
 
@@ -620,8 +572,7 @@ pub async fn execute_stream(
         {
             StreamStart::Failed(reply) => {
                 let outcome = outcome_of(&reply, candidate, tokens);
-                learn(
-                    &state,
+                state.record_attempt(
                     &iface,
                     next.candidate,
                     &features,
@@ -771,8 +722,7 @@ impl Relay {
         self.state
             .metrics
             .request_latency(&self.iface.name, latency.0);
-        let _ = learn(
-            &self.state,
+        let _ = self.state.record_attempt(
             &self.iface,
             self.candidate,
             &self.features,
@@ -787,19 +737,18 @@ impl Relay {
         };
         self.state.metrics.request(&self.iface.name, label);
         if status == AttemptStatus::Ok {
-            if let Ok(mut pending) = self.state.pending.lock() {
-                pending.insert(
-                    self.request_id.clone(),
-                    PendingFeedback {
-                        interface: self.iface.name.clone(),
-                        candidate: self.candidate,
-                        features: self.features.clone(),
-                        latency,
-                        at: self.state.now(),
-                        consumed: false,
-                    },
-                );
-            }
+            remember(
+                &self.state,
+                &self.request_id,
+                PendingFeedback {
+                    interface: self.iface.name.clone(),
+                    candidate: self.candidate,
+                    features: self.features.clone(),
+                    latency,
+                    at: self.state.now(),
+                    consumed: false,
+                },
+            );
         }
     }
 }

@@ -46,7 +46,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .merge(v1)
         .merge(admin)
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ready" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
@@ -470,9 +470,17 @@ async fn list_interfaces(State(state): State<Arc<AppState>>) -> Json<Value> {
 
 /// `GET /v1/interfaces/{name}/state`: each candidate's current estimates (from the policy's
 /// view of an empty query at the interface deadline), breaker state and traffic share.
+/// `?full=true` adds the policy's whole learning state (sufficient statistics, windows).
+#[derive(Debug, Default, serde::Deserialize)]
+struct StateQuery {
+    #[serde(default)]
+    full: bool,
+}
+
 async fn interface_state(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<StateQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let iface = state.interfaces.get(&name).ok_or_else(|| {
         ApiError::not_found("interface_not_found", format!("no interface `{name}`"))
@@ -509,13 +517,38 @@ async fn interface_state(
             })
         })
         .collect();
-    Ok(Json(
-        json!({"interface": name, "policy": iface.policy_name, "candidates": candidates}),
-    ))
+    let mut body =
+        json!({"interface": name, "policy": iface.policy_name, "candidates": candidates});
+    if query.full {
+        let learnt = iface
+            .policy
+            .read()
+            .map_err(|_| ApiError::internal())?
+            .export_state();
+        body["learning_state"] = serde_json::to_value(learnt).unwrap_or(Value::Null);
+    }
+    Ok(Json(body))
+}
+
+/// Ready to serve. With shared state, the body says whether Redis is reachable: an instance
+/// without Redis still routes (on its local state), so it stays ready.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match &state.shared {
+        None => "ready".into_response(),
+        Some(shared) => Json(json!({
+            "status": "ready",
+            "state": shared.readiness(state.now()),
+        }))
+        .into_response(),
+    }
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let mut resp = state.metrics.render().into_response();
+    let mut text = state.metrics.render();
+    if let Some(shared) = &state.shared {
+        shared.render_metrics(&mut text);
+    }
+    let mut resp = text.into_response();
     resp.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -6,12 +6,14 @@
 
 use super::metrics::Metrics;
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
+use crate::shared::Event;
 use crate::upstream::Upstream;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
+use equiroute_core::breaker::{BreakerState, Transition};
 use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::features::Featurizer;
-use equiroute_core::policies::Policy;
-use equiroute_core::{Candidate, Millis, Timestamp};
+use equiroute_core::policies::{AttemptObservation, Observation, Policy, QualityObservation};
+use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -81,7 +83,7 @@ impl InterfaceRuntime {
 }
 
 /// The context of an answered request, kept until its quality score arrives.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PendingFeedback {
     pub interface: String,
     pub candidate: usize,
@@ -102,6 +104,8 @@ pub struct AppState {
     /// The decision audit log, when configured.
     pub audit: Option<super::audit::AuditLog>,
     pub feedback_ttl: Millis,
+    /// The journal and sync status when learning state is shared through Redis.
+    pub shared: Option<crate::shared::SharedHandle>,
     epoch: Instant,
     /// Wall-clock time at `epoch`; `now()` advances monotonically from it.
     started_unix_ms: f64,
@@ -132,6 +136,13 @@ impl AppState {
             admin_keys: cfg.admin_keys.clone(),
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
+            shared: match &cfg.state {
+                Some(crate::config::StateConfig::Redis(r)) => Some(crate::shared::SharedHandle {
+                    journal: crate::shared::Journal::new(r.max_unpushed),
+                    status: crate::shared::SyncStatus::default(),
+                }),
+                _ => None,
+            },
             epoch: Instant::now(),
             started_unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -178,5 +189,151 @@ impl AppState {
             let horizon = 2.0 * self.feedback_ttl.0;
             p.retain(|_, e| now.0 - e.at.0 <= horizon);
         }
+    }
+}
+
+/// A poisoned lock: a handler panicked while holding it.
+#[derive(Debug, Clone, Copy)]
+pub struct Poisoned;
+
+/// The metric label of a breaker transition.
+#[must_use]
+pub fn transition_name(t: Transition) -> &'static str {
+    match t {
+        Transition::Opened => "open",
+        Transition::HalfOpened => "half_open",
+        Transition::Closed => "closed",
+    }
+}
+
+impl AppState {
+    fn journal(&self, event: impl FnOnce() -> Event) {
+        if let Some(shared) = &self.shared {
+            shared.journal.record(event());
+        }
+    }
+
+    /// Feeds one finished attempt (ending now) to the policy, the breaker and the metrics,
+    /// and to the shared journal when state is shared.
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    pub fn record_attempt(
+        &self,
+        iface: &InterfaceRuntime,
+        index: usize,
+        features: &[f64],
+        slice: SlicePath,
+        outcome: &AttemptOutcome,
+        remaining: Option<Millis>,
+    ) -> Result<(), Poisoned> {
+        let end = self.now();
+        let id = &iface.candidates[index].id.0;
+        self.metrics
+            .attempt(&iface.name, id, outcome.status.as_str());
+        let obs = AttemptObservation {
+            candidate: index,
+            features,
+            slice,
+            deadline: remaining,
+            outcome,
+            now: end,
+        };
+        {
+            // The journal is written under the policy lock: the sync task rebuilds the live
+            // policy under the same lock (see `shared`).
+            let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
+            policy.observe_attempt(&obs);
+            self.journal(|| Event::Learn {
+                iface: iface.name.clone(),
+                obs: Observation::attempt(&obs),
+            });
+        }
+        let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
+        let before = breakers[index].state;
+        for t in breakers[index]
+            .observe(end, outcome, &iface.breaker_config)
+            .into_iter()
+            .flatten()
+        {
+            self.metrics.breaker(id, transition_name(t));
+        }
+        if let BreakerState::Open { until } = breakers[index].state {
+            if breakers[index].state != before {
+                self.journal(|| Event::BreakerOpen {
+                    iface: iface.name.clone(),
+                    candidate: index,
+                    until,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds an observation to the interface's policy (and the shared journal): the entry
+    /// point for observations made elsewhere, e.g. replayed from a log.
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    pub fn observe(&self, iface: &InterfaceRuntime, obs: Observation) -> Result<(), Poisoned> {
+        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
+        obs.apply(policy.as_mut());
+        self.journal(|| Event::Learn {
+            iface: iface.name.clone(),
+            obs,
+        });
+        Ok(())
+    }
+
+    /// Feeds a quality score for `request_id` to the policy (and the shared journal).
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    pub fn record_quality(
+        &self,
+        iface: &InterfaceRuntime,
+        request_id: &str,
+        obs: &QualityObservation<'_>,
+    ) -> Result<(), Poisoned> {
+        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
+        policy.observe_quality(obs);
+        self.journal(|| Event::Feedback {
+            iface: iface.name.clone(),
+            request_id: request_id.to_owned(),
+            obs: Observation::quality(obs),
+        });
+        Ok(())
+    }
+
+    /// Keeps an answered request's context until its quality score arrives.
+    pub fn remember(&self, request_id: &str, entry: PendingFeedback) {
+        self.journal(|| Event::Pending {
+            request_id: request_id.to_owned(),
+            ctx: entry.clone(),
+        });
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(request_id.to_owned(), entry);
+        }
+    }
+
+    /// Opens a breaker until `until` because another instance opened its own.
+    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp) {
+        let Some(i) = self.interfaces.get(iface) else {
+            return;
+        };
+        if let Ok(mut breakers) = i.breakers.lock() {
+            if let Some(b) = breakers.get_mut(candidate) {
+                if let Some(t) = b.open(until) {
+                    self.metrics
+                        .breaker(&i.candidates[candidate].id.0, transition_name(t));
+                }
+            }
+        }
+    }
+}
+
+impl From<Poisoned> for super::error::ApiError {
+    fn from(_: Poisoned) -> Self {
+        super::error::ApiError::internal()
     }
 }

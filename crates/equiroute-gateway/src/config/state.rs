@@ -1,0 +1,282 @@
+//! The `[state]` section: where learning state lives — an embedded file (one machine) or
+//! Redis (several gateway instances sharing their statistics).
+
+use super::Secret;
+use crate::store::StoreConfig;
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `[state]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawState {
+    backend: Option<String>,
+    path: Option<PathBuf>,
+    snapshot_interval_s: Option<f64>,
+    url: Option<String>,
+    url_env: Option<String>,
+    namespace: Option<String>,
+    sync_interval_ms: Option<f64>,
+    compact_every: Option<u64>,
+    max_unpushed: Option<usize>,
+}
+
+/// Where learning state lives, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StateConfig {
+    /// One snapshot in an embedded redb file.
+    File(StoreConfig),
+    /// Shared with other instances through Redis.
+    Redis(RedisStateConfig),
+}
+
+/// `[state] backend = "redis"`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisStateConfig {
+    /// `redis://host:port[/db]`, possibly with a password: never printed.
+    pub url: Secret,
+    /// Prefix of every key, so that several deployments can share one Redis.
+    pub namespace: String,
+    /// How often each instance pushes its observations and pulls the others'.
+    pub sync_interval: Duration,
+    /// Log entries between two compactions (a snapshot of the merged state, older entries
+    /// trimmed).
+    pub compact_every: u64,
+    /// Most observations kept for Redis while it is unreachable; beyond, the oldest are
+    /// dropped and counted.
+    pub max_unpushed: usize,
+}
+
+/// Validates `[state]`; problems are (field, fix) pairs.
+pub(super) fn validate(
+    raw: RawState,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<StateConfig, Vec<(String, String)>> {
+    let mut problems = Vec::new();
+    let mut bad = |field: &str, fix: String| problems.push((format!("state.{field}"), fix));
+    let config = match raw.backend.as_deref().unwrap_or("file") {
+        "file" => file(raw, &mut bad),
+        "redis" => redis(raw, env, &mut bad),
+        other => {
+            bad(
+                "backend",
+                format!("`{other}` is not a backend: use \"file\" or \"redis\""),
+            );
+            None
+        }
+    };
+    match config {
+        Some(c) if problems.is_empty() => Ok(c),
+        _ => Err(problems),
+    }
+}
+
+/// Reports a field that the chosen backend does not use.
+fn misplaced(backend: &str, name: &str, present: bool, bad: &mut dyn FnMut(&str, String)) {
+    if present {
+        bad(
+            name,
+            format!("is not used with backend = \"{backend}\": remove it"),
+        );
+    }
+}
+
+fn file(raw: RawState, bad: &mut dyn FnMut(&str, String)) -> Option<StateConfig> {
+    misplaced("file", "url", raw.url.is_some(), bad);
+    misplaced("file", "url_env", raw.url_env.is_some(), bad);
+    misplaced("file", "namespace", raw.namespace.is_some(), bad);
+    misplaced(
+        "file",
+        "sync_interval_ms",
+        raw.sync_interval_ms.is_some(),
+        bad,
+    );
+    misplaced("file", "compact_every", raw.compact_every.is_some(), bad);
+    misplaced("file", "max_unpushed", raw.max_unpushed.is_some(), bad);
+    let interval = raw.snapshot_interval_s.unwrap_or(5.0);
+    if !(interval.is_finite() && interval > 0.0) {
+        bad(
+            "snapshot_interval_s",
+            "must be a positive number of seconds, e.g. 5".into(),
+        );
+    }
+    if let Some(path) = raw.path {
+        Some(StateConfig::File(StoreConfig {
+            path,
+            snapshot_interval_s: interval,
+        }))
+    } else {
+        bad(
+            "path",
+            "the file backend needs a file: add path = \"equiroute-state.redb\"".into(),
+        );
+        None
+    }
+}
+
+fn redis(
+    raw: RawState,
+    env: &dyn Fn(&str) -> Option<String>,
+    bad: &mut dyn FnMut(&str, String),
+) -> Option<StateConfig> {
+    misplaced("redis", "path", raw.path.is_some(), bad);
+    misplaced(
+        "redis",
+        "snapshot_interval_s",
+        raw.snapshot_interval_s.is_some(),
+        bad,
+    );
+    let from_env = raw.url_env.is_some();
+    let url = match (raw.url, raw.url_env) {
+        (Some(_), Some(_)) => {
+            bad("url", "give url or url_env, not both".into());
+            None
+        }
+        (Some(url), None) => {
+            if has_password(&url) {
+                bad("url", "contains a password: put the URL in an environment variable and name it in state.url_env".into());
+                None
+            } else {
+                Some(url)
+            }
+        }
+        (None, Some(name)) => {
+            let value = env(&name).filter(|v| !v.is_empty());
+            if value.is_none() {
+                bad(
+                    "url_env",
+                    format!(
+                        "environment variable `{name}` is not set: export it with a redis:// URL"
+                    ),
+                );
+            }
+            value
+        }
+        (None, None) => {
+            bad(
+                "url",
+                "the redis backend needs an address: add url = \"redis://127.0.0.1:6379\" (or url_env naming a variable that holds it)".into(),
+            );
+            None
+        }
+    };
+    if let Some(u) = &url {
+        if !u.starts_with("redis://") {
+            bad(
+                if from_env { "url_env" } else { "url" },
+                "must be a redis:// URL, e.g. redis://127.0.0.1:6379/0".into(),
+            );
+        }
+    }
+    let namespace = raw.namespace.unwrap_or_else(|| "equiroute".to_owned());
+    if namespace.is_empty()
+        || !namespace
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    {
+        bad(
+            "namespace",
+            "use letters, digits and - _ . : only, e.g. \"equiroute-prod\"".into(),
+        );
+    }
+    let sync_ms = raw.sync_interval_ms.unwrap_or(500.0);
+    if !(sync_ms.is_finite() && (10.0..=60_000.0).contains(&sync_ms)) {
+        bad(
+            "sync_interval_ms",
+            "must be between 10 and 60000 milliseconds (default 500)".into(),
+        );
+    }
+    let compact_every = raw.compact_every.unwrap_or(20_000);
+    if compact_every < 100 {
+        bad(
+            "compact_every",
+            "must be at least 100 log entries (default 20000)".into(),
+        );
+    }
+    let max_unpushed = raw.max_unpushed.unwrap_or(200_000);
+    if max_unpushed < 1000 {
+        bad(
+            "max_unpushed",
+            "must be at least 1000 observations (default 200000)".into(),
+        );
+    }
+    url.map(|url| {
+        StateConfig::Redis(RedisStateConfig {
+            url: Secret(url),
+            namespace,
+            sync_interval: Duration::from_secs_f64(sync_ms / 1000.0),
+            compact_every,
+            max_unpushed,
+        })
+    })
+}
+
+/// Whether a redis:// URL carries a password (`redis://user:pass@host` or `redis://:pass@host`).
+fn has_password(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or("");
+    authority
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<StateConfig, Vec<(String, String)>> {
+        let raw: RawState =
+            toml::from_str(text).map_err(|e| vec![("syntax".into(), e.to_string())])?;
+        validate(raw, env)
+    }
+
+    #[test]
+    fn redis_backend_reads_the_url_from_the_environment_and_never_accepts_a_literal_password() {
+        let env = |k: &str| (k == "R").then(|| "redis://:hunter2@127.0.0.1:7000/1".to_owned());
+        let Ok(StateConfig::Redis(r)) = parse("backend = \"redis\"\nurl_env = \"R\"", &env) else {
+            panic!("redis config refused");
+        };
+        assert_eq!(r.namespace, "equiroute");
+        assert_eq!(r.sync_interval, Duration::from_millis(500));
+        let e = parse("backend = \"redis\"\nurl = \"redis://:hunter2@h:1\"", &env).unwrap_err();
+        assert_eq!(e[0].0, "state.url");
+        assert!(e[0].1.contains("url_env") && !e[0].1.contains("hunter2"));
+        let e = parse("backend = \"redis\"\nurl_env = \"MISSING\"", &env).unwrap_err();
+        assert!(e[0].0 == "state.url_env" && e[0].1.contains("MISSING"));
+    }
+
+    #[test]
+    fn every_misplaced_or_out_of_range_field_is_named() {
+        let none = |_: &str| None;
+        let e = parse(
+            "backend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\npath = \"x\"\nsync_interval_ms = 5\nnamespace = \"a b\"",
+            &none,
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = e.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["state.path", "state.namespace", "state.sync_interval_ms"]
+        );
+        let e = parse("backend = \"memcached\"", &none).unwrap_err();
+        assert!(e[0].0 == "state.backend" && e[0].1.contains("\"redis\""));
+        let e = parse("url = \"redis://h:1\"", &none).unwrap_err();
+        assert_eq!(e[0].0, "state.url");
+        assert!(matches!(
+            parse("path = \"s.redb\"", &none),
+            Ok(StateConfig::File(_))
+        ));
+    }
+
+    #[test]
+    fn passwords_are_found_in_the_userinfo_only() {
+        assert!(has_password("redis://u:p@h:1/0"));
+        assert!(has_password("redis://:p@h:1"));
+        assert!(!has_password("redis://h:1/0"));
+        assert!(!has_password("redis://user@h:1"));
+    }
+}

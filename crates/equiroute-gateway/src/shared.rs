@@ -1,0 +1,833 @@
+//! Learning state shared by several gateway instances through Redis (`[state] backend =
+//! "redis"`).
+//!
+//! # How it works
+//!
+//! The request path never waits on Redis. Each instance applies its own observations to its
+//! policies at once and also appends them to a local [`Journal`]. A background task, every
+//! `sync_interval_ms`:
+//!
+//! 1. **pushes** the journal's new observations as one batch, appended to a Redis stream by a
+//!    Lua script that also records the batch number per instance — so a batch whose
+//!    acknowledgement was lost and is sent again is not appended twice;
+//! 2. **pulls** every entry appended since its cursor (its own and the other instances'), and
+//!    applies the observations, in the stream's order, to a *confirmed* copy of the policies;
+//! 3. **rebuilds** the live policies as the confirmed copy plus the instance's own
+//!    observations that are not yet in the stream.
+//!
+//! The stream gives one global order, so after a sync every instance holds exactly the
+//! statistics of one instance that saw all the observations in that order — windows and
+//! moving averages included, not just the sums. For the sums of sufficient statistics (the
+//! quality heads' A and b, failure counts, log-latency moments) the order does not matter.
+//!
+//! Time: every observation carries the wall-clock time at which it was made, and decayed
+//! sums weigh an observation by its own age (one that arrives late counts with the weight it
+//! has decayed to), so decay is keyed by time, not by arrival. Sliding windows hold the last
+//! `W` observations in the stream's order, the same on every instance.
+//!
+//! Breakers are per instance, but opening one (consecutive failures, a `Retry-After`) is
+//! an event too: the others open theirs until the same time. The contexts of answered
+//! requests travel the same way, so quality feedback can be posted to any instance.
+//!
+//! Compaction: every `compact_every` entries an instance writes a snapshot of the confirmed
+//! state with the stream id it stands at, and the entries older than the *previous*
+//! snapshot are trimmed. An instance whose cursor falls behind the trimmed part (a new
+//! instance, a long partition) loads the snapshot instead of replaying.
+//!
+//! Redis down: the instance keeps routing on its live state, keeps its observations in the
+//! journal (up to `max_unpushed`, oldest dropped and counted beyond that), logs one warning
+//! per outage, shows it in `/metrics` and `/readyz`, and pushes the backlog when Redis
+//! returns.
+
+use crate::config::RedisStateConfig;
+use crate::server::state::{AppState, PendingFeedback};
+use equiroute_core::policies::{Observation, Policy, PolicyState};
+use equiroute_core::Timestamp;
+use redis::aio::MultiplexedConnection;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Longest wait for one Redis command before the sync counts Redis as unreachable.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most observations in one pushed batch.
+const BATCH_MAX: usize = 5_000;
+/// Stream entries read per request.
+const READ_COUNT: usize = 500;
+
+/// Appends one batch, unless this instance's batch number was appended already.
+const PUSH_SCRIPT: &str = r"
+local done = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if tonumber(ARGV[2]) <= done then return 0 end
+redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+return 1
+";
+
+/// Stores a snapshot if it is newer than the stored one, and trims the stream up to the
+/// previous snapshot.
+const SNAPSHOT_SCRIPT: &str = r"
+local function parts(id)
+  local ms, seq = string.match(id, '(%d+)-(%d+)')
+  return tonumber(ms), tonumber(seq)
+end
+local cur = redis.call('HGET', KEYS[1], 'id')
+if cur then
+  local am, as = parts(ARGV[1])
+  local bm, bs = parts(cur)
+  if am < bm or (am == bm and as <= bs) then return 0 end
+end
+local trimmed = cur or '0-0'
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'data', ARGV[2], 'trimmed', trimmed)
+redis.call('XTRIM', KEYS[2], 'MINID', trimmed)
+return 1
+";
+
+/// One learning event of an instance, as it travels through Redis.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// An observation for interface `iface`'s policy.
+    Learn { iface: String, obs: Observation },
+    /// A quality score for request `request_id` (its context is consumed everywhere).
+    Feedback {
+        iface: String,
+        request_id: String,
+        obs: Observation,
+    },
+    /// The context of an answered request, so that its feedback can reach any instance.
+    Pending {
+        request_id: String,
+        ctx: PendingFeedback,
+    },
+    /// A breaker opened until `until` (failures, or a provider's `Retry-After`).
+    BreakerOpen {
+        iface: String,
+        candidate: usize,
+        until: Timestamp,
+    },
+}
+
+/// This instance's events that the shared log does not hold yet, numbered from 1.
+#[derive(Debug)]
+pub struct Journal {
+    inner: Mutex<JournalInner>,
+    max: usize,
+}
+
+#[derive(Debug, Default)]
+struct JournalInner {
+    next: u64,
+    events: VecDeque<(u64, Event)>,
+    dropped: u64,
+}
+
+impl Journal {
+    /// A journal keeping at most `max` events.
+    #[must_use]
+    pub fn new(max: usize) -> Journal {
+        Journal {
+            inner: Mutex::new(JournalInner::default()),
+            max: max.max(1),
+        }
+    }
+
+    /// Appends an event.
+    pub fn record(&self, event: Event) {
+        if let Ok(mut j) = self.inner.lock() {
+            j.next += 1;
+            let seq = j.next;
+            j.events.push_back((seq, event));
+            if j.events.len() > self.max {
+                j.events.pop_front();
+                j.dropped += 1;
+            }
+        }
+    }
+
+    /// Up to `limit` events numbered after `seq`, in order.
+    fn after(&self, seq: u64, limit: usize) -> Vec<(u64, Event)> {
+        self.inner.lock().map_or_else(
+            |_| Vec::new(),
+            |j| {
+                j.events
+                    .iter()
+                    .filter(|(s, _)| *s > seq)
+                    .take(limit)
+                    .cloned()
+                    .collect()
+            },
+        )
+    }
+
+    /// Forgets the events numbered up to `seq` (the log holds them now).
+    fn forget_through(&self, seq: u64) {
+        if let Ok(mut j) = self.inner.lock() {
+            while j.events.front().is_some_and(|(s, _)| *s <= seq) {
+                j.events.pop_front();
+            }
+        }
+    }
+
+    /// Events kept, and events dropped because the journal was full.
+    #[must_use]
+    pub fn counts(&self) -> (usize, u64) {
+        self.inner
+            .lock()
+            .map_or((0, 0), |j| (j.events.len(), j.dropped))
+    }
+}
+
+/// What the sync task tells the rest of the gateway.
+#[derive(Debug, Default)]
+pub struct SyncStatus {
+    pub connected: AtomicBool,
+    /// Wall-clock ms of the last successful sync (0: none yet).
+    pub last_ok_unix_ms: AtomicU64,
+    pub syncs: AtomicU64,
+    pub errors: AtomicU64,
+    /// Entries read from the shared log.
+    pub entries_applied: AtomicU64,
+    /// Duration of the last successful sync, µs.
+    pub last_sync_us: AtomicU64,
+}
+
+/// The shared-state hooks of a gateway instance: its journal and the sync status.
+#[derive(Debug)]
+pub struct SharedHandle {
+    pub journal: Journal,
+    pub status: SyncStatus,
+}
+
+impl SharedHandle {
+    /// Appends the sync metrics to a Prometheus exposition.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let s = &self.status;
+        let (unpushed, dropped) = self.journal.counts();
+        let rows = [
+            (
+                "equiroute_state_redis_up",
+                u64::from(s.connected.load(Ordering::Relaxed)),
+            ),
+            (
+                "equiroute_state_syncs_total",
+                s.syncs.load(Ordering::Relaxed),
+            ),
+            (
+                "equiroute_state_sync_errors_total",
+                s.errors.load(Ordering::Relaxed),
+            ),
+            (
+                "equiroute_state_entries_applied_total",
+                s.entries_applied.load(Ordering::Relaxed),
+            ),
+            (
+                "equiroute_state_last_sync_microseconds",
+                s.last_sync_us.load(Ordering::Relaxed),
+            ),
+            ("equiroute_state_unpushed_events", unpushed as u64),
+        ];
+        for (name, value) in rows {
+            let _ = writeln!(out, "{name} {value}");
+        }
+        let _ = writeln!(out, "equiroute_state_dropped_events_total {dropped}");
+    }
+
+    /// The `/readyz` detail.
+    #[must_use]
+    pub fn readiness(&self, now: Timestamp) -> serde_json::Value {
+        let s = &self.status;
+        let last = s.last_ok_unix_ms.load(Ordering::Relaxed);
+        let (unpushed, dropped) = self.journal.counts();
+        serde_json::json!({
+            "backend": "redis",
+            "redis_reachable": s.connected.load(Ordering::Relaxed),
+            "last_sync_age_ms": (last > 0).then(|| (now.0 - last as f64).max(0.0).round()),
+            "unpushed_events": unpushed,
+            "dropped_events": dropped,
+        })
+    }
+}
+
+/// A shared state that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    #[error("state.namespace `{namespace}`: Redis holds the state of another configuration ({reason}). Fix: use another state.namespace, or start one instance with `equiroute serve --reset-state` to delete the shared state")]
+    Mismatch { namespace: String, reason: String },
+    #[error("Redis state backend: {0}")]
+    Redis(String),
+}
+
+/// A stream entry id, `ms-seq`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamId(pub u64, pub u64);
+
+impl StreamId {
+    fn parse(s: &str) -> Option<StreamId> {
+        let (ms, seq) = s.split_once('-')?;
+        Some(StreamId(ms.parse().ok()?, seq.parse().ok()?))
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.0, self.1)
+    }
+}
+
+/// A batch being pushed; sent again as it is until Redis acknowledges it.
+#[derive(Debug)]
+struct Batch {
+    number: u64,
+    last_seq: u64,
+    bytes: Vec<u8>,
+}
+
+/// Key names, all with one hash tag so that a Redis Cluster keeps them on one node.
+#[derive(Debug)]
+struct Keys {
+    log: String,
+    acks: String,
+    snapshot: String,
+    meta: String,
+}
+
+impl Keys {
+    fn new(ns: &str) -> Keys {
+        Keys {
+            log: format!("{{{ns}}}:log"),
+            acks: format!("{{{ns}}}:acks"),
+            snapshot: format!("{{{ns}}}:snapshot"),
+            meta: format!("{{{ns}}}:meta"),
+        }
+    }
+}
+
+/// What one sync did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub pushed: usize,
+    pub applied_entries: usize,
+    pub applied_observations: usize,
+    pub loaded_snapshot: bool,
+    pub compacted: bool,
+}
+
+/// The background side of one instance: its confirmed copy of the policies and its place
+/// in the shared log.
+pub struct Syncer {
+    cfg: RedisStateConfig,
+    keys: Keys,
+    instance: String,
+    client: redis::Client,
+    conn: Option<MultiplexedConnection>,
+    fingerprint: String,
+    /// Empty policies, to load snapshots into.
+    empty: BTreeMap<String, Box<dyn Policy>>,
+    confirmed: BTreeMap<String, Box<dyn Policy>>,
+    cursor: StreamId,
+    /// Highest own journal number the confirmed copy holds.
+    own_confirmed: u64,
+    /// Highest own journal number pushed or being pushed.
+    pushed: u64,
+    in_flight: Option<Batch>,
+    /// The last acknowledged batch (kept to prove that sending it again appends nothing).
+    last_acked: Option<Batch>,
+    batches: u64,
+    since_snapshot: u64,
+    /// Remote observations were applied: the live policies need a rebuild.
+    stale_live: bool,
+    push_script: redis::Script,
+    snapshot_script: redis::Script,
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer")
+            .field("namespace", &self.cfg.namespace)
+            .field("instance", &self.instance)
+            .field("cursor", &self.cursor)
+            .finish_non_exhaustive()
+    }
+}
+
+fn redis_err(e: &dyn std::fmt::Display) -> SharedError {
+    SharedError::Redis(e.to_string())
+}
+
+async fn timed<T>(
+    f: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, SharedError> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(redis_err(&e)),
+        Err(_) => Err(SharedError::Redis(format!(
+            "no answer within {} s",
+            COMMAND_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+impl Syncer {
+    /// The syncer of `state`, whose policies must still be empty (just built). Connects and
+    /// checks that the namespace holds state of the same configuration; an unreachable Redis
+    /// is not an error here (the instance starts on local state and syncs when it can).
+    ///
+    /// # Errors
+    /// The URL is invalid, or the namespace belongs to another configuration.
+    pub async fn start(cfg: &RedisStateConfig, state: &AppState) -> Result<Syncer, SharedError> {
+        let client = redis::Client::open(cfg.url.0.as_str())
+            .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))?;
+        let mut empty = BTreeMap::new();
+        let mut confirmed = BTreeMap::new();
+        let mut shape = Vec::new();
+        for (name, iface) in &state.interfaces {
+            let policy = iface
+                .policy
+                .read()
+                .map_err(|_| SharedError::Redis("policy lock poisoned".into()))?;
+            empty.insert(name.clone(), policy.clone_box());
+            confirmed.insert(name.clone(), policy.clone_box());
+            shape.push(serde_json::json!({
+                "interface": name,
+                "providers": iface.candidates.iter().map(|c| c.id.0.as_str()).collect::<Vec<_>>(),
+                "policy": iface.policy_name,
+                "feature_dim": iface.featurizer.dim(),
+            }));
+        }
+        let instance = format!(
+            "{:016x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()).rotate_left(40)
+        );
+        let mut syncer = Syncer {
+            keys: Keys::new(&cfg.namespace),
+            cfg: cfg.clone(),
+            instance,
+            client,
+            conn: None,
+            fingerprint: serde_json::Value::Array(shape).to_string(),
+            empty,
+            confirmed,
+            cursor: StreamId::default(),
+            own_confirmed: 0,
+            pushed: 0,
+            in_flight: None,
+            last_acked: None,
+            batches: 0,
+            since_snapshot: 0,
+            stale_live: false,
+            push_script: redis::Script::new(PUSH_SCRIPT),
+            snapshot_script: redis::Script::new(SNAPSHOT_SCRIPT),
+        };
+        match syncer.connection().await {
+            Ok(_) | Err(SharedError::Redis(_)) => Ok(syncer),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// This instance's id in the shared log.
+    #[must_use]
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Queues the last acknowledged batch to be sent again, as after an acknowledgement
+    /// lost on the way back (for tests: the push script must not append it twice).
+    #[doc(hidden)]
+    pub fn resend_last_batch(&mut self) {
+        if self.in_flight.is_none() {
+            self.in_flight = self.last_acked.take();
+        }
+    }
+
+    /// The confirmed learning state of every interface (what the shared log holds).
+    #[must_use]
+    pub fn confirmed_states(&self) -> BTreeMap<String, PolicyState> {
+        self.confirmed
+            .iter()
+            .map(|(k, p)| (k.clone(), p.export_state()))
+            .collect()
+    }
+
+    /// The connection, opened (and the namespace checked) if needed.
+    async fn connection(&mut self) -> Result<MultiplexedConnection, SharedError> {
+        if let Some(c) = &self.conn {
+            return Ok(c.clone());
+        }
+        let mut conn = timed(self.client.get_multiplexed_async_connection()).await?;
+        let set: bool = timed(
+            redis::cmd("SET")
+                .arg(&self.keys.meta)
+                .arg(&self.fingerprint)
+                .arg("NX")
+                .query_async::<Option<String>>(&mut conn),
+        )
+        .await?
+        .is_some();
+        if !set {
+            let stored: Option<String> = timed(
+                redis::cmd("GET")
+                    .arg(&self.keys.meta)
+                    .query_async(&mut conn),
+            )
+            .await?;
+            if stored.as_deref() != Some(self.fingerprint.as_str()) {
+                return Err(SharedError::Mismatch {
+                    namespace: self.cfg.namespace.clone(),
+                    reason: format!(
+                        "stored: {}; this configuration: {}",
+                        stored.unwrap_or_default(),
+                        self.fingerprint
+                    ),
+                });
+            }
+        }
+        self.conn = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// One push and pull. On a Redis error the connection is dropped (the next sync
+    /// reconnects) and nothing is lost: unacknowledged batches are sent again, unread entries
+    /// are read later.
+    ///
+    /// # Errors
+    /// Redis is unreachable or answered with an error.
+    pub async fn sync_once(&mut self, state: &AppState) -> Result<SyncReport, SharedError> {
+        let result = self.sync_inner(state).await;
+        if matches!(result, Err(SharedError::Redis(_))) {
+            self.conn = None;
+        }
+        result
+    }
+
+    async fn sync_inner(&mut self, state: &AppState) -> Result<SyncReport, SharedError> {
+        let Some(shared) = &state.shared else {
+            return Ok(SyncReport::default());
+        };
+        let mut conn = self.connection().await?;
+        let mut report = SyncReport {
+            pushed: self.push(&mut conn, &shared.journal).await?,
+            ..SyncReport::default()
+        };
+        // 2. Pull: from the snapshot if the entries after the cursor were trimmed.
+        let (snap_id, trimmed): (Option<String>, Option<String>) = timed(
+            redis::cmd("HMGET")
+                .arg(&self.keys.snapshot)
+                .arg("id")
+                .arg("trimmed")
+                .query_async(&mut conn),
+        )
+        .await?;
+        let trimmed = trimmed.as_deref().and_then(StreamId::parse);
+        if trimmed.is_some_and(|t| self.cursor < t) {
+            self.load_snapshot(&mut conn).await?;
+            report.loaded_snapshot = true;
+        }
+        let snap_id = snap_id.as_deref().and_then(StreamId::parse);
+        loop {
+            let entries: Vec<(String, Vec<Vec<u8>>)> = timed(
+                redis::cmd("XRANGE")
+                    .arg(&self.keys.log)
+                    .arg(format!("({}", self.cursor))
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(READ_COUNT)
+                    .query_async(&mut conn),
+            )
+            .await?;
+            let n = entries.len();
+            for (id, fields) in entries {
+                let Some(id) = StreamId::parse(&id) else {
+                    continue;
+                };
+                report.applied_observations += self.apply_entry(state, &fields);
+                self.cursor = id;
+                self.since_snapshot += 1;
+                report.applied_entries += 1;
+            }
+            if n < READ_COUNT {
+                break;
+            }
+        }
+        // 3. Rebuild the live policies.
+        if self.stale_live {
+            self.rebuild_live(state);
+            self.stale_live = false;
+        }
+        shared.journal.forget_through(self.own_confirmed);
+        // 4. Compact now and then (another instance's newer snapshot counts too).
+        if snap_id.is_some_and(|s| s > self.cursor) {
+            self.since_snapshot = 0;
+        }
+        if self.since_snapshot >= self.cfg.compact_every {
+            let states = self.confirmed_states();
+            let bytes = rmp_serde::to_vec_named(&states).map_err(|e| redis_err(&e))?;
+            let _: i64 = timed(
+                self.snapshot_script
+                    .key(&self.keys.snapshot)
+                    .key(&self.keys.log)
+                    .arg(self.cursor.to_string())
+                    .arg(bytes)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+            self.since_snapshot = 0;
+            report.compacted = true;
+        }
+        Ok(report)
+    }
+
+    /// Pushes the journal's new events, one batch at a time; returns how many.
+    async fn push(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        journal: &Journal,
+    ) -> Result<usize, SharedError> {
+        let mut pushed = 0;
+        loop {
+            if self.in_flight.is_none() {
+                let events = journal.after(self.pushed, BATCH_MAX);
+                let Some(&(last_seq, _)) = events.last() else {
+                    break;
+                };
+                let list: Vec<&Event> = events.iter().map(|(_, e)| e).collect();
+                let bytes = rmp_serde::to_vec_named(&list).map_err(|e| redis_err(&e))?;
+                self.batches += 1;
+                self.pushed = last_seq;
+                pushed += events.len();
+                self.in_flight = Some(Batch {
+                    number: self.batches,
+                    last_seq,
+                    bytes,
+                });
+            }
+            if let Some(batch) = &self.in_flight {
+                let _: i64 = timed(
+                    self.push_script
+                        .key(&self.keys.log)
+                        .key(&self.keys.acks)
+                        .arg(&self.instance)
+                        .arg(batch.number)
+                        .arg(batch.last_seq)
+                        .arg(batch.bytes.as_slice())
+                        .invoke_async(conn),
+                )
+                .await?;
+            }
+            self.last_acked = self.in_flight.take();
+        }
+        Ok(pushed)
+    }
+
+    /// Replaces the confirmed policies with the stored snapshot.
+    async fn load_snapshot(&mut self, conn: &mut MultiplexedConnection) -> Result<(), SharedError> {
+        let (id, data): (Option<String>, Option<Vec<u8>>) = timed(
+            redis::cmd("HMGET")
+                .arg(&self.keys.snapshot)
+                .arg("id")
+                .arg("data")
+                .query_async(conn),
+        )
+        .await?;
+        let (Some(id), Some(data)) = (id.as_deref().and_then(StreamId::parse), data) else {
+            return Err(SharedError::Redis(
+                "the shared snapshot is incomplete".into(),
+            ));
+        };
+        let states: BTreeMap<String, PolicyState> = rmp_serde::from_slice(&data)
+            .map_err(|e| SharedError::Redis(format!("the shared snapshot cannot be read ({e})")))?;
+        for (name, empty) in &self.empty {
+            let mut fresh = empty.clone_box();
+            if let Some(s) = states.get(name) {
+                fresh.merge_state(s).map_err(|e| SharedError::Mismatch {
+                    namespace: self.cfg.namespace.clone(),
+                    reason: format!("interface `{name}`: {e}"),
+                })?;
+            }
+            self.confirmed.insert(name.clone(), fresh);
+        }
+        self.cursor = id;
+        self.since_snapshot = 0;
+        self.stale_live = true;
+        Ok(())
+    }
+
+    /// Applies one stream entry; returns the number of policy observations in it.
+    fn apply_entry(&mut self, state: &AppState, fields: &[Vec<u8>]) -> usize {
+        let mut instance = None;
+        let mut last_seq = 0;
+        let mut batch: Vec<Event> = Vec::new();
+        for pair in fields.chunks_exact(2) {
+            match pair[0].as_slice() {
+                b"i" => instance = Some(String::from_utf8_lossy(&pair[1]).into_owned()),
+                b"s" => {
+                    last_seq = std::str::from_utf8(&pair[1])
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0);
+                }
+                b"b" => batch = rmp_serde::from_slice(&pair[1]).unwrap_or_default(),
+                _ => {}
+            }
+        }
+        let own = instance.as_deref() == Some(self.instance.as_str());
+        if own {
+            self.own_confirmed = self.own_confirmed.max(last_seq);
+        }
+        let mut observations = 0;
+        for event in &batch {
+            match event {
+                Event::Learn { iface, obs } | Event::Feedback { iface, obs, .. } => {
+                    if let Some(p) = self.confirmed.get_mut(iface) {
+                        if obs.candidate()
+                            < state
+                                .interfaces
+                                .get(iface)
+                                .map_or(0, |i| i.candidates.len())
+                        {
+                            obs.apply(p.as_mut());
+                            observations += 1;
+                            self.stale_live |= !own;
+                        }
+                    }
+                    if let (false, Event::Feedback { request_id, .. }) = (own, event) {
+                        if let Ok(mut pending) = state.pending.lock() {
+                            if let Some(e) = pending.get_mut(request_id) {
+                                e.consumed = true;
+                            }
+                        }
+                    }
+                }
+                Event::Pending { request_id, ctx } if !own => {
+                    if let Ok(mut pending) = state.pending.lock() {
+                        pending
+                            .entry(request_id.clone())
+                            .or_insert_with(|| ctx.clone());
+                    }
+                }
+                Event::BreakerOpen {
+                    iface,
+                    candidate,
+                    until,
+                } if !own => state.open_breaker(iface, *candidate, *until),
+                Event::Pending { .. } | Event::BreakerOpen { .. } => {}
+            }
+        }
+        observations
+    }
+
+    /// Live policy = confirmed + this instance's observations the log does not hold yet.
+    fn rebuild_live(&self, state: &AppState) {
+        let Some(shared) = &state.shared else {
+            return;
+        };
+        for (name, confirmed) in &self.confirmed {
+            let Some(iface) = state.interfaces.get(name) else {
+                continue;
+            };
+            let mut fresh = confirmed.clone_box();
+            // Under the write lock, so that no observation lands between the replay and
+            // the swap (the request path journals under the same lock).
+            let Ok(mut live) = iface.policy.write() else {
+                continue;
+            };
+            for (_, event) in shared.journal.after(self.own_confirmed, usize::MAX) {
+                match event {
+                    Event::Learn { iface: i, obs } | Event::Feedback { iface: i, obs, .. }
+                        if i == *name =>
+                    {
+                        obs.apply(fresh.as_mut());
+                    }
+                    _ => {}
+                }
+            }
+            *live = fresh;
+        }
+    }
+
+    /// Syncs every interval until `stop` resolves, then pushes once more.
+    pub async fn run(
+        mut self,
+        state: std::sync::Arc<AppState>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut ticker = tokio::time::interval(self.cfg.sync_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => break,
+            }
+            self.tick(&state).await;
+        }
+        self.tick(&state).await;
+    }
+
+    /// One sync with its bookkeeping: status, metrics, one warning per outage.
+    pub async fn tick(&mut self, state: &AppState) {
+        let Some(shared) = &state.shared else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let result = self.sync_once(state).await;
+        let status = &shared.status;
+        status.syncs.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Ok(report) => {
+                status
+                    .last_sync_us
+                    .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                status
+                    .last_ok_unix_ms
+                    .store(state.now().0 as u64, Ordering::Relaxed);
+                status
+                    .entries_applied
+                    .fetch_add(report.applied_entries as u64, Ordering::Relaxed);
+                if !status.connected.swap(true, Ordering::Relaxed)
+                    && status.syncs.load(Ordering::Relaxed) > 1
+                {
+                    eprintln!(
+                        "equiroute: Redis state backend reachable again; pushed {} observations learnt meanwhile",
+                        report.pushed
+                    );
+                }
+            }
+            Err(e) => {
+                status.errors.fetch_add(1, Ordering::Relaxed);
+                if status.connected.swap(false, Ordering::Relaxed)
+                    || status.syncs.load(Ordering::Relaxed) == 1
+                {
+                    eprintln!(
+                        "equiroute: warning: {e}; routing on local state, observations are kept and pushed when Redis returns"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Deletes every key of the namespace (for `serve --reset-state`).
+///
+/// # Errors
+/// Redis is unreachable.
+pub async fn reset(cfg: &RedisStateConfig) -> Result<(), SharedError> {
+    let client = redis::Client::open(cfg.url.0.as_str())
+        .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))?;
+    let mut conn = timed(client.get_multiplexed_async_connection()).await?;
+    let keys = Keys::new(&cfg.namespace);
+    let _: i64 = timed(
+        redis::cmd("DEL")
+            .arg(&keys.log)
+            .arg(&keys.acks)
+            .arg(&keys.snapshot)
+            .arg(&keys.meta)
+            .query_async(&mut conn),
+    )
+    .await?;
+    Ok(())
+}

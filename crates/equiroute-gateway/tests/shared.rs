@@ -1,0 +1,588 @@
+//! Learning state shared through a real `redis-server`, started by each test on a free
+//! loopback port and stopped by PID. Without the binary the tests skip with a message.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+mod common;
+
+use equiroute_core::policies::Observation;
+use equiroute_core::{
+    AttemptOutcome, AttemptStatus, Millis, ProviderFailure, SlicePath, Timestamp,
+};
+use equiroute_gateway::config::load;
+use equiroute_gateway::server::state::AppState;
+use equiroute_gateway::shared::Syncer;
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of the test's own, with an append-only file that is fsynced on every
+/// write, so that a SIGKILL loses nothing and a restart on the same directory has it all.
+struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    binary: PathBuf,
+}
+
+fn redis_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("REDIS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("redis-server"))
+            .find(|p| p.is_file())
+    })
+}
+
+impl RedisServer {
+    /// A fresh server, or `None` (with a message) when `redis-server` is not installed.
+    fn start(name: &str) -> Option<RedisServer> {
+        let Some(binary) = redis_binary() else {
+            eprintln!(
+                "skipping {name}: redis-server not found on PATH (install it, e.g. `apt-get install redis-server`, or set REDIS_SERVER)"
+            );
+            return None;
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("equiroute-redis-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            binary,
+        };
+        server.spawn();
+        Some(server)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                use std::io::{Read, Write};
+                let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                let mut buf = [0u8; 64];
+                if s.write_all(b"PING\r\n").is_ok()
+                    && s.read(&mut buf)
+                        .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+                {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server did not answer on port {}", self.port);
+    }
+
+    /// SIGKILL, by PID.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config(url: Option<&str>, namespace: &str) -> String {
+    let state = url.map_or(String::new(), |u| {
+        format!("[state]\nbackend = \"redis\"\nurl = \"{u}\"\nnamespace = \"{namespace}\"\nsync_interval_ms = 50\n")
+    });
+    let mut s = format!(
+        "{state}[interfaces.chat]\nkind = \"chat\"\nfeature_dim = 16\npolicy = {{ name = \"lqm-ts\", lqm = {{ head = {{ window = 25 }} }} }}\n"
+    );
+    for p in ["a", "b", "c"] {
+        let _ = writeln!(
+            s,
+            "[[interfaces.chat.providers]]\nid = \"{p}\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 2, p95_ms = 4 }} }}"
+        );
+    }
+    s
+}
+
+fn app(text: &str, seed: u64) -> AppState {
+    AppState::new(&load(text, "t.toml", &|_| None).unwrap(), seed).unwrap()
+}
+
+/// `n` observations with varied candidates, features, latencies, failures, censored
+/// timeouts, quality scores and out-of-order timestamps.
+fn workload(n: usize) -> Vec<Observation> {
+    let t0 = 1.7e12;
+    (0..n)
+        .map(|k| {
+            let candidate = (k * 7 + k / 5) % 3;
+            let features: Vec<f64> = (0..16)
+                .map(|j| {
+                    (((k * 31 + j * 17) % 23) as f64 / 23.0 - 0.5) * if j == 0 { 0.0 } else { 1.0 }
+                        + if j == 0 { 1.0 } else { 0.0 }
+                })
+                .collect();
+            // Times go back and forth across instances: 97 is prime to n.
+            let now = Timestamp(t0 + ((k * 97) % n) as f64 * 13.0);
+            if k % 2 == 1 {
+                Observation::Quality {
+                    candidate,
+                    features,
+                    quality: ((k * 13) % 10) as f64 / 10.0,
+                    latency: Millis(50.0 + (k % 9) as f64 * 10.0),
+                    now,
+                }
+            } else {
+                let status = match k % 10 {
+                    4 => AttemptStatus::ProviderError(ProviderFailure::Server),
+                    8 => AttemptStatus::Timeout,
+                    _ => AttemptStatus::Ok,
+                };
+                let mut outcome =
+                    AttemptOutcome::with_status(40.0 + ((k * 37) % 200) as f64, status);
+                if status == AttemptStatus::Timeout {
+                    outcome.latency = Millis(300.0);
+                }
+                Observation::Attempt {
+                    candidate,
+                    features,
+                    slice: SlicePath::root(),
+                    deadline: Some(Millis(300.0)),
+                    outcome,
+                    now,
+                }
+            }
+        })
+        .collect()
+}
+
+/// Counts equal exactly; other numbers to 1e-9 relative.
+fn assert_close(a: &Value, b: &Value, path: &str) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{path}"
+            );
+            for (k, v) in x {
+                assert_close(v, &y[k], &format!("{path}.{k}"));
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{path}: lengths");
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                assert_close(v, w, &format!("{path}[{i}]"));
+            }
+        }
+        (Value::Number(x), Value::Number(y)) => {
+            if let (Some(p), Some(q)) = (x.as_u64(), y.as_u64()) {
+                assert_eq!(p, q, "{path}: count");
+            } else {
+                let (p, q) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+                let scale = p.abs().max(q.abs()).max(1e-300);
+                assert!(
+                    (p - q).abs() <= 1e-9 * scale || (p - q).abs() < 1e-12,
+                    "{path}: {p} vs {q}"
+                );
+            }
+        }
+        _ => assert_eq!(a, b, "{path}"),
+    }
+}
+
+fn live_state(app: &AppState) -> Value {
+    let iface = &app.interfaces["chat"];
+    serde_json::to_value(iface.policy.read().unwrap().export_state()).unwrap()
+}
+
+fn feed(app: &AppState, obs: &[Observation]) {
+    let iface = app.interfaces["chat"].clone();
+    for o in obs {
+        app.observe(&iface, o.clone()).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn three_instances_hold_the_statistics_of_one_instance_that_saw_everything() {
+    let Some(redis) = RedisServer::start("exact") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "exact");
+    let apps: Vec<AppState> = (0..3).map(|i| app(&text, i)).collect();
+    let mut syncers = Vec::new();
+    for a in &apps {
+        syncers.push(Syncer::start(&redis_cfg(&text), a).await.unwrap());
+    }
+    let n = 600;
+    let all = workload(n);
+    // Instance i gets every third observation, starting at i.
+    let parts: Vec<Vec<Observation>> = (0..3)
+        .map(|i| all.iter().skip(i).step_by(3).cloned().collect())
+        .collect();
+    for (a, p) in apps.iter().zip(&parts) {
+        feed(a, p);
+    }
+    // One sync interval: each instance pushes (in this order) and pulls; the first two
+    // pull again to see what was pushed after them.
+    for (s, a) in syncers.iter_mut().zip(&apps) {
+        s.sync_once(a).await.unwrap();
+    }
+    for (s, a) in syncers.iter_mut().zip(&apps).take(2) {
+        s.sync_once(a).await.unwrap();
+    }
+    // The single instance sees the same observations in the log's order.
+    let single = app(&config(None, ""), 9);
+    for p in &parts {
+        feed(&single, p);
+    }
+    let expected = live_state(&single);
+    let quality_counts: u64 = expected["quality"]["heads"]["heads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        quality_counts,
+        (n / 2) as u64,
+        "every quality score counted once"
+    );
+    for (i, (a, s)) in apps.iter().zip(&syncers).enumerate() {
+        assert_close(&live_state(a), &expected, &format!("instance {i} live"));
+        let confirmed = serde_json::to_value(&s.confirmed_states()["chat"]).unwrap();
+        assert_close(&confirmed, &expected, &format!("instance {i} confirmed"));
+    }
+}
+
+fn redis_cfg(text: &str) -> equiroute_gateway::config::RedisStateConfig {
+    match load(text, "t.toml", &|_| None).unwrap().state {
+        Some(equiroute_gateway::config::StateConfig::Redis(r)) => r,
+        other => panic!("not a redis config: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_outage_loses_nothing_and_counts_nothing_twice() {
+    let Some(mut redis) = RedisServer::start("outage") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "outage");
+    let apps: Vec<AppState> = (0..2).map(|i| app(&text, 10 + i)).collect();
+    let mut syncers = Vec::new();
+    for a in &apps {
+        syncers.push(Syncer::start(&redis_cfg(&text), a).await.unwrap());
+    }
+    let all = workload(400);
+    let (before, after) = all.split_at(120);
+    // Before the outage: each instance learns half, and syncs.
+    feed(&apps[0], &before[..60]);
+    feed(&apps[1], &before[60..]);
+    for (s, a) in syncers.iter_mut().zip(&apps) {
+        s.tick(a).await;
+    }
+    redis.kill();
+    // During the outage both keep learning (and routing) on local state.
+    feed(&apps[0], &after[..140]);
+    feed(&apps[1], &after[140..]);
+    for (s, a) in syncers.iter_mut().zip(&apps) {
+        s.tick(a).await;
+    }
+    let shared = apps[0].shared.as_ref().unwrap();
+    let ready = shared.readiness(apps[0].now());
+    assert_eq!(ready["redis_reachable"], false, "{ready}");
+    assert!(ready["unpushed_events"].as_u64().unwrap() >= 140, "{ready}");
+    let mut metrics = String::new();
+    shared.render_metrics(&mut metrics);
+    assert!(metrics.contains("equiroute_state_redis_up 0"), "{metrics}");
+    assert!(
+        !metrics.contains("equiroute_state_sync_errors_total 0\n"),
+        "{metrics}"
+    );
+    // The local state already holds the local observations.
+    let local = live_state(&apps[0]);
+    let heads = |v: &Value| -> u64 {
+        v["quality"]["heads"]["heads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["count"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(heads(&local) >= 70 + 30);
+
+    // Redis returns (same port, same data directory): the backlog is pushed once.
+    redis.spawn();
+    for _ in 0..2 {
+        for (s, a) in syncers.iter_mut().zip(&apps) {
+            s.tick(a).await;
+        }
+    }
+    assert!(apps[0]
+        .shared
+        .as_ref()
+        .unwrap()
+        .status
+        .connected
+        .load(std::sync::atomic::Ordering::Relaxed));
+    // A batch sent again after a lost acknowledgement is not appended twice.
+    syncers[0].resend_last_batch();
+    for (s, a) in syncers.iter_mut().zip(&apps) {
+        s.sync_once(a).await.unwrap();
+    }
+    let total_quality = all
+        .iter()
+        .filter(|o| matches!(o, Observation::Quality { .. }))
+        .count() as u64;
+    let total_attempts = all.len() as u64 - total_quality;
+    for (i, a) in apps.iter().enumerate() {
+        let v = live_state(a);
+        assert_eq!(heads(&v), total_quality, "instance {i}: quality scores");
+        let sum = |arr: &Value| -> u64 {
+            arr.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x["count"].as_u64().unwrap())
+                .sum()
+        };
+        assert_eq!(
+            sum(&v["risk"]["failures"]),
+            total_attempts,
+            "instance {i}: attempts"
+        );
+    }
+    assert_close(
+        &live_state(&apps[0]),
+        &live_state(&apps[1]),
+        "instances agree",
+    );
+}
+
+#[tokio::test]
+async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instances() {
+    let Some(redis) = RedisServer::start("events") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "events");
+    let a = app(&text, 21);
+    let b = app(&text, 22);
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let iface_a = a.interfaces["chat"].clone();
+    // A provider answers 429 with Retry-After: 30 s on instance A.
+    let mut limited = AttemptOutcome::with_status(
+        5.0,
+        AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+    );
+    limited.retry_after = Some(Millis(30_000.0));
+    a.record_attempt(&iface_a, 1, &[1.0; 16], SlicePath::root(), &limited, None)
+        .unwrap();
+    let open_until = match iface_a.breakers.lock().unwrap()[1].state {
+        equiroute_core::breaker::BreakerState::Open { until } => until,
+        s => panic!("A's breaker is {s:?}"),
+    };
+    // An answered request on A waits for feedback.
+    a.remember(
+        "req-1",
+        equiroute_gateway::server::state::PendingFeedback {
+            interface: "chat".into(),
+            candidate: 2,
+            features: vec![0.5; 16],
+            latency: Millis(12.0),
+            at: a.now(),
+            consumed: false,
+        },
+    );
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    // B's breaker is open until the same time, without B ever calling the provider.
+    let b_state = b.interfaces["chat"].breakers.lock().unwrap()[1].state;
+    assert_eq!(
+        b_state,
+        equiroute_core::breaker::BreakerState::Open { until: open_until }
+    );
+    // Feedback for A's request, posted to B, is accepted there and counted once everywhere.
+    assert_eq!(
+        equiroute_gateway::feedback::apply(&b, "req-1", 0.9).unwrap(),
+        equiroute_gateway::feedback::Applied::Accepted
+    );
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    assert_eq!(
+        equiroute_gateway::feedback::apply(&a, "req-1", 0.9).unwrap(),
+        equiroute_gateway::feedback::Applied::Duplicate
+    );
+    for s in [&a, &b] {
+        let v = live_state(s);
+        assert_eq!(v["quality"]["heads"]["heads"][2]["count"], 1);
+    }
+}
+
+#[tokio::test]
+async fn a_namespace_of_another_configuration_is_refused_with_the_way_out() {
+    let Some(redis) = RedisServer::start("mismatch") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "mm");
+    let a = app(&text, 1);
+    Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let other = text.replace("id = \"c\"", "id = \"d\"");
+    let b = app(&other, 2);
+    let e = Syncer::start(&redis_cfg(&other), &b)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("state.namespace `mm`") && e.contains("--reset-state"),
+        "{e}"
+    );
+    assert!(!e.contains("redis://"), "no URL in errors: {e}");
+}
+
+#[tokio::test]
+async fn an_instance_that_joins_late_starts_from_the_compacted_snapshot() {
+    let Some(redis) = RedisServer::start("compact") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "compact").replace(
+        "sync_interval_ms = 50",
+        "sync_interval_ms = 50\ncompact_every = 100",
+    );
+    let a = app(&text, 1);
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let all = workload(900);
+    // 9 batches of 100 observations, each its own log entry.
+    let mut compactions = 0;
+    for chunk in all.chunks(100) {
+        feed(&a, chunk);
+        if sa.sync_once(&a).await.unwrap().compacted {
+            compactions += 1;
+        }
+    }
+    // Compaction is by entries: one entry per push here, so it needs more pushes.
+    for chunk in all.chunks(3) {
+        feed(&a, chunk);
+        if sa.sync_once(&a).await.unwrap().compacted {
+            compactions += 1;
+        }
+    }
+    assert!(compactions >= 2, "compactions: {compactions}");
+    let b = app(&text, 2);
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let report = sb.sync_once(&b).await.unwrap();
+    assert!(report.loaded_snapshot, "{report:?}");
+    assert_close(&live_state(&b), &live_state(&a), "late joiner");
+}
+
+/// Sum of `equiroute_attempts_total` in a metrics exposition.
+fn attempts_in(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("equiroute_attempts_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_under_load_keep_exact_totals_across_a_redis_restart() {
+    let Some(mut redis) = RedisServer::start("load") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "load").replace(
+        "sim = { latency = { p50_ms = 2, p95_ms = 4 } }",
+        "sim = { latency = { p50_ms = 2, p95_ms = 4 }, failure_rate = 0.2 }",
+    );
+    let gateways = [
+        common::start(&text, &[]).await,
+        common::start(&text, &[]).await,
+    ];
+    let body = r#"{"model":"chat","messages":[{"role":"user","content":"how far is the moon"}]}"#;
+    let mut answered = 0;
+    for round in 0..240 {
+        if round == 80 {
+            redis.kill();
+        }
+        if round == 160 {
+            redis.spawn();
+        }
+        let g = &gateways[round % 2];
+        let r = common::http(g.addr, "POST", "/v1/chat/completions", &[], body).await;
+        if r.status == 200 {
+            answered += 1;
+        }
+        if round % 20 == 0 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+    assert!(answered > 200, "answered {answered}");
+    // A few sync intervals after the load.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut total = 0;
+    let mut counted = Vec::new();
+    for g in &gateways {
+        let m = common::http(g.addr, "GET", "/metrics", &[], "").await.body;
+        assert!(m.contains("equiroute_state_redis_up 1"), "{m}");
+        assert!(
+            !m.contains("equiroute_state_sync_errors_total 0\n"),
+            "the outage was seen: {m}"
+        );
+        total += attempts_in(&m);
+        let s = common::http(
+            g.addr,
+            "GET",
+            "/v1/interfaces/chat/state?full=true",
+            &[],
+            "",
+        )
+        .await
+        .json();
+        let n: u64 = s["learning_state"]["risk"]["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["count"].as_u64().unwrap())
+            .sum();
+        counted.push(n);
+        let ready = common::http(g.addr, "GET", "/readyz", &[], "").await.json();
+        assert_eq!(ready["state"]["redis_reachable"], true, "{ready}");
+    }
+    assert!(total >= 240);
+    assert_eq!(
+        counted,
+        vec![total, total],
+        "each instance counts every attempt of both once"
+    );
+}
