@@ -335,6 +335,40 @@ fn lqm_ts_degrades_to_lqm_without_deadline_cost_or_failures() {
     assert!(!firsts.is_empty());
 }
 
+#[test]
+fn lqm_ts_over_budget_spends_the_latency_budget_on_quality_and_renewal_does_not() {
+    // Two providers: quality 0.8 at 900 ms and 0.6 at 100 ms, L_ref = 1000 ms.
+    // Renewal: 0.8/1.9 = 0.42 < 0.6/1.1 = 0.55, the fast one first.
+    // Over budget: 900 ms is within the budget, so 0.8 > 0.6·1 and the better one goes first;
+    // at 2500 ms it costs 0.8/(1 + 1.5) = 0.32 and the fast one is first again.
+    let cands = candidates(2);
+    let f = Featurizer::new(16).unwrap();
+    let first = |term: LatencyTerm, slow_ms: f64| {
+        let cfg = LqmTsConfig {
+            latency: term,
+            lqm: LqmConfig {
+                alpha_ucb: 0.0,
+                l_ref_ms: 1000.0,
+                ema_beta: 1.0,
+                ..LqmTsConfig::default().lqm
+            },
+            ..LqmTsConfig::default()
+        };
+        let mut p = LqmTs::new(2, 16, cfg);
+        for t in 0..200 {
+            let x = f.featurize(&queries()[t % queries().len()]);
+            answered(&mut p, 0, &x, slow_ms, 0.8, t as f64);
+            answered(&mut p, 1, &x, 100.0, 0.6, t as f64);
+        }
+        let x = f.featurize("which is better");
+        let ctx = RankContext::new(&cands, &[0, 1], &x);
+        p.rank(&ctx, &mut rng(1)).order[0].index
+    };
+    assert_eq!(first(LatencyTerm::Renewal, 900.0), 1);
+    assert_eq!(first(LatencyTerm::OverBudget, 900.0), 0);
+    assert_eq!(first(LatencyTerm::OverBudget, 2500.0), 1);
+}
+
 /// A simulated provider pool: the outcome of trying candidate `i`.
 type World = dyn Fn(usize, &mut ChaCha8Rng) -> AttemptOutcome;
 

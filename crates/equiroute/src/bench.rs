@@ -44,6 +44,58 @@ pub struct Args {
     /// Parallel workers (default: the machine's cores).
     #[arg(long)]
     jobs: Option<usize>,
+    /// Change one parameter of a named policy in every scenario of the run, e.g.
+    /// `--set lqm-ts.latency=over-budget` or `--set lqm.lqm.alpha_ucb=1` (a dotted path into
+    /// the policy's configuration; the value is read as JSON, else as a string). May repeat.
+    #[arg(long = "set", value_name = "POLICY.FIELD=VALUE")]
+    sets: Vec<String>,
+}
+
+/// Applies `--set POLICY.FIELD=VALUE` to `spec`: the named policy becomes a variant with the
+/// same label and the changed configuration.
+fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
+    let fix = "write POLICY.FIELD=VALUE, e.g. lqm-ts.latency=over-budget";
+    let (path, value) = set
+        .split_once('=')
+        .with_context(|| format!("--set `{set}`: {fix}"))?;
+    let mut parts = path.split('.');
+    let policy = parts.next().unwrap_or_default();
+    let fields: Vec<&str> = parts.collect();
+    if policy.is_empty() || fields.is_empty() {
+        bail!("--set `{set}`: {fix}");
+    }
+    let cfg = spec.policy(policy).with_context(|| {
+        format!(
+            "--set `{set}`: `{policy}` is not a policy of scenario {}",
+            spec.name
+        )
+    })?;
+    let mut json = serde_json::to_value(&cfg)?;
+    let parsed: serde_json::Value =
+        serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+    let mut node = &mut json;
+    for (n, f) in fields.iter().enumerate() {
+        let Some(obj) = node.as_object_mut() else {
+            bail!(
+                "--set `{set}`: `{}` is not a table of `{policy}`",
+                fields[..n].join(".")
+            );
+        };
+        node = obj
+            .entry((*f).to_owned())
+            .or_insert(serde_json::Value::Null);
+    }
+    *node = parsed;
+    let patched: equiroute_core::policies::PolicyConfig =
+        serde_json::from_value(json).map_err(|e| {
+            anyhow::anyhow!("--set `{set}`: {e} (see `equiroute policies` for the fields)")
+        })?;
+    spec.variants.retain(|v| v.label != policy);
+    spec.variants.push(equiroute_lab::scenario::Variant {
+        label: policy.to_owned(),
+        policy: patched,
+    });
+    Ok(())
 }
 
 struct Job {
@@ -59,7 +111,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.rounds == Some(0) {
         bail!("--rounds must be at least 1");
     }
-    let specs = load_scenarios(args)?;
+    let mut specs = load_scenarios(args)?;
+    for set in &args.sets {
+        for spec in &mut specs {
+            apply_set(spec, set)?;
+        }
+        eprintln!("bench: --set {set} (reports keep the policy's name)");
+    }
     let mut plans: Vec<(ScenarioSpec, Vec<String>, usize)> = Vec::new();
     for spec in specs {
         let policies = if args.policies.is_empty() {

@@ -170,3 +170,40 @@ fn check_config_reports_every_problem_with_its_field() {
 fn equiroute_gateway_default() -> &'static str {
     include_str!("../../equiroute-gateway/src/config/default.toml")
 }
+
+#[test]
+fn bench_set_changes_one_policy_parameter_and_names_a_bad_value() {
+    let out = temp_dir("set");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--scenario",
+            "llm-pool",
+            "--policies",
+            "lqm-ts",
+            "--seeds",
+            "1",
+            "--format",
+            "json",
+            "--out",
+        ];
+        args.push(out.to_str().unwrap());
+        args.extend_from_slice(extra);
+        equiroute(&args)
+    };
+    let quality = |o: &std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["policies"]["lqm-ts"]["share"]["frontier"]
+            .as_f64()
+            .unwrap()
+    };
+    let renewal = quality(&run(&[]));
+    let over = quality(&run(&["--set", "lqm-ts.latency=over-budget"]));
+    // Within its latency budget the best model is no longer discounted for being slow.
+    assert!(over > renewal, "frontier share {over} vs {renewal}");
+    let bad = run(&["--set", "lqm-ts.latency=sideways"]);
+    assert!(!bad.status.success());
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(e.contains("sideways") && e.contains("over-budget"), "{e}");
+}

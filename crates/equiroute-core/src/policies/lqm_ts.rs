@@ -52,6 +52,24 @@ pub struct LqmTsConfig {
     pub cost_ref_usd: Option<f64>,
     /// Relative width of the top group: candidates with `V ≥ (1 − tolerance)·V_best`.
     pub quality_tolerance: f64,
+    /// How expected latency discounts quality in `q`.
+    pub latency: LatencyTerm,
+}
+
+/// How expected latency `τ̂` discounts quality `û` in `lqm-ts`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LatencyTerm {
+    /// `û/(1 + τ̂/L_ref)`: LQM-ContextRoute's renewal-reward rate, every millisecond costs.
+    /// Under load this steers traffic away from providers whose queues grow.
+    #[default]
+    Renewal,
+    /// `û/(1 + max(0, τ̂ − L_ref)/L_ref)`: the latency budget is spent freely, only the
+    /// excess costs — quality first within the budget (`argmax E[u]` s.t. `E[τ] ≤ L_ref`),
+    /// the deadline's risk left to `P̃(bad)`. Better where providers are not load-bound
+    /// (see the README's laboratory table); worse where queueing inflates latency faster
+    /// than the risk model's half-life follows.
+    OverBudget,
 }
 
 impl Default for LqmTsConfig {
@@ -64,6 +82,7 @@ impl Default for LqmTsConfig {
             risk: RiskConfig::default(),
             cost_ref_usd: None,
             quality_tolerance: 0.05,
+            latency: LatencyTerm::Renewal,
         }
     }
 }
@@ -116,7 +135,16 @@ impl Policy for LqmTs {
     }
 
     fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
-        let quality = self.quality.score(&self.cfg.lqm, ctx);
+        let mut quality = self.quality.score(&self.cfg.lqm, ctx);
+        if self.cfg.latency == LatencyTerm::OverBudget {
+            let l_ref = self.cfg.lqm.l_ref_ms;
+            for q in &mut quality {
+                let u = q.breakdown.quality.unwrap_or(0.0);
+                let bonus = q.breakdown.exploration.unwrap_or(0.0);
+                let excess = (q.breakdown.latency_ms.unwrap_or(0.0) - l_ref).max(0.0);
+                q.score = u / (1.0 + excess / l_ref) + bonus;
+            }
+        }
         let mut order = sample_scores(&self.risk, self.cfg.objective(), ctx, rng);
         let learnt = ctx
             .eligible

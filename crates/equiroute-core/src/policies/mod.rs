@@ -29,7 +29,7 @@ pub use additive::{Additive, AdditiveConfig};
 pub use config::{NoParams, PolicyConfig, PolicyKind};
 pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig};
 pub use lqm::{Lqm, LqmConfig, LqmState};
-pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsState};
+pub use lqm_ts::{LatencyTerm, LqmTs, LqmTsConfig, LqmTsState};
 pub use observation::Observation;
 pub use priority_cooldown::{CooldownState, PriorityCooldown, PriorityCooldownConfig};
 pub use risk::{CostObjective, RiskConfig, RiskModel, RiskSample, RiskState, SliceStats};
