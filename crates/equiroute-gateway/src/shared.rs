@@ -705,9 +705,7 @@ impl Syncer {
                 }
                 Event::Pending { request_id, ctx } if !own => {
                     if let Ok(mut pending) = state.pending.lock() {
-                        pending
-                            .entry(request_id.clone())
-                            .or_insert_with(|| ctx.clone());
+                        pending.insert(request_id.clone(), ctx.clone());
                     }
                 }
                 Event::BreakerOpen {

@@ -222,7 +222,9 @@ impl Store {
             }
         }
         if let Ok(mut pending) = state.pending.lock() {
-            pending.extend(snap.pending);
+            for (id, entry) in snap.pending {
+                pending.insert(id, entry);
+            }
         }
         Ok(true)
     }

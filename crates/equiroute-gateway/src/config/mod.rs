@@ -78,6 +78,8 @@ struct RawServer {
     admin_keys_env: Vec<String>,
     /// How long a request's context waits for quality feedback, in seconds.
     feedback_ttl_s: Option<f64>,
+    /// Most contexts kept for feedback at once.
+    max_pending_feedback: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -208,6 +210,8 @@ pub struct GatewayConfig {
     /// Keys of the state routes; empty: the gateway keys.
     pub admin_keys: Vec<Secret>,
     pub feedback_ttl: Millis,
+    /// Most answered-request contexts kept for feedback (oldest evicted first).
+    pub max_pending_feedback: usize,
     pub audit: Option<crate::server::audit::AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
@@ -290,6 +294,13 @@ pub fn load_all(
             "must be a positive number of seconds".into(),
         ));
     }
+    let max_pending_feedback = raw.server.max_pending_feedback.unwrap_or(32_768);
+    if max_pending_feedback == 0 {
+        problems.push(err(
+            "server.max_pending_feedback",
+            "must be at least 1 (default 32768)".into(),
+        ));
+    }
     if raw.interfaces.is_empty() {
         problems.push(err(
             "interfaces",
@@ -317,6 +328,7 @@ pub fn load_all(
             api_keys,
             admin_keys,
             feedback_ttl: Millis(ttl * 1000.0),
+            max_pending_feedback,
             audit: raw.audit,
             state,
             interfaces,

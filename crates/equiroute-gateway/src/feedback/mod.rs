@@ -30,7 +30,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
         let Some(e) = pending.get_mut(request_id) else {
             return Err(ApiError::not_found(
                 "unknown_request_id",
-                format!("no answered request `{request_id}` is waiting for feedback"),
+                format!("no answered request `{request_id}` is waiting for feedback (unknown, or evicted: at most server.max_pending_feedback contexts are kept)"),
             ));
         };
         if e.consumed {
@@ -55,7 +55,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
                 request_id,
                 &QualityObservation {
                     candidate: entry.candidate,
-                    features: &entry.features,
+                    features: &entry.features_f64(),
                     quality,
                     latency: entry.latency,
                     now,

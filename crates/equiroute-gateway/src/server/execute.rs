@@ -104,7 +104,7 @@ pub async fn execute(
                 PendingFeedback {
                     interface: iface.name.clone(),
                     candidate,
-                    features,
+                    features: features.iter().map(|&v| v as f32).collect(),
                     latency: Millis(started.elapsed().as_secs_f64() * 1000.0),
                     at: state.now(),
                     consumed: false,
@@ -743,7 +743,7 @@ impl Relay {
                 PendingFeedback {
                     interface: self.iface.name.clone(),
                     candidate: self.candidate,
-                    features: self.features.clone(),
+                    features: self.features.iter().map(|&v| v as f32).collect(),
                     latency,
                     at: self.state.now(),
                     consumed: false,

@@ -14,7 +14,7 @@ use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::features::Featurizer;
 use equiroute_core::policies::{AttemptObservation, Observation, Policy, QualityObservation};
 use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -87,17 +87,107 @@ impl InterfaceRuntime {
 pub struct PendingFeedback {
     pub interface: String,
     pub candidate: usize,
-    pub features: Vec<f64>,
+    /// The request's features, in single precision (half the memory; the quality update
+    /// that uses them is insensitive to the rounding).
+    pub features: Vec<f32>,
     pub latency: Millis,
     pub at: Timestamp,
     pub consumed: bool,
+}
+
+impl PendingFeedback {
+    /// The features in the precision the policies take.
+    #[must_use]
+    pub fn features_f64(&self) -> Vec<f64> {
+        self.features.iter().map(|&v| f64::from(v)).collect()
+    }
+}
+
+/// The contexts of answered requests waiting for feedback: at most `cap` of them, the oldest
+/// evicted first, so memory stays bounded whatever the request rate and the feedback window.
+#[derive(Debug)]
+pub struct PendingStore {
+    map: HashMap<String, PendingFeedback>,
+    /// Ids in insertion order (for eviction and for pruning by age from the front).
+    order: VecDeque<String>,
+    cap: usize,
+    evicted: u64,
+}
+
+impl PendingStore {
+    /// An empty store holding at most `cap` contexts.
+    #[must_use]
+    pub fn new(cap: usize) -> PendingStore {
+        PendingStore {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            cap: cap.max(1),
+            evicted: 0,
+        }
+    }
+
+    /// Keeps `entry` for `id` unless `id` is kept already; evicts the oldest beyond the cap.
+    pub fn insert(&mut self, id: String, entry: PendingFeedback) {
+        if self.map.contains_key(&id) {
+            return;
+        }
+        self.order.push_back(id.clone());
+        self.map.insert(id, entry);
+        while self.map.len() > self.cap {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.remove(&old).is_some() {
+                self.evicted += 1;
+            }
+        }
+    }
+
+    #[must_use]
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut PendingFeedback> {
+        self.map.get_mut(id)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &PendingFeedback)> {
+        self.map.iter()
+    }
+
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Contexts evicted because the store was full.
+    #[must_use]
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Drops, from the oldest, the contexts answered more than `horizon` ms before `now`.
+    pub fn prune(&mut self, now: Timestamp, horizon: f64) {
+        while let Some(id) = self.order.front() {
+            match self.map.get(id) {
+                Some(e) if now.0 - e.at.0 <= horizon => break,
+                _ => {
+                    if let Some(id) = self.order.pop_front() {
+                        self.map.remove(&id);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Everything the handlers share.
 #[derive(Debug)]
 pub struct AppState {
     pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
-    pub pending: Mutex<HashMap<String, PendingFeedback>>,
+    pub pending: Mutex<PendingStore>,
     pub metrics: Metrics,
     pub api_keys: Vec<crate::config::Secret>,
     pub admin_keys: Vec<crate::config::Secret>,
@@ -130,7 +220,7 @@ impl AppState {
         }
         Ok(AppState {
             interfaces,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
             metrics: Metrics::default(),
             api_keys: cfg.api_keys.clone(),
             admin_keys: cfg.admin_keys.clone(),
@@ -186,8 +276,7 @@ impl AppState {
     /// TTL so that late feedback gets a clear 410 rather than a 404).
     pub fn prune_pending(&self, now: Timestamp) {
         if let Ok(mut p) = self.pending.lock() {
-            let horizon = 2.0 * self.feedback_ttl.0;
-            p.retain(|_, e| now.0 - e.at.0 <= horizon);
+            p.prune(now, 2.0 * self.feedback_ttl.0);
         }
     }
 }
@@ -335,5 +424,40 @@ impl AppState {
 impl From<Poisoned> for super::error::ApiError {
     fn from(_: Poisoned) -> Self {
         super::error::ApiError::internal()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(at: f64) -> PendingFeedback {
+        PendingFeedback {
+            interface: "chat".into(),
+            candidate: 0,
+            features: vec![1.0; 4],
+            latency: Millis(1.0),
+            at: Timestamp(at),
+            consumed: false,
+        }
+    }
+
+    #[test]
+    fn pending_contexts_are_bounded_oldest_first_and_pruned_by_age() {
+        let mut p = PendingStore::new(3);
+        for i in 0..5 {
+            p.insert(format!("r{i}"), ctx(f64::from(i) * 100.0));
+        }
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.evicted(), 2);
+        assert!(p.get_mut("r0").is_none() && p.get_mut("r1").is_none());
+        assert!(p.get_mut("r4").is_some());
+        // A second insert of a kept id changes nothing.
+        p.insert("r4".into(), ctx(0.0));
+        assert_eq!(p.get_mut("r4").map(|e| e.at), Some(Timestamp(400.0)));
+        // At t = 550 with a 260 ms horizon, r2 (350 ms old) goes, r3 (250) and r4 (150) stay.
+        p.prune(Timestamp(550.0), 260.0);
+        assert_eq!(p.len(), 2);
+        assert!(p.get_mut("r2").is_none() && p.get_mut("r3").is_some());
     }
 }
