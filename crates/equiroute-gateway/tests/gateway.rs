@@ -70,6 +70,7 @@ async fn falls_back_past_a_failing_provider_and_reports_it() {
         "{m}"
     );
     assert!(m.contains("equiroute_decision_microseconds_count 1"), "{m}");
+    assert!(m.contains("equiroute_router_microseconds_count 1"), "{m}");
 }
 
 #[tokio::test]

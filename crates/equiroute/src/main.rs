@@ -11,6 +11,12 @@ mod state;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of the system allocator: the gateway allocates small buffers on every
+/// request from several threads, where glibc's malloc showed up as ~18% of CPU in a profile
+/// (bench/gateway/README.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Adaptive router for functionally equivalent providers.
 #[derive(Parser)]
 #[command(name = "equiroute", version, about)]

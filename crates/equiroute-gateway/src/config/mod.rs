@@ -532,7 +532,12 @@ fn http_url(
     example: &str,
 ) -> Result<String, (&'static str, String)> {
     match url {
-        Some(u) if u.starts_with("http://") || u.starts_with("https://") => Ok(u.to_owned()),
+        Some(u)
+            if (u.starts_with("http://") || u.starts_with("https://"))
+                && reqwest::Url::parse(u).is_ok() =>
+        {
+            Ok(u.to_owned())
+        }
         Some(u) => Err((
             field,
             format!("`{u}` is not an http(s) URL, e.g. {example}"),

@@ -42,6 +42,7 @@ pub async fn execute(
     deadline: Option<Millis>,
     meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
+    let begun_at = Instant::now();
     let Begun {
         n,
         request_id,
@@ -51,6 +52,8 @@ pub async fn execute(
         decided,
         mut run,
     } = begin(state, iface, body, pinned, deadline, meta)?;
+    // The router's share: everything but the upstream calls (see `Metrics::router_time`).
+    let mut router = begun_at.elapsed();
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     loop {
@@ -77,6 +80,7 @@ pub async fn execute(
             decided.slice,
             tokens,
             seed,
+            &mut router,
         )
         .await?;
         tried.push(next.candidate);
@@ -89,6 +93,7 @@ pub async fn execute(
             last = Some(reply);
         }
     }
+    let ending = Instant::now();
     let result = run.finish(state.now());
     let attempts = result.attempts.len();
     record_request(state, iface, &request_id, &decided, &result);
@@ -110,6 +115,9 @@ pub async fn execute(
                     consumed: false,
                 },
             );
+            state
+                .metrics
+                .router_time((router + ending.elapsed()).as_secs_f64() * 1e6);
             let c = &iface.candidates[candidate];
             Ok(Answered {
                 request_id,
@@ -404,6 +412,7 @@ async fn attempt(
     slice: SlicePath,
     tokens: TokenEstimate,
     seed: u64,
+    router: &mut Duration,
 ) -> Result<(AttemptOutcome, UpstreamReply), ApiError> {
     let candidate = &iface.candidates[next.candidate];
     let req = UpstreamRequest {
@@ -414,6 +423,7 @@ async fn attempt(
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
+    let booked = Instant::now();
     let outcome = outcome_of(&reply, candidate, tokens);
     state.record_attempt(
         iface,
@@ -423,6 +433,7 @@ async fn attempt(
         &outcome,
         run.remaining(now),
     )?;
+    *router += booked.elapsed();
     run.record(next.candidate, outcome, now);
     Ok((outcome, reply))
 }

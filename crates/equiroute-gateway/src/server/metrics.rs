@@ -4,8 +4,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
-/// Upper bounds (µs) of the decision-time histogram buckets.
-const DECISION_BUCKETS_US: [f64; 8] = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0];
+/// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
+/// 10 µs target, so that its p99 can be read off).
+const DECISION_BUCKETS_US: [f64; 16] = [
+    1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0, 30.0, 50.0, 100.0, 1000.0, 10000.0,
+];
 
 /// Upper bounds (ms) of the request-latency histogram buckets.
 const LATENCY_BUCKETS_MS: [f64; 10] = [
@@ -20,12 +23,19 @@ type Histogram = (Vec<u64>, u64, f64);
 pub struct Metrics {
     counters: Mutex<BTreeMap<String, u64>>,
     decision: Mutex<Histogram>,
+    router: Mutex<Histogram>,
     /// Per interface: end-to-end request latency (ms).
     latency: Mutex<BTreeMap<String, Histogram>>,
 }
 
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"")
+/// A label value escaped for the exposition format (borrowed when nothing needs escaping,
+/// which is every label the gateway writes on the request path).
+fn label(v: &str) -> std::borrow::Cow<'_, str> {
+    if v.contains(['\\', '"']) {
+        std::borrow::Cow::Owned(v.replace('\\', "\\\\").replace('"', "\\\""))
+    } else {
+        std::borrow::Cow::Borrowed(v)
+    }
 }
 
 impl Metrics {
@@ -74,20 +84,17 @@ impl Metrics {
         ));
     }
 
-    /// Records the router's share of one request (eligibility + ranking), in µs.
+    /// Records the decision of one request (eligibility + ranking), in µs.
     pub fn decision_time(&self, micros: f64) {
-        if let Ok(mut d) = self.decision.lock() {
-            if d.0.is_empty() {
-                d.0 = vec![0; DECISION_BUCKETS_US.len()];
-            }
-            for (i, b) in DECISION_BUCKETS_US.iter().enumerate() {
-                if micros <= *b {
-                    d.0[i] += 1;
-                }
-            }
-            d.1 += 1;
-            d.2 += micros;
-        }
+        observe_micros(&self.decision, micros);
+    }
+
+    /// Records the router's whole share of one request, in µs: featurizing, sizing, the
+    /// decision, and the bookkeeping after each attempt and after the answer (policy and
+    /// breaker updates, metrics, keeping the context for feedback) — everything but the
+    /// upstream calls and the HTTP handling.
+    pub fn router_time(&self, micros: f64) {
+        observe_micros(&self.router, micros);
     }
 
     /// Records one request's end-to-end latency on `interface`, in ms.
@@ -115,23 +122,8 @@ impl Metrics {
                 let _ = writeln!(s, "{k} {v}");
             }
         }
-        if let Ok(d) = self.decision.lock() {
-            let _ = writeln!(s, "# TYPE equiroute_decision_microseconds histogram");
-            for (i, b) in DECISION_BUCKETS_US.iter().enumerate() {
-                let n = d.0.get(i).copied().unwrap_or(0);
-                let _ = writeln!(
-                    s,
-                    "equiroute_decision_microseconds_bucket{{le=\"{b}\"}} {n}"
-                );
-            }
-            let _ = writeln!(
-                s,
-                "equiroute_decision_microseconds_bucket{{le=\"+Inf\"}} {}",
-                d.1
-            );
-            let _ = writeln!(s, "equiroute_decision_microseconds_sum {}", d.2);
-            let _ = writeln!(s, "equiroute_decision_microseconds_count {}", d.1);
-        }
+        render_micros(&mut s, "equiroute_decision_microseconds", &self.decision);
+        render_micros(&mut s, "equiroute_router_microseconds", &self.router);
         if let Ok(l) = self.latency.lock() {
             let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
             for (iface, (buckets, count, sum)) in l.iter() {
@@ -158,5 +150,33 @@ impl Metrics {
             }
         }
         s
+    }
+}
+
+fn observe_micros(h: &Mutex<Histogram>, micros: f64) {
+    if let Ok(mut d) = h.lock() {
+        if d.0.is_empty() {
+            d.0 = vec![0; DECISION_BUCKETS_US.len()];
+        }
+        // Cumulative buckets: every bound at or above the value counts it.
+        let first = DECISION_BUCKETS_US.partition_point(|b| *b < micros);
+        for c in &mut d.0[first..] {
+            *c += 1;
+        }
+        d.1 += 1;
+        d.2 += micros;
+    }
+}
+
+fn render_micros(s: &mut String, name: &str, h: &Mutex<Histogram>) {
+    if let Ok(d) = h.lock() {
+        let _ = writeln!(s, "# TYPE {name} histogram");
+        for (i, b) in DECISION_BUCKETS_US.iter().enumerate() {
+            let n = d.0.get(i).copied().unwrap_or(0);
+            let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {n}");
+        }
+        let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", d.1);
+        let _ = writeln!(s, "{name}_sum {}", d.2);
+        let _ = writeln!(s, "{name}_count {}", d.1);
     }
 }

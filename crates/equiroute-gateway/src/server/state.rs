@@ -118,9 +118,12 @@ impl PendingStore {
     /// An empty store holding at most `cap` contexts.
     #[must_use]
     pub fn new(cap: usize) -> PendingStore {
+        // Sized up front (at most 64k slots): growing a large map rehashes it under the lock
+        // while other requests wait.
+        let initial = cap.clamp(1, 65_536);
         PendingStore {
-            map: HashMap::new(),
-            order: VecDeque::new(),
+            map: HashMap::with_capacity(initial),
+            order: VecDeque::with_capacity(initial),
             cap: cap.max(1),
             evicted: 0,
         }

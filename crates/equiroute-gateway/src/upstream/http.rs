@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct HttpUpstream {
     client: reqwest::Client,
-    url: String,
+    /// Parsed once (not on every request); `None` when the configured URL does not parse,
+    /// which makes every attempt a connection failure with that reason.
+    url: Option<reqwest::Url>,
     api_key: Option<Secret>,
     /// Chat upstreams get the provider's model name in the body.
     set_model: bool,
@@ -35,7 +37,7 @@ impl HttpUpstream {
     ) -> HttpUpstream {
         HttpUpstream {
             client,
-            url: format!("{base_url}/chat/completions"),
+            url: reqwest::Url::parse(&format!("{base_url}/chat/completions")).ok(),
             api_key,
             set_model: true,
             service_tier: match tier {
@@ -51,7 +53,7 @@ impl HttpUpstream {
     pub fn json(client: reqwest::Client, url: &str, api_key: Option<Secret>) -> HttpUpstream {
         HttpUpstream {
             client,
-            url: url.to_owned(),
+            url: reqwest::Url::parse(url).ok(),
             api_key,
             set_model: false,
             service_tier: None,
@@ -61,21 +63,24 @@ impl HttpUpstream {
     /// The provider request: chat bodies get the provider's model, `stream` and the service
     /// tier; the key goes only into the `Authorization` header.
     fn request(&self, req: UpstreamRequest<'_>, stream: bool) -> reqwest::RequestBuilder {
-        let mut body = req.body.clone();
-        if let (true, Some(obj)) = (self.set_model, body.as_object_mut()) {
-            obj.insert(
-                "model".into(),
-                serde_json::Value::String(req.model.to_owned()),
-            );
-            obj.insert("stream".into(), serde_json::Value::Bool(stream));
-            if let Some(tier) = self.service_tier {
-                obj.insert(
-                    "service_tier".into(),
-                    serde_json::Value::String(tier.to_owned()),
-                );
-            }
-        }
-        let builder = self.client.post(&self.url).json(&body);
+        let body = ProviderBody {
+            body: req.body,
+            model: self.set_model.then_some(req.model),
+            stream,
+            service_tier: self.service_tier,
+        };
+        // Serialised straight from the client's body with the fields replaced: no copy of
+        // the JSON tree per attempt.
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        // Configuration checks that URLs parse; were one not to, the send fails as a
+        // connection error that names no URL.
+        let builder = match &self.url {
+            Some(url) => self.client.post(url.clone()),
+            None => self.client.post("invalid://"),
+        };
+        let builder = builder
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(bytes);
         match &self.api_key {
             Some(key) => builder.bearer_auth(&key.0),
             None => builder,
@@ -111,7 +116,7 @@ impl HttpUpstream {
             let code = response.status().as_u16();
             if !(200..300).contains(&code) {
                 let retry_after = retry_after_of(&response);
-                let text = response.text().await.unwrap_or_default();
+                let text = response.bytes().await.unwrap_or_default();
                 return Err(classify(code, retry_after, &text, elapsed()));
             }
             let mut stream = response.bytes_stream();
@@ -187,7 +192,7 @@ impl HttpUpstream {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map(|s| Millis(s * 1000.0));
-        let text = match response.text().await {
+        let text = match response.bytes().await {
             Ok(t) => t,
             Err(e) if e.is_timeout() => {
                 return reply(
@@ -237,6 +242,37 @@ fn classify_send_error(e: &reqwest::Error, latency: Millis) -> UpstreamReply {
     }
 }
 
+/// The client's JSON body with the provider's fields set (`model`, `stream`, `service_tier`),
+/// serialised without copying the body.
+struct ProviderBody<'a> {
+    body: &'a serde_json::Value,
+    /// `None`: send the body as it is (JSON APIs).
+    model: Option<&'a str>,
+    stream: bool,
+    service_tier: Option<&'static str>,
+}
+
+impl serde::Serialize for ProviderBody<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (Some(model), Some(obj)) = (self.model, self.body.as_object()) else {
+            return self.body.serialize(s);
+        };
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in obj {
+            if !matches!(k.as_str(), "model" | "stream" | "service_tier") {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.serialize_entry("model", model)?;
+        map.serialize_entry("stream", &self.stream)?;
+        if let Some(tier) = self.service_tier {
+            map.serialize_entry("service_tier", tier)?;
+        }
+        map.end()
+    }
+}
+
 /// The error's text with the provider's URL taken out (it may carry query parameters).
 fn redacted(e: &reqwest::Error) -> String {
     let text = e.to_string();
@@ -247,13 +283,14 @@ fn redacted(e: &reqwest::Error) -> String {
 }
 
 /// Status, body and message of a provider's answer → the attempt's outcome.
-fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis) -> UpstreamReply {
-    let json: Option<serde_json::Value> = serde_json::from_str(text).ok();
-    let message = json
-        .as_ref()
-        .and_then(|j| j.pointer("/error/message"))
-        .and_then(serde_json::Value::as_str)
-        .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"));
+fn classify(code: u16, retry_after: Option<Millis>, text: &[u8], latency: Millis) -> UpstreamReply {
+    let json: Option<serde_json::Value> = serde_json::from_slice(text).ok();
+    let message = || {
+        json.as_ref()
+            .and_then(|j| j.pointer("/error/message"))
+            .and_then(serde_json::Value::as_str)
+            .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"))
+    };
     let reply = |status: AttemptStatus, reason: String| UpstreamReply {
         status,
         latency,
@@ -285,7 +322,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis)
             } else {
                 ProviderFailure::Server
             };
-            let mut r = reply(AttemptStatus::ProviderError(failure), message);
+            let mut r = reply(AttemptStatus::ProviderError(failure), message());
             r.retry_after = retry_after;
             r
         }
@@ -294,6 +331,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: &str, latency: Millis)
                 .as_ref()
                 .and_then(|j| j.pointer("/error/code"))
                 .and_then(serde_json::Value::as_str);
+            let message = message();
             let mut r = reply(AttemptStatus::ClientError, message.clone());
             r.context_overflow = code == 400
                 && (code_of == Some("context_length_exceeded")
