@@ -1,8 +1,56 @@
 //! Prometheus metrics, rendered as text at `GET /metrics`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+/// One counter: its name, labels and count.
+#[derive(Debug)]
+struct Counter {
+    name: &'static str,
+    labels: Vec<(&'static str, String)>,
+    count: AtomicU64,
+}
+
+impl Counter {
+    fn is(&self, name: &str, labels: &[(&'static str, &str)]) -> bool {
+        self.name == name
+            && self.labels.len() == labels.len()
+            && self
+                .labels
+                .iter()
+                .zip(labels)
+                .all(|((k, v), (k2, v2))| k == k2 && v == v2)
+    }
+
+    /// `name{k="v",…}` as the exposition writes it.
+    fn key(&self) -> String {
+        let mut s = String::from(self.name);
+        if !self.labels.is_empty() {
+            s.push('{');
+            for (i, (k, v)) in self.labels.iter().enumerate() {
+                if i > 0 {
+                    s.push(',');
+                }
+                let _ = write!(s, "{k}=\"{}\"", label(v));
+            }
+            s.push('}');
+        }
+        s
+    }
+}
+
+fn counter_hash(name: &str, labels: &[(&'static str, &str)]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    for (k, v) in labels {
+        k.hash(&mut h);
+        v.hash(&mut h);
+    }
+    h.finish()
+}
 
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
 /// 10 µs target, so that its p99 can be read off).
@@ -21,7 +69,8 @@ type Histogram = (Vec<u64>, u64, f64);
 /// Counters and histograms of the gateway.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    counters: Mutex<BTreeMap<String, u64>>,
+    /// Counters by a hash of their name and labels (collisions share a list).
+    counters: RwLock<HashMap<u64, Vec<Counter>>>,
     decision: Mutex<Histogram>,
     router: Mutex<Histogram>,
     /// Per interface: end-to-end request latency (ms).
@@ -39,49 +88,65 @@ fn label(v: &str) -> std::borrow::Cow<'_, str> {
 }
 
 impl Metrics {
-    fn add(&self, key: String) {
-        if let Ok(mut c) = self.counters.lock() {
-            *c.entry(key).or_default() += 1;
+    /// Adds one to the counter `name{labels}`. The request path finds an existing counter
+    /// under a read lock by a hash of its parts, without building its text.
+    fn bump(&self, name: &'static str, labels: &[(&'static str, &str)]) {
+        let hash = counter_hash(name, labels);
+        if let Ok(map) = self.counters.read() {
+            if let Some(c) = map
+                .get(&hash)
+                .and_then(|v| v.iter().find(|c| c.is(name, labels)))
+            {
+                c.count.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        if let Ok(mut map) = self.counters.write() {
+            let list = map.entry(hash).or_default();
+            match list.iter().find(|c| c.is(name, labels)) {
+                Some(c) => {
+                    c.count.fetch_add(1, Ordering::Relaxed);
+                }
+                None => list.push(Counter {
+                    name,
+                    labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+                    count: AtomicU64::new(1),
+                }),
+            }
         }
     }
 
     pub fn request(&self, interface: &str, outcome: &str) {
-        self.add(format!(
-            "equiroute_requests_total{{interface=\"{}\",outcome=\"{}\"}}",
-            label(interface),
-            label(outcome)
-        ));
+        self.bump(
+            "equiroute_requests_total",
+            &[("interface", interface), ("outcome", outcome)],
+        );
     }
 
     pub fn attempt(&self, interface: &str, provider: &str, status: &str) {
-        self.add(format!(
-            "equiroute_attempts_total{{interface=\"{}\",provider=\"{}\",status=\"{}\"}}",
-            label(interface),
-            label(provider),
-            label(status)
-        ));
+        self.bump(
+            "equiroute_attempts_total",
+            &[
+                ("interface", interface),
+                ("provider", provider),
+                ("status", status),
+            ],
+        );
     }
 
     pub fn fallback(&self, interface: &str) {
-        self.add(format!(
-            "equiroute_fallbacks_total{{interface=\"{}\"}}",
-            label(interface)
-        ));
+        self.bump("equiroute_fallbacks_total", &[("interface", interface)]);
     }
 
     pub fn breaker(&self, provider: &str, transition: &str) {
-        self.add(format!(
-            "equiroute_breaker_transitions_total{{provider=\"{}\",to=\"{}\"}}",
-            label(provider),
-            label(transition)
-        ));
+        self.bump(
+            "equiroute_breaker_transitions_total",
+            &[("provider", provider), ("to", transition)],
+        );
     }
 
     pub fn feedback(&self, outcome: &str) {
-        self.add(format!(
-            "equiroute_feedback_total{{outcome=\"{}\"}}",
-            label(outcome)
-        ));
+        self.bump("equiroute_feedback_total", &[("outcome", outcome)]);
     }
 
     /// Records the decision of one request (eligibility + ranking), in µs.
@@ -100,9 +165,15 @@ impl Metrics {
     /// Records one request's end-to-end latency on `interface`, in ms.
     pub fn request_latency(&self, interface: &str, ms: f64) {
         if let Ok(mut l) = self.latency.lock() {
-            let h = l
-                .entry(interface.to_owned())
-                .or_insert_with(|| (vec![0; LATENCY_BUCKETS_MS.len()], 0, 0.0));
+            if !l.contains_key(interface) {
+                l.insert(
+                    interface.to_owned(),
+                    (vec![0; LATENCY_BUCKETS_MS.len()], 0, 0.0),
+                );
+            }
+            let Some(h) = l.get_mut(interface) else {
+                return;
+            };
             for (i, b) in LATENCY_BUCKETS_MS.iter().enumerate() {
                 if ms <= *b {
                     h.0[i] += 1;
@@ -117,8 +188,13 @@ impl Metrics {
     #[must_use]
     pub fn render(&self) -> String {
         let mut s = String::new();
-        if let Ok(c) = self.counters.lock() {
-            for (k, v) in c.iter() {
+        if let Ok(map) = self.counters.read() {
+            let sorted: BTreeMap<String, u64> = map
+                .values()
+                .flatten()
+                .map(|c| (c.key(), c.count.load(Ordering::Relaxed)))
+                .collect();
+            for (k, v) in sorted {
                 let _ = writeln!(s, "{k} {v}");
             }
         }
@@ -178,5 +254,32 @@ fn render_micros(s: &mut String, name: &str, h: &Mutex<Histogram>) {
         let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", d.1);
         let _ = writeln!(s, "{name}_sum {}", d.2);
         let _ = writeln!(s, "{name}_count {}", d.1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_add_up_per_label_set_and_render_escaped_and_sorted() {
+        let m = Metrics::default();
+        m.attempt("chat", "b", "ok");
+        m.attempt("chat", "a", "ok");
+        m.attempt("chat", "a", "ok");
+        m.feedback("say \"hi\"");
+        let text = m.render();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.contains("_microseconds"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                r#"equiroute_attempts_total{interface="chat",provider="a",status="ok"} 2"#,
+                r#"equiroute_attempts_total{interface="chat",provider="b",status="ok"} 1"#,
+                r#"equiroute_feedback_total{outcome="say \"hi\""} 1"#,
+            ]
+        );
     }
 }
