@@ -355,20 +355,35 @@ impl SlicePath {
     /// The path of a request's labels, truncated to `max_depth` levels (1 = no slicing).
     #[must_use]
     pub fn from_labels(labels: &SliceLabels, max_depth: usize) -> SlicePath {
+        SlicePath::from_parts(
+            labels.task_class.as_deref(),
+            labels.deadline_class.as_deref(),
+            labels.streaming,
+            labels.input_bucket,
+            max_depth,
+        )
+    }
+
+    /// [`SlicePath::from_labels`] from borrowed parts (no allocation on the request path).
+    #[must_use]
+    pub fn from_parts(
+        task_class: Option<&str>,
+        deadline_class: Option<&str>,
+        streaming: bool,
+        input_bucket: Option<u8>,
+        max_depth: usize,
+    ) -> SlicePath {
         let depth = max_depth.clamp(1, Self::MAX_DEPTH);
         let mut keys = [0u64; Self::MAX_DEPTH];
         let mut h = crate::features::Fnv64::new();
         h.write(b"task:");
-        h.write(labels.task_class.as_deref().unwrap_or("").as_bytes());
+        h.write(task_class.unwrap_or("").as_bytes());
         keys[1] = h.finish() | 1;
         h.write(b"|deadline:");
-        h.write(labels.deadline_class.as_deref().unwrap_or("").as_bytes());
+        h.write(deadline_class.unwrap_or("").as_bytes());
         keys[2] = h.finish() | 1;
         h.write(b"|stream:");
-        h.write(&[
-            u8::from(labels.streaming),
-            labels.input_bucket.unwrap_or(u8::MAX),
-        ]);
+        h.write(&[u8::from(streaming), input_bucket.unwrap_or(u8::MAX)]);
         keys[3] = h.finish() | 1;
         SlicePath {
             keys,

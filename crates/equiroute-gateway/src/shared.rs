@@ -161,6 +161,23 @@ impl Journal {
         )
     }
 
+    /// Applies to `policy`, in order and without copying them, the observations of interface
+    /// `iface` numbered after `seq`. Callers hold that interface's policy lock first (the
+    /// order the request path takes them in).
+    fn replay_after(&self, seq: u64, iface: &str, policy: &mut dyn Policy) {
+        if let Ok(j) = self.inner.lock() {
+            for (_, event) in j.events.iter().filter(|(s, _)| *s > seq) {
+                if let Event::Learn { iface: i, obs } | Event::Feedback { iface: i, obs, .. } =
+                    event
+                {
+                    if i == iface {
+                        obs.apply(policy);
+                    }
+                }
+            }
+        }
+    }
+
     /// Forgets the events numbered up to `seq` (the log holds them now).
     fn forget_through(&self, seq: u64) {
         if let Ok(mut j) = self.inner.lock() {
@@ -378,8 +395,7 @@ impl Syncer {
     /// # Errors
     /// The URL is invalid, or the namespace belongs to another configuration.
     pub async fn start(cfg: &RedisStateConfig, state: &AppState) -> Result<Syncer, SharedError> {
-        let client = redis::Client::open(cfg.url.0.as_str())
-            .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))?;
+        let client = client(cfg)?;
         let mut empty = BTreeMap::new();
         let mut confirmed = BTreeMap::new();
         let mut shape = Vec::new();
@@ -734,16 +750,9 @@ impl Syncer {
             let Ok(mut live) = iface.policy.write() else {
                 continue;
             };
-            for (_, event) in shared.journal.after(self.own_confirmed, usize::MAX) {
-                match event {
-                    Event::Learn { iface: i, obs } | Event::Feedback { iface: i, obs, .. }
-                        if i == *name =>
-                    {
-                        obs.apply(fresh.as_mut());
-                    }
-                    _ => {}
-                }
-            }
+            shared
+                .journal
+                .replay_after(self.own_confirmed, name, fresh.as_mut());
             *live = fresh;
         }
     }
@@ -809,14 +818,18 @@ impl Syncer {
     }
 }
 
+/// The client of `cfg`'s URL (the error never shows the URL: it may hold a password).
+fn client(cfg: &RedisStateConfig) -> Result<redis::Client, SharedError> {
+    redis::Client::open(cfg.url.0.as_str())
+        .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))
+}
+
 /// Deletes every key of the namespace (for `serve --reset-state`).
 ///
 /// # Errors
 /// Redis is unreachable.
 pub async fn reset(cfg: &RedisStateConfig) -> Result<(), SharedError> {
-    let client = redis::Client::open(cfg.url.0.as_str())
-        .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))?;
-    let mut conn = timed(client.get_multiplexed_async_connection()).await?;
+    let mut conn = timed(client(cfg)?.get_multiplexed_async_connection()).await?;
     let keys = Keys::new(&cfg.namespace);
     let _: i64 = timed(
         redis::cmd("DEL")

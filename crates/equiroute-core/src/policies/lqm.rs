@@ -88,6 +88,22 @@ impl LqmConfig {
     }
 }
 
+/// How expected latency `τ̂` discounts quality `û` (`lqm` always uses `Renewal`; `lqm-ts` lets you choose).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LatencyTerm {
+    /// `û/(1 + τ̂/L_ref)`: LQM-ContextRoute's renewal-reward rate, every millisecond costs.
+    /// Under load this steers traffic away from providers whose queues grow.
+    #[default]
+    Renewal,
+    /// `û/(1 + max(0, τ̂ − L_ref)/L_ref)`: the latency budget is spent freely, only the
+    /// excess costs — quality first within the budget (`argmax E[u]` s.t. `E[τ] ≤ L_ref`),
+    /// the deadline's risk left to `P̃(bad)`. Better where providers are not load-bound
+    /// (see the README's laboratory table); worse where queueing inflates latency faster
+    /// than the risk model's half-life follows.
+    OverBudget,
+}
+
 /// Learning state of LQM-ContextRoute.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LqmState {
@@ -104,7 +120,12 @@ impl LqmState {
     }
 
     /// The LQM scores of every eligible candidate, unsorted.
-    pub(crate) fn score(&self, cfg: &LqmConfig, ctx: &RankContext<'_>) -> Vec<ScoredCandidate> {
+    pub(crate) fn score(
+        &self,
+        cfg: &LqmConfig,
+        ctx: &RankContext<'_>,
+        latency: LatencyTerm,
+    ) -> Vec<ScoredCandidate> {
         let estimates = self.heads.estimates(ctx.eligible, ctx.features);
         let mut out: Vec<ScoredCandidate> = ctx
             .eligible
@@ -132,7 +153,11 @@ impl LqmState {
             let delta = (best - u).max(0.0);
             let bonus = c / (1.0 + cfg.shrink_lambda * delta);
             s.breakdown.exploration = Some(bonus);
-            s.score = u / (1.0 + tau / cfg.l_ref_ms) + bonus;
+            let spent = match latency {
+                LatencyTerm::Renewal => tau,
+                LatencyTerm::OverBudget => (tau - cfg.l_ref_ms).max(0.0),
+            };
+            s.score = u / (1.0 + spent / cfg.l_ref_ms) + bonus;
         }
         out
     }
@@ -184,7 +209,7 @@ impl Policy for Lqm {
 
     fn rank(&self, ctx: &RankContext<'_>, _rng: &mut dyn RngCore) -> Ranking {
         let mut r = Ranking {
-            order: self.state.score(&self.cfg, ctx),
+            order: self.state.score(&self.cfg, ctx, LatencyTerm::Renewal),
             first_choice_probability: Some(1.0),
         };
         r.sort();

@@ -29,7 +29,7 @@
 //!
 //! Failures are learnt by the risk model only (not as quality 0, which would count them twice).
 
-use super::lqm::{LqmConfig, LqmState};
+use super::lqm::{LatencyTerm, LqmConfig, LqmState};
 use super::risk::{CostObjective, RiskConfig, RiskModel, RiskState};
 use super::ts_deadline::sample_scores;
 use super::{
@@ -54,22 +54,6 @@ pub struct LqmTsConfig {
     pub quality_tolerance: f64,
     /// How expected latency discounts quality in `q`.
     pub latency: LatencyTerm,
-}
-
-/// How expected latency `τ̂` discounts quality `û` in `lqm-ts`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LatencyTerm {
-    /// `û/(1 + τ̂/L_ref)`: LQM-ContextRoute's renewal-reward rate, every millisecond costs.
-    /// Under load this steers traffic away from providers whose queues grow.
-    #[default]
-    Renewal,
-    /// `û/(1 + max(0, τ̂ − L_ref)/L_ref)`: the latency budget is spent freely, only the
-    /// excess costs — quality first within the budget (`argmax E[u]` s.t. `E[τ] ≤ L_ref`),
-    /// the deadline's risk left to `P̃(bad)`. Better where providers are not load-bound
-    /// (see the README's laboratory table); worse where queueing inflates latency faster
-    /// than the risk model's half-life follows.
-    OverBudget,
 }
 
 impl Default for LqmTsConfig {
@@ -135,16 +119,7 @@ impl Policy for LqmTs {
     }
 
     fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
-        let mut quality = self.quality.score(&self.cfg.lqm, ctx);
-        if self.cfg.latency == LatencyTerm::OverBudget {
-            let l_ref = self.cfg.lqm.l_ref_ms;
-            for q in &mut quality {
-                let u = q.breakdown.quality.unwrap_or(0.0);
-                let bonus = q.breakdown.exploration.unwrap_or(0.0);
-                let excess = (q.breakdown.latency_ms.unwrap_or(0.0) - l_ref).max(0.0);
-                q.score = u / (1.0 + excess / l_ref) + bonus;
-            }
-        }
+        let quality = self.quality.score(&self.cfg.lqm, ctx, self.cfg.latency);
         let mut order = sample_scores(&self.risk, self.cfg.objective(), ctx, rng);
         let learnt = ctx
             .eligible

@@ -42,7 +42,6 @@ pub async fn execute(
     deadline: Option<Millis>,
     meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
-    let begun_at = Instant::now();
     let Begun {
         n,
         request_id,
@@ -52,8 +51,9 @@ pub async fn execute(
         decided,
         mut run,
     } = begin(state, iface, body, pinned, deadline, meta)?;
-    // The router's share: everything but the upstream calls (see `Metrics::router_time`).
-    let mut router = begun_at.elapsed();
+    // The router's share: everything but the upstream calls (see `Metrics::router_time`);
+    // `started` is taken at the top of `begin`.
+    let mut router = started.elapsed();
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     loop {
@@ -103,8 +103,7 @@ pub async fn execute(
             if n % 1024 == 0 {
                 state.prune_pending(state.now());
             }
-            remember(
-                state,
+            state.remember(
                 &request_id,
                 PendingFeedback {
                     interface: iface.name.clone(),
@@ -206,13 +205,11 @@ fn decide(
     meta: &super::RequestMeta,
 ) -> Result<Decided, ApiError> {
     let started = Instant::now();
-    let slice = SlicePath::from_labels(
-        &equiroute_core::SliceLabels {
-            task_class: meta.task_class.clone(),
-            deadline_class: Some(equiroute_core::deadline_class(deadline).to_owned()),
-            streaming: requirements.streaming,
-            input_bucket: Some(equiroute_core::input_size_bucket(tokens.input)),
-        },
+    let slice = SlicePath::from_parts(
+        meta.task_class.as_deref(),
+        Some(equiroute_core::deadline_class(deadline)),
+        requirements.streaming,
+        Some(equiroute_core::input_size_bucket(tokens.input)),
         SlicePath::MAX_DEPTH,
     );
     let eligible = {
@@ -335,11 +332,6 @@ fn record_request(
         fallback_reason(&result.attempts),
         result.latency,
     );
-}
-
-/// Keeps an answered request's context until its quality score arrives.
-fn remember(state: &AppState, request_id: &str, entry: PendingFeedback) {
-    state.remember(request_id, entry);
 }
 
 /// The first attempt's status, when the request fell back.
@@ -748,8 +740,7 @@ impl Relay {
         };
         self.state.metrics.request(&self.iface.name, label);
         if status == AttemptStatus::Ok {
-            remember(
-                &self.state,
+            self.state.remember(
                 &self.request_id,
                 PendingFeedback {
                     interface: self.iface.name.clone(),

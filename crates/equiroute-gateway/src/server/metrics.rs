@@ -165,22 +165,13 @@ impl Metrics {
     /// Records one request's end-to-end latency on `interface`, in ms.
     pub fn request_latency(&self, interface: &str, ms: f64) {
         if let Ok(mut l) = self.latency.lock() {
-            if !l.contains_key(interface) {
-                l.insert(
-                    interface.to_owned(),
-                    (vec![0; LATENCY_BUCKETS_MS.len()], 0, 0.0),
-                );
+            if let Some(h) = l.get_mut(interface) {
+                observe(h, &LATENCY_BUCKETS_MS, ms);
+            } else {
+                let mut h = Histogram::default();
+                observe(&mut h, &LATENCY_BUCKETS_MS, ms);
+                l.insert(interface.to_owned(), h);
             }
-            let Some(h) = l.get_mut(interface) else {
-                return;
-            };
-            for (i, b) in LATENCY_BUCKETS_MS.iter().enumerate() {
-                if ms <= *b {
-                    h.0[i] += 1;
-                }
-            }
-            h.1 += 1;
-            h.2 += ms;
         }
     }
 
@@ -231,17 +222,22 @@ impl Metrics {
 
 fn observe_micros(h: &Mutex<Histogram>, micros: f64) {
     if let Ok(mut d) = h.lock() {
-        if d.0.is_empty() {
-            d.0 = vec![0; DECISION_BUCKETS_US.len()];
-        }
-        // Cumulative buckets: every bound at or above the value counts it.
-        let first = DECISION_BUCKETS_US.partition_point(|b| *b < micros);
-        for c in &mut d.0[first..] {
-            *c += 1;
-        }
-        d.1 += 1;
-        d.2 += micros;
+        observe(&mut d, &DECISION_BUCKETS_US, micros);
     }
+}
+
+/// Counts `value` in a cumulative histogram with upper `bounds` (every bound at or above the
+/// value counts it).
+fn observe(h: &mut Histogram, bounds: &[f64], value: f64) {
+    if h.0.len() != bounds.len() {
+        h.0 = vec![0; bounds.len()];
+    }
+    let first = bounds.partition_point(|b| *b < value);
+    for c in &mut h.0[first..] {
+        *c += 1;
+    }
+    h.1 += 1;
+    h.2 += value;
 }
 
 fn render_micros(s: &mut String, name: &str, h: &Mutex<Histogram>) {

@@ -186,12 +186,7 @@ impl HttpUpstream {
             }
         };
         let code = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .map(|s| Millis(s * 1000.0));
+        let retry_after = retry_after_of(&response);
         let text = match response.bytes().await {
             Ok(t) => t,
             Err(e) if e.is_timeout() => {
