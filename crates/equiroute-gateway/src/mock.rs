@@ -121,13 +121,31 @@ pub async fn serve(
         .await
 }
 
+/// Waits `wait` to within tens of microseconds. Tokio's timer has millisecond granularity
+/// (a 20 ms sleep lasts 20 to 21 ms, by where in the millisecond it began): as the latency of
+/// the benchmark's upstream that jitter would swamp the sub-millisecond overhead being
+/// measured. A thread of the blocking pool sleeps instead (`nanosleep`, microsecond
+/// resolution); the pool keeps its threads, so a warm mock starts none per request.
+async fn precise_sleep(wait: std::time::Duration) {
+    if wait.is_zero() {
+        return;
+    }
+    if tokio::task::spawn_blocking(move || std::thread::sleep(wait))
+        .await
+        .is_err()
+    {
+        // The pool is shutting down: fall back to the timer.
+        tokio::time::sleep(wait).await;
+    }
+}
+
 /// Waits the route's latency, then decides the outcome: `Err` is an error response.
 async fn behave(state: &MockState, route: &RouteProfile) -> Result<(), Response> {
     let n = state.seq.fetch_add(1, Ordering::Relaxed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n);
     let latency =
         LogNormal::from_p50_p95(route.latency.p50_ms, route.latency.p95_ms).sample(&mut rng);
-    tokio::time::sleep(std::time::Duration::from_secs_f64(latency / 1000.0)).await;
+    precise_sleep(std::time::Duration::from_secs_f64(latency / 1000.0)).await;
     let error = |status: StatusCode, message: &str| {
         (status, Json(json!({"error": {"message": message, "type": "mock_error", "code": status.as_u16()}}))).into_response()
     };
