@@ -534,7 +534,7 @@ fn http_url(
     match url {
         Some(u)
             if (u.starts_with("http://") || u.starts_with("https://"))
-                && reqwest::Url::parse(u).is_ok() =>
+                && u.parse::<http::Uri>().is_ok_and(|uri| uri.host().is_some()) =>
         {
             Ok(u.to_owned())
         }

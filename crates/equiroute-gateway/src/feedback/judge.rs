@@ -26,12 +26,12 @@ pub struct Judge {
 impl Judge {
     /// The judge described by `cfg`, sharing `client`'s connections.
     #[must_use]
-    pub fn new(cfg: &JudgeConfig, client: &reqwest::Client) -> Judge {
+    pub fn new(cfg: &JudgeConfig, client: &crate::upstream::client::HttpClient) -> Judge {
         Judge {
             upstream: HttpUpstream::openai(
                 client.clone(),
                 &cfg.base_url,
-                cfg.api_key.clone(),
+                cfg.api_key.as_ref(),
                 equiroute_core::ServiceTier::Standard,
             ),
             model: cfg.model.clone(),

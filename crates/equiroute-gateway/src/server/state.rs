@@ -45,7 +45,7 @@ pub struct InterfaceRuntime {
 impl InterfaceRuntime {
     fn new(
         cfg: &InterfaceConfig,
-        client: &reqwest::Client,
+        client: &crate::upstream::client::HttpClient,
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
@@ -213,10 +213,7 @@ impl AppState {
     /// A policy or featurizer that cannot be built (already checked by config loading).
     pub fn new(cfg: &GatewayConfig, seed: u64) -> Result<AppState, equiroute_core::ConfigError> {
         // One connection pool for every HTTP upstream.
-        let client = reqwest::Client::builder()
-            .pool_idle_timeout(std::time::Duration::from_secs(90))
-            .build()
-            .unwrap_or_default();
+        let client = crate::upstream::client::HttpClient::new();
         let mut interfaces = BTreeMap::new();
         for i in &cfg.interfaces {
             interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &client)?));

@@ -7,19 +7,24 @@
 //! provider); connection failures → provider error; the attempt's timeout → timeout (censored). API keys travel only in the `Authorization` header
 //! to the provider and never appear in replies or errors.
 
+use super::client::{read_body, HttpClient, SendError};
 use super::{UpstreamReply, UpstreamRequest};
 use crate::config::Secret;
+use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http_body_util::Full;
 use std::time::{Duration, Instant};
 
 /// An HTTP upstream.
 #[derive(Clone, Debug)]
 pub struct HttpUpstream {
-    client: reqwest::Client,
+    client: HttpClient,
     /// Parsed once (not on every request); `None` when the configured URL does not parse,
     /// which makes every attempt a connection failure with that reason.
-    url: Option<reqwest::Url>,
-    api_key: Option<Secret>,
+    uri: Option<http::Uri>,
+    /// `Bearer <key>`, built once and marked sensitive (never printed by `Debug`).
+    authorization: Option<HeaderValue>,
     /// Chat upstreams get the provider's model name in the body.
     set_model: bool,
     /// `service_tier` sent to OpenAI-compatible APIs (`flex`, `priority`; none for standard).
@@ -30,15 +35,15 @@ impl HttpUpstream {
     /// An OpenAI-compatible upstream at `base_url`.
     #[must_use]
     pub fn openai(
-        client: reqwest::Client,
+        client: HttpClient,
         base_url: &str,
-        api_key: Option<Secret>,
+        api_key: Option<&Secret>,
         tier: equiroute_core::ServiceTier,
     ) -> HttpUpstream {
         HttpUpstream {
             client,
-            url: reqwest::Url::parse(&format!("{base_url}/chat/completions")).ok(),
-            api_key,
+            uri: format!("{base_url}/chat/completions").parse().ok(),
+            authorization: bearer(api_key),
             set_model: true,
             service_tier: match tier {
                 equiroute_core::ServiceTier::Flex => Some("flex"),
@@ -50,19 +55,24 @@ impl HttpUpstream {
 
     /// A JSON API at `url`.
     #[must_use]
-    pub fn json(client: reqwest::Client, url: &str, api_key: Option<Secret>) -> HttpUpstream {
+    pub fn json(client: HttpClient, url: &str, api_key: Option<&Secret>) -> HttpUpstream {
         HttpUpstream {
             client,
-            url: reqwest::Url::parse(url).ok(),
-            api_key,
+            uri: url.parse().ok(),
+            authorization: bearer(api_key),
             set_model: false,
             service_tier: None,
         }
     }
 
     /// The provider request: chat bodies get the provider's model, `stream` and the service
-    /// tier; the key goes only into the `Authorization` header.
-    fn request(&self, req: UpstreamRequest<'_>, stream: bool) -> reqwest::RequestBuilder {
+    /// tier; the key goes only into the `Authorization` header. `None` when the configured
+    /// URL did not parse (configuration checks that it does).
+    fn request(
+        &self,
+        req: UpstreamRequest<'_>,
+        stream: bool,
+    ) -> Option<http::Request<Full<Bytes>>> {
         let body = ProviderBody {
             body: req.body,
             model: self.set_model.then_some(req.model),
@@ -72,19 +82,32 @@ impl HttpUpstream {
         // Serialised straight from the client's body with the fields replaced: no copy of
         // the JSON tree per attempt.
         let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        // Configuration checks that URLs parse; were one not to, the send fails as a
-        // connection error that names no URL.
-        let builder = match &self.url {
-            Some(url) => self.client.post(url.clone()),
-            None => self.client.post("invalid://"),
-        };
-        let builder = builder
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(bytes);
-        match &self.api_key {
-            Some(key) => builder.bearer_auth(&key.0),
-            None => builder,
+        let mut builder = http::Request::post(self.uri.clone()?)
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(auth) = &self.authorization {
+            builder = builder.header(AUTHORIZATION, auth.clone());
         }
+        builder.body(Full::new(Bytes::from(bytes))).ok()
+    }
+
+    /// Sends the attempt and waits for the response head.
+    async fn send(
+        &self,
+        req: UpstreamRequest<'_>,
+        stream: bool,
+    ) -> Result<http::Response<hyper::body::Incoming>, (AttemptStatus, String)> {
+        let connection = AttemptStatus::ProviderError(ProviderFailure::Connection);
+        let Some(request) = self.request(req, stream) else {
+            return Err((
+                connection,
+                "connection failed: the provider URL is not valid".into(),
+            ));
+        };
+        self.client.send(request).await.map_err(|e| match e {
+            SendError::Connect(why) | SendError::Io(why) => {
+                (connection, format!("connection failed: {why}"))
+            }
+        })
     }
 
     /// Opens a streamed chat completion; the status and the first chunk must arrive within
@@ -95,9 +118,9 @@ impl HttpUpstream {
         first_byte_limit: Option<Duration>,
     ) -> super::StreamStart {
         use futures_util::StreamExt;
+        use http_body_util::BodyExt;
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
-        let builder = self.request(req, true);
         let limit = first_byte_limit.unwrap_or(Duration::from_secs(3600));
         let timed_out = |latency: Millis| UpstreamReply {
             status: AttemptStatus::Timeout,
@@ -109,17 +132,25 @@ impl HttpUpstream {
             context_overflow: false,
         };
         let first = tokio::time::timeout(limit, async {
-            let response = builder
-                .send()
-                .await
-                .map_err(|e| classify_send_error(&e, elapsed()))?;
+            let response =
+                self.send(req, true)
+                    .await
+                    .map_err(|(status, reason)| UpstreamReply {
+                        status,
+                        latency: elapsed(),
+                        body: None,
+                        http_status: 0,
+                        retry_after: None,
+                        reason: Some(reason),
+                        context_overflow: false,
+                    })?;
             let code = response.status().as_u16();
+            let retry_after = retry_after_of(response.headers());
             if !(200..300).contains(&code) {
-                let retry_after = retry_after_of(&response);
-                let text = response.bytes().await.unwrap_or_default();
+                let text = read_body(response.into_body()).await.unwrap_or_default();
                 return Err(classify(code, retry_after, &text, elapsed()));
             }
-            let mut stream = response.bytes_stream();
+            let mut stream = response.into_body().into_data_stream();
             match stream.next().await {
                 Some(Ok(bytes)) => Ok((bytes, stream)),
                 _ => Err(UpstreamReply {
@@ -154,10 +185,6 @@ impl HttpUpstream {
     ) -> UpstreamReply {
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
-        let mut builder = self.request(req, false);
-        if let Some(t) = timeout {
-            builder = builder.timeout(t);
-        }
         let reply = |status: AttemptStatus, http_status: u16, reason: String| UpstreamReply {
             status,
             latency: elapsed(),
@@ -167,74 +194,51 @@ impl HttpUpstream {
             reason: Some(reason),
             context_overflow: false,
         };
-        let response = match builder.send().await {
-            Ok(r) => r,
-            Err(e) if e.is_timeout() => {
-                let mut r = reply(AttemptStatus::Timeout, 0, "timed out".into());
-                if let Some(t) = timeout {
-                    r.latency = Millis(t.as_secs_f64() * 1000.0);
-                }
-                return r;
-            }
-            // The error's text can contain the URL but never the key (it is only a header).
-            Err(e) => {
-                return reply(
-                    AttemptStatus::ProviderError(ProviderFailure::Connection),
-                    0,
-                    format!("connection failed: {}", redacted(&e)),
-                )
-            }
-        };
-        let code = response.status().as_u16();
-        let retry_after = retry_after_of(&response);
-        let text = match response.bytes().await {
-            Ok(t) => t,
-            Err(e) if e.is_timeout() => {
-                return reply(
-                    AttemptStatus::Timeout,
-                    code,
-                    "timed out reading the body".into(),
-                )
-            }
-            Err(_) => {
-                return reply(
+        // Sending, the response head and the whole body, all within the attempt's timeout.
+        let exchange = async {
+            let response = match self.send(req, false).await {
+                Ok(r) => r,
+                Err((status, reason)) => return reply(status, 0, reason),
+            };
+            let code = response.status().as_u16();
+            let retry_after = retry_after_of(response.headers());
+            match read_body(response.into_body()).await {
+                Ok(text) => classify(code, retry_after, &text, elapsed()),
+                Err(why) => reply(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     code,
-                    "the response body broke off".into(),
-                )
+                    format!("the response body broke off: {why}"),
+                ),
             }
         };
-        classify(code, retry_after, &text, elapsed())
+        match timeout {
+            None => exchange.await,
+            Some(t) => {
+                if let Ok(r) = tokio::time::timeout(t, exchange).await {
+                    r
+                } else {
+                    let mut r = reply(AttemptStatus::Timeout, 0, "timed out".into());
+                    r.latency = Millis(t.as_secs_f64() * 1000.0);
+                    r
+                }
+            }
+        }
     }
 }
 
-fn retry_after_of(response: &reqwest::Response) -> Option<Millis> {
-    response
-        .headers()
+/// The `Authorization` header of a key, marked sensitive.
+fn bearer(key: Option<&Secret>) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", key?.0)).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
+    headers
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|s| Millis(s * 1000.0))
-}
-
-fn classify_send_error(e: &reqwest::Error, latency: Millis) -> UpstreamReply {
-    let (status, reason) = if e.is_timeout() {
-        (AttemptStatus::Timeout, "timed out".to_owned())
-    } else {
-        (
-            AttemptStatus::ProviderError(ProviderFailure::Connection),
-            format!("connection failed: {}", redacted(e)),
-        )
-    };
-    UpstreamReply {
-        status,
-        latency,
-        body: None,
-        http_status: 0,
-        retry_after: None,
-        reason: Some(reason),
-        context_overflow: false,
-    }
 }
 
 /// The client's JSON body with the provider's fields set (`model`, `stream`, `service_tier`),
@@ -265,15 +269,6 @@ impl serde::Serialize for ProviderBody<'_> {
             map.serialize_entry("service_tier", tier)?;
         }
         map.end()
-    }
-}
-
-/// The error's text with the provider's URL taken out (it may carry query parameters).
-fn redacted(e: &reqwest::Error) -> String {
-    let text = e.to_string();
-    match e.url() {
-        Some(url) => text.replace(url.as_str(), "<provider>"),
-        None => text,
     }
 }
 

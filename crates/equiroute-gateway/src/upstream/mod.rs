@@ -1,5 +1,6 @@
 //! Upstream providers, one file per kind. A closed set: an enum, matched exhaustively.
 
+pub mod client;
 pub mod http;
 pub mod sim;
 
@@ -66,17 +67,17 @@ impl Upstream {
         id: &str,
         tier: equiroute_core::ServiceTier,
         config: &UpstreamConfig,
-        client: &reqwest::Client,
+        client: &client::HttpClient,
     ) -> Upstream {
         match config {
             UpstreamConfig::Sim(spec) => Upstream::Sim(sim::SimUpstream::new(id, *spec)),
             UpstreamConfig::Openai { base_url, api_key } => Upstream::Http(
-                http::HttpUpstream::openai(client.clone(), base_url, api_key.clone(), tier),
+                http::HttpUpstream::openai(client.clone(), base_url, api_key.as_ref(), tier),
             ),
             UpstreamConfig::Http { url, api_key } => Upstream::Http(http::HttpUpstream::json(
                 client.clone(),
                 url,
-                api_key.clone(),
+                api_key.as_ref(),
             )),
         }
     }
