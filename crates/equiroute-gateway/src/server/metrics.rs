@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::RwLock;
 
 /// One counter: its name, labels and count.
 #[derive(Debug)]
@@ -63,18 +63,88 @@ const LATENCY_BUCKETS_MS: [f64; 10] = [
     10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
-/// Bucket counts, observation count and sum of one histogram.
-type Histogram = (Vec<u64>, u64, f64);
+/// A histogram updated without a lock: one atomic count per bucket (not cumulative; the
+/// exposition accumulates), the observation count, and the sum in thousandths of the unit.
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_milli: AtomicU64,
+}
 
-/// Counters and histograms of the gateway.
-#[derive(Debug, Default)]
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_milli: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts `value` in the first bucket whose upper bound is at or above it (none: only
+    /// in `+Inf`).
+    fn observe(&self, value: f64) {
+        let i = self.bounds.partition_point(|b| *b < value);
+        if let Some(b) = self.buckets.get(i) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        // Saturating float-to-int: a negative or NaN value adds nothing.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let milli = (value * 1000.0).round() as u64;
+        self.sum_milli.fetch_add(milli, Ordering::Relaxed);
+    }
+
+    /// `name_bucket{labels,le="…"}` lines (cumulative), then `+Inf`, `_sum` and `_count`.
+    /// `labels` is empty or ends with a comma.
+    fn render(&self, s: &mut String, name: &str, labels: &str) {
+        let mut total = 0;
+        for (b, n) in self.bounds.iter().zip(&self.buckets) {
+            total += n.load(Ordering::Relaxed);
+            let _ = writeln!(s, "{name}_bucket{{{labels}le=\"{b}\"}} {total}");
+        }
+        // Read after the buckets: observations that land meanwhile can make `+Inf` larger
+        // than the last bucket, never smaller.
+        let count = self.count.load(Ordering::Relaxed).max(total);
+        let plain = labels.trim_end_matches(',');
+        let braces = |l: &str| {
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("{{{l}}}")
+            }
+        };
+        let _ = writeln!(s, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+        let _ = writeln!(s, "{name}_sum{} {sum}", braces(plain));
+        let _ = writeln!(s, "{name}_count{} {count}", braces(plain));
+    }
+}
+
+/// Counters and histograms of the gateway. The request path takes no exclusive lock: counters
+/// and histograms are atomics found under read locks.
+#[derive(Debug)]
 pub struct Metrics {
     /// Counters by a hash of their name and labels (collisions share a list).
     counters: RwLock<HashMap<u64, Vec<Counter>>>,
-    decision: Mutex<Histogram>,
-    router: Mutex<Histogram>,
+    decision: Histogram,
+    router: Histogram,
     /// Per interface: end-to-end request latency (ms).
-    latency: Mutex<BTreeMap<String, Histogram>>,
+    latency: RwLock<BTreeMap<String, Histogram>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            counters: RwLock::default(),
+            decision: Histogram::new(&DECISION_BUCKETS_US),
+            router: Histogram::new(&DECISION_BUCKETS_US),
+            latency: RwLock::default(),
+        }
+    }
 }
 
 /// A label value escaped for the exposition format (borrowed when nothing needs escaping,
@@ -151,7 +221,7 @@ impl Metrics {
 
     /// Records the decision of one request (eligibility + ranking), in µs.
     pub fn decision_time(&self, micros: f64) {
-        observe_micros(&self.decision, micros);
+        self.decision.observe(micros);
     }
 
     /// Records the router's whole share of one request, in µs: featurizing, sizing, the
@@ -159,19 +229,21 @@ impl Metrics {
     /// breaker updates, metrics, keeping the context for feedback) — everything but the
     /// upstream calls and the HTTP handling.
     pub fn router_time(&self, micros: f64) {
-        observe_micros(&self.router, micros);
+        self.router.observe(micros);
     }
 
     /// Records one request's end-to-end latency on `interface`, in ms.
     pub fn request_latency(&self, interface: &str, ms: f64) {
-        if let Ok(mut l) = self.latency.lock() {
-            if let Some(h) = l.get_mut(interface) {
-                observe(h, &LATENCY_BUCKETS_MS, ms);
-            } else {
-                let mut h = Histogram::default();
-                observe(&mut h, &LATENCY_BUCKETS_MS, ms);
-                l.insert(interface.to_owned(), h);
+        if let Ok(l) = self.latency.read() {
+            if let Some(h) = l.get(interface) {
+                h.observe(ms);
+                return;
             }
+        }
+        if let Ok(mut l) = self.latency.write() {
+            l.entry(interface.to_owned())
+                .or_insert_with(|| Histogram::new(&LATENCY_BUCKETS_MS))
+                .observe(ms);
         }
     }
 
@@ -189,67 +261,21 @@ impl Metrics {
                 let _ = writeln!(s, "{k} {v}");
             }
         }
-        render_micros(&mut s, "equiroute_decision_microseconds", &self.decision);
-        render_micros(&mut s, "equiroute_router_microseconds", &self.router);
-        if let Ok(l) = self.latency.lock() {
+        for (name, h) in [
+            ("equiroute_decision_microseconds", &self.decision),
+            ("equiroute_router_microseconds", &self.router),
+        ] {
+            let _ = writeln!(s, "# TYPE {name} histogram");
+            h.render(&mut s, name, "");
+        }
+        if let Ok(l) = self.latency.read() {
             let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
-            for (iface, (buckets, count, sum)) in l.iter() {
-                let i = label(iface);
-                for (k, b) in LATENCY_BUCKETS_MS.iter().enumerate() {
-                    let _ = writeln!(
-                        s,
-                        "equiroute_request_latency_ms_bucket{{interface=\"{i}\",le=\"{b}\"}} {}",
-                        buckets[k]
-                    );
-                }
-                let _ = writeln!(
-                    s,
-                    "equiroute_request_latency_ms_bucket{{interface=\"{i}\",le=\"+Inf\"}} {count}"
-                );
-                let _ = writeln!(
-                    s,
-                    "equiroute_request_latency_ms_sum{{interface=\"{i}\"}} {sum}"
-                );
-                let _ = writeln!(
-                    s,
-                    "equiroute_request_latency_ms_count{{interface=\"{i}\"}} {count}"
-                );
+            for (iface, h) in l.iter() {
+                let labels = format!("interface=\"{}\",", label(iface));
+                h.render(&mut s, "equiroute_request_latency_ms", &labels);
             }
         }
         s
-    }
-}
-
-fn observe_micros(h: &Mutex<Histogram>, micros: f64) {
-    if let Ok(mut d) = h.lock() {
-        observe(&mut d, &DECISION_BUCKETS_US, micros);
-    }
-}
-
-/// Counts `value` in a cumulative histogram with upper `bounds` (every bound at or above the
-/// value counts it).
-fn observe(h: &mut Histogram, bounds: &[f64], value: f64) {
-    if h.0.len() != bounds.len() {
-        h.0 = vec![0; bounds.len()];
-    }
-    let first = bounds.partition_point(|b| *b < value);
-    for c in &mut h.0[first..] {
-        *c += 1;
-    }
-    h.1 += 1;
-    h.2 += value;
-}
-
-fn render_micros(s: &mut String, name: &str, h: &Mutex<Histogram>) {
-    if let Ok(d) = h.lock() {
-        let _ = writeln!(s, "# TYPE {name} histogram");
-        for (i, b) in DECISION_BUCKETS_US.iter().enumerate() {
-            let n = d.0.get(i).copied().unwrap_or(0);
-            let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {n}");
-        }
-        let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", d.1);
-        let _ = writeln!(s, "{name}_sum {}", d.2);
-        let _ = writeln!(s, "{name}_count {}", d.1);
     }
 }
 
@@ -276,6 +302,47 @@ mod tests {
                 r#"equiroute_attempts_total{interface="chat",provider="b",status="ok"} 1"#,
                 r#"equiroute_feedback_total{outcome="say \"hi\""} 1"#,
             ]
+        );
+    }
+
+    #[test]
+    fn histograms_render_cumulative_buckets_sum_and_count() {
+        let m = Metrics::default();
+        for us in [0.5, 2.5, 2.5, 7.0, 20_000.0] {
+            m.router_time(us);
+        }
+        m.request_latency("chat", 30.0);
+        m.request_latency("chat", 9.0);
+        let text = m.render();
+        let line = |prefix: &str| {
+            text.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="1"}"#), "1");
+        assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="3"}"#), "3");
+        assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="8"}"#), "4");
+        assert_eq!(
+            line(r#"equiroute_router_microseconds_bucket{le="10000"}"#),
+            "4"
+        );
+        assert_eq!(
+            line(r#"equiroute_router_microseconds_bucket{le="+Inf"}"#),
+            "5"
+        );
+        assert_eq!(line("equiroute_router_microseconds_sum"), "20012.5");
+        assert_eq!(line("equiroute_router_microseconds_count"), "5");
+        assert_eq!(line("equiroute_decision_microseconds_count"), "0");
+        let chat = r#"equiroute_request_latency_ms_bucket{interface="chat","#;
+        assert_eq!(line(&format!(r#"{chat}le="10"}}"#)), "1");
+        assert_eq!(line(&format!(r#"{chat}le="50"}}"#)), "2");
+        assert_eq!(
+            line(r#"equiroute_request_latency_ms_sum{interface="chat"}"#),
+            "39"
         );
     }
 }
