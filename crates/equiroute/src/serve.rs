@@ -37,9 +37,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             format!("--listen `{listen}`: write host:port, e.g. 127.0.0.1:8080")
         })?;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.worker_threads {
+        builder.worker_threads(n);
+    }
+    let runtime = builder.enable_all().build()?;
     runtime.block_on(async move {
         if args.reset_state {
             reset_state(config.state.as_ref()).await?;

@@ -80,6 +80,8 @@ struct RawServer {
     feedback_ttl_s: Option<f64>,
     /// Most contexts kept for feedback at once.
     max_pending_feedback: Option<usize>,
+    /// Threads serving requests; none: one per core.
+    worker_threads: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,6 +214,8 @@ pub struct GatewayConfig {
     pub feedback_ttl: Millis,
     /// Most answered-request contexts kept for feedback (oldest evicted first).
     pub max_pending_feedback: usize,
+    /// Threads serving requests (the async runtime's workers); `None`: one per core.
+    pub worker_threads: Option<usize>,
     pub audit: Option<crate::server::audit::AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
@@ -301,6 +305,13 @@ pub fn load_all(
             "must be at least 1 (default 32768)".into(),
         ));
     }
+    let worker_threads = raw.server.worker_threads;
+    if worker_threads == Some(0) {
+        problems.push(err(
+            "server.worker_threads",
+            "must be at least 1 (leave it out for one thread per core)".into(),
+        ));
+    }
     if raw.interfaces.is_empty() {
         problems.push(err(
             "interfaces",
@@ -329,6 +340,7 @@ pub fn load_all(
             admin_keys,
             feedback_ttl: Millis(ttl * 1000.0),
             max_pending_feedback,
+            worker_threads,
             audit: raw.audit,
             state,
             interfaces,
@@ -586,12 +598,19 @@ mod tests {
     fn problems_name_the_field_and_the_fix() {
         let base = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
         assert!(load(base, "x.toml", &no_env).is_ok());
+        let two = load(
+            &format!("[server]\nworker_threads = 2\n{base}"),
+            "x.toml",
+            &no_env,
+        );
+        assert_eq!(two.map(|c| c.worker_threads), Ok(Some(2)));
         let cases = [
             (base.replace("p95_ms = 20", "p95_ms = 5"), "interfaces.chat.providers[0].sim.latency", "p50_ms"),
             (format!("{base}[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n"), "interfaces.chat.providers[1].id", "unique"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\npolicy = { name = \"lqm\", alpha_ucb = -1 }"), "interfaces.chat.policy", "alpha_ucb"),
             (format!("[server]\napi_keys_env = [\"NOPE_KEY\"]\n{base}"), "server.api_keys_env[0]", "NOPE_KEY"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
+            (format!("[server]\nworker_threads = 0\n{base}"), "server.worker_threads", "at least 1"),
         ];
         for (text, field, fix) in cases {
             let e = load(&text, "x.toml", &no_env).unwrap_err();
