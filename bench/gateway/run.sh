@@ -241,7 +241,7 @@ measure() {
         echo "      WARNING: the machine was ${busy}% busy before this point (load from elsewhere?)"
     fi
     # c=1 gets more samples: its p99 is the 1-in-100 request, and it carries the tightest target.
-    [ "$phase" = latency ] && [ "$c" = 1 ] && seconds=$C1_DURATION
+    { [ "$phase" = latency ] || [ "$phase" = repeat ]; } && [ "$c" = 1 ] && seconds=$C1_DURATION
     local common=(--no-tui --output-format json -m POST -H 'content-type: application/json'
         -H "authorization: Bearer $MASTER_KEY" -d "$BODY" --wait-ongoing-requests-after-deadline)
     if [ "$WARMUP" != 0 ]; then
@@ -396,6 +396,12 @@ say "mocks: 20 ms on ${MOCK20[*]}, 0 ms on ${MOCK0[*]}"
 for system in direct equiroute nginx litellm; do
     if has "$system"; then bench_system "$system"; else record "{\"system\":\"$system\",\"missing\":\"not selected (--systems)\"}"; fi
 done
+
+# A/A: the direct upstream once more at c=1, after everything else. Two runs of one system
+# differ by this much: the resolution of the added latencies at c=1.
+say "direct: c=1 again (A/A: the run-to-run spread of one system)"
+SUT_PID=${MOCK20_PIDS[0]}
+measure direct repeat "${MOCK20[0]}" 1
 
 # Equiroute at a fixed rate with three providers (20 ms upstream): its peak memory there.
 if has equiroute; then
