@@ -104,6 +104,7 @@ impl Judge {
         }
         let text = reply
             .body?
+            .value()?
             .pointer("/choices/0/message/content")?
             .as_str()?
             .to_owned();

@@ -26,7 +26,7 @@ pub struct Answered {
     pub provider: String,
     pub model: String,
     pub attempts: usize,
-    pub body: serde_json::Value,
+    pub body: crate::upstream::answer::ProviderJson,
 }
 
 /// Routes and executes one request on `iface`.
@@ -123,7 +123,9 @@ pub async fn execute(
                 provider: c.id.0.clone(),
                 model: c.model.clone(),
                 attempts,
-                body: reply.body.unwrap_or(serde_json::Value::Null),
+                body: reply.body.unwrap_or_else(|| {
+                    crate::upstream::answer::ProviderJson::from_value(&serde_json::Value::Null)
+                }),
             })
         }
         (status, _) => Err(failure(state, iface, status, attempts, last, deadline)),
@@ -430,21 +432,6 @@ async fn attempt(
     Ok((outcome, reply))
 }
 
-/// Token counts the provider reported in `usage`, if any.
-fn usage_of(body: Option<&serde_json::Value>) -> Option<TokenEstimate> {
-    let usage = body?.get("usage")?;
-    let count = |k: &str| {
-        usage
-            .get(k)
-            .and_then(serde_json::Value::as_u64)
-            .and_then(|v| u32::try_from(v).ok())
-    };
-    Some(TokenEstimate {
-        input: count("prompt_tokens")?,
-        output: count("completion_tokens").unwrap_or(0),
-    })
-}
-
 /// The attempt outcome of a provider's reply.
 fn outcome_of(
     reply: &UpstreamReply,
@@ -461,9 +448,13 @@ fn outcome_of(
                 ProviderFailure::RateLimited | ProviderFailure::Connection,
             )
             | AttemptStatus::ClientError => Usd(0.0),
-            _ => candidate
-                .price
-                .cost(usage_of(reply.body.as_ref()).unwrap_or(estimate)),
+            _ => candidate.price.cost(
+                reply
+                    .body
+                    .as_ref()
+                    .and_then(crate::upstream::answer::ProviderJson::usage)
+                    .unwrap_or(estimate),
+            ),
         },
         time_to_first_byte: None,
         retry_after: reply.retry_after,

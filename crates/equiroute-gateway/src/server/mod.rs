@@ -261,11 +261,14 @@ fn maybe_judge(
     let answer = match iface.kind {
         InterfaceKind::Chat => answered
             .body
-            .pointer("/choices/0/message/content")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        InterfaceKind::Tool => answered.body.to_string(),
+            .value()
+            .and_then(|v| {
+                v.pointer("/choices/0/message/content")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default(),
+        InterfaceKind::Tool => String::from_utf8_lossy(answered.body.bytes()).into_owned(),
     };
     judge.spawn(
         state.clone(),
@@ -276,14 +279,19 @@ fn maybe_judge(
 }
 
 /// The provider's answer with the routing headers; `model` names the model that answered.
-fn routed(mut answered: execute::Answered) -> Response {
-    let mut body = std::mem::take(&mut answered.body);
-    if let Some(obj) = body.as_object_mut() {
-        if obj.contains_key("model") {
-            obj.insert("model".into(), Value::String(answered.model.clone()));
-        }
-    }
-    let mut resp = (StatusCode::OK, Json(body)).into_response();
+fn routed(answered: &execute::Answered) -> Response {
+    // The provider's bytes, relayed with only `model` replaced (no parse into a tree and no
+    // re-encoding).
+    let body = answered.body.with_model(&answered.model);
+    let mut resp = (
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
     let h = resp.headers_mut();
     for (name, value) in [
         ("x-equiroute-request-id", answered.request_id.as_str()),
@@ -366,7 +374,7 @@ async fn chat_completions(
     let meta = RequestMeta::from_headers(&headers);
     let answered = execute::execute(&state, iface, &body, pinned, deadline, &meta).await?;
     maybe_judge(&state, iface, &body, &answered);
-    Ok(routed(answered))
+    Ok(routed(&answered))
 }
 
 /// `POST /v1/tools/{interface}`: a JSON tool call routed to one of the interface's providers.
@@ -400,7 +408,7 @@ async fn tool_call(
     let meta = RequestMeta::from_headers(&headers);
     let answered = execute::execute(&state, iface, &body, None, deadline, &meta).await?;
     maybe_judge(&state, iface, &body, &answered);
-    Ok(routed(answered))
+    Ok(routed(&answered))
 }
 
 /// `POST /v1/feedback`: `{request_id, quality in [0,1], source}`.

@@ -148,7 +148,7 @@ impl HttpUpstream {
             let retry_after = retry_after_of(response.headers());
             if !(200..300).contains(&code) {
                 let text = read_body(response.into_body()).await.unwrap_or_default();
-                return Err(classify(code, retry_after, &text, elapsed()));
+                return Err(classify(code, retry_after, text, elapsed()));
             }
             let mut stream = response.into_body().into_data_stream();
             match stream.next().await {
@@ -203,7 +203,7 @@ impl HttpUpstream {
             let code = response.status().as_u16();
             let retry_after = retry_after_of(response.headers());
             match read_body(response.into_body()).await {
-                Ok(text) => classify(code, retry_after, &text, elapsed()),
+                Ok(text) => classify(code, retry_after, text, elapsed()),
                 Err(why) => reply(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     code,
@@ -273,8 +273,13 @@ impl serde::Serialize for ProviderBody<'_> {
 }
 
 /// Status, body and message of a provider's answer → the attempt's outcome.
-fn classify(code: u16, retry_after: Option<Millis>, text: &[u8], latency: Millis) -> UpstreamReply {
-    let json: Option<serde_json::Value> = serde_json::from_slice(text).ok();
+fn classify(code: u16, retry_after: Option<Millis>, text: Bytes, latency: Millis) -> UpstreamReply {
+    // An answer is checked and relayed as it came; only errors are read as a tree.
+    let json: Option<serde_json::Value> = if (200..300).contains(&code) {
+        None
+    } else {
+        serde_json::from_slice(&text).ok()
+    };
     let message = || {
         json.as_ref()
             .and_then(|j| j.pointer("/error/message"))
@@ -291,7 +296,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: &[u8], latency: Millis
         context_overflow: false,
     };
     match code {
-        200..=299 => match json {
+        200..=299 => match super::answer::ProviderJson::parse(text) {
             Some(body) => UpstreamReply {
                 status: AttemptStatus::Ok,
                 latency,

@@ -1,5 +1,6 @@
 //! Upstream providers, one file per kind. A closed set: an enum, matched exhaustively.
 
+pub mod answer;
 pub mod client;
 pub mod http;
 pub mod sim;
@@ -43,7 +44,7 @@ pub struct UpstreamReply {
     pub status: AttemptStatus,
     pub latency: Millis,
     /// The provider's JSON body on success.
-    pub body: Option<serde_json::Value>,
+    pub body: Option<answer::ProviderJson>,
     /// The provider's HTTP status (0 when no response arrived).
     pub http_status: u16,
     pub retry_after: Option<Millis>,

@@ -84,7 +84,7 @@ impl SimUpstream {
         UpstreamReply {
             status: AttemptStatus::Ok,
             latency: Millis(latency_ms),
-            body: Some(self.answer(req)),
+            body: Some(super::answer::ProviderJson::from_value(&self.answer(req))),
             http_status: 200,
             retry_after: None,
             reason: None,
@@ -100,7 +100,11 @@ impl SimUpstream {
         first_byte_limit: Option<Duration>,
     ) -> super::StreamStart {
         let full = self.call(req, first_byte_limit).await;
-        let Some(body) = full.body.clone() else {
+        let Some(body) = full
+            .body
+            .as_ref()
+            .and_then(super::answer::ProviderJson::value)
+        else {
             return super::StreamStart::Failed(full);
         };
         let content = body
