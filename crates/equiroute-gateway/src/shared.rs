@@ -712,7 +712,7 @@ impl Syncer {
                         }
                     }
                     if let (false, Event::Feedback { request_id, .. }) = (own, event) {
-                        if let Ok(mut pending) = state.pending.lock() {
+                        if let Ok(mut pending) = state.pending.shard(request_id).lock() {
                             if let Some(e) = pending.get_mut(request_id) {
                                 e.consumed = true;
                             }
@@ -720,9 +720,7 @@ impl Syncer {
                     }
                 }
                 Event::Pending { request_id, ctx } if !own => {
-                    if let Ok(mut pending) = state.pending.lock() {
-                        pending.insert(request_id.clone(), ctx.clone());
-                    }
+                    state.pending.insert(request_id.clone(), ctx.clone());
                 }
                 Event::BreakerOpen {
                     iface,
@@ -747,7 +745,7 @@ impl Syncer {
             let mut fresh = confirmed.clone_box();
             // Under the write lock, so that no observation lands between the replay and
             // the swap (the request path journals under the same lock).
-            let Ok(mut live) = iface.policy.write() else {
+            let Ok(mut live) = state.policy_mut(iface) else {
                 continue;
             };
             shared

@@ -221,10 +221,8 @@ impl Store {
                 }
             }
         }
-        if let Ok(mut pending) = state.pending.lock() {
-            for (id, entry) in snap.pending {
-                pending.insert(id, entry);
-            }
+        for (id, entry) in snap.pending {
+            state.pending.insert(id, entry);
         }
         Ok(true)
     }
@@ -233,7 +231,7 @@ impl Store {
 fn snapshot(state: &AppState) -> Snapshot {
     let mut interfaces = BTreeMap::new();
     for (name, iface) in &state.interfaces {
-        let Ok(policy) = iface.policy.read().map(|p| p.export_state()) else {
+        let Ok(policy) = state.policy_mut(iface).map(|p| p.export_state()) else {
             continue;
         };
         let breakers = iface.breakers.lock().map(|b| b.clone()).unwrap_or_default();
@@ -246,16 +244,7 @@ fn snapshot(state: &AppState) -> Snapshot {
             },
         );
     }
-    let pending = state
-        .pending
-        .lock()
-        .map(|p| {
-            p.iter()
-                .filter(|(_, e)| !e.consumed)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let pending = state.pending.unconsumed().into_iter().collect();
     Snapshot {
         schema: SCHEMA,
         interfaces,

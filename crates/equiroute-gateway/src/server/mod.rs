@@ -496,7 +496,8 @@ async fn interface_state(
     let features = iface.featurizer.featurize("");
     let all: Vec<usize> = (0..iface.candidates.len()).collect();
     let ranking = {
-        let policy = iface.policy.read().map_err(|_| ApiError::internal())?;
+        // The write side, so that observations deferred by busy requests are in the state shown.
+        let policy = state.policy_mut(iface).map_err(|_| ApiError::internal())?;
         let mut ctx = RankContext::new(&iface.candidates, &all, &features);
         ctx.deadline = iface.deadline;
         ctx.now = state.now();

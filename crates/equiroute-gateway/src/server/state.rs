@@ -15,8 +15,8 @@ use equiroute_core::features::Featurizer;
 use equiroute_core::policies::{AttemptObservation, Observation, Policy, QualityObservation};
 use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 use std::time::Instant;
 
 /// One interface at run time.
@@ -33,8 +33,16 @@ pub struct InterfaceRuntime {
     pub stream_idle: Millis,
     /// The LLM-as-judge, when configured.
     pub judge: Option<Arc<crate::feedback::judge::Judge>>,
-    /// Ranks take the read side (they run in parallel); observations the write side.
+    /// Ranks take the read side (they run in parallel); observations the write side. The
+    /// request path only tries the write side: see `deferred`.
     pub policy: RwLock<Box<dyn Policy>>,
+    /// Attempt observations that found the policy locked: queued here instead of waiting (a
+    /// ranking thread descheduled while it holds the read side would otherwise stall every
+    /// request behind it), applied and journaled, in order, by the next holder of the write
+    /// side (`AppState::policy_mut`, or the next attempt that gets it).
+    deferred: Mutex<Vec<Observation>>,
+    /// `deferred.len()`, readable without the lock (updated under it).
+    deferred_len: AtomicUsize,
     pub breakers: Mutex<Vec<Breaker>>,
     pub breaker_config: BreakerConfig,
     /// How often each candidate was the first choice.
@@ -68,6 +76,8 @@ impl InterfaceRuntime {
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
             policy_name: cfg.policy.kind().as_str(),
             policy: RwLock::new(policy),
+            deferred: Mutex::new(Vec::new()),
+            deferred_len: AtomicUsize::new(0),
             breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),
             breaker_config: BreakerConfig::default(),
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -190,7 +200,7 @@ impl PendingStore {
 #[derive(Debug)]
 pub struct AppState {
     pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
-    pub pending: Mutex<PendingStore>,
+    pub pending: PendingShards,
     pub metrics: Metrics,
     pub api_keys: Vec<crate::config::Secret>,
     pub admin_keys: Vec<crate::config::Secret>,
@@ -220,7 +230,7 @@ impl AppState {
         }
         Ok(AppState {
             interfaces,
-            pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
+            pending: PendingShards::new(cfg.max_pending_feedback),
             metrics: Metrics::default(),
             api_keys: cfg.api_keys.clone(),
             admin_keys: cfg.admin_keys.clone(),
@@ -275,9 +285,92 @@ impl AppState {
     /// Drops contexts older than twice the feedback TTL (expired ones are kept for one more
     /// TTL so that late feedback gets a clear 410 rather than a 404).
     pub fn prune_pending(&self, now: Timestamp) {
-        if let Ok(mut p) = self.pending.lock() {
-            p.prune(now, 2.0 * self.feedback_ttl.0);
+        self.pending.prune(now, 2.0 * self.feedback_ttl.0);
+    }
+}
+
+/// The pending contexts in shards chosen by a hash of the request id, each under its own
+/// lock: two requests that finish at once rarely wait for each other (one lock made a request
+/// wait for a thread descheduled while holding it). Small stores (under 1,024 contexts) keep
+/// one shard, so that eviction is exactly oldest-first; larger ones evict the oldest of the
+/// shard that is full.
+#[derive(Debug)]
+pub struct PendingShards {
+    shards: Vec<Mutex<PendingStore>>,
+}
+
+impl PendingShards {
+    const MAX_SHARDS: usize = 16;
+    const MIN_PER_SHARD: usize = 64;
+
+    /// Empty shards holding at most `cap` contexts in all.
+    #[must_use]
+    pub fn new(cap: usize) -> PendingShards {
+        let cap = cap.max(1);
+        let n = (cap / Self::MIN_PER_SHARD).clamp(1, Self::MAX_SHARDS);
+        let shards = (0..n)
+            .map(|i| Mutex::new(PendingStore::new(cap / n + usize::from(i < cap % n))))
+            .collect();
+        PendingShards { shards }
+    }
+
+    /// The shard of `id` (FNV-1a of its bytes).
+    #[must_use]
+    pub fn shard(&self, id: &str) -> &Mutex<PendingStore> {
+        let h = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        // The remainder is below the shard count, which fits in usize.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = (h % self.shards.len() as u64) as usize;
+        &self.shards[i]
+    }
+
+    /// Keeps `entry` for `id` (see [`PendingStore::insert`]).
+    pub fn insert(&self, id: String, entry: PendingFeedback) {
+        if let Ok(mut shard) = self.shard(&id).lock() {
+            shard.insert(id, entry);
         }
+    }
+
+    /// Prunes every shard (see [`PendingStore::prune`]).
+    pub fn prune(&self, now: Timestamp, horizon: f64) {
+        for shard in &self.shards {
+            if let Ok(mut s) = shard.lock() {
+                s.prune(now, horizon);
+            }
+        }
+    }
+
+    /// The contexts still waiting for their score, with their ids.
+    #[must_use]
+    pub fn unconsumed(&self) -> Vec<(String, PendingFeedback)> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            if let Ok(s) = shard.lock() {
+                out.extend(
+                    s.iter()
+                        .filter(|(_, e)| !e.consumed)
+                        .map(|(k, v)| (k.clone(), v.clone())),
+                );
+            }
+        }
+        out
+    }
+
+    /// Contexts kept, over all shards.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .filter_map(|s| s.lock().ok().map(|s| s.len()))
+            .sum()
+    }
+
+    /// Whether no context is kept.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -296,6 +389,43 @@ pub fn transition_name(t: Transition) -> &'static str {
 }
 
 impl AppState {
+    /// The policy's write side, with the observations deferred while it was busy applied
+    /// (and journaled) first: every reader of the whole state and every other writer goes
+    /// through here.
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    pub fn policy_mut<'a>(
+        &self,
+        iface: &'a InterfaceRuntime,
+    ) -> Result<RwLockWriteGuard<'a, Box<dyn Policy>>, Poisoned> {
+        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
+        self.apply_deferred(iface, policy.as_mut());
+        Ok(policy)
+    }
+
+    /// Applies and journals the deferred observations, oldest first; the caller holds the
+    /// write side.
+    fn apply_deferred(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy) {
+        if iface.deferred_len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let batch = match iface.deferred.lock() {
+            Ok(mut queue) => {
+                iface.deferred_len.store(0, Ordering::Release);
+                std::mem::take(&mut *queue)
+            }
+            Err(_) => return,
+        };
+        for obs in batch {
+            obs.apply(policy);
+            self.journal(|| Event::Learn {
+                iface: iface.name.clone(),
+                obs,
+            });
+        }
+    }
+
     fn journal(&self, event: impl FnOnce() -> Event) {
         if let Some(shared) = &self.shared {
             shared.journal.record(event());
@@ -328,15 +458,24 @@ impl AppState {
             outcome,
             now: end,
         };
-        {
-            // The journal is written under the policy lock: the sync task rebuilds the live
-            // policy under the same lock (see `shared`).
-            let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
-            policy.observe_attempt(&obs);
-            self.journal(|| Event::Learn {
-                iface: iface.name.clone(),
-                obs: Observation::attempt(&obs),
-            });
+        // The journal is written under the policy lock: the sync task rebuilds the live
+        // policy under the same lock (see `shared`). When the lock is busy the observation
+        // waits in `deferred` rather than the request waiting for the lock.
+        match iface.policy.try_write() {
+            Ok(mut policy) => {
+                self.apply_deferred(iface, policy.as_mut());
+                policy.observe_attempt(&obs);
+                self.journal(|| Event::Learn {
+                    iface: iface.name.clone(),
+                    obs: Observation::attempt(&obs),
+                });
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
+                queue.push(Observation::attempt(&obs));
+                iface.deferred_len.store(queue.len(), Ordering::Release);
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
         }
         let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
         let before = breakers[index].state;
@@ -365,7 +504,7 @@ impl AppState {
     /// # Errors
     /// A poisoned lock.
     pub fn observe(&self, iface: &InterfaceRuntime, obs: Observation) -> Result<(), Poisoned> {
-        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
+        let mut policy = self.policy_mut(iface)?;
         obs.apply(policy.as_mut());
         self.journal(|| Event::Learn {
             iface: iface.name.clone(),
@@ -384,7 +523,7 @@ impl AppState {
         request_id: &str,
         obs: &QualityObservation<'_>,
     ) -> Result<(), Poisoned> {
-        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
+        let mut policy = self.policy_mut(iface)?;
         policy.observe_quality(obs);
         self.journal(|| Event::Feedback {
             iface: iface.name.clone(),
@@ -400,9 +539,7 @@ impl AppState {
             request_id: request_id.to_owned(),
             ctx: entry.clone(),
         });
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.insert(request_id.to_owned(), entry);
-        }
+        self.pending.insert(request_id.to_owned(), entry);
     }
 
     /// Opens a breaker until `until` because another instance opened its own.
@@ -459,5 +596,73 @@ mod tests {
         p.prune(Timestamp(550.0), 260.0);
         assert_eq!(p.len(), 2);
         assert!(p.get_mut("r2").is_none() && p.get_mut("r3").is_some());
+    }
+
+    #[test]
+    fn sharded_pending_contexts_stay_within_the_cap_and_are_found_by_id() {
+        let small = PendingShards::new(3);
+        for i in 0..5 {
+            small.insert(format!("r{i}"), ctx(f64::from(i)));
+        }
+        assert_eq!(small.len(), 3, "one shard below 1,024: exactly the cap");
+        assert_eq!(small.shard("r1").lock().map_or(0, |s| s.len()), 3);
+        let large = PendingShards::new(2048);
+        assert_eq!(large.shards.len(), 16);
+        for i in 0..5000 {
+            large.insert(format!("req-{i:016x}"), ctx(f64::from(i)));
+        }
+        assert_eq!(large.len(), 2048, "every shard full, none over");
+        let newest = format!("req-{:016x}", 4999);
+        let found = large
+            .shard(&newest)
+            .lock()
+            .map_or(None, |mut s| s.get_mut(&newest).map(|e| e.at));
+        assert_eq!(found, Some(Timestamp(4999.0)));
+        large.prune(Timestamp(5000.0), 100.0);
+        assert!(large.len() <= 101, "{}", large.len());
+        assert!(large.unconsumed().iter().all(|(_, e)| e.at.0 >= 4900.0));
+    }
+
+    #[test]
+    fn an_attempt_that_finds_the_policy_locked_waits_in_the_queue_not_on_the_lock() {
+        let text = "[interfaces.chat]\nkind = \"chat\"\nfeature_dim = 8\npolicy = { name = \"lqm-ts\" }\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n";
+        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        let app = AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"));
+        let iface = &app.interfaces["chat"];
+        let features = iface.featurizer.featurize("a question");
+        let export = || {
+            let p = iface.policy.read().unwrap_or_else(|_| panic!("poisoned"));
+            serde_json::to_string(&p.export_state()).unwrap_or_default()
+        };
+        let before = export();
+        let failed = AttemptOutcome::with_status(
+            900.0,
+            equiroute_core::AttemptStatus::ProviderError(equiroute_core::ProviderFailure::Server),
+        );
+        {
+            // A ranking holds the read side: the attempt must neither block nor be lost.
+            let _rank = iface.policy.read().unwrap_or_else(|_| panic!("poisoned"));
+            for _ in 0..3 {
+                app.record_attempt(iface, 1, &features, SlicePath::root(), &failed, None)
+                    .unwrap_or_else(|_| panic!("poisoned"));
+            }
+            assert_eq!(iface.deferred_len.load(Ordering::Acquire), 3);
+        }
+        assert_eq!(export(), before, "deferred, not yet applied");
+        drop(app.policy_mut(iface).unwrap_or_else(|_| panic!("poisoned")));
+        assert_eq!(iface.deferred_len.load(Ordering::Acquire), 0);
+        let after = export();
+        assert_ne!(
+            after, before,
+            "applied by the next holder of the write side"
+        );
+        // All three, each once: three attempts and three failures on candidate 1.
+        let v: serde_json::Value = serde_json::from_str(&after).unwrap_or_default();
+        assert_eq!(
+            v["quality"]["heads"]["tries"],
+            serde_json::json!([0, 3]),
+            "{after}"
+        );
+        assert_eq!(v["risk"]["failures"][1]["count"], 3, "{after}");
     }
 }
