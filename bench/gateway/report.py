@@ -13,8 +13,9 @@ import os
 import re
 import sys
 
-SYSTEMS = ["direct", "equiroute", "nginx", "litellm"]
+SYSTEMS = ["direct", "equiroute", "equiroute1", "nginx", "litellm"]
 LABELS = {"direct": "direct (mock upstream)", "equiroute": "Equiroute (lqm-ts)",
+          "equiroute1": "Equiroute (lqm-ts), worker_threads = 1",
           "nginx": "nginx (round-robin)", "litellm": "LiteLLM proxy (simple-shuffle)"}
 MAX_P99_S = 1.0          # sustained throughput: p99 below 1 s ...
 MAX_ERROR_RATE = 0.001   # ... and fewer than 0.1% errors
@@ -301,6 +302,10 @@ def build(out, quick, rate, meta):
         md.append(f"| {LABELS[name]} | {' | '.join(cells)} | {rps} | {cpu} | {rss} |")
     md.append("")
     md.append(f"- Equiroute / nginx sustained RPS: {'–' if ratio_rps is None else f'{ratio_rps:.2f}'}")
+    eq1 = res["equiroute1"]
+    if eq1["max_rps"] and ng["max_rps"]:
+        md.append(f"- Equiroute with worker_threads = 1 / nginx sustained RPS: {eq1['max_rps'] / ng['max_rps']:.2f} "
+                  "(not the target's configuration, which is the default: one thread per core)")
     md.append(f"- LiteLLM / Equiroute added p99 at c=16: {targets[2][2]}")
     if rate_point:
         md.append(f"- Equiroute at a fixed {rate} rps (c=128, 20 ms upstream, 3 providers): {rate_point['rps']:,.0f} rps achieved, "

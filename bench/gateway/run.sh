@@ -13,7 +13,8 @@ usage() {
 Usage: bench/gateway/run.sh [--quick] [--systems LIST] [--out DIR] [--install]
 
   --quick          a smoke run: 2 s points, 1 s warm-ups, throughput at c=64 only (about 2 min)
-  --systems LIST   comma-separated subset of: direct,equiroute,nginx,litellm (default: all;
+  --systems LIST   comma-separated subset of: direct,equiroute,equiroute1,nginx,litellm
+                   (default: all; equiroute1 is Equiroute with server.worker_threads = 1;
                    direct is always measured, the added latencies need it)
   --out DIR        results directory (default: target/bench-gateway)
   --install        install what is missing first: nginx-light (apt-get), oha (cargo install),
@@ -34,7 +35,7 @@ EOF
 }
 
 QUICK=0
-SYSTEMS="direct,equiroute,nginx,litellm"
+SYSTEMS="direct,equiroute,equiroute1,nginx,litellm"
 OUT="$ROOT/target/bench-gateway"
 INSTALL=0
 while [ $# -gt 0 ]; do
@@ -293,6 +294,9 @@ start_direct() {
 start_equiroute() {
     local cfg="$TMP/equiroute-$1.toml"
     subst "$HERE/equiroute.toml" "$cfg" "$1" "$EQR_ADDR"
+    if [ -n "${EQR_THREADS:-}" ]; then
+        sed -i "s|^listen = .*|&\nworker_threads = $EQR_THREADS|" "$cfg"
+    fi
     if ! "$EQUIROUTE_BIN" check-config "$cfg" >"$OUT/logs/equiroute-check-config.log" 2>&1; then
         WHY="check-config refused the bench config: $(tail -1 "$OUT/logs/equiroute-check-config.log")"
         return 1
@@ -301,6 +305,10 @@ start_equiroute() {
     SUT_PID=$STARTED; SUT_ADDR=$EQR_ADDR
     wait_ready "$SUT_ADDR" 30 "$SUT_PID" || { WHY="did not answer within 30 s (logs/equiroute-$1.log)"; return 1; }
 }
+
+# Equiroute with one thread serving requests (server.worker_threads = 1): on a host whose other
+# core runs the load generator and the upstreams, fewer threads mean fewer wake-ups.
+start_equiroute1() { EQR_THREADS=1 start_equiroute "$@"; }
 
 start_nginx() {
     local nginx prefix="$TMP/nginx-$1"
@@ -334,8 +342,8 @@ start_litellm() {
 stop_sut() {
     local system=$1 phase=$2
     record "{\"system\":\"$system\",\"phase\":\"$phase\",\"peak_rss_kib\":$(peak_rss_kib "$SUT_PID")}"
-    if [ "$system" = equiroute ]; then
-        curl -s -m 5 "http://$SUT_ADDR/metrics" >"$OUT/raw/equiroute-$phase-metrics.txt" || true
+    if [ "$system" = equiroute ] || [ "$system" = equiroute1 ]; then
+        curl -s -m 5 "http://$SUT_ADDR/metrics" >"$OUT/raw/$system-$phase-metrics.txt" || true
     fi
     [ "$system" = direct ] || stop_pid "$SUT_PID"
 }
@@ -393,7 +401,7 @@ for i in 0 1 2; do
 done
 say "mocks: 20 ms on ${MOCK20[*]}, 0 ms on ${MOCK0[*]}"
 
-for system in direct equiroute nginx litellm; do
+for system in direct equiroute equiroute1 nginx litellm; do
     if has "$system"; then bench_system "$system"; else record "{\"system\":\"$system\",\"missing\":\"not selected (--systems)\"}"; fi
 done
 
