@@ -712,7 +712,7 @@ impl Syncer {
                         }
                     }
                     if let (false, Event::Feedback { request_id, .. }) = (own, event) {
-                        if let Ok(mut pending) = state.pending.shard(request_id).lock() {
+                        if let Ok(mut pending) = state.pending.lock() {
                             if let Some(e) = pending.get_mut(request_id) {
                                 e.consumed = true;
                             }
@@ -720,7 +720,9 @@ impl Syncer {
                     }
                 }
                 Event::Pending { request_id, ctx } if !own => {
-                    state.pending.insert(request_id.clone(), ctx.clone());
+                    if let Ok(mut pending) = state.pending.lock() {
+                        pending.insert(request_id.clone(), ctx.clone());
+                    }
                 }
                 Event::BreakerOpen {
                     iface,

@@ -221,8 +221,10 @@ impl Store {
                 }
             }
         }
-        for (id, entry) in snap.pending {
-            state.pending.insert(id, entry);
+        if let Ok(mut pending) = state.pending.lock() {
+            for (id, entry) in snap.pending {
+                pending.insert(id, entry);
+            }
         }
         Ok(true)
     }
@@ -244,7 +246,16 @@ fn snapshot(state: &AppState) -> Snapshot {
             },
         );
     }
-    let pending = state.pending.unconsumed().into_iter().collect();
+    let pending = state
+        .pending
+        .lock()
+        .map(|p| {
+            p.iter()
+                .filter(|(_, e)| !e.consumed)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
     Snapshot {
         schema: SCHEMA,
         interfaces,

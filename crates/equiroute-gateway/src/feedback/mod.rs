@@ -26,11 +26,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
     let now = state.now();
     state.prune_pending(now);
     let entry = {
-        let mut pending = state
-            .pending
-            .shard(request_id)
-            .lock()
-            .map_err(|_| ApiError::internal())?;
+        let mut pending = state.pending.lock().map_err(|_| ApiError::internal())?;
         let Some(e) = pending.get_mut(request_id) else {
             return Err(ApiError::not_found(
                 "unknown_request_id",

@@ -200,7 +200,7 @@ impl PendingStore {
 #[derive(Debug)]
 pub struct AppState {
     pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
-    pub pending: PendingShards,
+    pub pending: Mutex<PendingStore>,
     pub metrics: Metrics,
     pub api_keys: Vec<crate::config::Secret>,
     pub admin_keys: Vec<crate::config::Secret>,
@@ -230,7 +230,7 @@ impl AppState {
         }
         Ok(AppState {
             interfaces,
-            pending: PendingShards::new(cfg.max_pending_feedback),
+            pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
             metrics: Metrics::default(),
             api_keys: cfg.api_keys.clone(),
             admin_keys: cfg.admin_keys.clone(),
@@ -285,92 +285,9 @@ impl AppState {
     /// Drops contexts older than twice the feedback TTL (expired ones are kept for one more
     /// TTL so that late feedback gets a clear 410 rather than a 404).
     pub fn prune_pending(&self, now: Timestamp) {
-        self.pending.prune(now, 2.0 * self.feedback_ttl.0);
-    }
-}
-
-/// The pending contexts in shards chosen by a hash of the request id, each under its own
-/// lock: two requests that finish at once rarely wait for each other (one lock made a request
-/// wait for a thread descheduled while holding it). Small stores (under 1,024 contexts) keep
-/// one shard, so that eviction is exactly oldest-first; larger ones evict the oldest of the
-/// shard that is full.
-#[derive(Debug)]
-pub struct PendingShards {
-    shards: Vec<Mutex<PendingStore>>,
-}
-
-impl PendingShards {
-    const MAX_SHARDS: usize = 16;
-    const MIN_PER_SHARD: usize = 64;
-
-    /// Empty shards holding at most `cap` contexts in all.
-    #[must_use]
-    pub fn new(cap: usize) -> PendingShards {
-        let cap = cap.max(1);
-        let n = (cap / Self::MIN_PER_SHARD).clamp(1, Self::MAX_SHARDS);
-        let shards = (0..n)
-            .map(|i| Mutex::new(PendingStore::new(cap / n + usize::from(i < cap % n))))
-            .collect();
-        PendingShards { shards }
-    }
-
-    /// The shard of `id` (FNV-1a of its bytes).
-    #[must_use]
-    pub fn shard(&self, id: &str) -> &Mutex<PendingStore> {
-        let h = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        // The remainder is below the shard count, which fits in usize.
-        #[allow(clippy::cast_possible_truncation)]
-        let i = (h % self.shards.len() as u64) as usize;
-        &self.shards[i]
-    }
-
-    /// Keeps `entry` for `id` (see [`PendingStore::insert`]).
-    pub fn insert(&self, id: String, entry: PendingFeedback) {
-        if let Ok(mut shard) = self.shard(&id).lock() {
-            shard.insert(id, entry);
+        if let Ok(mut p) = self.pending.lock() {
+            p.prune(now, 2.0 * self.feedback_ttl.0);
         }
-    }
-
-    /// Prunes every shard (see [`PendingStore::prune`]).
-    pub fn prune(&self, now: Timestamp, horizon: f64) {
-        for shard in &self.shards {
-            if let Ok(mut s) = shard.lock() {
-                s.prune(now, horizon);
-            }
-        }
-    }
-
-    /// The contexts still waiting for their score, with their ids.
-    #[must_use]
-    pub fn unconsumed(&self) -> Vec<(String, PendingFeedback)> {
-        let mut out = Vec::new();
-        for shard in &self.shards {
-            if let Ok(s) = shard.lock() {
-                out.extend(
-                    s.iter()
-                        .filter(|(_, e)| !e.consumed)
-                        .map(|(k, v)| (k.clone(), v.clone())),
-                );
-            }
-        }
-        out
-    }
-
-    /// Contexts kept, over all shards.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .filter_map(|s| s.lock().ok().map(|s| s.len()))
-            .sum()
-    }
-
-    /// Whether no context is kept.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -539,7 +456,9 @@ impl AppState {
             request_id: request_id.to_owned(),
             ctx: entry.clone(),
         });
-        self.pending.insert(request_id.to_owned(), entry);
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(request_id.to_owned(), entry);
+        }
     }
 
     /// Opens a breaker until `until` because another instance opened its own.
@@ -596,31 +515,6 @@ mod tests {
         p.prune(Timestamp(550.0), 260.0);
         assert_eq!(p.len(), 2);
         assert!(p.get_mut("r2").is_none() && p.get_mut("r3").is_some());
-    }
-
-    #[test]
-    fn sharded_pending_contexts_stay_within_the_cap_and_are_found_by_id() {
-        let small = PendingShards::new(3);
-        for i in 0..5 {
-            small.insert(format!("r{i}"), ctx(f64::from(i)));
-        }
-        assert_eq!(small.len(), 3, "one shard below 1,024: exactly the cap");
-        assert_eq!(small.shard("r1").lock().map_or(0, |s| s.len()), 3);
-        let large = PendingShards::new(2048);
-        assert_eq!(large.shards.len(), 16);
-        for i in 0..5000 {
-            large.insert(format!("req-{i:016x}"), ctx(f64::from(i)));
-        }
-        assert_eq!(large.len(), 2048, "every shard full, none over");
-        let newest = format!("req-{:016x}", 4999);
-        let found = large
-            .shard(&newest)
-            .lock()
-            .map_or(None, |mut s| s.get_mut(&newest).map(|e| e.at));
-        assert_eq!(found, Some(Timestamp(4999.0)));
-        large.prune(Timestamp(5000.0), 100.0);
-        assert!(large.len() <= 101, "{}", large.len());
-        assert!(large.unconsumed().iter().all(|(_, e)| e.at.0 >= 4900.0));
     }
 
     #[test]
