@@ -19,6 +19,7 @@ LABELS = {"direct": "direct (mock upstream)", "equiroute": "Equiroute (lqm-ts)",
           "nginx": "nginx (round-robin)", "litellm": "LiteLLM proxy (simple-shuffle)"}
 MAX_P99_S = 1.0          # sustained throughput: p99 below 1 s ...
 MAX_ERROR_RATE = 0.001   # ... and fewer than 0.1% errors
+PHASES = ("latency", "throughput", "rate", "repeat")
 
 # The project's targets.
 TARGET_ADDED_P99_C1_US = 100.0
@@ -333,7 +334,7 @@ def build(out, quick, rate, meta):
     md.append("| system | phase | c | rps | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors / requests | CPU µs/req |")
     md.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in SYSTEMS:
-        for phase in ("latency", "throughput", "rate", "repeat"):
+        for phase in PHASES:
             for c, p in sorted(res[name].get(phase, {}).items()):
                 md.append(f"| {name} | {phase} | {c} | {p['rps']:,.0f} | {fmt_ms(p['p50_ms'])} | {fmt_ms(p['p90_ms'])} | "
                           f"{fmt_ms(p['p99_ms'])} | {fmt_ms(p['p99_9_ms'])} | {fmt_ms(p['max_ms'])} | {p['errors']} / {p['requests']} | "
@@ -349,7 +350,7 @@ def build(out, quick, rate, meta):
         md.append("Equiroute attempts per provider: " + "; ".join(
             f"{phase}: " + ", ".join(f"{k} {v}" for k, v in sorted(a.items())) for phase, a in sorted(att.items())))
     busy = [f"{n} {ph} c={c} ({p.get('busy_before_pct')}% busy before, {p.get('foreign_cpu_pct')}% of a core during)"
-            for n in SYSTEMS for ph in ("latency", "throughput", "rate") for c, p in sorted(res[n][ph].items())
+            for n in SYSTEMS for ph in PHASES for c, p in sorted(res[n][ph].items())
             if (p.get("busy_before_pct") or 0) > 25 or (p.get("foreign_cpu_pct") or 0) > 20]
     if busy:
         md.append("")

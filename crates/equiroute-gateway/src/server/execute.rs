@@ -94,25 +94,20 @@ pub async fn execute(
         }
     }
     let ending = Instant::now();
-    let result = run.finish(state.now());
+    let end = state.now();
+    let result = run.finish(end);
     let attempts = result.attempts.len();
     record_request(state, iface, &request_id, &decided, &result);
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
             state.metrics.request(&iface.name, "ok");
             if n % 1024 == 0 {
-                state.prune_pending(state.now());
+                state.prune_pending(end);
             }
+            let latency = Millis(started.elapsed().as_secs_f64() * 1000.0);
             state.remember(
                 &request_id,
-                PendingFeedback {
-                    interface: iface.name.clone(),
-                    candidate,
-                    features: features.iter().map(|&v| v as f32).collect(),
-                    latency: Millis(started.elapsed().as_secs_f64() * 1000.0),
-                    at: state.now(),
-                    consumed: false,
-                },
+                PendingFeedback::new(&iface.name, candidate, &features, latency, end),
             );
             state
                 .metrics
@@ -731,16 +726,16 @@ impl Relay {
         };
         self.state.metrics.request(&self.iface.name, label);
         if status == AttemptStatus::Ok {
+            let at = self.state.now();
             self.state.remember(
                 &self.request_id,
-                PendingFeedback {
-                    interface: self.iface.name.clone(),
-                    candidate: self.candidate,
-                    features: self.features.iter().map(|&v| v as f32).collect(),
+                PendingFeedback::new(
+                    &self.iface.name,
+                    self.candidate,
+                    &self.features,
                     latency,
-                    at: self.state.now(),
-                    consumed: false,
-                },
+                    at,
+                ),
             );
         }
     }

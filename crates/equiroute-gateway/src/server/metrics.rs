@@ -63,13 +63,14 @@ const LATENCY_BUCKETS_MS: [f64; 10] = [
     10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
-/// A histogram updated without a lock: one atomic count per bucket (not cumulative; the
-/// exposition accumulates), the observation count, and the sum in thousandths of the unit.
+/// A histogram updated without a lock: one atomic count per bucket, the last one past every
+/// bound (not cumulative: the exposition accumulates, and the total is the count), and the
+/// sum in thousandths of the unit.
 #[derive(Debug)]
 struct Histogram {
     bounds: &'static [f64],
+    /// `bounds.len() + 1` counts.
     buckets: Vec<AtomicU64>,
-    count: AtomicU64,
     sum_milli: AtomicU64,
 }
 
@@ -77,20 +78,16 @@ impl Histogram {
     fn new(bounds: &'static [f64]) -> Histogram {
         Histogram {
             bounds,
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
             sum_milli: AtomicU64::new(0),
         }
     }
 
-    /// Counts `value` in the first bucket whose upper bound is at or above it (none: only
-    /// in `+Inf`).
+    /// Counts `value` in the first bucket whose upper bound is at or above it (past every
+    /// bound: the last).
     fn observe(&self, value: f64) {
         let i = self.bounds.partition_point(|b| *b < value);
-        if let Some(b) = self.buckets.get(i) {
-            b.fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
         // Saturating float-to-int: a negative or NaN value adds nothing.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let milli = (value * 1000.0).round() as u64;
@@ -98,29 +95,23 @@ impl Histogram {
     }
 
     /// `name_bucket{labels,le="…"}` lines (cumulative), then `+Inf`, `_sum` and `_count`.
-    /// `labels` is empty or ends with a comma.
+    /// `labels` is empty or `k="v",…` without braces.
     fn render(&self, s: &mut String, name: &str, labels: &str) {
-        let mut total = 0;
-        for (b, n) in self.bounds.iter().zip(&self.buckets) {
-            total += n.load(Ordering::Relaxed);
-            let _ = writeln!(s, "{name}_bucket{{{labels}le=\"{b}\"}} {total}");
-        }
-        // Read after the buckets: observations that land meanwhile can make `+Inf` larger
-        // than the last bucket, never smaller.
-        let count = self.count.load(Ordering::Relaxed).max(total);
-        let plain = labels.trim_end_matches(',');
-        let braces = |l: &str| {
-            if l.is_empty() {
-                String::new()
-            } else {
-                format!("{{{l}}}")
-            }
+        let (le, set) = if labels.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (format!("{labels},"), format!("{{{labels}}}"))
         };
-        let _ = writeln!(s, "{name}_bucket{{{labels}le=\"+Inf\"}} {count}");
+        let mut total = 0;
+        let bounds = self.bounds.iter().map(ToString::to_string);
+        for (b, n) in bounds.chain(["+Inf".to_owned()]).zip(&self.buckets) {
+            total += n.load(Ordering::Relaxed);
+            let _ = writeln!(s, "{name}_bucket{{{le}le=\"{b}\"}} {total}");
+        }
         #[allow(clippy::cast_precision_loss)]
         let sum = self.sum_milli.load(Ordering::Relaxed) as f64 / 1000.0;
-        let _ = writeln!(s, "{name}_sum{} {sum}", braces(plain));
-        let _ = writeln!(s, "{name}_count{} {count}", braces(plain));
+        let _ = writeln!(s, "{name}_sum{set} {sum}");
+        let _ = writeln!(s, "{name}_count{set} {total}");
     }
 }
 
@@ -271,7 +262,7 @@ impl Metrics {
         if let Ok(l) = self.latency.read() {
             let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
             for (iface, h) in l.iter() {
-                let labels = format!("interface=\"{}\",", label(iface));
+                let labels = format!("interface=\"{}\"", label(iface));
                 h.render(&mut s, "equiroute_request_latency_ms", &labels);
             }
         }

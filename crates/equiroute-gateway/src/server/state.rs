@@ -106,6 +106,26 @@ pub struct PendingFeedback {
 }
 
 impl PendingFeedback {
+    /// The context of a request `candidate` of `interface` answered at `at`, its features
+    /// kept in single precision.
+    #[must_use]
+    pub fn new(
+        interface: &str,
+        candidate: usize,
+        features: &[f64],
+        latency: Millis,
+        at: Timestamp,
+    ) -> PendingFeedback {
+        PendingFeedback {
+            interface: interface.to_owned(),
+            candidate,
+            features: features.iter().map(|&v| v as f32).collect(),
+            latency,
+            at,
+            consumed: false,
+        }
+    }
+
     /// The features in the precision the policies take.
     #[must_use]
     pub fn features_f64(&self) -> Vec<f64> {
@@ -335,12 +355,17 @@ impl AppState {
             Err(_) => return,
         };
         for obs in batch {
-            obs.apply(policy);
-            self.journal(|| Event::Learn {
-                iface: iface.name.clone(),
-                obs,
-            });
+            self.learn(iface, policy, obs);
         }
+    }
+
+    /// Applies `obs` and journals it; the caller holds the write side.
+    fn learn(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy, obs: Observation) {
+        obs.apply(policy);
+        self.journal(|| Event::Learn {
+            iface: iface.name.clone(),
+            obs,
+        });
     }
 
     fn journal(&self, event: impl FnOnce() -> Event) {
@@ -422,11 +447,7 @@ impl AppState {
     /// A poisoned lock.
     pub fn observe(&self, iface: &InterfaceRuntime, obs: Observation) -> Result<(), Poisoned> {
         let mut policy = self.policy_mut(iface)?;
-        obs.apply(policy.as_mut());
-        self.journal(|| Event::Learn {
-            iface: iface.name.clone(),
-            obs,
-        });
+        self.learn(iface, policy.as_mut(), obs);
         Ok(())
     }
 

@@ -30,15 +30,6 @@ impl Default for HttpClient {
     }
 }
 
-/// Why a request got no response.
-#[derive(Debug)]
-pub enum SendError {
-    /// No connection could be made (refused, DNS, TLS): the text says which, without the URL.
-    Connect(String),
-    /// The connection broke while the request was sent or the answer awaited.
-    Io(String),
-}
-
 impl HttpClient {
     /// A client with idle connections kept for 90 s and `TCP_NODELAY` on.
     #[must_use]
@@ -65,19 +56,13 @@ impl HttpClient {
     /// Sends `req` and waits for the response head (the body is read by the caller).
     ///
     /// # Errors
-    /// No connection, or the connection broke before the head arrived.
+    /// No connection (refused, DNS, TLS), or the connection broke before the head arrived:
+    /// the error and its causes, without the URL.
     pub async fn send(
         &self,
         req: http::Request<Full<Bytes>>,
-    ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
-        self.inner.request(req).await.map_err(|e| {
-            let text = chain(&e);
-            if e.is_connect() {
-                SendError::Connect(text)
-            } else {
-                SendError::Io(text)
-            }
-        })
+    ) -> Result<http::Response<hyper::body::Incoming>, String> {
+        self.inner.request(req).await.map_err(|e| chain(&e))
     }
 }
 

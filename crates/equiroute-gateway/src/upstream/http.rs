@@ -7,7 +7,7 @@
 //! provider); connection failures → provider error; the attempt's timeout → timeout (censored). API keys travel only in the `Authorization` header
 //! to the provider and never appear in replies or errors.
 
-use super::client::{read_body, HttpClient, SendError};
+use super::client::{read_body, HttpClient};
 use super::{UpstreamReply, UpstreamRequest};
 use crate::config::Secret;
 use bytes::Bytes;
@@ -103,11 +103,10 @@ impl HttpUpstream {
                 "connection failed: the provider URL is not valid".into(),
             ));
         };
-        self.client.send(request).await.map_err(|e| match e {
-            SendError::Connect(why) | SendError::Io(why) => {
-                (connection, format!("connection failed: {why}"))
-            }
-        })
+        self.client
+            .send(request)
+            .await
+            .map_err(|why| (connection, format!("connection failed: {why}")))
     }
 
     /// Opens a streamed chat completion; the status and the first chunk must arrive within
@@ -122,28 +121,11 @@ impl HttpUpstream {
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
         let limit = first_byte_limit.unwrap_or(Duration::from_secs(3600));
-        let timed_out = |latency: Millis| UpstreamReply {
-            status: AttemptStatus::Timeout,
-            latency,
-            body: None,
-            http_status: 0,
-            retry_after: None,
-            reason: Some("no first byte in time".into()),
-            context_overflow: false,
-        };
         let first = tokio::time::timeout(limit, async {
-            let response =
-                self.send(req, true)
-                    .await
-                    .map_err(|(status, reason)| UpstreamReply {
-                        status,
-                        latency: elapsed(),
-                        body: None,
-                        http_status: 0,
-                        retry_after: None,
-                        reason: Some(reason),
-                        context_overflow: false,
-                    })?;
+            let response = self
+                .send(req, true)
+                .await
+                .map_err(|(status, reason)| UpstreamReply::failed(status, elapsed(), 0, reason))?;
             let code = response.status().as_u16();
             let retry_after = retry_after_of(response.headers());
             if !(200..300).contains(&code) {
@@ -153,20 +135,22 @@ impl HttpUpstream {
             let mut stream = response.into_body().into_data_stream();
             match stream.next().await {
                 Some(Ok(bytes)) => Ok((bytes, stream)),
-                _ => Err(UpstreamReply {
-                    status: AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
-                    latency: elapsed(),
-                    body: None,
-                    http_status: code,
-                    retry_after: None,
-                    reason: Some("the stream ended before its first byte".into()),
-                    context_overflow: false,
-                }),
+                _ => Err(UpstreamReply::failed(
+                    AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
+                    elapsed(),
+                    code,
+                    "the stream ended before its first byte",
+                )),
             }
         })
         .await;
         match first {
-            Err(_) => super::StreamStart::Failed(timed_out(Millis(limit.as_secs_f64() * 1000.0))),
+            Err(_) => super::StreamStart::Failed(UpstreamReply::failed(
+                AttemptStatus::Timeout,
+                Millis(limit.as_secs_f64() * 1000.0),
+                0,
+                "no first byte in time",
+            )),
             Ok(Err(reply)) => super::StreamStart::Failed(reply),
             Ok(Ok((first, stream))) => super::StreamStart::Started {
                 first,
@@ -185,14 +169,8 @@ impl HttpUpstream {
     ) -> UpstreamReply {
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
-        let reply = |status: AttemptStatus, http_status: u16, reason: String| UpstreamReply {
-            status,
-            latency: elapsed(),
-            body: None,
-            http_status,
-            retry_after: None,
-            reason: Some(reason),
-            context_overflow: false,
+        let reply = |status, http_status, reason: String| {
+            UpstreamReply::failed(status, elapsed(), http_status, reason)
         };
         // Sending, the response head and the whole body, all within the attempt's timeout.
         let exchange = async {
@@ -213,15 +191,10 @@ impl HttpUpstream {
         };
         match timeout {
             None => exchange.await,
-            Some(t) => {
-                if let Ok(r) = tokio::time::timeout(t, exchange).await {
-                    r
-                } else {
-                    let mut r = reply(AttemptStatus::Timeout, 0, "timed out".into());
-                    r.latency = Millis(t.as_secs_f64() * 1000.0);
-                    r
-                }
-            }
+            Some(t) => tokio::time::timeout(t, exchange).await.unwrap_or_else(|_| {
+                let waited = Millis(t.as_secs_f64() * 1000.0);
+                UpstreamReply::failed(AttemptStatus::Timeout, waited, 0, "timed out")
+            }),
         }
     }
 }
@@ -286,15 +259,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: Bytes, latency: Millis
             .and_then(serde_json::Value::as_str)
             .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"))
     };
-    let reply = |status: AttemptStatus, reason: String| UpstreamReply {
-        status,
-        latency,
-        body: None,
-        http_status: code,
-        retry_after: None,
-        reason: Some(reason),
-        context_overflow: false,
-    };
+    let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
     match code {
         200..=299 => match super::answer::ProviderJson::parse(text) {
             Some(body) => UpstreamReply {

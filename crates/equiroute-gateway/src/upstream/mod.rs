@@ -54,6 +54,27 @@ pub struct UpstreamReply {
     pub context_overflow: bool,
 }
 
+impl UpstreamReply {
+    /// An attempt that ended without an answer: `status` with a reason safe to show.
+    #[must_use]
+    pub fn failed(
+        status: AttemptStatus,
+        latency: Millis,
+        http_status: u16,
+        reason: impl Into<String>,
+    ) -> UpstreamReply {
+        UpstreamReply {
+            status,
+            latency,
+            body: None,
+            http_status,
+            retry_after: None,
+            reason: Some(reason.into()),
+            context_overflow: false,
+        }
+    }
+}
+
 /// A configured upstream.
 #[derive(Clone, Debug)]
 pub enum Upstream {

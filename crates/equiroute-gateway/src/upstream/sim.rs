@@ -34,16 +34,14 @@ impl SimUpstream {
         timeout: Option<Duration>,
     ) -> UpstreamReply {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(req.seed);
-        let failure =
-            |latency: f64, f: ProviderFailure, http_status: u16, reason: &str| UpstreamReply {
-                status: AttemptStatus::ProviderError(f),
-                latency: Millis(latency),
-                body: None,
+        let failure = |latency: f64, f: ProviderFailure, http_status: u16, reason: &str| {
+            UpstreamReply::failed(
+                AttemptStatus::ProviderError(f),
+                Millis(latency),
                 http_status,
-                retry_after: None,
-                reason: Some(reason.to_owned()),
-                context_overflow: false,
-            };
+                reason,
+            )
+        };
         if rng.random::<f64>() < self.spec.rate_limit_rate {
             let mut r = failure(
                 0.0,
@@ -59,15 +57,12 @@ impl SimUpstream {
         if let Some(limit) = timeout {
             if wait > limit {
                 tokio::time::sleep(limit).await;
-                return UpstreamReply {
-                    status: AttemptStatus::Timeout,
-                    latency: Millis(limit.as_secs_f64() * 1000.0),
-                    body: None,
-                    http_status: 0,
-                    retry_after: None,
-                    reason: Some("timed out".to_owned()),
-                    context_overflow: false,
-                };
+                return UpstreamReply::failed(
+                    AttemptStatus::Timeout,
+                    Millis(limit.as_secs_f64() * 1000.0),
+                    0,
+                    "timed out",
+                );
             }
         }
         if rng.random::<f64>() < self.spec.failure_rate {
