@@ -30,9 +30,12 @@ pub struct Args {
     /// Policies to compare, comma-separated (default: the scenario's list).
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
-    /// Number of seeds (1..=N).
+    /// Number of seeds (FIRST..FIRST+N−1).
     #[arg(long, default_value_t = 5)]
     seeds: u64,
+    /// The first seed: a different range of seeds checks a result on runs it was not chosen on.
+    #[arg(long, default_value_t = 1)]
+    first_seed: u64,
     /// Rounds per run (default: the scenario's).
     #[arg(long)]
     rounds: Option<usize>,
@@ -45,7 +48,7 @@ pub struct Args {
     #[arg(long)]
     jobs: Option<usize>,
     /// Change one parameter of a named policy in every scenario of the run, e.g.
-    /// `--set lqm-ts.latency=over-budget` or `--set lqm.lqm.alpha_ucb=1` (a dotted path into
+    /// `--set lqm-ts.latency=renewal` or `--set lqm.lqm.alpha_ucb=1` (a dotted path into
     /// the policy's configuration; the value is read as JSON, else as a string). May repeat.
     #[arg(long = "set", value_name = "POLICY.FIELD=VALUE")]
     sets: Vec<String>,
@@ -54,7 +57,7 @@ pub struct Args {
 /// Applies `--set POLICY.FIELD=VALUE` to `spec`: the named policy becomes a variant with the
 /// same label and the changed configuration.
 fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
-    let fix = "write POLICY.FIELD=VALUE, e.g. lqm-ts.latency=over-budget";
+    let fix = "write POLICY.FIELD=VALUE, e.g. lqm-ts.latency=renewal";
     let (path, value) = set
         .split_once('=')
         .with_context(|| format!("--set `{set}`: {fix}"))?;
@@ -108,6 +111,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.seeds == 0 {
         bail!("--seeds must be at least 1");
     }
+    let Some(last_seed) = args.first_seed.checked_add(args.seeds - 1) else {
+        bail!("--first-seed plus --seeds passes the largest seed; use a smaller --first-seed");
+    };
     if args.rounds == Some(0) {
         bail!("--rounds must be at least 1");
     }
@@ -138,7 +144,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .enumerate()
         .flat_map(|(s, (_, policies, _))| {
             policies.iter().flat_map(move |p| {
-                (1..=args.seeds).map(move |seed| Job {
+                (args.first_seed..=last_seed).map(move |seed| Job {
                     scenario: s,
                     policy: p.clone(),
                     seed,
