@@ -74,6 +74,11 @@ pub struct RiskConfig {
     /// A candidate whose point-estimate `P(bad)` exceeds this is not explored: it is ranked
     /// after every other candidate (still available as a last fallback).
     pub exploration_guard: f64,
+    /// Weight `β` of the newest call in the fast latency [`Level`] (0, the default of the
+    /// reference design, turns it off; `lqm-ts` uses 0.3).
+    pub level_beta: f64,
+    /// Half-life in ms of the trust in the fast level once calls stop.
+    pub level_half_life_ms: f64,
 }
 
 impl Default for RiskConfig {
@@ -85,6 +90,8 @@ impl Default for RiskConfig {
             slice_depth: SlicePath::MAX_DEPTH,
             borrow_strength: 20.0,
             exploration_guard: 0.6,
+            level_beta: 0.0,
+            level_half_life_ms: 30_000.0,
         }
     }
 }
@@ -105,6 +112,14 @@ impl RiskConfig {
         }
         crate::error::non_negative("borrow_strength", self.borrow_strength)?;
         crate::error::unit_interval("exploration_guard", self.exploration_guard)?;
+        if !(0.0..=1.0).contains(&self.level_beta) {
+            return Err(crate::error::out_of_range(
+                "level_beta",
+                self.level_beta,
+                "must be in [0, 1] (0 turns the fast latency level off)",
+            ));
+        }
+        crate::error::positive("level_half_life_ms", self.level_half_life_ms)?;
         Ok(())
     }
 }
@@ -121,10 +136,44 @@ pub struct RiskSample {
     pub median_ms: f64,
 }
 
+/// The fast latency level of a candidate: an EMA of how far its recent calls' log-latency sat
+/// from what its (slow) posterior expected, `r ← (1−β)·r + β·(ln L − μ)`. Load moves a
+/// provider's whole distribution within a few calls; the posterior, built to learn the shape
+/// and the tail over minutes, follows slowly. The ranking shifts the posterior's location by
+/// `w·r`, where the trust `w` halves every `level_half_life_ms` without a call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Level {
+    /// EMA of the log-latency residuals.
+    pub residual: f64,
+    /// The newest call folded in.
+    pub at: Timestamp,
+}
+
+impl Level {
+    /// The location shift at `now`.
+    #[must_use]
+    pub fn shift(&self, now: Timestamp, cfg: &RiskConfig) -> f64 {
+        if cfg.level_beta <= 0.0 || self.residual == 0.0 {
+            return 0.0;
+        }
+        self.residual * decay_factor(Some(cfg.level_half_life_ms), (now.0 - self.at.0).max(0.0))
+    }
+
+    fn observe(&mut self, now: Timestamp, residual: f64, cfg: &RiskConfig) {
+        self.residual += cfg.level_beta * (residual - self.residual);
+        if now.0 > self.at.0 {
+            self.at = now;
+        }
+    }
+}
+
 /// Exported risk statistics.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RiskState {
     pub failures: Vec<FailureRate>,
+    /// Fast latency level per candidate (absent in states exported before it existed).
+    #[serde(default)]
+    pub levels: Vec<Level>,
     /// Latency statistics per (candidate, slice key), sorted.
     pub slices: Vec<SliceStats>,
 }
@@ -166,6 +215,7 @@ type SliceMap = HashMap<(u32, u64), LogLatencyStats, BuildHasherDefault<KeyHashe
 pub struct RiskModel {
     cfg: RiskConfig,
     failures: Vec<FailureRate>,
+    levels: Vec<Level>,
     latency: SliceMap,
 }
 
@@ -176,6 +226,7 @@ impl RiskModel {
         RiskModel {
             cfg,
             failures: vec![FailureRate::default(); k],
+            levels: vec![Level::default(); k],
             latency: SliceMap::default(),
         }
     }
@@ -226,6 +277,14 @@ impl RiskModel {
         effective.posterior(&self.cfg.latency_prior)
     }
 
+    /// [`Self::posterior`] with the fast level's location shift: what the ranking uses.
+    #[must_use]
+    pub fn current(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
+        let mut post = self.posterior(i, slice, now);
+        post.mu_n += self.levels[i].shift(now, &self.cfg);
+        post
+    }
+
     /// Smoothed failure probability of candidate `i` at `now`.
     #[must_use]
     pub fn failure_rate(&self, i: usize, now: Timestamp) -> f64 {
@@ -237,7 +296,7 @@ impl RiskModel {
     pub fn point(&self, i: usize, ctx: &RankContext<'_>) -> (f64, f64) {
         let failure = self.failure_rate(i, ctx.now);
         let exceed = ctx.deadline.map_or(0.0, |d| {
-            self.posterior(i, ctx.slice, ctx.now).point_exceedance(d.0)
+            self.current(i, ctx.slice, ctx.now).point_exceedance(d.0)
         });
         (failure, exceed)
     }
@@ -246,7 +305,7 @@ impl RiskModel {
     /// the request has a deadline and the candidate is not guarded.
     pub fn sample(&self, i: usize, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> RiskSample {
         let failure = self.failure_rate(i, ctx.now);
-        let post = self.posterior(i, ctx.slice, ctx.now);
+        let post = self.current(i, ctx.slice, ctx.now);
         let Some(deadline) = ctx.deadline else {
             return RiskSample {
                 failure,
@@ -306,10 +365,15 @@ impl RiskModel {
         }
         let hl = self.cfg.latency_half_life_ms;
         let latency = obs.outcome.latency.0;
+        let tracks_level = self.cfg.level_beta > 0.0;
         if status.is_censored() {
-            let (mean, var) = self
-                .posterior(i, obs.slice, obs.now)
-                .censored_moments(latency);
+            let post = self.posterior(i, obs.slice, obs.now);
+            let (mean, var) = post.censored_moments(latency);
+            if tracks_level && status == AttemptStatus::Timeout {
+                // A cut-off says the call took at least this long: its imputed log-latency
+                // (never below the cut-off's) moves the level.
+                self.levels[i].observe(obs.now, mean - post.mu_n, &self.cfg);
+            }
             for &key in self.used_levels(&obs.slice) {
                 self.latency
                     .entry((i as u32, key))
@@ -317,6 +381,10 @@ impl RiskModel {
                     .observe_imputed(obs.now, mean, var, hl);
             }
         } else if status == AttemptStatus::Ok {
+            if tracks_level {
+                let mu = self.posterior(i, obs.slice, obs.now).mu_n;
+                self.levels[i].observe(obs.now, latency.max(1e-3).ln() - mu, &self.cfg);
+            }
             for &key in self.used_levels(&obs.slice) {
                 self.latency
                     .entry((i as u32, key))
@@ -341,6 +409,7 @@ impl RiskModel {
         slices.sort_by_key(|s| (s.candidate, s.slice));
         RiskState {
             failures: self.failures.clone(),
+            levels: self.levels.clone(),
             slices,
         }
     }
@@ -360,8 +429,17 @@ impl RiskModel {
                 what: format!("slice statistics for candidate {}", bad.candidate),
             });
         }
+        if !other.levels.is_empty() {
+            check_len("candidates", self.levels.len(), other.levels.len())?;
+        }
         for (f, o) in self.failures.iter_mut().zip(&other.failures) {
             f.merge(o, &self.cfg.failure);
+        }
+        // The level is an EMA, not a sum: the instance with the newer call wins.
+        for (l, o) in self.levels.iter_mut().zip(&other.levels) {
+            if o.at.0 > l.at.0 {
+                *l = *o;
+            }
         }
         for s in &other.slices {
             self.latency
@@ -394,5 +472,159 @@ pub(crate) fn cost_factor(cost: f64, cost_ref: f64) -> f64 {
         1.0 / (1.0 + cost / cost_ref)
     } else {
         1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{AttemptOutcome, Millis};
+
+    fn ok(model: &mut RiskModel, latency_ms: f64, now_ms: f64) {
+        model.observe(&AttemptObservation {
+            candidate: 0,
+            features: &[],
+            slice: SlicePath::root(),
+            deadline: None,
+            outcome: &AttemptOutcome::ok(latency_ms),
+            now: Timestamp(now_ms),
+        });
+    }
+
+    fn exceedance(post: &NigPosterior) -> f64 {
+        post.point_exceedance(1000.0)
+    }
+
+    /// 500 calls at 250–350 ms, one every 100 ms, then five at 1.5 s (load).
+    fn loaded(level_beta: f64) -> RiskModel {
+        let mut m = RiskModel::new(
+            1,
+            RiskConfig {
+                level_beta,
+                ..RiskConfig::default()
+            },
+        );
+        for t in 0..500 {
+            ok(
+                &mut m,
+                if t % 2 == 0 { 250.0 } else { 350.0 },
+                f64::from(t) * 100.0,
+            );
+        }
+        for t in 500..505 {
+            ok(&mut m, 1500.0, f64::from(t) * 100.0);
+        }
+        m
+    }
+
+    #[test]
+    fn the_level_follows_load_within_a_few_calls_and_fades_without_calls() {
+        let now = Timestamp(50_400.0);
+        let m = loaded(0.3);
+        let slow = m.posterior(0, SlicePath::root(), now);
+        let current = m.current(0, SlicePath::root(), now);
+        // Five calls among 505 barely move the 10-minute posterior; the level does:
+        // residual ≈ (1 − 0.7⁵)·ln(1500/~300) ≈ 0.83·1.6.
+        assert!(
+            exceedance(&slow) < 0.05,
+            "slow posterior {}",
+            exceedance(&slow)
+        );
+        assert!(
+            exceedance(&current) > 0.5,
+            "with the level {}",
+            exceedance(&current)
+        );
+        // Trust halves every 30 s without a call.
+        let shift = m.levels[0].shift(now, &m.cfg);
+        let later = m.levels[0].shift(Timestamp(now.0 + 30_000.0), &m.cfg);
+        assert!(shift > 1.0, "{shift}");
+        assert!((later / shift - 0.5).abs() < 1e-9, "{later} vs {shift}");
+        // Off (the reference design): the ranking sees the posterior as it is.
+        let off = loaded(0.0);
+        assert_eq!(
+            off.current(0, SlicePath::root(), now),
+            off.posterior(0, SlicePath::root(), now)
+        );
+        assert_eq!(off.levels[0], Level::default());
+    }
+
+    #[test]
+    fn a_timeout_raises_the_level_to_at_least_its_cut_off() {
+        let mut m = RiskModel::new(
+            1,
+            RiskConfig {
+                level_beta: 1.0,
+                ..RiskConfig::default()
+            },
+        );
+        for t in 0..100 {
+            ok(&mut m, 300.0, f64::from(t) * 100.0);
+        }
+        let mu = m.posterior(0, SlicePath::root(), Timestamp(10_000.0)).mu_n;
+        m.observe(&AttemptObservation {
+            candidate: 0,
+            features: &[],
+            slice: SlicePath::root(),
+            deadline: Some(Millis(3000.0)),
+            outcome: &AttemptOutcome::with_status(3000.0, AttemptStatus::Timeout),
+            now: Timestamp(10_000.0),
+        });
+        // β = 1: the level is this one call's imputed log-latency, at least ln 3000 − μ.
+        assert!(
+            m.levels[0].residual >= 3000f64.ln() - mu - 1e-9,
+            "{} vs {}",
+            m.levels[0].residual,
+            3000f64.ln() - mu
+        );
+    }
+
+    #[test]
+    fn levels_merge_newest_first_and_check_their_length() {
+        let a = loaded(0.3);
+        let mut b = RiskModel::new(1, a.cfg);
+        ok(&mut b, 300.0, 1.0);
+        let newer = a.export();
+        b.merge(&newer).unwrap();
+        assert_eq!(b.levels[0], a.levels[0], "the later call's level wins");
+        let mut c = loaded(0.3);
+        let before = c.levels[0];
+        let mut old = RiskModel::new(1, a.cfg);
+        ok(&mut old, 300.0, 1.0);
+        c.merge(&old.export()).unwrap();
+        assert_eq!(
+            c.levels[0], before,
+            "an older level does not replace a newer one"
+        );
+        // A state exported before levels existed merges; a wrong length does not.
+        let mut legacy = newer.clone();
+        legacy.levels.clear();
+        c.merge(&legacy).unwrap();
+        let mut wrong = newer;
+        wrong.levels.push(Level::default());
+        assert!(c.merge(&wrong).is_err());
+    }
+
+    #[test]
+    fn level_settings_out_of_range_name_the_field() {
+        for (cfg, field) in [
+            (
+                RiskConfig {
+                    level_beta: 1.5,
+                    ..RiskConfig::default()
+                },
+                "level_beta",
+            ),
+            (
+                RiskConfig {
+                    level_half_life_ms: 0.0,
+                    ..RiskConfig::default()
+                },
+                "level_half_life_ms",
+            ),
+        ] {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 }
