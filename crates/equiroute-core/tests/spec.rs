@@ -310,6 +310,7 @@ fn lqm_ts_degrades_to_lqm_without_deadline_cost_or_failures() {
         16,
         LqmTsConfig {
             lqm: lqm_cfg,
+            latency: LatencyTerm::Renewal,
             ..LqmTsConfig::default()
         },
     );
@@ -367,6 +368,76 @@ fn lqm_ts_over_budget_spends_the_latency_budget_on_quality_and_renewal_does_not(
     assert_eq!(first(LatencyTerm::Renewal, 900.0), 1);
     assert_eq!(first(LatencyTerm::OverBudget, 900.0), 0);
     assert_eq!(first(LatencyTerm::OverBudget, 2500.0), 1);
+}
+
+#[test]
+fn lqm_ts_lets_cost_order_only_estimates_that_tie_and_explores_before_saving() {
+    // c0: 0.80 for $0.004; c1: 0.79 for $0.001 (within the 2% tolerance); c2: 0.55 for
+    // $0.0005, tried 12 times, so its optimism is wide. No deadline, no failures.
+    let cands = vec![
+        Candidate::new("c0", "p0", "m").with_price(Price::per_call(0.004)),
+        Candidate::new("c1", "p1", "m").with_price(Price::per_call(0.001)),
+        Candidate::new("c2", "p2", "m").with_price(Price::per_call(0.0005)),
+    ];
+    let f = Featurizer::new(16).unwrap();
+    let qs = queries();
+    let policy = |alpha_ucb: f64, q1: f64| {
+        let mut p = LqmTs::new(
+            3,
+            16,
+            LqmTsConfig {
+                lqm: LqmConfig {
+                    alpha_ucb,
+                    ..LqmTsConfig::default().lqm
+                },
+                ..LqmTsConfig::default()
+            },
+        );
+        for t in 0..300 {
+            let x = f.featurize(&qs[t % qs.len()]);
+            answered(&mut p, 0, &x, 500.0, 0.80, t as f64);
+            answered(&mut p, 1, &x, 500.0, q1, t as f64);
+            if t < 12 {
+                answered(&mut p, 2, &x, 500.0, 0.55, t as f64);
+            }
+        }
+        p
+    };
+    let unseen = f.featurize("an unseen question about tax");
+    let order = |alpha_ucb: f64, q1: f64| {
+        let ctx = RankContext::new(&cands, &[0, 1, 2], &unseen);
+        policy(alpha_ucb, q1)
+            .rank(&ctx, &mut rng(1))
+            .indices()
+            .collect::<Vec<_>>()
+    };
+    // Without optimism: the cheaper of the two tied estimates first; the cheapest candidate,
+    // whose estimate is far below, last.
+    assert_eq!(order(0.0, 0.79), vec![1, 0, 2]);
+    // Not a tie (0.70 is 12% below): quality decides, cost does not.
+    assert_eq!(order(0.0, 0.70), vec![0, 1, 2]);
+    // Wide optimism makes c2 the optimistic leader: LinUCB explores it first, and the
+    // fallbacks are the top group by cost. Its optimism never puts it into the top group.
+    assert_eq!(order(5.0, 0.79), vec![2, 1, 0]);
+    // In between, optimism brings c2's score near the best: cost alone never puts it first
+    // (a top group judged on optimistic scores would have, being the cheapest).
+    let mut near_but_not_first = 0;
+    for step in 0..40 {
+        let p = policy(0.05 * f64::from(step), 0.79);
+        for q in &qs {
+            let x = f.featurize(q);
+            let ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+            let r = p.rank(&ctx, &mut rng(1));
+            let best = r.order.iter().map(|s| s.score).fold(f64::MIN, f64::max);
+            let c2 = r.order.iter().find(|s| s.index == 2).unwrap();
+            if r.order[0].index == 2 {
+                assert!(c2.score >= best, "c2 first without leading: {r:?}");
+            } else if c2.score >= 0.98 * best {
+                near_but_not_first += 1;
+            }
+        }
+    }
+    assert!(near_but_not_first > 0, "the band was exercised");
 }
 
 /// A simulated provider pool: the outcome of trying candidate `i`.
@@ -895,4 +966,31 @@ fn risk_budget_picks_the_cheapest_candidate_under_budget() {
             vec![2, 0, 1]
         );
     }
+}
+
+#[test]
+#[allow(clippy::float_cmp)] // parsed literals and copied defaults: exact by construction
+fn a_partial_lqm_ts_table_keeps_the_other_lqm_ts_defaults() {
+    let cfg: PolicyConfig = serde_json::from_str(
+        r#"{"name": "lqm-ts", "lqm": {"l_ref_ms": 800, "head": {"window": 500}},
+            "risk": {"exploration_guard": 0.5}}"#,
+    )
+    .unwrap();
+    let PolicyConfig::LqmTs(c) = cfg else {
+        panic!("{cfg:?}")
+    };
+    let d = LqmTsConfig::default();
+    assert_eq!(c.lqm.l_ref_ms, 800.0);
+    assert_eq!(c.lqm.head.window, Some(500));
+    assert_eq!(c.risk.exploration_guard, 0.5);
+    // Not LQM's 0.5 and 3, nor the reference risk model's level 0.
+    assert_eq!(c.lqm.alpha_ucb, d.lqm.alpha_ucb);
+    assert_eq!(c.lqm.head.warmup, d.lqm.head.warmup);
+    assert_eq!(c.risk.level_beta, d.risk.level_beta);
+    assert_ne!(d.lqm.alpha_ucb, LqmConfig::default().alpha_ucb);
+    assert_ne!(d.risk.level_beta, RiskConfig::default().level_beta);
+    let e = serde_json::from_str::<PolicyConfig>(r#"{"name": "lqm-ts", "lqm": {"alpah_ucb": 1}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("alpah_ucb") && e.contains("alpha_ucb"), "{e}");
 }

@@ -198,9 +198,9 @@ fn bench_set_changes_one_policy_parameter_and_names_a_bad_value() {
             .as_f64()
             .unwrap()
     };
-    let renewal = quality(&run(&[]));
-    let over = quality(&run(&["--set", "lqm-ts.latency=over-budget"]));
-    // Within its latency budget the best model is no longer discounted for being slow.
+    let renewal = quality(&run(&["--set", "lqm-ts.latency=renewal"]));
+    let over = quality(&run(&[]));
+    // Within its latency budget (the default) the best model is not discounted for being slow.
     assert!(over > renewal, "frontier share {over} vs {renewal}");
     let bad = run(&["--set", "lqm-ts.latency=sideways"]);
     assert!(!bad.status.success());

@@ -145,6 +145,9 @@ pub struct NoParams {}
 pub enum PolicyConfig {
     Lqm(LqmConfig),
     TsDeadline(TsDeadlineConfig),
+    /// Its nested `lqm`, `lqm.head` and `risk` tables differ from those policies' defaults,
+    /// so a partial table is laid over `lqm-ts`'s own defaults, not theirs.
+    #[serde(deserialize_with = "over_defaults")]
     LqmTs(LqmTsConfig),
     SwUcb(SwUcbConfig),
     Linucb(LinUcbPolicyConfig),
@@ -157,6 +160,36 @@ pub enum PolicyConfig {
     LeastBusy(NoParams),
     Cheapest(CheapestConfig),
     Oracle(NoParams),
+}
+
+/// Deserializes `T` from a table laid over `T::default()`, nested tables included: a
+/// partial `lqm = { l_ref_ms = 800 }` keeps every other field of the policy's own default,
+/// where serde's `default` would fill them from the nested type's default.
+fn over_defaults<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Serialize + serde::de::DeserializeOwned,
+{
+    use serde::de::Error;
+    fn lay(base: &mut serde_json::Value, given: serde_json::Value) {
+        match (base, given) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(g)) => {
+                for (k, v) in g {
+                    match b.get_mut(&k) {
+                        Some(slot) => lay(slot, v),
+                        None => {
+                            b.insert(k, v);
+                        }
+                    }
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+    let given = serde_json::Value::deserialize(d)?;
+    let mut merged = serde_json::to_value(T::default()).map_err(D::Error::custom)?;
+    lay(&mut merged, given);
+    serde_json::from_value(merged).map_err(D::Error::custom)
 }
 
 impl PolicyConfig {

@@ -4,26 +4,44 @@
 //! **Objective.** Quality first, then risk and spend:
 //!
 //! ```text
-//! q_i = û_i/(1 + τ̂_i/L_ref) + α·sqrt(xᵀA_i⁻¹x)/(1 + λΔ_i)     (LQM-ContextRoute's score)
-//! V_i = q_i · (1 − P̃(bad)_i)          expected good quality per service cycle
+//! q_i = û_i/(1 + max(0, τ̂_i − L_ref)/L_ref) + α·sqrt(xᵀA_i⁻¹x)/(1 + λΔ_i)   (`over-budget`)
+//! V_i = q_i · (1 − P̃(bad)_i)          expected good quality, with LinUCB's optimism
+//! V̄_i = (q_i − bonus_i) · (1 − P̃(bad)_i)   the same without the optimism: the estimate
 //! g_i = (1 − P̃(bad)_i) / (1 + cost_i/C_ref)     good outcomes per unit of spend (ts-deadline)
 //! ```
 //!
-//! The candidates whose `V` is within `quality_tolerance` (default 5%) of the best `V` form
-//! the *top group*: they are ranked by expected cost (then by `V`), so among answers that are
-//! as good and as likely to arrive in time, the cheapest goes first. Everyone else follows by
-//! `V`, and candidates held back by the exploration guard come last. `P̃(bad)` is a Thompson draw from
-//! the failure EWMA and the sliced log-latency posterior for *this request's* deadline
-//! (exploration of risk); `q` carries LinUCB's optimism (exploration of quality).
+//! The candidates whose *estimate* `V̄` is within `quality_tolerance` (default 2%) of the best
+//! estimate form the *top group*, ranked by expected cost (then by `V`): among answers that
+//! are as good and as likely to arrive in time, the cheapest goes first. Optimism does not
+//! buy a place in it — a cheap, little-tried candidate whose wide confidence interval reaches
+//! the best would otherwise win on price every time, which is exploring at the user's expense.
+//! If the optimistic leader (best `V`) is outside the top group, LinUCB explores it: it goes
+//! first, the top group after it. Everyone else follows by `V`, and candidates held back by
+//! the exploration guard come last. `P̃(bad)` is a Thompson draw from the failure EWMA and the
+//! sliced log-latency posterior for *this request's* deadline (exploration of risk), the
+//! posterior's location shifted by the fast latency [`super::risk::Level`] so that load shows
+//! within a few calls.
+//!
+//! Latency below `L_ref` is free by default (`latency = "over-budget"`): the budget is spent
+//! on quality and the deadline is left to `P̃(bad)`; `latency = "renewal"` is LQM's
+//! `û/(1+τ̂/L_ref)`, where every millisecond costs.
 //!
 //! Neither speed nor cheapness can compensate for poor answers: speed only enters through the
-//! renewal-reward discount of `q`, and cost only orders candidates whose expected good quality
-//! is already within the tolerance of the best. A free, instant, never-failing candidate with
-//! useless answers has `V ≈ 0` and is never in the top group while a useful one exists.
+//! latency discount of `q` and the deadline risk, and cost only orders candidates whose
+//! estimated good quality is already within the tolerance of the best. A free, instant,
+//! never-failing candidate with useless answers has `V̄ ≈ 0` and is never in the top group
+//! while a useful one exists.
+//!
+//! **Defaults that differ from the references'**, each measured in the laboratory (README,
+//! "Choosing lqm-ts's defaults"): `α_ucb = 0.2` and a warm-up of 10 quality scores per
+//! candidate (LQM: 0.5 and 3) — less optimism once every candidate has been scored ten times,
+//! so a candidate shrunk by the ridge after three scores is not locked out; the fast level
+//! (`risk.level_beta = 0.3`, off in `ts-deadline`).
 //!
 //! **Degenerate cases** (tested):
-//! - no deadline, equal costs, no failures: `P̃(bad) = 0` and `g` is the same for everyone,
-//!   so the ranking is exactly LQM-ContextRoute's;
+//! - no deadline, equal costs, no failures, `latency = "renewal"` and LQM's parameters:
+//!   `P̃(bad) = 0` and `g` is the same for everyone, so the ranking is exactly
+//!   LQM-ContextRoute's;
 //! - no quality feedback yet: the ranking is exactly `ts-deadline`'s with the `cost-per-good`
 //!   objective, from the same random draws (quality cannot order what it has not seen).
 //!
@@ -36,6 +54,7 @@ use super::{
     wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation,
     RankContext, Ranking,
 };
+use crate::estimators::linucb::LinUcbConfig;
 use crate::StateError;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -61,12 +80,20 @@ impl Default for LqmTsConfig {
         LqmTsConfig {
             lqm: LqmConfig {
                 failure_quality: None,
+                alpha_ucb: 0.2,
+                head: LinUcbConfig {
+                    warmup: 10,
+                    ..LinUcbConfig::default()
+                },
                 ..LqmConfig::default()
             },
-            risk: RiskConfig::default(),
+            risk: RiskConfig {
+                level_beta: 0.3,
+                ..RiskConfig::default()
+            },
             cost_ref_usd: None,
-            quality_tolerance: 0.05,
-            latency: LatencyTerm::Renewal,
+            quality_tolerance: 0.02,
+            latency: LatencyTerm::OverBudget,
         }
     }
 }
@@ -91,6 +118,33 @@ impl LqmTsConfig {
 pub struct LqmTsState {
     pub quality: LqmState,
     pub risk: RiskState,
+}
+
+/// Where a candidate goes in the ranking, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Tier {
+    /// The optimistic leader whose estimate is not in the top group: LinUCB explores it.
+    Exploring,
+    /// Estimate within the tolerance of the best estimate: cheapest first.
+    Top,
+    /// Everyone else, by optimistic `V`.
+    Rest,
+    /// Held back by the exploration guard: last, by ts-deadline's (negative) score.
+    Guarded,
+}
+
+/// A candidate's ranking keys.
+struct Keyed {
+    tier: Tier,
+    /// `V` with LinUCB's optimism.
+    optimistic: f64,
+    /// `V` without it: the estimate the top group is judged on.
+    estimate: f64,
+    /// ts-deadline's `g`.
+    g: f64,
+    cost: f64,
+    /// Index into the eligible list.
+    pos: usize,
 }
 
 /// LQM-ContextRoute × deadline-risk Thompson sampling × cost.
@@ -126,44 +180,71 @@ impl Policy for LqmTs {
             .iter()
             .any(|&i| self.quality.heads.heads[i].count() > 0);
         // Both lists follow ctx.eligible, so they pair up index by index.
-        // (tier, V, g, cost, position)
-        let mut keyed: Vec<(u8, f64, f64, f64, usize)> = Vec::with_capacity(order.len());
+        let mut keyed: Vec<Keyed> = Vec::with_capacity(order.len());
         for (pos, (risk, q)) in order.iter_mut().zip(&quality).enumerate() {
-            let g = risk.score;
             let good = 1.0 - risk.breakdown.bad_probability.unwrap_or(0.0);
-            let v = q.score * good;
+            let bonus = q.breakdown.exploration.unwrap_or(0.0);
+            keyed.push(Keyed {
+                tier: Tier::Top,
+                optimistic: q.score * good,
+                estimate: (q.score - bonus) * good,
+                g: risk.score,
+                cost: risk.breakdown.cost_usd.unwrap_or(0.0),
+                pos,
+            });
             risk.breakdown.quality = q.breakdown.quality;
             risk.breakdown.exploration = q.breakdown.exploration;
             risk.breakdown.latency_ms = q.breakdown.latency_ms;
-            risk.score = if learnt { v } else { g };
-            keyed.push((0, v, g, risk.breakdown.cost_usd.unwrap_or(0.0), pos));
+            risk.score = if learnt { q.score * good } else { risk.score };
         }
-        let best = keyed
-            .iter()
-            .filter(|k| !order[k.4].breakdown.guarded)
-            .map(|k| k.1)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let bar = best - self.cfg.quality_tolerance * best.abs();
-        for k in &mut keyed {
-            let top = !learnt || k.1 >= bar;
-            k.0 = if order[k.4].breakdown.guarded {
-                2
-            } else {
-                u8::from(!top)
-            };
+        if learnt {
+            let open = |k: &&Keyed| !order[k.pos].breakdown.guarded;
+            let best = keyed
+                .iter()
+                .filter(open)
+                .map(|k| k.estimate)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let bar = best - self.cfg.quality_tolerance * best.abs();
+            let leader = keyed
+                .iter()
+                .filter(open)
+                .max_by(|a, b| a.optimistic.total_cmp(&b.optimistic))
+                .map(|k| k.pos);
+            for k in &mut keyed {
+                k.tier = if order[k.pos].breakdown.guarded {
+                    Tier::Guarded
+                } else if k.estimate >= bar {
+                    Tier::Top
+                } else if Some(k.pos) == leader {
+                    Tier::Exploring
+                } else {
+                    Tier::Rest
+                };
+            }
+        } else {
+            for k in &mut keyed {
+                if order[k.pos].breakdown.guarded {
+                    k.tier = Tier::Guarded;
+                }
+            }
         }
-        // Tier (top group, rest, guarded). Before any quality feedback everyone is in the top
-        // group ordered by g, exactly as ts-deadline; after, the top group goes by cost then V
-        // and the rest by V. Guarded candidates carry ts-deadline's negative g.
         keyed.sort_by(|a, b| {
-            a.0.cmp(&b.0).then_with(|| match a.0 {
-                0 if learnt => a.3.total_cmp(&b.3).then(b.1.total_cmp(&a.1)),
-                1 => b.1.total_cmp(&a.1),
-                _ => b.2.total_cmp(&a.2).then(b.1.total_cmp(&a.1)),
+            a.tier.cmp(&b.tier).then_with(|| match a.tier {
+                Tier::Top if learnt => a
+                    .cost
+                    .total_cmp(&b.cost)
+                    .then(b.optimistic.total_cmp(&a.optimistic)),
+                Tier::Exploring | Tier::Rest => b.optimistic.total_cmp(&a.optimistic),
+                // Before quality feedback, and for guarded candidates (negative g): g, as
+                // ts-deadline ranks them.
+                Tier::Top | Tier::Guarded => {
+                    b.g.total_cmp(&a.g)
+                        .then(b.optimistic.total_cmp(&a.optimistic))
+                }
             })
         });
         let mut ranking = Ranking {
-            order: keyed.iter().map(|k| order[k.4]).collect(),
+            order: keyed.iter().map(|k| order[k.pos]).collect(),
             first_choice_probability: None,
         };
         if learnt {
