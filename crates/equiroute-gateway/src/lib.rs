@@ -24,6 +24,24 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_loops(config, listener, Vec::new(), shutdown).await
+}
+
+/// [`serve`] with more event loops: each of `more` (listening sockets bound to the same
+/// address with `SO_REUSEPORT`, so the kernel spreads connections over them) is served by a
+/// single-threaded runtime on a thread of its own, beside `listener` on the caller's runtime.
+/// One learning state, one set of upstream clients. Like nginx's workers, each connection
+/// stays on one thread: no work-stealing scheduler to wake between accepting, routing and
+/// the upstream call.
+///
+/// # Errors
+/// The state cannot be built, a thread cannot start, or a server fails.
+pub async fn serve_loops(
+    config: &config::GatewayConfig,
+    listener: tokio::net::TcpListener,
+    more: Vec<std::net::TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     // Request ids and sampling seeds differ from one start to the next.
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -75,9 +93,25 @@ pub async fn serve(
     let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
     let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));
     let app = server::router(state.clone(), config.max_body_bytes);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    // Every loop drains when `shutdown` resolves.
+    let (stop_loops, loops_rx) = tokio::sync::watch::channel(false);
+    let stop_loops = Arc::new(stop_loops);
+    let loops = spawn_loops(&app, more, &loops_rx)?;
+    let stop = stop_loops.clone();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        })
+        .await;
+    let _ = stop_loops.send(true);
+    for thread in loops {
+        let joined = tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_err(std::io::Error::other)?;
+        joined.map_err(|_| std::io::Error::other("an event loop thread panicked"))??;
+    }
+    served?;
     if let Some(task) = saver {
         task.abort();
         let _ = task.await;
@@ -97,4 +131,35 @@ pub async fn serve(
         let _ = task.await;
     }
     Ok(())
+}
+
+/// Starts a thread with a single-threaded runtime serving `app` on each socket, until `stop`
+/// turns true.
+fn spawn_loops(
+    app: &axum::Router,
+    sockets: Vec<std::net::TcpListener>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
+    let mut loops = Vec::with_capacity(sockets.len());
+    for (n, socket) in sockets.into_iter().enumerate() {
+        let (app, mut stop) = (app.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("equiroute-loop-{}", n + 1))
+            .spawn(move || -> std::io::Result<()> {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    socket.set_nonblocking(true)?;
+                    let listener = tokio::net::TcpListener::from_std(socket)?;
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(async move {
+                            let _ = stop.wait_for(|stop| *stop).await;
+                        })
+                        .await
+                })
+            })?;
+        loops.push(thread);
+    }
+    Ok(loops)
 }

@@ -37,17 +37,19 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             format!("--listen `{listen}`: write host:port, e.g. 127.0.0.1:8080")
         })?;
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = config.worker_threads {
-        builder.worker_threads(n);
-    }
-    let runtime = builder.enable_all().build()?;
+    // One event loop per thread (`server.worker_threads`, default one per core): the caller's
+    // thread runs the first, with the background tasks; each other has a thread of its own.
+    let loops = config.worker_threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         if args.reset_state {
             reset_state(config.state.as_ref()).await?;
         }
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
+        let (listener, more) = listen(config.listen, loops)
             .with_context(|| format!("cannot listen on {}: is the port free?", config.listen))?;
         let addr = listener.local_addr()?;
         let chat = config
@@ -59,10 +61,45 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         );
-        equiroute_gateway::serve(&config, listener, shutdown_signal()).await?;
+        equiroute_gateway::serve_loops(&config, listener, more, shutdown_signal()).await?;
         println!("equiroute stopped");
         anyhow::Ok(())
     })
+}
+
+/// `loops` listening sockets on `addr` (the first one's port when `addr` asks for any), with
+/// `SO_REUSEPORT` when there are several, so that the kernel spreads connections over them:
+/// the first for this runtime, the others for the other event loops. A plain bind comes
+/// first, so that a port another process (another Equiroute included) listens on is an
+/// error rather than shared. One socket where `SO_REUSEPORT` is missing.
+fn listen(
+    addr: std::net::SocketAddr,
+    loops: usize,
+) -> std::io::Result<(tokio::net::TcpListener, Vec<std::net::TcpListener>)> {
+    let probe = std::net::TcpListener::bind(addr)?;
+    if loops <= 1 || !cfg!(unix) {
+        probe.set_nonblocking(true)?;
+        return Ok((tokio::net::TcpListener::from_std(probe)?, Vec::new()));
+    }
+    let addr = probe.local_addr()?;
+    drop(probe);
+    let bind = || -> std::io::Result<tokio::net::TcpListener> {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        #[cfg(unix)]
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        socket.listen(1024)
+    };
+    let first = bind()?;
+    let more = (1..loops)
+        .map(|_| bind()?.into_std())
+        .collect::<std::io::Result<Vec<_>>>()?;
+    Ok((first, more))
 }
 
 /// `--reset-state`: deletes the state file, or the shared state's keys in Redis.

@@ -128,3 +128,69 @@ fn kill_9_during_load_then_restart_and_export_import() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not an Equiroute state snapshot"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `server.worker_threads = 3`: three event loops, one listening socket each (`SO_REUSEPORT`).
+/// Requests on fresh connections are all answered, a second instance cannot share the port,
+/// and SIGTERM drains every loop.
+#[test]
+fn several_event_loops_answer_refuse_a_shared_port_and_stop_together() {
+    let dir = std::env::temp_dir().join(format!("equiroute-loops-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gw.toml");
+    let default = equiroute_gateway::config::DEFAULT_CONFIG;
+    std::fs::write(
+        &config,
+        default.replacen("[server]", "[server]\nworker_threads = 3", 1),
+    )
+    .unwrap();
+    assert!(
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("worker_threads = 3"),
+        "the embedded default has a [server] table"
+    );
+    let (mut child, addr) = serve(&config);
+    let body = r#"{"model":"chat","messages":[{"role":"user","content":"hello"}]}"#;
+    for _ in 0..30 {
+        let out = post(&addr, "/v1/chat/completions", body);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
+    // Counted once requests were answered: the loops start after the address is printed.
+    let threads = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with("equiroute-loop"))
+                })
+                .count()
+        })
+        .ok();
+    if let Some(n) = threads {
+        assert_eq!(n, 2, "two loop threads beside the main one");
+    }
+    let second = Command::new(bin())
+        .args([
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            &addr,
+        ])
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("is the port free"), "{err}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut out = String::new();
+    let _ = child.stdout.as_mut().unwrap().read_to_string(&mut out);
+    assert!(out.contains("equiroute stopped"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

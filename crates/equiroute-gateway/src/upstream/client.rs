@@ -18,10 +18,34 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 type Inner =
     hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// A pooled HTTP(S) client; clones share the pool.
+/// A pooled HTTP(S) client. Each thread has its own pool (the connections a thread opens
+/// are driven by its runtime): with one event loop per thread, a request and the upstream
+/// connection it uses never wake another thread.
 #[derive(Clone, Debug)]
 pub struct HttpClient {
-    inner: std::sync::Arc<Inner>,
+    _private: (),
+}
+
+thread_local! {
+    static POOL: Inner = build();
+}
+
+/// The client: idle connections kept for 90 s, `TCP_NODELAY` on.
+fn build() -> Inner {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(10)));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(256)
+        .build(https)
 }
 
 impl Default for HttpClient {
@@ -31,26 +55,10 @@ impl Default for HttpClient {
 }
 
 impl HttpClient {
-    /// A client with idle connections kept for 90 s and `TCP_NODELAY` on.
+    /// A handle on this thread's pool (idle connections kept for 90 s, `TCP_NODELAY` on).
     #[must_use]
     pub fn new() -> HttpClient {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(10)));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(https);
-        HttpClient {
-            inner: std::sync::Arc::new(inner),
-        }
+        HttpClient { _private: () }
     }
 
     /// Sends `req` and waits for the response head (the body is read by the caller).
@@ -62,7 +70,8 @@ impl HttpClient {
         &self,
         req: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        self.inner.request(req).await.map_err(|e| chain(&e))
+        let client = POOL.with(Inner::clone);
+        client.request(req).await.map_err(|e| chain(&e))
     }
 }
 
