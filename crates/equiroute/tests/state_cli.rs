@@ -184,9 +184,15 @@ fn several_event_loops_answer_refuse_a_shared_port_and_stop_together() {
     assert!(!second.status.success());
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("is the port free"), "{err}");
-    let _ = Command::new("kill")
+    let termed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
-        .status();
+        .status()
+        .is_ok_and(|s| s.success());
+    if !termed {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("could not send SIGTERM (is `kill` on PATH?)");
+    }
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
     let mut out = String::new();
