@@ -193,7 +193,17 @@ fn several_event_loops_answer_refuse_a_shared_port_and_stop_together() {
         let _ = child.wait();
         panic!("could not send SIGTERM (is `kill` on PATH?)");
     }
-    let status = child.wait().unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("the loops did not drain within 20 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     assert!(status.success(), "{status:?}");
     let mut out = String::new();
     let _ = child.stdout.as_mut().unwrap().read_to_string(&mut out);
