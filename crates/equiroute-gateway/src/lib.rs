@@ -95,7 +95,6 @@ pub async fn serve_loops(
     let app = server::router(state.clone(), config.max_body_bytes);
     // Every loop drains when `shutdown` resolves.
     let (stop_loops, loops_rx) = tokio::sync::watch::channel(false);
-    let stop_loops = Arc::new(stop_loops);
     let loops = spawn_loops(&app, more, &loops_rx)?;
     let stop = stop_loops.clone();
     let served = axum::serve(listener, app)

@@ -41,6 +41,14 @@ fn serve(config: &std::path::Path) -> (Child, String) {
     (child, addr)
 }
 
+/// An empty directory of this test run's own.
+fn fresh_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("equiroute-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 fn post(addr: &str, path: &str, body: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(s, "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
@@ -51,9 +59,7 @@ fn post(addr: &str, path: &str, body: &str) -> String {
 
 #[test]
 fn kill_9_during_load_then_restart_and_export_import() {
-    let dir = std::env::temp_dir().join(format!("equiroute-kill9-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("kill9");
     let config = dir.join("gw.toml");
     std::fs::write(
         &config,
@@ -134,9 +140,7 @@ fn kill_9_during_load_then_restart_and_export_import() {
 /// and SIGTERM drains every loop.
 #[test]
 fn several_event_loops_answer_refuse_a_shared_port_and_stop_together() {
-    let dir = std::env::temp_dir().join(format!("equiroute-loops-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("loops");
     let config = dir.join("gw.toml");
     let default = equiroute_gateway::config::DEFAULT_CONFIG;
     std::fs::write(

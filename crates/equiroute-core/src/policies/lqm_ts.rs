@@ -184,9 +184,14 @@ impl Policy for LqmTs {
         for (pos, (risk, q)) in order.iter_mut().zip(&quality).enumerate() {
             let good = 1.0 - risk.breakdown.bad_probability.unwrap_or(0.0);
             let bonus = q.breakdown.exploration.unwrap_or(0.0);
+            let optimistic = q.score * good;
             keyed.push(Keyed {
-                tier: Tier::Top,
-                optimistic: q.score * good,
+                tier: if risk.breakdown.guarded {
+                    Tier::Guarded
+                } else {
+                    Tier::Top
+                },
+                optimistic,
                 estimate: (q.score - bonus) * good,
                 g: risk.score,
                 cost: risk.breakdown.cost_usd.unwrap_or(0.0),
@@ -195,10 +200,12 @@ impl Policy for LqmTs {
             risk.breakdown.quality = q.breakdown.quality;
             risk.breakdown.exploration = q.breakdown.exploration;
             risk.breakdown.latency_ms = q.breakdown.latency_ms;
-            risk.score = if learnt { q.score * good } else { risk.score };
+            if learnt {
+                risk.score = optimistic;
+            }
         }
         if learnt {
-            let open = |k: &&Keyed| !order[k.pos].breakdown.guarded;
+            let open = |k: &&Keyed| k.tier != Tier::Guarded;
             let best = keyed
                 .iter()
                 .filter(open)
@@ -210,22 +217,14 @@ impl Policy for LqmTs {
                 .filter(open)
                 .max_by(|a, b| a.optimistic.total_cmp(&b.optimistic))
                 .map(|k| k.pos);
-            for k in &mut keyed {
-                k.tier = if order[k.pos].breakdown.guarded {
-                    Tier::Guarded
-                } else if k.estimate >= bar {
+            for k in keyed.iter_mut().filter(|k| k.tier != Tier::Guarded) {
+                k.tier = if k.estimate >= bar {
                     Tier::Top
                 } else if Some(k.pos) == leader {
                     Tier::Exploring
                 } else {
                     Tier::Rest
                 };
-            }
-        } else {
-            for k in &mut keyed {
-                if order[k.pos].breakdown.guarded {
-                    k.tier = Tier::Guarded;
-                }
             }
         }
         keyed.sort_by(|a, b| {

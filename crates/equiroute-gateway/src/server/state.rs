@@ -362,9 +362,14 @@ impl AppState {
     /// Applies `obs` and journals it; the caller holds the write side.
     fn learn(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy, obs: Observation) {
         obs.apply(policy);
+        self.journal_learn(iface, || obs);
+    }
+
+    /// Journals an observation the policy has just learnt (built only when a journal exists).
+    fn journal_learn(&self, iface: &InterfaceRuntime, obs: impl FnOnce() -> Observation) {
         self.journal(|| Event::Learn {
             iface: iface.name.clone(),
-            obs,
+            obs: obs(),
         });
     }
 
@@ -407,10 +412,7 @@ impl AppState {
             Ok(mut policy) => {
                 self.apply_deferred(iface, policy.as_mut());
                 policy.observe_attempt(&obs);
-                self.journal(|| Event::Learn {
-                    iface: iface.name.clone(),
-                    obs: Observation::attempt(&obs),
-                });
+                self.journal_learn(iface, || Observation::attempt(&obs));
             }
             Err(std::sync::TryLockError::WouldBlock) => {
                 let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;

@@ -70,8 +70,10 @@ impl HttpClient {
         &self,
         req: http::Request<Full<Bytes>>,
     ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        let client = POOL.with(Inner::clone);
-        client.request(req).await.map_err(|e| chain(&e))
+        // The response future owns what it needs: nothing of the pool is cloned per request.
+        POOL.with(|client| client.request(req))
+            .await
+            .map_err(|e| chain(&e))
     }
 }
 
