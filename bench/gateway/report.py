@@ -231,6 +231,12 @@ def build(out, quick, rate, meta):
     decision = histogram_summary(texts.values(), "equiroute_decision_microseconds")
     router = histogram_summary(texts.values(), "equiroute_router_microseconds")
     router_by_phase = {ph: histogram_summary([t], "equiroute_router_microseconds") for ph, t in texts.items()}
+    # The same with one event loop (equiroute1): no second loop to share locks and cache lines with.
+    one_loop = {}
+    for path in sorted(glob.glob(os.path.join(out, "raw", "equiroute1-*-metrics.txt"))):
+        with open(path) as f:
+            phase = os.path.basename(path)[len("equiroute1-"):-len("-metrics.txt")]
+            one_loop[phase] = histogram_summary([f.read()], "equiroute_router_microseconds")
     dcount = router["count"]
 
     # The same system measured twice at c=1 (the direct upstream, first and last): how far
@@ -318,6 +324,9 @@ def build(out, quick, rate, meta):
                   + "; ".join(f"{ph}: {summary_text(h)}" for ph, h in sorted(router_by_phase.items()) if h["count"]))
         md.append(f"- Of it, the decision (`equiroute_decision_microseconds`, eligibility + ranking), all runs: "
                   f"{summary_text(decision)}")
+    if any(h["count"] for h in one_loop.values()):
+        md.append("- The router share with one event loop (`worker_threads = 1`, not counted in the target), by phase: "
+                  + "; ".join(f"{ph}: {summary_text(h)}" for ph, h in sorted(one_loop.items()) if h["count"]))
     if aa is not None:
         md.append(f"- A/A: the direct upstream measured at c=1 first and again last: p50 {fmt_us(aa['p50_us'])} µs, "
                   f"p99 {fmt_us(aa['p99_us'])} µs apart; added latencies at c=1 are only resolved to about that.")
@@ -367,6 +376,7 @@ def build(out, quick, rate, meta):
         "equiroute_over_nginx_rps": ratio_rps, "litellm_over_equiroute_added_p99_c16": ratio_p99},
         "rate_run": {"target_rps": rate, "point": rate_point, "peak_rss_mib": rate_rss_mib, "rss_growth": growth},
         "decision_time": decision, "router_time": router, "router_time_by_phase": router_by_phase,
+        "router_time_one_loop_by_phase": one_loop,
         "direct_a_a_c1_us": aa, "attempts": att,
         "targets": [{"target": n, "met": ok, "measured": w} for n, ok, w in targets]}
     with open(os.path.join(out, "results.json"), "w") as f:
