@@ -220,23 +220,22 @@ def build(out, quick, rate, meta):
 
     # Equiroute's router-share and decision-time histograms, per phase and summed over every
     # instance that ran.
-    scrapes = sorted(glob.glob(os.path.join(out, "raw", "equiroute-*-metrics.txt")))
-    texts, att = {}, {}
-    for path in scrapes:
-        with open(path) as f:
-            text = f.read()
-        phase = os.path.basename(path)[len("equiroute-"):-len("-metrics.txt")]
-        texts[phase] = text
-        att[phase] = attempts(text)
+    def scrapes(system):
+        """The /metrics texts of `system`'s instances, by phase."""
+        texts = {}
+        for path in sorted(glob.glob(os.path.join(out, "raw", f"{system}-*-metrics.txt"))):
+            with open(path) as f:
+                texts[os.path.basename(path)[len(system) + 1:-len("-metrics.txt")]] = f.read()
+        return texts
+
+    texts = scrapes("equiroute")
+    att = {ph: attempts(t) for ph, t in texts.items()}
     decision = histogram_summary(texts.values(), "equiroute_decision_microseconds")
     router = histogram_summary(texts.values(), "equiroute_router_microseconds")
     router_by_phase = {ph: histogram_summary([t], "equiroute_router_microseconds") for ph, t in texts.items()}
     # The same with one event loop (equiroute1): no second loop to share locks and cache lines with.
-    one_loop = {}
-    for path in sorted(glob.glob(os.path.join(out, "raw", "equiroute1-*-metrics.txt"))):
-        with open(path) as f:
-            phase = os.path.basename(path)[len("equiroute1-"):-len("-metrics.txt")]
-            one_loop[phase] = histogram_summary([f.read()], "equiroute_router_microseconds")
+    one_loop = {ph: histogram_summary([t], "equiroute_router_microseconds")
+                for ph, t in scrapes("equiroute1").items()}
     dcount = router["count"]
 
     # The same system measured twice at c=1 (the direct upstream, first and last): how far

@@ -5,7 +5,7 @@
 //!
 //! It separates what the code costs from what the machine charges for waking up: the same
 //! instructions take longer when the caches and the core went cold during the sleep.
-//! `POLICY=ts-deadline` or `POLICY=lqm` times that policy instead of `lqm-ts`.
+//! `POLICY=NAME` (e.g. `ts-deadline`, `lqm`) times that policy instead of `lqm-ts`.
 //! Not run by CI: `cargo bench -p equiroute-core --bench after_idle`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
@@ -26,11 +26,11 @@ fn main() {
     let cands: Vec<Candidate> = (0..K)
         .map(|i| Candidate::new(&format!("c{i}"), "p", "m").with_price(Price::per_call(0.001)))
         .collect();
-    let kind = match std::env::var("POLICY").as_deref() {
-        Ok("ts-deadline") => PolicyKind::TsDeadline,
-        Ok("lqm") => PolicyKind::Lqm,
-        _ => PolicyKind::LqmTs,
-    };
+    let kind: PolicyKind = std::env::var("POLICY")
+        .as_deref()
+        .unwrap_or("lqm-ts")
+        .parse()
+        .unwrap_or_else(|e| panic!("POLICY: {e}"));
     let mut policy = PolicyConfig::default_for(kind).build(&cands, D).unwrap();
     let featurizer = Featurizer::new(D).unwrap();
     let eligible: Vec<usize> = (0..K).collect();

@@ -112,13 +112,7 @@ impl RiskConfig {
         }
         crate::error::non_negative("borrow_strength", self.borrow_strength)?;
         crate::error::unit_interval("exploration_guard", self.exploration_guard)?;
-        if !(0.0..=1.0).contains(&self.level_beta) {
-            return Err(crate::error::out_of_range(
-                "level_beta",
-                self.level_beta,
-                "must be in [0, 1] (0 turns the fast latency level off)",
-            ));
-        }
+        crate::error::unit_interval("level_beta", self.level_beta)?;
         crate::error::positive("level_half_life_ms", self.level_half_life_ms)?;
         Ok(())
     }
