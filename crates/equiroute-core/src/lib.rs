@@ -38,6 +38,7 @@ pub mod error;
 pub mod estimators;
 pub mod executor;
 pub mod features;
+pub mod hash;
 pub mod policies;
 
 pub use decision::*;

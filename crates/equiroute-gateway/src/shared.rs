@@ -713,15 +713,13 @@ impl Syncer {
                     }
                     if let (false, Event::Feedback { request_id, .. }) = (own, event) {
                         if let Ok(mut pending) = state.pending.lock() {
-                            if let Some(e) = pending.get_mut(request_id) {
-                                e.consumed = true;
-                            }
+                            pending.consume(request_id);
                         }
                     }
                 }
                 Event::Pending { request_id, ctx } if !own => {
                     if let Ok(mut pending) = state.pending.lock() {
-                        pending.insert(request_id.clone(), ctx.clone());
+                        pending.insert(request_id, ctx);
                     }
                 }
                 Event::BreakerOpen {

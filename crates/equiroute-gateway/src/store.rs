@@ -222,7 +222,7 @@ impl Store {
             }
         }
         if let Ok(mut pending) = state.pending.lock() {
-            for (id, entry) in snap.pending {
+            for (id, entry) in &snap.pending {
                 pending.insert(id, entry);
             }
         }
@@ -249,12 +249,7 @@ fn snapshot(state: &AppState) -> Snapshot {
     let pending = state
         .pending
         .lock()
-        .map(|p| {
-            p.iter()
-                .filter(|(_, e)| !e.consumed)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
+        .map(|p| p.iter().filter(|(_, e)| !e.consumed).collect())
         .unwrap_or_default();
     Snapshot {
         schema: SCHEMA,

@@ -417,13 +417,12 @@ async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instance
     // An answered request on A waits for feedback.
     a.remember(
         "req-1",
-        equiroute_gateway::server::state::PendingFeedback {
-            interface: "chat".into(),
+        equiroute_gateway::server::state::PendingContext {
+            interface: "chat",
             candidate: 2,
-            features: vec![0.5; 16],
+            features: equiroute_gateway::server::state::Features::F32(&[0.5; 16]),
             latency: Millis(12.0),
             at: a.now(),
-            consumed: false,
         },
     );
     sa.sync_once(&a).await.unwrap();

@@ -13,11 +13,12 @@ use crate::decision::{AttemptStatus, SlicePath, Timestamp};
 use crate::estimators::decay_factor;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig};
 use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPosterior, NigPrior};
+use crate::hash::KeyHasher;
 use crate::StateError;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use super::{check_len, AttemptObservation, RankContext};
 
@@ -178,28 +179,6 @@ pub struct SliceStats {
     pub candidate: u32,
     pub slice: u64,
     pub stats: LogLatencyStats,
-}
-
-/// A multiplicative hash for small integer keys: the map is probed K × depth times per
-/// decision, and the default hasher's flood resistance buys nothing for keys we compute ourselves.
-#[derive(Default, Clone, Copy)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
 }
 
 type SliceMap = HashMap<(u32, u64), LogLatencyStats, BuildHasherDefault<KeyHasher>>;

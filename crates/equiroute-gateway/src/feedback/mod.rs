@@ -27,7 +27,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
     state.prune_pending(now);
     let entry = {
         let mut pending = state.pending.lock().map_err(|_| ApiError::internal())?;
-        let Some(e) = pending.get_mut(request_id) else {
+        let Some(e) = pending.get(request_id) else {
             return Err(ApiError::not_found(
                 "unknown_request_id",
                 format!("no answered request `{request_id}` is waiting for feedback (unknown, or evicted: at most server.max_pending_feedback contexts are kept)"),
@@ -45,8 +45,8 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
                 param: None,
             });
         }
-        e.consumed = true;
-        e.clone()
+        pending.consume(request_id);
+        e
     };
     if let Some(iface) = state.interfaces.get(&entry.interface) {
         state

@@ -3,7 +3,7 @@
 //! time), feeding every attempt to the policy and the breaker.
 
 use super::error::ApiError;
-use super::state::{AppState, InterfaceRuntime, PendingFeedback};
+use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
 use crate::upstream::{ChunkStream, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
 use bytes::Bytes;
@@ -107,7 +107,13 @@ pub async fn execute(
             let latency = Millis(started.elapsed().as_secs_f64() * 1000.0);
             state.remember(
                 &request_id,
-                PendingFeedback::new(&iface.name, candidate, &features, latency, end),
+                PendingContext {
+                    interface: &iface.name,
+                    candidate,
+                    features: Features::F64(&features),
+                    latency,
+                    at: end,
+                },
             );
             state
                 .metrics
@@ -729,13 +735,13 @@ impl Relay {
             let at = self.state.now();
             self.state.remember(
                 &self.request_id,
-                PendingFeedback::new(
-                    &self.iface.name,
-                    self.candidate,
-                    &self.features,
+                PendingContext {
+                    interface: &self.iface.name,
+                    candidate: self.candidate,
+                    features: Features::F64(&self.features),
                     latency,
                     at,
-                ),
+                },
             );
         }
     }

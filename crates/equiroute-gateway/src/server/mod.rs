@@ -11,6 +11,7 @@ pub mod audit;
 pub mod error;
 mod execute;
 pub mod metrics;
+pub mod pending;
 pub mod state;
 
 use crate::config::InterfaceKind;

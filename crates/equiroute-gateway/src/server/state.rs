@@ -5,6 +5,7 @@
 //! bookkeeping) and never across an `.await`.
 
 use super::metrics::Metrics;
+pub use super::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
 use crate::shared::Event;
 use crate::upstream::Upstream;
@@ -14,7 +15,7 @@ use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::features::Featurizer;
 use equiroute_core::policies::{AttemptObservation, Observation, Policy, QualityObservation};
 use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
 use std::time::Instant;
@@ -89,130 +90,6 @@ impl InterfaceRuntime {
     #[must_use]
     pub fn index_of(&self, id: &str) -> Option<usize> {
         self.candidates.iter().position(|c| c.id.0 == id)
-    }
-}
-
-/// The context of an answered request, kept until its quality score arrives.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PendingFeedback {
-    pub interface: String,
-    pub candidate: usize,
-    /// The request's features, in single precision (half the memory; the quality update
-    /// that uses them is insensitive to the rounding).
-    pub features: Vec<f32>,
-    pub latency: Millis,
-    pub at: Timestamp,
-    pub consumed: bool,
-}
-
-impl PendingFeedback {
-    /// The context of a request `candidate` of `interface` answered at `at`, its features
-    /// kept in single precision.
-    #[must_use]
-    pub fn new(
-        interface: &str,
-        candidate: usize,
-        features: &[f64],
-        latency: Millis,
-        at: Timestamp,
-    ) -> PendingFeedback {
-        PendingFeedback {
-            interface: interface.to_owned(),
-            candidate,
-            features: features.iter().map(|&v| v as f32).collect(),
-            latency,
-            at,
-            consumed: false,
-        }
-    }
-
-    /// The features in the precision the policies take.
-    #[must_use]
-    pub fn features_f64(&self) -> Vec<f64> {
-        self.features.iter().map(|&v| f64::from(v)).collect()
-    }
-}
-
-/// The contexts of answered requests waiting for feedback: at most `cap` of them, the oldest
-/// evicted first, so memory stays bounded whatever the request rate and the feedback window.
-#[derive(Debug)]
-pub struct PendingStore {
-    map: HashMap<String, PendingFeedback>,
-    /// Ids in insertion order (for eviction and for pruning by age from the front).
-    order: VecDeque<String>,
-    cap: usize,
-    evicted: u64,
-}
-
-impl PendingStore {
-    /// An empty store holding at most `cap` contexts.
-    #[must_use]
-    pub fn new(cap: usize) -> PendingStore {
-        // Sized up front (at most 64k slots): growing a large map rehashes it under the lock
-        // while other requests wait.
-        let initial = cap.clamp(1, 65_536);
-        PendingStore {
-            map: HashMap::with_capacity(initial),
-            order: VecDeque::with_capacity(initial),
-            cap: cap.max(1),
-            evicted: 0,
-        }
-    }
-
-    /// Keeps `entry` for `id` unless `id` is kept already; evicts the oldest beyond the cap.
-    pub fn insert(&mut self, id: String, entry: PendingFeedback) {
-        if self.map.contains_key(&id) {
-            return;
-        }
-        self.order.push_back(id.clone());
-        self.map.insert(id, entry);
-        while self.map.len() > self.cap {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if self.map.remove(&old).is_some() {
-                self.evicted += 1;
-            }
-        }
-    }
-
-    #[must_use]
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut PendingFeedback> {
-        self.map.get_mut(id)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &PendingFeedback)> {
-        self.map.iter()
-    }
-
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Contexts evicted because the store was full.
-    #[must_use]
-    pub fn evicted(&self) -> u64 {
-        self.evicted
-    }
-
-    /// Drops, from the oldest, the contexts answered more than `horizon` ms before `now`.
-    pub fn prune(&mut self, now: Timestamp, horizon: f64) {
-        while let Some(id) = self.order.front() {
-            match self.map.get(id) {
-                Some(e) if now.0 - e.at.0 <= horizon => break,
-                _ => {
-                    if let Some(id) = self.order.pop_front() {
-                        self.map.remove(&id);
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -473,14 +350,25 @@ impl AppState {
         Ok(())
     }
 
-    /// Keeps an answered request's context until its quality score arrives.
-    pub fn remember(&self, request_id: &str, entry: PendingFeedback) {
+    /// Keeps an answered request's context until its quality score arrives (without
+    /// allocating, once the store is warm, unless state is shared and journaled).
+    pub fn remember(&self, request_id: &str, ctx: PendingContext<'_>) {
         self.journal(|| Event::Pending {
             request_id: request_id.to_owned(),
-            ctx: entry.clone(),
+            ctx: PendingFeedback {
+                interface: ctx.interface.to_owned(),
+                candidate: ctx.candidate,
+                features: match ctx.features {
+                    Features::F64(x) => x.iter().map(|&v| v as f32).collect(),
+                    Features::F32(x) => x.to_vec(),
+                },
+                latency: ctx.latency,
+                at: ctx.at,
+                consumed: false,
+            },
         });
         if let Ok(mut pending) = self.pending.lock() {
-            pending.insert(request_id.to_owned(), entry);
+            pending.remember(request_id, ctx);
         }
     }
 
@@ -509,36 +397,6 @@ impl From<Poisoned> for super::error::ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ctx(at: f64) -> PendingFeedback {
-        PendingFeedback {
-            interface: "chat".into(),
-            candidate: 0,
-            features: vec![1.0; 4],
-            latency: Millis(1.0),
-            at: Timestamp(at),
-            consumed: false,
-        }
-    }
-
-    #[test]
-    fn pending_contexts_are_bounded_oldest_first_and_pruned_by_age() {
-        let mut p = PendingStore::new(3);
-        for i in 0..5 {
-            p.insert(format!("r{i}"), ctx(f64::from(i) * 100.0));
-        }
-        assert_eq!(p.len(), 3);
-        assert_eq!(p.evicted(), 2);
-        assert!(p.get_mut("r0").is_none() && p.get_mut("r1").is_none());
-        assert!(p.get_mut("r4").is_some());
-        // A second insert of a kept id changes nothing.
-        p.insert("r4".into(), ctx(0.0));
-        assert_eq!(p.get_mut("r4").map(|e| e.at), Some(Timestamp(400.0)));
-        // At t = 550 with a 260 ms horizon, r2 (350 ms old) goes, r3 (250) and r4 (150) stay.
-        p.prune(Timestamp(550.0), 260.0);
-        assert_eq!(p.len(), 2);
-        assert!(p.get_mut("r2").is_none() && p.get_mut("r3").is_some());
-    }
 
     #[test]
     fn an_attempt_that_finds_the_policy_locked_waits_in_the_queue_not_on_the_lock() {

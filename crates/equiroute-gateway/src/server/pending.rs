@@ -1,0 +1,396 @@
+//! The contexts of answered requests waiting for quality feedback.
+//!
+//! Every answered request leaves one here, on the request path, so the store is built to take
+//! it without allocating once warm: a ring of `cap` slots reused oldest first (each keeps its
+//! feature buffer), ids of the gateway's own form (`req-` and 16 hex digits) kept as the
+//! number they spell, interfaces as an index into a short list of names. Before, each insert
+//! made four allocations and each eviction freed four, often made by another event loop.
+
+use equiroute_core::features::Fnv64;
+use equiroute_core::hash::KeyHasher;
+use equiroute_core::{Millis, Timestamp};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+/// The context of an answered request, kept until its quality score arrives. This is the
+/// form it takes in snapshots and in the shared journal; the store keeps it in its slots.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PendingFeedback {
+    pub interface: String,
+    pub candidate: usize,
+    /// The request's features, in single precision (half the memory; the quality update
+    /// that uses them is insensitive to the rounding).
+    pub features: Vec<f32>,
+    pub latency: Millis,
+    pub at: Timestamp,
+    pub consumed: bool,
+}
+
+impl PendingFeedback {
+    /// The context of a request `candidate` of `interface` answered at `at`, its features
+    /// kept in single precision.
+    #[must_use]
+    pub fn new(
+        interface: &str,
+        candidate: usize,
+        features: &[f64],
+        latency: Millis,
+        at: Timestamp,
+    ) -> PendingFeedback {
+        PendingFeedback {
+            interface: interface.to_owned(),
+            candidate,
+            features: features.iter().map(|&v| v as f32).collect(),
+            latency,
+            at,
+            consumed: false,
+        }
+    }
+
+    /// The features in the precision the policies take.
+    #[must_use]
+    pub fn features_f64(&self) -> Vec<f64> {
+        self.features.iter().map(|&v| f64::from(v)).collect()
+    }
+}
+
+/// What a context is made of, borrowed: the request path hands these over without building
+/// a [`PendingFeedback`] first.
+#[derive(Clone, Copy, Debug)]
+pub struct PendingContext<'a> {
+    pub interface: &'a str,
+    pub candidate: usize,
+    pub features: Features<'a>,
+    pub latency: Millis,
+    pub at: Timestamp,
+}
+
+/// Features as the request path has them (double precision) or as a snapshot has them.
+#[derive(Clone, Copy, Debug)]
+pub enum Features<'a> {
+    F64(&'a [f64]),
+    F32(&'a [f32]),
+}
+
+/// An id as the store keys it: the number of a gateway-made id (`req-` and 16 lowercase hex
+/// digits), else a hash of the text, which the slot then keeps to tell collisions apart.
+fn key_of(id: &str) -> (u64, bool) {
+    if let Some(hex) = id.strip_prefix("req-") {
+        if hex.len() == 16
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            if let Ok(n) = u64::from_str_radix(hex, 16) {
+                return (n, true);
+            }
+        }
+    }
+    // A foreign id only needs spreading, not flood resistance: ids are not chosen by
+    // clients (they come from this or another instance of the gateway).
+    let mut h = Fnv64::new();
+    h.write(id.as_bytes());
+    (h.finish(), false)
+}
+
+type Index = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Debug)]
+struct Slot {
+    key: u64,
+    /// The id as given, when it is not of the gateway's own form.
+    foreign_id: Option<Box<str>>,
+    interface: u16,
+    candidate: usize,
+    features: Vec<f32>,
+    latency: Millis,
+    at: Timestamp,
+    consumed: bool,
+}
+
+impl Slot {
+    fn id(&self) -> String {
+        match &self.foreign_id {
+            Some(id) => id.to_string(),
+            None => format!("req-{:016x}", self.key),
+        }
+    }
+
+    /// Whether this slot holds `id`, given that `id` has this slot's key and is (`own`) or
+    /// is not of the gateway's form.
+    fn is(&self, id: &str, own: bool) -> bool {
+        match &self.foreign_id {
+            Some(f) => **f == *id,
+            None => own,
+        }
+    }
+}
+
+/// The contexts of answered requests waiting for feedback: at most `cap` of them, the oldest
+/// evicted first, so memory stays bounded whatever the request rate and the feedback window.
+#[derive(Debug)]
+pub struct PendingStore {
+    index: Index,
+    /// A ring in insertion order: `len` slots from `head` (the oldest) on, wrapping at `cap`.
+    slots: Vec<Slot>,
+    head: usize,
+    len: usize,
+    cap: usize,
+    interfaces: Vec<Box<str>>,
+    evicted: u64,
+}
+
+impl PendingStore {
+    /// An empty store holding at most `cap` contexts.
+    #[must_use]
+    pub fn new(cap: usize) -> PendingStore {
+        let cap = cap.clamp(1, u32::MAX as usize);
+        // Sized up front (at most 64k entries): growing a large map rehashes it, and growing
+        // the ring copies it, under the lock while other requests wait. The memory is only
+        // reserved: pages are touched as slots are first used.
+        let initial = cap.min(65_536);
+        PendingStore {
+            index: Index::with_capacity_and_hasher(initial, BuildHasherDefault::default()),
+            slots: Vec::with_capacity(initial),
+            head: 0,
+            len: 0,
+            cap,
+            interfaces: Vec::new(),
+            evicted: 0,
+        }
+    }
+
+    /// Keeps `entry` for `id` unless `id` is kept already; evicts the oldest beyond the cap.
+    pub fn insert(&mut self, id: &str, entry: &PendingFeedback) {
+        let fresh = self.remember(
+            id,
+            PendingContext {
+                interface: &entry.interface,
+                candidate: entry.candidate,
+                features: Features::F32(&entry.features),
+                latency: entry.latency,
+                at: entry.at,
+            },
+        );
+        if fresh && entry.consumed {
+            self.consume(id);
+        }
+    }
+
+    /// Keeps the context of `id` unless `id` is kept already (then returns false); evicts the
+    /// oldest when full. Allocates only while the store is still filling up, for an id not of
+    /// the gateway's form, or for an interface it has not seen.
+    pub fn remember(&mut self, id: &str, ctx: PendingContext<'_>) -> bool {
+        if self.find(id).is_some() {
+            return false;
+        }
+        let (key, own) = key_of(id);
+        if self.len == self.cap {
+            self.pop_oldest();
+            self.evicted += 1;
+        }
+        let interface = self.interface_index(ctx.interface);
+        let at = (self.head + self.len) % self.cap;
+        if at == self.slots.len() {
+            self.slots.push(Slot {
+                key,
+                foreign_id: None,
+                interface,
+                candidate: 0,
+                features: Vec::new(),
+                latency: ctx.latency,
+                at: ctx.at,
+                consumed: false,
+            });
+        }
+        let slot = &mut self.slots[at];
+        slot.key = key;
+        slot.foreign_id = if own { None } else { Some(id.into()) };
+        slot.interface = interface;
+        slot.candidate = ctx.candidate;
+        slot.features.clear();
+        match ctx.features {
+            Features::F64(x) => slot.features.extend(x.iter().map(|&v| v as f32)),
+            Features::F32(x) => slot.features.extend_from_slice(x),
+        }
+        slot.latency = ctx.latency;
+        slot.at = ctx.at;
+        slot.consumed = false;
+        // A foreign id whose hash collides with a kept key is simply not indexed: it is
+        // evicted in turn like the others, and its feedback is answered "unknown".
+        self.index.entry(key).or_insert(at as u32);
+        self.len += 1;
+        true
+    }
+
+    fn interface_index(&mut self, name: &str) -> u16 {
+        if let Some(i) = self.interfaces.iter().position(|n| &**n == name) {
+            return u16::try_from(i).unwrap_or(u16::MAX);
+        }
+        self.interfaces.push(name.into());
+        u16::try_from(self.interfaces.len() - 1).unwrap_or(u16::MAX)
+    }
+
+    fn find(&self, id: &str) -> Option<usize> {
+        let (key, own) = key_of(id);
+        let at = *self.index.get(&key)? as usize;
+        self.slots[at].is(id, own).then_some(at)
+    }
+
+    fn pop_oldest(&mut self) {
+        let slot = &self.slots[self.head];
+        if self.index.get(&slot.key) == Some(&(self.head as u32)) {
+            self.index.remove(&slot.key);
+        }
+        self.head = (self.head + 1) % self.cap;
+        self.len -= 1;
+    }
+
+    fn feedback(&self, at: usize) -> PendingFeedback {
+        let s = &self.slots[at];
+        PendingFeedback {
+            interface: self
+                .interfaces
+                .get(usize::from(s.interface))
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            candidate: s.candidate,
+            features: s.features.clone(),
+            latency: s.latency,
+            at: s.at,
+            consumed: s.consumed,
+        }
+    }
+
+    /// The context kept for `id`, copied out.
+    #[must_use]
+    pub fn get(&self, id: &str) -> Option<PendingFeedback> {
+        self.find(id).map(|at| self.feedback(at))
+    }
+
+    /// Marks `id`'s context as used by a score; false when `id` is not kept.
+    pub fn consume(&mut self, id: &str) -> bool {
+        match self.find(id) {
+            Some(at) => {
+                self.slots[at].consumed = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Every kept context with its id, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = (String, PendingFeedback)> + '_ {
+        (0..self.len).map(move |i| {
+            let at = (self.head + i) % self.cap;
+            (self.slots[at].id(), self.feedback(at))
+        })
+    }
+
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Contexts evicted because the store was full.
+    #[must_use]
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Drops, from the oldest, the contexts answered more than `horizon` ms before `now`.
+    pub fn prune(&mut self, now: Timestamp, horizon: f64) {
+        while self.len > 0 && now.0 - self.slots[self.head].at.0 > horizon {
+            self.pop_oldest();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(at: f64) -> PendingFeedback {
+        PendingFeedback {
+            interface: "chat".into(),
+            candidate: 0,
+            features: vec![1.0; 4],
+            latency: Millis(1.0),
+            at: Timestamp(at),
+            consumed: false,
+        }
+    }
+
+    #[test]
+    fn pending_contexts_are_bounded_oldest_first_and_pruned_by_age() {
+        let mut p = PendingStore::new(3);
+        for i in 0..5 {
+            p.insert(&format!("r{i}"), &ctx(f64::from(i) * 100.0));
+        }
+        assert_eq!(p.len(), 3);
+        assert_eq!(p.evicted(), 2);
+        assert!(p.get("r0").is_none() && p.get("r1").is_none());
+        assert!(p.get("r4").is_some());
+        // A second insert of a kept id changes nothing.
+        p.insert("r4", &ctx(0.0));
+        assert_eq!(p.get("r4").map(|e| e.at), Some(Timestamp(400.0)));
+        // At t = 550 with a 260 ms horizon, r2 (350 ms old) goes, r3 (250) and r4 (150) stay.
+        p.prune(Timestamp(550.0), 260.0);
+        assert_eq!(p.len(), 2);
+        assert!(p.get("r2").is_none() && p.get("r3").is_some());
+        let ids: Vec<String> = p.iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, ["r3", "r4"], "oldest first");
+    }
+
+    #[test]
+    fn gateway_ids_round_trip_and_slots_are_reused_with_their_contexts() {
+        let mut p = PendingStore::new(2);
+        let id = |n: u64| format!("req-{:016x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        for n in 0..7u32 {
+            let features = [f64::from(n), 0.5];
+            assert!(p.remember(
+                &id(u64::from(n)),
+                PendingContext {
+                    interface: if n % 2 == 0 { "chat" } else { "web_search" },
+                    candidate: n as usize,
+                    features: Features::F64(&features),
+                    latency: Millis(f64::from(n)),
+                    at: Timestamp(f64::from(n)),
+                }
+            ));
+        }
+        assert_eq!((p.len(), p.evicted()), (2, 5));
+        let kept: Vec<(String, PendingFeedback)> = p.iter().collect();
+        assert_eq!(kept[0].0, id(5));
+        assert_eq!(kept[1].0, id(6));
+        assert_eq!(kept[0].1.interface, "web_search");
+        assert_eq!(kept[1].1.interface, "chat");
+        assert_eq!(kept[1].1.features, vec![6.0, 0.5]);
+        assert_eq!(kept[1].1.candidate, 6);
+        // Upper-case hex is not the gateway's form: a different id, not found.
+        assert!(p.get(&id(6).to_uppercase().replace("REQ", "req")).is_none());
+        assert!(p.consume(&id(6)) && !p.consume(&id(4)));
+        assert!(p.get(&id(6)).is_some_and(|e| e.consumed));
+        assert!(p.get(&id(5)).is_some_and(|e| !e.consumed));
+    }
+
+    #[test]
+    fn a_consumed_context_stays_consumed_through_a_snapshot() {
+        let mut p = PendingStore::new(4);
+        let mut used = ctx(1.0);
+        used.consumed = true;
+        p.insert("elsewhere-1", &used);
+        p.insert("elsewhere-2", &ctx(2.0));
+        let mut q = PendingStore::new(4);
+        for (id, e) in p.iter() {
+            q.insert(&id, &e);
+        }
+        assert!(q.get("elsewhere-1").is_some_and(|e| e.consumed));
+        assert!(q.get("elsewhere-2").is_some_and(|e| !e.consumed));
+    }
+}
