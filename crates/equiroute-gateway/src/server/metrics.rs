@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
 
 /// One counter: its name, labels and count.
@@ -63,22 +63,27 @@ const LATENCY_BUCKETS_MS: [f64; 10] = [
     10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
+/// The most buckets a histogram has (the decision buckets and the one past every bound).
+const MAX_BUCKETS: usize = DECISION_BUCKETS_US.len() + 1;
+
 /// A histogram updated without a lock: one atomic count per bucket, the last one past every
 /// bound (not cumulative: the exposition accumulates, and the total is the count), and the
-/// sum in thousandths of the unit.
+/// sum in thousandths of the unit. The counts are inline, so that a shard's histograms sit
+/// in the shard's own cache lines.
 #[derive(Debug)]
 struct Histogram {
     bounds: &'static [f64],
-    /// `bounds.len() + 1` counts.
-    buckets: Vec<AtomicU64>,
+    /// `bounds.len() + 1` of these are used.
+    buckets: [AtomicU64; MAX_BUCKETS],
     sum_milli: AtomicU64,
 }
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Histogram {
+        debug_assert!(bounds.len() < MAX_BUCKETS);
         Histogram {
             bounds,
-            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_milli: AtomicU64::new(0),
         }
     }
@@ -94,31 +99,56 @@ impl Histogram {
         self.sum_milli.fetch_add(milli, Ordering::Relaxed);
     }
 
-    /// `name_bucket{labels,le="…"}` lines (cumulative), then `+Inf`, `_sum` and `_count`.
-    /// `labels` is empty or `k="v",…` without braces.
-    fn render(&self, s: &mut String, name: &str, labels: &str) {
-        let (le, set) = if labels.is_empty() {
-            (String::new(), String::new())
-        } else {
-            (format!("{labels},"), format!("{{{labels}}}"))
-        };
-        let mut total = 0;
-        let bounds = self.bounds.iter().map(ToString::to_string);
-        for (b, n) in bounds.chain(["+Inf".to_owned()]).zip(&self.buckets) {
-            total += n.load(Ordering::Relaxed);
-            let _ = writeln!(s, "{name}_bucket{{{le}le=\"{b}\"}} {total}");
+    /// Adds this histogram's counts and sum into `into` (buckets, then the sum).
+    fn add_to(&self, into: &mut [u64; MAX_BUCKETS + 1]) {
+        for (t, b) in into.iter_mut().zip(&self.buckets) {
+            *t += b.load(Ordering::Relaxed);
         }
-        #[allow(clippy::cast_precision_loss)]
-        let sum = self.sum_milli.load(Ordering::Relaxed) as f64 / 1000.0;
-        let _ = writeln!(s, "{name}_sum{set} {sum}");
-        let _ = writeln!(s, "{name}_count{set} {total}");
+        into[MAX_BUCKETS] += self.sum_milli.load(Ordering::Relaxed);
     }
 }
 
-/// Counters and histograms of the gateway. The request path takes no exclusive lock: counters
-/// and histograms are atomics found under read locks.
+/// `name_bucket{labels,le="…"}` lines (cumulative), then `+Inf`, `_sum` and `_count`, of
+/// the counts `totals` (as [`Histogram::add_to`] sums them) over `bounds`. `labels` is empty
+/// or `k="v",…` without braces.
+fn render_histogram(
+    s: &mut String,
+    name: &str,
+    labels: &str,
+    bounds: &[f64],
+    totals: &[u64; MAX_BUCKETS + 1],
+) {
+    let (le, set) = if labels.is_empty() {
+        (String::new(), String::new())
+    } else {
+        (format!("{labels},"), format!("{{{labels}}}"))
+    };
+    let mut total = 0;
+    let names = bounds.iter().map(ToString::to_string);
+    for (b, n) in names.chain(["+Inf".to_owned()]).zip(totals) {
+        total += n;
+        let _ = writeln!(s, "{name}_bucket{{{le}le=\"{b}\"}} {total}");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let sum = totals[MAX_BUCKETS] as f64 / 1000.0;
+    let _ = writeln!(s, "{name}_sum{set} {sum}");
+    let _ = writeln!(s, "{name}_count{set} {total}");
+}
+
+/// Shards of the metrics: each thread counts into its own (the event loops get one each), so
+/// that two loops never write the same cache line; `/metrics` adds them up.
+const SHARDS: usize = 16;
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+}
+
+/// One thread's counters and histograms, on cache lines of its own.
 #[derive(Debug)]
-pub struct Metrics {
+#[repr(align(128))]
+struct Shard {
     /// Counters by a hash of their name and labels (collisions share a list).
     counters: RwLock<HashMap<u64, Vec<Counter>>>,
     decision: Histogram,
@@ -127,13 +157,29 @@ pub struct Metrics {
     latency: RwLock<BTreeMap<String, Histogram>>,
 }
 
-impl Default for Metrics {
+impl Default for Shard {
     fn default() -> Self {
-        Metrics {
+        Shard {
             counters: RwLock::default(),
             decision: Histogram::new(&DECISION_BUCKETS_US),
             router: Histogram::new(&DECISION_BUCKETS_US),
             latency: RwLock::default(),
+        }
+    }
+}
+
+/// Counters and histograms of the gateway. The request path takes no exclusive lock and
+/// writes only its thread's shard: counters and histograms are atomics found under the
+/// shard's read locks.
+#[derive(Debug)]
+pub struct Metrics {
+    shards: Box<[Shard]>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
         }
     }
 }
@@ -149,11 +195,17 @@ fn label(v: &str) -> std::borrow::Cow<'_, str> {
 }
 
 impl Metrics {
+    /// This thread's shard.
+    fn shard(&self) -> &Shard {
+        &self.shards[THREAD_SHARD.with(|i| *i)]
+    }
+
     /// Adds one to the counter `name{labels}`. The request path finds an existing counter
     /// under a read lock by a hash of its parts, without building its text.
     fn bump(&self, name: &'static str, labels: &[(&'static str, &str)]) {
         let hash = counter_hash(name, labels);
-        if let Ok(map) = self.counters.read() {
+        let shard = self.shard();
+        if let Ok(map) = shard.counters.read() {
             if let Some(c) = map
                 .get(&hash)
                 .and_then(|v| v.iter().find(|c| c.is(name, labels)))
@@ -162,7 +214,7 @@ impl Metrics {
                 return;
             }
         }
-        if let Ok(mut map) = self.counters.write() {
+        if let Ok(mut map) = shard.counters.write() {
             let list = map.entry(hash).or_default();
             match list.iter().find(|c| c.is(name, labels)) {
                 Some(c) => {
@@ -212,7 +264,7 @@ impl Metrics {
 
     /// Records the decision of one request (eligibility + ranking), in µs.
     pub fn decision_time(&self, micros: f64) {
-        self.decision.observe(micros);
+        self.shard().decision.observe(micros);
     }
 
     /// Records the router's whole share of one request, in µs: featurizing, sizing, the
@@ -220,51 +272,67 @@ impl Metrics {
     /// breaker updates, metrics, keeping the context for feedback) — everything but the
     /// upstream calls and the HTTP handling.
     pub fn router_time(&self, micros: f64) {
-        self.router.observe(micros);
+        self.shard().router.observe(micros);
     }
 
     /// Records one request's end-to-end latency on `interface`, in ms.
     pub fn request_latency(&self, interface: &str, ms: f64) {
-        if let Ok(l) = self.latency.read() {
+        let shard = self.shard();
+        if let Ok(l) = shard.latency.read() {
             if let Some(h) = l.get(interface) {
                 h.observe(ms);
                 return;
             }
         }
-        if let Ok(mut l) = self.latency.write() {
+        if let Ok(mut l) = shard.latency.write() {
             l.entry(interface.to_owned())
                 .or_insert_with(|| Histogram::new(&LATENCY_BUCKETS_MS))
                 .observe(ms);
         }
     }
 
-    /// The Prometheus text exposition.
+    /// The Prometheus text exposition (every shard added up).
     #[must_use]
     pub fn render(&self) -> String {
         let mut s = String::new();
-        if let Ok(map) = self.counters.read() {
-            let sorted: BTreeMap<String, u64> = map
-                .values()
-                .flatten()
-                .map(|c| (c.key(), c.count.load(Ordering::Relaxed)))
-                .collect();
-            for (k, v) in sorted {
-                let _ = writeln!(s, "{k} {v}");
+        let mut counters: BTreeMap<String, u64> = BTreeMap::new();
+        let mut decision = [0; MAX_BUCKETS + 1];
+        let mut router = [0; MAX_BUCKETS + 1];
+        let mut latency: BTreeMap<String, [u64; MAX_BUCKETS + 1]> = BTreeMap::new();
+        for shard in &*self.shards {
+            if let Ok(map) = shard.counters.read() {
+                for c in map.values().flatten() {
+                    *counters.entry(c.key()).or_default() += c.count.load(Ordering::Relaxed);
+                }
+            }
+            shard.decision.add_to(&mut decision);
+            shard.router.add_to(&mut router);
+            if let Ok(l) = shard.latency.read() {
+                for (iface, h) in l.iter() {
+                    h.add_to(latency.entry(iface.clone()).or_insert([0; MAX_BUCKETS + 1]));
+                }
             }
         }
-        for (name, h) in [
-            ("equiroute_decision_microseconds", &self.decision),
-            ("equiroute_router_microseconds", &self.router),
+        for (k, v) in counters {
+            let _ = writeln!(s, "{k} {v}");
+        }
+        for (name, totals) in [
+            ("equiroute_decision_microseconds", &decision),
+            ("equiroute_router_microseconds", &router),
         ] {
             let _ = writeln!(s, "# TYPE {name} histogram");
-            h.render(&mut s, name, "");
+            render_histogram(&mut s, name, "", &DECISION_BUCKETS_US, totals);
         }
-        if let Ok(l) = self.latency.read() {
-            let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
-            for (iface, h) in l.iter() {
-                let labels = format!("interface=\"{}\"", label(iface));
-                h.render(&mut s, "equiroute_request_latency_ms", &labels);
-            }
+        let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
+        for (iface, totals) in &latency {
+            let labels = format!("interface=\"{}\"", label(iface));
+            render_histogram(
+                &mut s,
+                "equiroute_request_latency_ms",
+                &labels,
+                &LATENCY_BUCKETS_MS,
+                totals,
+            );
         }
         s
     }
@@ -334,6 +402,49 @@ mod tests {
         assert_eq!(
             line(r#"equiroute_request_latency_ms_sum{interface="chat"}"#),
             "39"
+        );
+    }
+
+    #[test]
+    fn counts_from_many_threads_add_up_across_shards() {
+        let m = Metrics::default();
+        std::thread::scope(|scope| {
+            for t in 0..(SHARDS + 3) {
+                let m = &m;
+                scope.spawn(move || {
+                    for _ in 0..100 {
+                        m.request("chat", "ok");
+                        m.router_time(4.0);
+                        m.request_latency("chat", 30.0);
+                    }
+                    if t == 0 {
+                        m.request("chat", "failed");
+                    }
+                });
+            }
+        });
+        let text = m.render();
+        let n = 100 * (SHARDS + 3);
+        assert!(
+            text.contains(&format!(
+                "equiroute_requests_total{{interface=\"chat\",outcome=\"ok\"}} {n}\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("equiroute_requests_total{interface=\"chat\",outcome=\"failed\"} 1\n")
+        );
+        assert!(text.contains(&format!(
+            "equiroute_router_microseconds_bucket{{le=\"4\"}} {n}\n"
+        )));
+        assert!(text.contains(&format!("equiroute_router_microseconds_sum {}\n", 4 * n)));
+        assert!(text.contains(&format!(
+            "equiroute_request_latency_ms_count{{interface=\"chat\"}} {n}\n"
+        )));
+        assert_eq!(
+            text.matches("equiroute_request_latency_ms_count").count(),
+            1,
+            "one series per interface, not per shard"
         );
     }
 }
