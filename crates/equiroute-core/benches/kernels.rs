@@ -7,6 +7,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use equiroute_core::estimators::linalg::{
     dot, dots, dots_f32, packed_len, packed_outer, packed_outer_f32,
 };
+use equiroute_core::features::Featurizer;
 
 fn bench(c: &mut Criterion) {
     let d = 64;
@@ -32,6 +33,20 @@ fn bench(c: &mut Criterion) {
     c.bench_function("kernel/packed_outer_f32_64", |b| {
         b.iter(|| packed_outer_f32(black_box(&x)));
     });
+    // The featurizer reads the whole last user message: its cost grows with the prompt.
+    let featurizer = Featurizer::new(d).unwrap();
+    let sentence =
+        "Which of these retrieval providers answers questions about Rust lifetimes best? ";
+    for words in [1usize, 100, 1000] {
+        let text: String = if words == 1 {
+            "hello".to_owned()
+        } else {
+            sentence.repeat(words / 11)
+        };
+        c.bench_function(&format!("featurize/{words}_words"), |b| {
+            b.iter(|| featurizer.featurize(black_box(&text)));
+        });
+    }
 }
 
 criterion_group!(benches, bench);
