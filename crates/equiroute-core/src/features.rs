@@ -166,20 +166,35 @@ impl Featurizer {
             b.write(w.as_bytes());
             b.write(&[SEP]);
             open_bigram = Some(b);
-            // Trigrams of ^word$, sliding over the characters.
-            let (mut first, mut second) = ('^', None);
-            for c in w.chars().chain(std::iter::once('$')) {
-                if let Some(mid) = second {
+            // Trigrams of ^word$, sliding over the characters (over the bytes when the word
+            // is ASCII, where each character is its byte).
+            if w.is_ascii() {
+                let b = w.as_bytes();
+                let marked = |k: usize| match k {
+                    0 => b'^',
+                    k if k > b.len() => b'$',
+                    k => b[k - 1],
+                };
+                for k in 0..b.len() {
                     let mut h = trigram_prefix;
-                    let mut buf = [0u8; 4];
-                    for ch in [first, mid, c] {
-                        h.write(ch.encode_utf8(&mut buf).as_bytes());
-                    }
-                    h.write(&[SEP]);
+                    h.write(&[marked(k), marked(k + 1), marked(k + 2), SEP]);
                     add(h);
-                    first = mid;
                 }
-                second = Some(c);
+            } else {
+                let (mut first, mut second) = ('^', None);
+                for c in w.chars().chain(std::iter::once('$')) {
+                    if let Some(mid) = second {
+                        let mut h = trigram_prefix;
+                        let mut buf = [0u8; 4];
+                        for ch in [first, mid, c] {
+                            h.write(ch.encode_utf8(&mut buf).as_bytes());
+                        }
+                        h.write(&[SEP]);
+                        add(h);
+                        first = mid;
+                    }
+                    second = Some(c);
+                }
             }
         }
         normalise(&mut out[HEADER..]);
