@@ -1,10 +1,15 @@
 //! Prometheus metrics, rendered as text at `GET /metrics`.
 
+use equiroute_core::features::Fnv64;
+use equiroute_core::hash::KeyHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
+
+/// Counters by their key (`counter_hash`), the key already spread.
+type CounterMap = HashMap<u64, Vec<Counter>, BuildHasherDefault<KeyHasher>>;
 
 /// One counter: its name, labels and count.
 #[derive(Debug)]
@@ -42,12 +47,17 @@ impl Counter {
     }
 }
 
+/// The key a counter is found by: FNV-1a over its name and labels. The parts are ours (names,
+/// configured interface and provider ids, fixed outcomes), never a client's, so a fast hash
+/// without flood resistance is enough; collisions share a list and are told apart by `is`.
 fn counter_hash(name: &str, labels: &[(&'static str, &str)]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
+    let mut h = Fnv64::new();
+    h.write(name.as_bytes());
     for (k, v) in labels {
-        k.hash(&mut h);
-        v.hash(&mut h);
+        h.write(&[0x1f]);
+        h.write(k.as_bytes());
+        h.write(&[0x1e]);
+        h.write(v.as_bytes());
     }
     h.finish()
 }
@@ -150,7 +160,7 @@ thread_local! {
 #[repr(align(128))]
 struct Shard {
     /// Counters by a hash of their name and labels (collisions share a list).
-    counters: RwLock<HashMap<u64, Vec<Counter>>>,
+    counters: RwLock<CounterMap>,
     decision: Histogram,
     router: Histogram,
     /// Per interface: end-to-end request latency (ms).
