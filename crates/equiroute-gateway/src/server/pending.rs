@@ -27,26 +27,6 @@ pub struct PendingFeedback {
 }
 
 impl PendingFeedback {
-    /// The context of a request `candidate` of `interface` answered at `at`, its features
-    /// kept in single precision.
-    #[must_use]
-    pub fn new(
-        interface: &str,
-        candidate: usize,
-        features: &[f64],
-        latency: Millis,
-        at: Timestamp,
-    ) -> PendingFeedback {
-        PendingFeedback {
-            interface: interface.to_owned(),
-            candidate,
-            features: features.iter().map(|&v| v as f32).collect(),
-            latency,
-            at,
-            consumed: false,
-        }
-    }
-
     /// The features in the precision the policies take.
     #[must_use]
     pub fn features_f64(&self) -> Vec<f64> {
@@ -63,6 +43,24 @@ pub struct PendingContext<'a> {
     pub features: Features<'a>,
     pub latency: Millis,
     pub at: Timestamp,
+}
+
+impl PendingContext<'_> {
+    /// The owned form (as snapshots and the shared journal carry it), not yet consumed.
+    #[must_use]
+    pub fn to_feedback(&self) -> PendingFeedback {
+        PendingFeedback {
+            interface: self.interface.to_owned(),
+            candidate: self.candidate,
+            features: match self.features {
+                Features::F64(x) => x.iter().map(|&v| v as f32).collect(),
+                Features::F32(x) => x.to_vec(),
+            },
+            latency: self.latency,
+            at: self.at,
+            consumed: false,
+        }
+    }
 }
 
 /// Features as the request path has them (double precision) or as a snapshot has them.
@@ -95,7 +93,7 @@ fn key_of(id: &str) -> (u64, bool) {
 
 type Index = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Slot {
     key: u64,
     /// The id as given, when it is not of the gateway's own form.
@@ -162,29 +160,28 @@ impl PendingStore {
 
     /// Keeps `entry` for `id` unless `id` is kept already; evicts the oldest beyond the cap.
     pub fn insert(&mut self, id: &str, entry: &PendingFeedback) {
-        let fresh = self.remember(
-            id,
-            PendingContext {
-                interface: &entry.interface,
-                candidate: entry.candidate,
-                features: Features::F32(&entry.features),
-                latency: entry.latency,
-                at: entry.at,
-            },
-        );
-        if fresh && entry.consumed {
-            self.consume(id);
-        }
+        let ctx = PendingContext {
+            interface: &entry.interface,
+            candidate: entry.candidate,
+            features: Features::F32(&entry.features),
+            latency: entry.latency,
+            at: entry.at,
+        };
+        self.put(id, ctx, entry.consumed);
     }
 
     /// Keeps the context of `id` unless `id` is kept already (then returns false); evicts the
     /// oldest when full. Allocates only while the store is still filling up, for an id not of
     /// the gateway's form, or for an interface it has not seen.
     pub fn remember(&mut self, id: &str, ctx: PendingContext<'_>) -> bool {
-        if self.find(id).is_some() {
+        self.put(id, ctx, false)
+    }
+
+    fn put(&mut self, id: &str, ctx: PendingContext<'_>, consumed: bool) -> bool {
+        let (key, own) = key_of(id);
+        if self.find_key(id, key, own).is_some() {
             return false;
         }
-        let (key, own) = key_of(id);
         if self.len == self.cap {
             self.pop_oldest();
             self.evicted += 1;
@@ -192,16 +189,7 @@ impl PendingStore {
         let interface = self.interface_index(ctx.interface);
         let at = (self.head + self.len) % self.cap;
         if at == self.slots.len() {
-            self.slots.push(Slot {
-                key,
-                foreign_id: None,
-                interface,
-                candidate: 0,
-                features: Vec::new(),
-                latency: ctx.latency,
-                at: ctx.at,
-                consumed: false,
-            });
+            self.slots.push(Slot::default());
         }
         let slot = &mut self.slots[at];
         slot.key = key;
@@ -215,7 +203,7 @@ impl PendingStore {
         }
         slot.latency = ctx.latency;
         slot.at = ctx.at;
-        slot.consumed = false;
+        slot.consumed = consumed;
         // A foreign id whose hash collides with a kept key is simply not indexed: it is
         // evicted in turn like the others, and its feedback is answered "unknown".
         self.index.entry(key).or_insert(at as u32);
@@ -233,6 +221,11 @@ impl PendingStore {
 
     fn find(&self, id: &str) -> Option<usize> {
         let (key, own) = key_of(id);
+        self.find_key(id, key, own)
+    }
+
+    /// The slot of `id`, whose key (and form) `key_of` gave.
+    fn find_key(&self, id: &str, key: u64, own: bool) -> Option<usize> {
         let at = *self.index.get(&key)? as usize;
         self.slots[at].is(id, own).then_some(at)
     }

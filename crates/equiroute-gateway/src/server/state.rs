@@ -355,17 +355,7 @@ impl AppState {
     pub fn remember(&self, request_id: &str, ctx: PendingContext<'_>) {
         self.journal(|| Event::Pending {
             request_id: request_id.to_owned(),
-            ctx: PendingFeedback {
-                interface: ctx.interface.to_owned(),
-                candidate: ctx.candidate,
-                features: match ctx.features {
-                    Features::F64(x) => x.iter().map(|&v| v as f32).collect(),
-                    Features::F32(x) => x.to_vec(),
-                },
-                latency: ctx.latency,
-                at: ctx.at,
-                consumed: false,
-            },
+            ctx: ctx.to_feedback(),
         });
         if let Ok(mut pending) = self.pending.lock() {
             pending.remember(request_id, ctx);
