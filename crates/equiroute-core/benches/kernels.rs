@@ -33,11 +33,18 @@ fn bench(c: &mut Criterion) {
     c.bench_function("kernel/packed_outer_f32_64", |b| {
         b.iter(|| packed_outer_f32(black_box(&x)));
     });
-    // The featurizer reads the whole last user message: its cost grows with the prompt.
+    // The featurizer reads the first 128 words of the last user message (the default
+    // `feature_max_words`); `*_words_all` reads every word, as it did before the cap, and
+    // `*_words_max64` the fewest words allowed.
     let featurizer = Featurizer::new(d).unwrap();
+    let reads_all = Featurizer::new(d)
+        .unwrap()
+        .with_max_words(1_000_000)
+        .unwrap();
+    let reads_64 = Featurizer::new(d).unwrap().with_max_words(64).unwrap();
     let sentence =
         "Which of these retrieval providers answers questions about Rust lifetimes best? ";
-    for words in [1usize, 100, 1000] {
+    for words in [1usize, 100, 1000, 10_000] {
         let text: String = if words == 1 {
             "hello".to_owned()
         } else {
@@ -46,6 +53,14 @@ fn bench(c: &mut Criterion) {
         c.bench_function(&format!("featurize/{words}_words"), |b| {
             b.iter(|| featurizer.featurize(black_box(&text)));
         });
+        if words >= 1000 {
+            c.bench_function(&format!("featurize/{words}_words_all"), |b| {
+                b.iter(|| reads_all.featurize(black_box(&text)));
+            });
+            c.bench_function(&format!("featurize/{words}_words_max64"), |b| {
+                b.iter(|| reads_64.featurize(black_box(&text)));
+            });
+        }
     }
 }
 

@@ -9,6 +9,10 @@
 //!
 //! The hashed block is normalised to unit length before the bias and bucket are added, so a
 //! long query does not drown the bias; then the whole vector is normalised to unit length.
+//!
+//! Only the first `max_words` words are hashed (default 128; a query longer than that is in
+//! the "longer" bucket): the cost of a decision stays bounded whatever the prompt's size,
+//! and 59 hashed buckets are saturated long before the hundredth word anyway.
 
 use crate::error::ConfigError;
 
@@ -85,6 +89,30 @@ impl Fnv64 {
 #[derive(Clone, Debug)]
 pub struct Featurizer {
     dim: usize,
+    /// Words hashed at most; the rest of a longer text is not read.
+    max_words: usize,
+}
+
+/// The end of the `n`-th word of `text` (words as the featurizer splits them, before
+/// lowercasing), or the whole text when it has fewer words.
+fn through_word(text: &str, n: usize) -> &str {
+    // A word takes at least one byte and a separator: a short text cannot hold n words.
+    if text.len() < 2 * n {
+        return text;
+    }
+    let mut words = 0;
+    let mut inside = false;
+    for (i, c) in text.char_indices() {
+        let alnum = c.is_alphanumeric();
+        if inside && !alnum && words == n {
+            return &text[..i];
+        }
+        if alnum && !inside {
+            words += 1;
+        }
+        inside = alnum;
+    }
+    text
 }
 
 impl Featurizer {
@@ -92,6 +120,10 @@ impl Featurizer {
     pub const MIN_DIM: usize = 8;
     /// The default dimension.
     pub const DEFAULT_DIM: usize = 64;
+    /// The default number of words hashed.
+    pub const DEFAULT_MAX_WORDS: usize = 128;
+    /// The fewest words a featurizer may be limited to: the length bucket must see past 64.
+    pub const MIN_MAX_WORDS: usize = 64;
 
     /// A featurizer producing `dim`-dimensional vectors.
     ///
@@ -105,13 +137,47 @@ impl Featurizer {
                 "must be between 8 and 4096 (default 64)",
             ));
         }
-        Ok(Featurizer { dim })
+        Ok(Featurizer {
+            dim,
+            max_words: Self::DEFAULT_MAX_WORDS,
+        })
+    }
+
+    /// The same featurizer hashing at most `max_words` words of a text.
+    ///
+    /// # Errors
+    /// `max_words` out of range (see [`Featurizer::check_max_words`]).
+    pub fn with_max_words(self, max_words: usize) -> Result<Featurizer, ConfigError> {
+        Self::check_max_words(max_words)?;
+        Ok(Featurizer { max_words, ..self })
+    }
+
+    /// Checks a `feature_max_words` setting.
+    ///
+    /// # Errors
+    /// Below [`Featurizer::MIN_MAX_WORDS`] or above 1,000,000, with the fix.
+    pub fn check_max_words(max_words: usize) -> Result<(), ConfigError> {
+        if (Self::MIN_MAX_WORDS..=1_000_000).contains(&max_words) {
+            return Ok(());
+        }
+        Err(crate::error::out_of_range(
+            "feature_max_words",
+            max_words,
+            "must be between 64 and 1000000 (default 128): the length feature tells \
+             texts of more than 64 words apart",
+        ))
     }
 
     /// The vector dimension.
     #[must_use]
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// The most words of a text that are hashed.
+    #[must_use]
+    pub fn max_words(&self) -> usize {
+        self.max_words
     }
 
     /// Features of `text`: deterministic, unit length, `dim` entries.
@@ -126,7 +192,9 @@ impl Featurizer {
     pub fn featurize_into(&self, text: &str, out: &mut [f64]) {
         out.fill(0.0);
         let buckets = Buckets::new(self.dim - HEADER);
-        let lower = text.to_lowercase();
+        // Lowercase no more than the words that will be read, and one more, so that a final
+        // sigma at the end of the last word read is judged by what follows it.
+        let lower = through_word(text, self.max_words + 1).to_lowercase();
         // Every feature is FNV-1a over its parts, each followed by 0x1f: ("w", word),
         // ("b", word, next word), ("c", trigram of the word marked ^word$). The states after
         // the fixed prefixes are computed once, a bigram starts from the state its first
@@ -146,12 +214,17 @@ impl Featurizer {
             out[HEADER + buckets.of(v)] += sign;
         };
         let mut words = 0usize;
+        let mut capped = false;
         // The bigram of the previous word, waiting for this one.
         let mut open_bigram: Option<Fnv64> = None;
         for w in lower
             .split(|c: char| !c.is_alphanumeric())
             .filter(|w| !w.is_empty())
         {
+            if words == self.max_words {
+                capped = true;
+                break;
+            }
             words += 1;
             let mut h = word_prefix;
             h.write(w.as_bytes());
@@ -199,7 +272,8 @@ impl Featurizer {
         }
         normalise(&mut out[HEADER..]);
         out[0] = 1.0;
-        let bucket = match words {
+        // More than max_words (at least 64) words: the "longer" bucket.
+        let bucket = match words + usize::from(capped) {
             0..=4 => 1,
             5..=16 => 2,
             17..=64 => 3,
@@ -282,6 +356,48 @@ mod tests {
         let long = f.featurize(&"w ".repeat(30));
         assert!(short[1] > 0.0 && short[3] == 0.0);
         assert!(long[3] > 0.0 && long[1] == 0.0);
+    }
+
+    #[test]
+    fn only_the_first_max_words_words_are_read() {
+        let f = Featurizer::new(64).unwrap();
+        let everything = Featurizer::new(64)
+            .unwrap()
+            .with_max_words(1_000_000)
+            .unwrap();
+        let words: Vec<String> = (0..400).map(|i| format!("w{i}")).collect();
+        let first = words[..128].join(" ");
+        let all = words.join(" ");
+        // Past the cap nothing is read: the vector of the first 128 words alone.
+        assert_eq!(f.featurize(&all), f.featurize(&first));
+        // Up to the cap, the vector of a featurizer that reads everything.
+        assert_eq!(f.featurize(&first), everything.featurize(&first));
+        assert_ne!(f.featurize(&all), everything.featurize(&all));
+        // A higher cap reads further; at the lowest cap a long text is still "longer".
+        let f200 = Featurizer::new(64).unwrap().with_max_words(200).unwrap();
+        assert_ne!(f200.featurize(&all), f200.featurize(&first));
+        let x = Featurizer::new(64)
+            .unwrap()
+            .with_max_words(64)
+            .unwrap()
+            .featurize(&all);
+        assert!(x[4] > 0.0 && x[3] == 0.0, "{x:?}");
+        // Words are counted after lowercasing: "İ" lowercases to "i" and a combining dot,
+        // which splits "İİİ" into three words; the 128th word is the first of them.
+        let before = words[..127].join(" ");
+        assert_eq!(
+            f.featurize(&format!("{before} İİİ {}", words[200..].join(" "))),
+            everything.featurize(&format!("{before} İ"))
+        );
+        let err = Featurizer::new(64)
+            .unwrap()
+            .with_max_words(10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("feature_max_words") && err.contains("between 64 and 1000000"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@
 use crate::config::RedisStateConfig;
 use crate::server::state::{AppState, PendingFeedback};
 use equiroute_core::policies::{Observation, Policy, PolicyState};
+use equiroute_core::prelude::Featurizer;
 use equiroute_core::Timestamp;
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
@@ -406,12 +407,19 @@ impl Syncer {
                 .map_err(|_| SharedError::Redis("policy lock poisoned".into()))?;
             empty.insert(name.clone(), policy.clone_box());
             confirmed.insert(name.clone(), policy.clone_box());
-            shape.push(serde_json::json!({
+            let mut entry = serde_json::json!({
                 "interface": name,
                 "providers": iface.candidates.iter().map(|c| c.id.0.as_str()).collect::<Vec<_>>(),
                 "policy": iface.policy_name,
                 "feature_dim": iface.featurizer.dim(),
-            }));
+            });
+            // Named only when changed, so that instances of earlier releases (which read the
+            // whole text, the default's behaviour for every text under 128 words) still match.
+            let words = iface.featurizer.max_words();
+            if words != Featurizer::DEFAULT_MAX_WORDS {
+                entry["feature_max_words"] = words.into();
+            }
+            shape.push(entry);
         }
         let instance = format!(
             "{:016x}",

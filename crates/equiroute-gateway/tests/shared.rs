@@ -469,6 +469,20 @@ async fn a_namespace_of_another_configuration_is_refused_with_the_way_out() {
         "{e}"
     );
     assert!(!e.contains("redis://"), "no URL in errors: {e}");
+    // Features read from a different number of words do not mix; the default, written out,
+    // is the configuration of an instance that does not name it (or predates the setting).
+    let longer = text.replace(
+        "feature_dim = 16",
+        "feature_dim = 16\nfeature_max_words = 256",
+    );
+    let c = app(&longer, 3);
+    assert!(Syncer::start(&redis_cfg(&longer), &c).await.is_err());
+    let same = text.replace(
+        "feature_dim = 16",
+        "feature_dim = 16\nfeature_max_words = 128",
+    );
+    let d = app(&same, 4);
+    Syncer::start(&redis_cfg(&same), &d).await.unwrap();
 }
 
 #[tokio::test]

@@ -98,6 +98,8 @@ struct RawInterface {
     /// An LLM-as-judge that scores a sample of answers.
     judge: Option<RawJudge>,
     feature_dim: Option<usize>,
+    /// Words of a request's text that are hashed into its features.
+    feature_max_words: Option<usize>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -199,6 +201,7 @@ pub struct InterfaceConfig {
     pub stream_idle: Millis,
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
+    pub feature_max_words: usize,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -390,6 +393,11 @@ fn load_interface(
         return Err(problems);
     }
     let feature_dim = raw.feature_dim.unwrap_or(64);
+    let feature_max_words = raw
+        .feature_max_words
+        .unwrap_or(equiroute_core::prelude::Featurizer::DEFAULT_MAX_WORDS);
+    equiroute_core::prelude::Featurizer::check_max_words(feature_max_words)
+        .map_err(|e| vec![(at("feature_max_words"), e.to_string())])?;
     let policy = raw
         .policy
         .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
@@ -432,6 +440,7 @@ fn load_interface(
             ..ExecutionLimits::default()
         },
         feature_dim,
+        feature_max_words,
         providers,
     })
 }
@@ -604,6 +613,15 @@ mod tests {
             &no_env,
         );
         assert_eq!(two.map(|c| c.worker_threads), Ok(Some(2)));
+        let words = load(
+            &base.replace(
+                "kind = \"chat\"",
+                "kind = \"chat\"\nfeature_max_words = 300",
+            ),
+            "x.toml",
+            &no_env,
+        );
+        assert_eq!(words.map(|c| c.interfaces[0].feature_max_words), Ok(300));
         let cases = [
             (base.replace("p95_ms = 20", "p95_ms = 5"), "interfaces.chat.providers[0].sim.latency", "p50_ms"),
             (format!("{base}[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n"), "interfaces.chat.providers[1].id", "unique"),
@@ -611,6 +629,7 @@ mod tests {
             (format!("[server]\napi_keys_env = [\"NOPE_KEY\"]\n{base}"), "server.api_keys_env[0]", "NOPE_KEY"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
             (format!("[server]\nworker_threads = 0\n{base}"), "server.worker_threads", "at least 1"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\nfeature_max_words = 10"), "interfaces.chat.feature_max_words", "between 64 and 1000000"),
         ];
         for (text, field, fix) in cases {
             let e = load(&text, "x.toml", &no_env).unwrap_err();

@@ -27,6 +27,7 @@ use equiroute_core::{Millis, QualityFeedback};
 use error::ApiError;
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The router of a gateway with `state`.
@@ -55,8 +56,9 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
 
 /// The text a request is about, for the featurizer: the last user message of a chat, the
 /// `query` (or whole body) of a tool call.
+/// Borrowed from the body when it is a string (a long prompt is not copied).
 #[must_use]
-pub fn query_text(kind: InterfaceKind, body: &Value) -> String {
+pub fn query_text(kind: InterfaceKind, body: &Value) -> Cow<'_, str> {
     match kind {
         InterfaceKind::Chat => body
             .get("messages")
@@ -68,15 +70,14 @@ pub fn query_text(kind: InterfaceKind, body: &Value) -> String {
                     .or_else(|| m.last())
             })
             .and_then(|msg| msg.get("content"))
-            .map(|c| match c {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .unwrap_or_default(),
+            .map_or(Cow::Borrowed(""), |c| match c {
+                Value::String(s) => Cow::Borrowed(s.as_str()),
+                other => Cow::Owned(other.to_string()),
+            }),
         InterfaceKind::Tool => body
             .get("query")
             .and_then(Value::as_str)
-            .map_or_else(|| body.to_string(), str::to_owned),
+            .map_or_else(|| Cow::Owned(body.to_string()), Cow::Borrowed),
     }
 }
 
@@ -274,7 +275,7 @@ fn maybe_judge(
     judge.spawn(
         state.clone(),
         answered.request_id.clone(),
-        query_text(iface.kind, question),
+        query_text(iface.kind, question).into_owned(),
         answer,
     );
 }

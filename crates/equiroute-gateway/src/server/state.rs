@@ -67,7 +67,7 @@ impl InterfaceRuntime {
                 .iter()
                 .map(|p| Upstream::new(&p.candidate.id.0, p.candidate.tier, &p.upstream, client))
                 .collect(),
-            featurizer: Featurizer::new(cfg.feature_dim)?,
+            featurizer: Featurizer::new(cfg.feature_dim)?.with_max_words(cfg.feature_max_words)?,
             deadline: cfg.deadline,
             limits: cfg.limits,
             stream_idle: cfg.stream_idle,
