@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Two equiroute binaries on one load point, alternating: A, B, A, B, ... in the same minutes, so
+# that the machine's drift (which on a shared VM moves the router share by more than most
+# changes do) falls on both alike. Each round starts three 0 ms mocks and the gateway with
+# bench/gateway/equiroute.toml, warms up, then measures with oha and differences the
+# gateway's `equiroute_router_microseconds` histogram scraped before and after.
+# See bench/gateway/README.md ("Comparing two builds").
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+usage() {
+    cat <<EOF
+Usage: bench/gateway/pair.sh [options] BIN_A BIN_B
+
+  --rounds N        rounds of A then B (default: 3)
+  --seconds S       seconds measured per point (default: 10), after a 3 s warm-up
+  --concurrency C   oha's concurrency (default: 64)
+  --words W         words in the request's user message (default: 1, the benchmark's "hello";
+                    W > 1 repeats an 11-word sentence)
+
+Environment: OHA_BIN (default: oha on PATH, then ~/.cargo/bin/oha), BENCH_PORT_BASE (first of
+4 loopback ports, default: 19100).
+EOF
+}
+
+ROUNDS=3
+SECONDS_PER_POINT=10
+CONCURRENCY=64
+WORDS=1
+BINS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds) ROUNDS="${2:?--rounds needs a number}"; shift ;;
+        --seconds) SECONDS_PER_POINT="${2:?--seconds needs a number}"; shift ;;
+        --concurrency) CONCURRENCY="${2:?--concurrency needs a number}"; shift ;;
+        --words) WORDS="${2:?--words needs a number}"; shift ;;
+        -h | --help) usage; exit 0 ;;
+        -*) echo "unknown option: $1" >&2; usage >&2; exit 2 ;;
+        *) BINS+=("$1") ;;
+    esac
+    shift
+done
+if [ "${#BINS[@]}" -ne 2 ]; then
+    echo "pair.sh needs two binaries, BIN_A and BIN_B" >&2
+    usage >&2
+    exit 2
+fi
+for b in "${BINS[@]}"; do
+    [ -x "$b" ] || { echo "not an executable: $b (build one with: cargo build --release -p equiroute)" >&2; exit 2; }
+done
+for v in ROUNDS SECONDS_PER_POINT CONCURRENCY WORDS; do
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
+done
+OHA="${OHA_BIN:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}"
+[ -x "$OHA" ] || { echo "oha not found: cargo install oha --locked --version 1.16.0" >&2; exit 2; }
+BASE="${BENCH_PORT_BASE:-19100}"
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+python3 - "$WORDS" >"$WORK/body.json" <<'PY'
+import json, sys
+words = int(sys.argv[1])
+sentence = "Which of these retrieval providers answers questions about Rust lifetimes best?".split()
+text = "hello" if words == 1 else " ".join((sentence * (words // len(sentence) + 1))[:words])
+print(json.dumps({"model": "chat", "messages": [{"role": "user", "content": text}]}))
+PY
+sed -e "s|@LISTEN@|127.0.0.1:$BASE|" -e "s|@UPSTREAM_1@|127.0.0.1:$((BASE + 1))|" \
+    -e "s|@UPSTREAM_2@|127.0.0.1:$((BASE + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((BASE + 3))|" \
+    "$HERE/equiroute.toml" >"$WORK/equiroute.toml"
+URL="http://127.0.0.1:$BASE/v1/chat/completions"
+
+wait_port() {
+    for _ in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "nothing listens on 127.0.0.1:$1 after 5 s" >&2
+    return 1
+}
+
+scrape() {
+    curl -sf "http://127.0.0.1:$BASE/metrics" | grep '^equiroute_router_microseconds' >"$1"
+}
+
+point() { # BIN LABEL
+    PIDS=()
+    for i in 1 2 3; do
+        "$1" mock-upstream --listen "127.0.0.1:$((BASE + i))" --profile "$HERE/mock-0ms.toml" \
+            >"$WORK/mock$i.log" 2>&1 &
+        PIDS+=($!)
+    done
+    "$1" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
+    PIDS+=($!)
+    for i in 0 1 2 3; do wait_port $((BASE + i)); done
+    local load=("$OHA" --no-tui -m POST -H content-type:application/json -D "$WORK/body.json" -c "$CONCURRENCY")
+    "${load[@]}" -z 3s "$URL" >/dev/null
+    scrape "$WORK/before"
+    "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$URL" >"$WORK/oha.json"
+    scrape "$WORK/after"
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    PIDS=()
+    python3 - "$WORK" "$2" <<'PY'
+import json, re, sys
+work, label = sys.argv[1], sys.argv[2]
+def load(path):
+    out = {}
+    for line in open(path):
+        m = re.match(r'equiroute_router_microseconds_bucket\{le="([^"]+)"\} (\S+)', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+        m = re.match(r'equiroute_router_microseconds_(sum|count) (\S+)', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+a, b = load(work + "/before"), load(work + "/after")
+n = b["count"] - a["count"]
+les = sorted((k for k in b if k not in ("sum", "count")),
+             key=lambda k: float("inf") if k == "+Inf" else float(k))
+share = {k: (b[k] - a.get(k, 0.0)) / n for k in les}
+first = lambda p: next(k for k in les if share[k] >= p)
+summary = json.load(open(work + "/oha.json"))["summary"]
+print(f"| {label} | {summary['requestsPerSec']:,.0f} | {(b['sum'] - a['sum']) / n:.1f} | "
+      f"{100 * share.get('10', 0.0):.1f}% | ≤ {first(0.5)} | ≤ {first(0.99)} |")
+PY
+}
+
+echo "pair.sh: $ROUNDS rounds, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, a ${WORDS}-word prompt, 0 ms mocks"
+echo "A = ${BINS[0]}"
+echo "B = ${BINS[1]}"
+echo
+echo "| round | requests/s | router share mean µs | share ≤ 10 µs | p50 bucket µs | p99 bucket µs |"
+echo "|---|---|---|---|---|---|"
+for r in $(seq "$ROUNDS"); do
+    point "${BINS[0]}" "$r A"
+    point "${BINS[1]}" "$r B"
+done
