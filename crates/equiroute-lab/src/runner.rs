@@ -80,10 +80,34 @@ fn salt(label: &str) -> u64 {
 ///
 /// # Errors
 /// The policy cannot be built for this scenario.
-#[allow(clippy::too_many_lines)]
 pub fn run(
     spec: &ScenarioSpec,
     label: &str,
+    seed: u64,
+    rounds: usize,
+) -> Result<RunResult, RunError> {
+    let policy = spec
+        .policy(label)
+        .and_then(|c| c.build(&World::new(spec).candidates(), spec.feature_dim))
+        .map_err(|source| RunError::Policy {
+            scenario: spec.name.clone(),
+            policy: label.to_owned(),
+            source,
+        })?;
+    run_policy(spec, label, policy, seed, rounds)
+}
+
+/// Runs a policy built by the caller (one that is not among the built-in ones, e.g. a
+/// research prototype) through `spec`, exactly as [`run`] runs a named one; `label` names it
+/// in the result and salts its random stream.
+///
+/// # Errors
+/// The featurizer cannot be built for this scenario.
+#[allow(clippy::too_many_lines)]
+pub fn run_policy(
+    spec: &ScenarioSpec,
+    label: &str,
+    mut policy: Box<dyn equiroute_core::policies::Policy>,
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
@@ -95,10 +119,6 @@ pub fn run(
     let mut world = World::new(spec);
     let candidates = world.candidates();
     let k = candidates.len();
-    let mut policy = spec
-        .policy(label)
-        .and_then(|c| c.build(&candidates, spec.feature_dim))
-        .map_err(err)?;
     let is_oracle = policy.kind() == equiroute_core::policies::PolicyKind::Oracle;
     let featurizer = Featurizer::new(spec.feature_dim).map_err(err)?;
     let mut query_rng = ChaCha8Rng::seed_from_u64(seed);

@@ -1,0 +1,159 @@
+//! How close can a learner come to the hand-tuned order in `priority-mismatch-k10`?
+//!
+//! The scenario's ten providers have the same quality in every query cluster, and
+//! `priority-tuned` is handed their true order: it is the oracle. A learner has to find the
+//! order from judged scores (noisy, five rounds late). This example runs, through the
+//! laboratory's own runner and world, a learner that is told what `lqm-ts` is not: that context
+//! does not matter here. It keeps one mean per provider and samples it, Gaussian Thompson
+//! sampling on the judged scores (prior: one pseudo-score of 0.5; variance 0.25 until two
+//! scores, then the sample variance floored at 0.01), no warm-up, no latency or cost terms.
+//! Its score is an estimate of what learning the order costs at the least, to set beside
+//! `lqm-ts`, which learns per context and must also weigh latency, deadlines and cost.
+//!
+//! `cargo run --release -p equiroute-lab --example k10_floor [-- SEEDS]` (default 15 seeds:
+//! 1..=15). Not a policy of the product: it knows the scenario's structure.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+
+use equiroute_core::policies::{
+    AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation, RankContext, Ranking,
+    ScoreBreakdown, ScoredCandidate,
+};
+use equiroute_core::StateError;
+use equiroute_lab::report::Summary;
+use equiroute_lab::runner::{run, run_policy, RunResult};
+use equiroute_lab::scenario::builtin;
+use rand::RngCore;
+use rand_distr::{Distribution, StandardNormal};
+
+/// Context-free Gaussian Thompson sampling on judged quality.
+#[derive(Clone, Debug)]
+struct MeanThompson {
+    n: Vec<f64>,
+    sum: Vec<f64>,
+    sum_sq: Vec<f64>,
+}
+
+impl MeanThompson {
+    fn new(k: usize) -> MeanThompson {
+        MeanThompson {
+            n: vec![0.0; k],
+            sum: vec![0.0; k],
+            sum_sq: vec![0.0; k],
+        }
+    }
+
+    fn draw(&self, i: usize, rng: &mut dyn RngCore) -> f64 {
+        let n = self.n[i];
+        let mean = (self.sum[i] + 0.5) / (n + 1.0);
+        let var = if n >= 2.0 {
+            ((self.sum_sq[i] - self.sum[i] * self.sum[i] / n) / (n - 1.0)).max(0.01)
+        } else {
+            0.25
+        };
+        let z: f64 = StandardNormal.sample(&mut RngAdapter(rng));
+        mean + z * (var / (n + 1.0)).sqrt()
+    }
+}
+
+/// `rand_distr` samples from a sized `Rng`; the policy is handed a `dyn RngCore`.
+struct RngAdapter<'a>(&'a mut dyn RngCore);
+
+impl RngCore for RngAdapter<'_> {
+    fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        self.0.fill_bytes(dst);
+    }
+}
+
+impl Policy for MeanThompson {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Random
+    }
+
+    fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
+        let mut r = Ranking {
+            order: ctx
+                .eligible
+                .iter()
+                .map(|&i| ScoredCandidate {
+                    index: i,
+                    score: self.draw(i, rng),
+                    breakdown: ScoreBreakdown::default(),
+                })
+                .collect(),
+            first_choice_probability: None,
+        };
+        r.order.sort_by(|a, b| b.score.total_cmp(&a.score));
+        r
+    }
+
+    fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
+
+    fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
+        let i = obs.candidate;
+        self.n[i] += 1.0;
+        self.sum[i] += obs.quality;
+        self.sum_sq[i] += obs.quality * obs.quality;
+    }
+
+    fn export_state(&self) -> PolicyState {
+        PolicyState::Stateless {
+            kind: PolicyKind::Random,
+        }
+    }
+
+    fn merge_state(&mut self, _other: &PolicyState) -> Result<(), StateError> {
+        Ok(())
+    }
+}
+
+fn main() {
+    let seeds: u64 = std::env::args().nth(1).map_or(15, |s| {
+        s.parse().expect("SEEDS: a number of seeds, e.g. 15")
+    });
+    let spec = builtin("priority-mismatch-k10").unwrap();
+    let k = spec.providers.len();
+    let rounds = spec.rounds;
+    let mut rows: Vec<(&str, Vec<RunResult>)> = Vec::new();
+    for label in ["priority-tuned", "lqm-ts", "lqm"] {
+        let runs = (1..=seeds)
+            .map(|s| run(&spec, label, s, rounds).unwrap())
+            .collect();
+        rows.push((label, runs));
+    }
+    let floor = (1..=seeds)
+        .map(|s| {
+            let p = Box::new(MeanThompson::new(k));
+            run_policy(&spec, "mean-thompson", p, s, rounds).unwrap()
+        })
+        .collect();
+    rows.push(("mean-thompson (told: no context)", floor));
+    println!("priority-mismatch-k10, seeds 1..={seeds}, {rounds} rounds; mean ± 95% CI over seeds");
+    println!();
+    println!("| policy | quality | regret | first choices per provider (mean over seeds) |");
+    println!("|---|---|---|---|");
+    for (label, runs) in &rows {
+        let q = Summary::of(&runs.iter().map(|r| r.quality).collect::<Vec<_>>());
+        let g = Summary::of(&runs.iter().map(|r| r.regret).collect::<Vec<_>>());
+        let pulls: Vec<String> = (0..k)
+            .map(|i| {
+                let mean = runs.iter().map(|r| r.share[i]).sum::<f64>() / runs.len() as f64;
+                format!("{:.0}", mean * rounds as f64)
+            })
+            .collect();
+        println!(
+            "| {label} | {:.3} ± {:.3} | {:.1} ± {:.1} | {} |",
+            q.mean,
+            q.ci95,
+            g.mean,
+            g.ci95,
+            pulls.join(" / ")
+        );
+    }
+}
