@@ -274,18 +274,22 @@ impl Featurizer {
                 break;
             }
             words += 1;
-            let mut h = word_prefix;
-            h.write(w.as_bytes());
-            h.write(&[SEP]);
-            add(h);
-            if let Some(mut b) = open_bigram {
-                b.write(w.as_bytes());
-                b.write(&[SEP]);
-                add(b);
+            // The word, the bigram it closes and the bigram it opens read its bytes in one
+            // pass: three independent FNV states (the first word closes none).
+            let [mut h, mut closing, mut b] = [
+                word_prefix,
+                open_bigram.unwrap_or(word_prefix),
+                bigram_prefix,
+            ];
+            for &byte in w.as_bytes().iter().chain(&[SEP]) {
+                for state in [&mut h, &mut closing, &mut b] {
+                    state.write(&[byte]);
+                }
             }
-            let mut b = bigram_prefix;
-            b.write(w.as_bytes());
-            b.write(&[SEP]);
+            add(h);
+            if open_bigram.is_some() {
+                add(closing);
+            }
             open_bigram = Some(b);
             // Trigrams of ^word$, sliding over the characters (over the bytes when the word
             // is ASCII, where each character is its byte).
