@@ -109,28 +109,19 @@ point() { # BIN LABEL
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     PIDS=()
-    python3 - "$WORK" "$2" <<'PY'
-import json, re, sys
-work, label = sys.argv[1], sys.argv[2]
-def load(path):
-    out = {}
-    for line in open(path):
-        m = re.match(r'equiroute_router_microseconds_bucket\{le="([^"]+)"\} (\S+)', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-        m = re.match(r'equiroute_router_microseconds_(sum|count) (\S+)', line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
-a, b = load(work + "/before"), load(work + "/after")
-n = b["count"] - a["count"]
-les = sorted((k for k in b if k not in ("sum", "count")),
-             key=lambda k: float("inf") if k == "+Inf" else float(k))
-share = {k: (b[k] - a.get(k, 0.0)) / n for k in les}
-first = lambda p: next(k for k in les if share[k] >= p)
-summary = json.load(open(work + "/oha.json"))["summary"]
-print(f"| {label} | {summary['requestsPerSec']:,.0f} | {(b['sum'] - a['sum']) / n:.1f} | "
-      f"{100 * share.get('10', 0.0):.1f}% | ≤ {first(0.5)} | ≤ {first(0.99)} |")
+    python3 - "$HERE" "$WORK" "$2" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from report import bucket_quantile, histogram, point  # the full run's parsers
+work, label = sys.argv[2], sys.argv[3]
+name = "equiroute_router_microseconds"
+before, after = (histogram(open(f"{work}/{w}").read(), name) for w in ("before", "after"))
+# The measured seconds alone: the scrape after minus the one before (warm-up excluded).
+buckets = {le: n - before[0].get(le, 0) for le, n in after[0].items()}
+total, count = after[1] - before[1], after[2] - before[2]
+q = lambda p: f"{bucket_quantile(buckets, count, p):g}"  # noqa: E731
+print(f"| {label} | {point(work + '/oha.json')['rps']:,.0f} | {total / count:.1f} | "
+      f"{100 * buckets.get(10.0, 0) / count:.1f}% | ≤ {q(0.5)} | ≤ {q(0.99)} |")
 PY
 }
 

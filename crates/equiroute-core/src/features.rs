@@ -111,10 +111,10 @@ impl<T, A: Iterator<Item = T>, B: Iterator<Item = T>> Iterator for Either<A, B> 
 }
 
 /// The words of a text, as the featurizer splits them: maximal runs of alphanumeric
-/// characters. An ASCII text is split on its bytes, where a character is its byte (the same
-/// words, without decoding characters).
-fn split_words(text: &str) -> impl Iterator<Item = &str> {
-    if text.is_ascii() {
+/// characters. An ASCII text (`ascii`: the caller's `text.is_ascii()`) is split on its bytes,
+/// where a character is its byte (the same words, without decoding characters).
+fn split_words(text: &str, ascii: bool) -> impl Iterator<Item = &str> {
+    if ascii {
         let base = text.as_ptr() as usize;
         Either::Left(
             text.as_bytes()
@@ -154,14 +154,14 @@ fn through_word(text: &str, n: usize) -> &str {
         k += 1;
     }
     let head = &text[..k];
-    if let Some(w) = split_words(head).nth(n.saturating_sub(1)) {
+    if let Some(w) = split_words(head, head.is_ascii()).nth(n.saturating_sub(1)) {
         let end = end_in(head, w);
         if end < k {
             return &text[..end];
         }
     }
     // Long words: the whole text.
-    split_words(text)
+    split_words(text, text.is_ascii())
         .nth(n.saturating_sub(1))
         .map_or(text, |w| &text[..end_in(text, w)])
 }
@@ -268,7 +268,9 @@ impl Featurizer {
         let mut capped = false;
         // The bigram of the previous word, waiting for this one.
         let mut open_bigram: Option<Fnv64> = None;
-        for w in split_words(&lower) {
+        // Whether every word is ASCII, asked once for the text rather than per word.
+        let ascii = lower.is_ascii();
+        for w in split_words(&lower, ascii) {
             if words == self.max_words {
                 capped = true;
                 break;
@@ -293,7 +295,7 @@ impl Featurizer {
             open_bigram = Some(b);
             // Trigrams of ^word$, sliding over the characters (over the bytes when the word
             // is ASCII, where each character is its byte).
-            if w.is_ascii() {
+            if ascii || w.is_ascii() {
                 let b = w.as_bytes();
                 let marked = |k: usize| match k {
                     0 => b'^',
@@ -478,11 +480,13 @@ mod tests {
                 })
                 .collect();
             assert!(text.is_ascii());
-            let ours: Vec<String> = split_words(&text).map(str::to_owned).collect();
+            let ours: Vec<String> = split_words(&text, true).map(str::to_owned).collect();
             assert_eq!(ours, unicode(&text), "{text:?}");
         }
         let mixed = "naïve café, ΟΔΟΣ — x86_64 日本語 ok";
-        let ours: Vec<String> = split_words(mixed).map(str::to_owned).collect();
+        let ours: Vec<String> = split_words(mixed, mixed.is_ascii())
+            .map(str::to_owned)
+            .collect();
         assert_eq!(ours, unicode(mixed));
     }
 

@@ -51,23 +51,8 @@ impl MeanThompson {
         } else {
             0.25
         };
-        let z: f64 = StandardNormal.sample(&mut RngAdapter(rng));
+        let z: f64 = StandardNormal.sample(rng);
         mean + z * (var / (n + 1.0)).sqrt()
-    }
-}
-
-/// `rand_distr` samples from a sized `Rng`; the policy is handed a `dyn RngCore`.
-struct RngAdapter<'a>(&'a mut dyn RngCore);
-
-impl RngCore for RngAdapter<'_> {
-    fn next_u32(&mut self) -> u32 {
-        self.0.next_u32()
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    fn fill_bytes(&mut self, dst: &mut [u8]) {
-        self.0.fill_bytes(dst);
     }
 }
 

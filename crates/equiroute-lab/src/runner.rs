@@ -86,15 +86,16 @@ pub fn run(
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
+    let world = World::new(spec);
     let policy = spec
         .policy(label)
-        .and_then(|c| c.build(&World::new(spec).candidates(), spec.feature_dim))
+        .and_then(|c| c.build(&world.candidates(), spec.feature_dim))
         .map_err(|source| RunError::Policy {
             scenario: spec.name.clone(),
             policy: label.to_owned(),
             source,
         })?;
-    run_policy(spec, label, policy, seed, rounds)
+    simulate(spec, label, policy, world, seed, rounds)
 }
 
 /// Runs a policy built by the caller (one that is not among the built-in ones, e.g. a
@@ -103,11 +104,23 @@ pub fn run(
 ///
 /// # Errors
 /// The featurizer cannot be built for this scenario.
-#[allow(clippy::too_many_lines)]
 pub fn run_policy(
     spec: &ScenarioSpec,
     label: &str,
+    policy: Box<dyn equiroute_core::policies::Policy>,
+    seed: u64,
+    rounds: usize,
+) -> Result<RunResult, RunError> {
+    simulate(spec, label, policy, World::new(spec), seed, rounds)
+}
+
+/// The simulation behind [`run`] and [`run_policy`], in the world built for it.
+#[allow(clippy::too_many_lines)]
+fn simulate(
+    spec: &ScenarioSpec,
+    label: &str,
     mut policy: Box<dyn equiroute_core::policies::Policy>,
+    mut world: World,
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
@@ -116,7 +129,6 @@ pub fn run_policy(
         policy: label.to_owned(),
         source,
     };
-    let mut world = World::new(spec);
     let candidates = world.candidates();
     let k = candidates.len();
     let is_oracle = policy.kind() == equiroute_core::policies::PolicyKind::Oracle;

@@ -52,9 +52,10 @@ impl PendingContext<'_> {
         PendingFeedback {
             interface: self.interface.to_owned(),
             candidate: self.candidate,
-            features: match self.features {
-                Features::F64(x) => x.iter().map(|&v| v as f32).collect(),
-                Features::F32(x) => x.to_vec(),
+            features: {
+                let mut f = Vec::new();
+                self.features.copy_into(&mut f);
+                f
             },
             latency: self.latency,
             at: self.at,
@@ -68,6 +69,18 @@ impl PendingContext<'_> {
 pub enum Features<'a> {
     F64(&'a [f64]),
     F32(&'a [f32]),
+}
+
+impl Features<'_> {
+    /// Replaces the contents of `out` with these features in single precision (reusing its
+    /// buffer).
+    fn copy_into(self, out: &mut Vec<f32>) {
+        out.clear();
+        match self {
+            Features::F64(x) => out.extend(x.iter().map(|&v| v as f32)),
+            Features::F32(x) => out.extend_from_slice(x),
+        }
+    }
 }
 
 /// An id as the store keys it: the number of a gateway-made id (`req-` and 16 lowercase hex
@@ -196,11 +209,7 @@ impl PendingStore {
         slot.foreign_id = if own { None } else { Some(id.into()) };
         slot.interface = interface;
         slot.candidate = ctx.candidate;
-        slot.features.clear();
-        match ctx.features {
-            Features::F64(x) => slot.features.extend(x.iter().map(|&v| v as f32)),
-            Features::F32(x) => slot.features.extend_from_slice(x),
-        }
+        ctx.features.copy_into(&mut slot.features);
         slot.latency = ctx.latency;
         slot.at = ctx.at;
         slot.consumed = consumed;
