@@ -126,6 +126,7 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             fast_width,
             // The paper has no warm-up: the reference scores rank every arm from step 1.
             warmup: 0,
+            center: false,
         },
         failure_quality: None,
     };

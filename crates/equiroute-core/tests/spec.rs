@@ -185,6 +185,7 @@ fn a_inverse_matches_a_direct_inverse_after_a_million_updates_and_downdates() {
         refresh_every: 1024,
         fast_width: false,
         warmup: 0,
+        center: false,
     };
     let mut head = LinUcbHead::new(d, cfg);
     let mut r = rng(5);

@@ -8,6 +8,12 @@
 //!   estimate `û = xᵀθ` costs O(d) at decision time; the width `xᵀA⁻¹x` costs d²/2.
 //! - `A⁻¹` is symmetric and stored as its packed upper triangle, which halves the width and
 //!   the rank-one update.
+//! - Centred (`center = true`, `lqm-ts`'s default): the ridge shrinks towards the head's
+//!   mean score `ū` instead of towards 0. The estimate is `ū + xᵀA⁻¹(b − ū·Σx)`, kept as
+//!   `xᵀθ + ū·(1 − xᵀθ₁)` with `θ₁ = A⁻¹Σx` maintained by the same recursive step as `θ`
+//!   (targets all 1): `xᵀθ₁` is how much of a constant the ridge would recover in this context,
+//!   and the mean fills in the rest. Without it, a context unlike the scored ones is estimated
+//!   near 0 after a few scores, whatever the provider's quality.
 //! - Numerics: after 10⁶ rank-one steps the error in `A⁻¹` adds up, so every
 //!   `refresh_every` updates `A⁻¹` is recomputed by a Cholesky inverse of `A`, rebuilt exactly
 //!   as `λr·I + Σ xxᵀ` from the window (or kept incrementally when there is no window).
@@ -36,6 +42,10 @@ pub struct LinUcbConfig {
     pub fast_width: bool,
     /// Quality observations a candidate collects (tried first) before its estimate ranks it.
     pub warmup: u32,
+    /// Shrink towards the head's mean score instead of towards 0 (module docs). Written out
+    /// only when on, so that state of uncentred heads reads in earlier releases.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub center: bool,
 }
 
 impl Default for LinUcbConfig {
@@ -46,6 +56,7 @@ impl Default for LinUcbConfig {
             refresh_every: 1024,
             fast_width: true,
             warmup: 3,
+            center: false,
         }
     }
 }
@@ -83,6 +94,50 @@ pub struct WindowEntry {
     pub at: Timestamp,
 }
 
+/// The sums behind a centred head, over the same pairs as `A` and `b`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Centre {
+    /// `Σx`.
+    sx: Vec<f64>,
+    /// `Σu`.
+    su: f64,
+    /// Pairs summed.
+    n: u64,
+    /// `θ₁ = A⁻¹Σx`.
+    theta_one: Vec<f64>,
+}
+
+impl Centre {
+    fn new(dim: usize) -> Centre {
+        Centre {
+            sx: vec![0.0; dim],
+            su: 0.0,
+            n: 0,
+            theta_one: vec![0.0; dim],
+        }
+    }
+
+    fn add(&mut self, x: &[f64], u: f64, sign: f64) {
+        for (s, xi) in self.sx.iter_mut().zip(x) {
+            *s += sign * xi;
+        }
+        self.su += sign * u;
+        if sign > 0.0 {
+            self.n += 1;
+        } else {
+            self.n = self.n.saturating_sub(1);
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            self.su / self.n as f64
+        }
+    }
+}
+
 /// Per-provider ridge-regression state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinUcbHead {
@@ -102,6 +157,9 @@ pub struct LinUcbHead {
     refreshes: u64,
     /// Number of quality observations ever folded in.
     count: u64,
+    /// The sums of a centred head (`config.center`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    centre: Option<Centre>,
     #[serde(skip)]
     scratch: Vec<f64>,
     /// The buffer of the last evicted pair, reused for the next one.
@@ -138,6 +196,7 @@ impl LinUcbHead {
             since_refresh: 0,
             refreshes: 0,
             count: 0,
+            centre: config.center.then(|| Centre::new(dim)),
             scratch: vec![0.0; dim],
             spare: None,
         }
@@ -185,10 +244,14 @@ impl LinUcbHead {
         &self.b
     }
 
-    /// The quality estimate `û = xᵀA⁻¹b`.
+    /// The quality estimate `û = xᵀA⁻¹b` (centred: `xᵀθ + ū·(1 − xᵀθ₁)`).
     #[must_use]
     pub fn estimate(&self, x: &[f64]) -> f64 {
-        dot(&self.theta, x)
+        let u = dot(&self.theta, x);
+        match &self.centre {
+            Some(c) if c.n > 0 => u + c.mean() * (1.0 - dot(&c.theta_one, x)),
+            _ => u,
+        }
     }
 
     /// `xᵀA⁻¹x`, the squared confidence width before scaling by α.
@@ -268,6 +331,10 @@ impl LinUcbHead {
         for (t, vi) in self.theta.iter_mut().zip(v.iter()) {
             *t += step1 * vi;
         }
+        let step1_one = self
+            .centre
+            .as_ref()
+            .map(|c| (1.0 - dot(x, &c.theta_one)) / den1);
         // w = A1⁻¹xo = A⁻¹xo − v·(vᵀxo)/den1.
         let c = dot(v, xo) / den1;
         for (wi, vi) in wv.iter_mut().zip(v.iter()) {
@@ -279,6 +346,15 @@ impl LinUcbHead {
         for ((bi, xi), oi) in self.b.iter_mut().zip(x).zip(xo) {
             *bi += u * xi - uo * oi;
         }
+        if let Some(c) = &mut self.centre {
+            c.add(x, u, 1.0);
+            c.add(xo, uo, -1.0);
+            if let Some(s1) = step1_one {
+                for (t, vi) in c.theta_one.iter_mut().zip(v.iter()) {
+                    *t += s1 * vi;
+                }
+            }
+        }
         if den2 <= 1e-12 {
             // Only reachable through accumulated error: recompute instead.
             self.scratch = scratch;
@@ -288,6 +364,12 @@ impl LinUcbHead {
         let step2 = (dot(xo, &self.theta) - uo) / den2;
         for (t, wi) in self.theta.iter_mut().zip(wv.iter()) {
             *t += step2 * wi;
+        }
+        if let Some(c) = &mut self.centre {
+            let step2_one = (dot(xo, &c.theta_one) - 1.0) / den2;
+            for (t, wi) in c.theta_one.iter_mut().zip(wv.iter()) {
+                *t += step2_one * wi;
+            }
         }
         packed_rank_two(&mut self.a_inv, v, -1.0 / den1, wv, 1.0 / den2);
         self.scratch = scratch;
@@ -320,6 +402,12 @@ impl LinUcbHead {
         for (t, vi) in self.theta.iter_mut().zip(v.iter()) {
             *t += step * vi;
         }
+        if let Some(c) = &mut self.centre {
+            let step_one = sign * (1.0 - dot(x, &c.theta_one)) / den;
+            for (t, vi) in c.theta_one.iter_mut().zip(v.iter()) {
+                *t += step_one * vi;
+            }
+        }
         packed_rank_one(&mut self.a_inv, v, -sign / den);
         self.scratch = scratch;
         self.since_refresh += 1;
@@ -333,6 +421,9 @@ impl LinUcbHead {
         for (bi, xi) in self.b.iter_mut().zip(x) {
             *bi += sign * u * xi;
         }
+        if let Some(c) = &mut self.centre {
+            c.add(x, u, sign);
+        }
     }
 
     /// Recomputes `A⁻¹` and `θ` from `A` and `b` (guards against accumulated error).
@@ -342,9 +433,7 @@ impl LinUcbHead {
         if self.config.window.is_some() && self.refreshes.is_multiple_of(16) {
             // A and b are λr·I + Σ xxᵀ and Σ u·x over the window: now and then rebuild both
             // exactly, so that additions and removals cannot drift either.
-            let (a, b) = self.rebuild_from_window();
-            self.a = a;
-            self.b = b;
+            self.rebuild_from_window();
         }
         if let Some(inv) = spd_inverse(&packed_to_full(&self.a, d), d) {
             self.a_inv = full_to_packed(&inv, d);
@@ -352,11 +441,15 @@ impl LinUcbHead {
         let mut theta = vec![0.0; d];
         packed_mat_vec(&self.a_inv, &self.b, &mut theta);
         self.theta = theta;
+        if let Some(c) = &mut self.centre {
+            packed_mat_vec(&self.a_inv, &c.sx, &mut c.theta_one);
+        }
         self.since_refresh = 0;
         self.sync_f32();
     }
 
-    fn rebuild_from_window(&self) -> (Vec<f64>, Vec<f64>) {
+    /// Sets `A`, `b` (and the centre's sums) exactly from the pairs in the window.
+    fn rebuild_from_window(&mut self) {
         let d = self.dim;
         let mut a = vec![0.0; packed_len(d)];
         let mut diag = 0;
@@ -365,13 +458,19 @@ impl LinUcbHead {
             diag += d - i;
         }
         let mut b = vec![0.0; d];
+        let mut centre = self.centre.as_ref().map(|_| Centre::new(d));
         for e in &self.window {
             packed_rank_one(&mut a, &e.x, 1.0);
             for (bi, xi) in b.iter_mut().zip(&e.x) {
                 *bi += e.u * xi;
             }
+            if let Some(c) = &mut centre {
+                c.add(&e.x, e.u, 1.0);
+            }
         }
-        (a, b)
+        self.a = a;
+        self.b = b;
+        self.centre = centre;
     }
 
     /// Adds another instance's head: the head of the union of both observation streams.
@@ -383,8 +482,17 @@ impl LinUcbHead {
         if other.dim != self.dim || other.config != self.config {
             return Err(crate::StateError::Shape {
                 what: format!(
-                    "quality head dimension {} vs {} or different lambda_r/window",
+                    "quality head dimension {} vs {} or different lambda_r/window/center",
                     self.dim, other.dim
+                ),
+            });
+        }
+        let fits = |c: &Centre| c.sx.len() == self.dim && c.theta_one.len() == self.dim;
+        if other.config.center != other.centre.as_ref().is_some_and(fits) {
+            return Err(crate::StateError::Shape {
+                what: format!(
+                    "a centred quality head of dimension {} without its sums (Σx, Σu)",
+                    self.dim
                 ),
             });
         }
@@ -400,9 +508,7 @@ impl LinUcbHead {
             all.sort_by(|p, q| p.at.0.total_cmp(&q.at.0));
             let skip = all.len().saturating_sub(w);
             self.window = all.into_iter().skip(skip).collect();
-            let (a, b) = self.rebuild_from_window();
-            self.a = a;
-            self.b = b;
+            self.rebuild_from_window();
         } else {
             // Both sides carry the prior λr·I; the union carries it once.
             let mut diag = 0;
@@ -415,6 +521,13 @@ impl LinUcbHead {
             }
             for (b, ob) in self.b.iter_mut().zip(&other.b) {
                 *b += ob;
+            }
+            if let (Some(c), Some(oc)) = (&mut self.centre, &other.centre) {
+                for (s, os) in c.sx.iter_mut().zip(&oc.sx) {
+                    *s += os;
+                }
+                c.su += oc.su;
+                c.n += oc.n;
             }
         }
         self.refresh();
@@ -436,6 +549,152 @@ mod tests {
         assert!((h.estimate(&[1.0, 0.0]) - 0.25).abs() < 1e-15);
         assert!((h.width_sq(&[1.0, 0.0]) - 0.5).abs() < 1e-15);
         assert!((h.width_sq(&[0.0, 1.0]) - 1.0).abs() < 1e-15);
+    }
+
+    /// `ū + xᵀA⁻¹(b − ū·Σx)` computed from the pairs directly.
+    fn centred_by_hand(pairs: &[(Vec<f64>, f64)], x: &[f64], lambda: f64) -> f64 {
+        let d = x.len();
+        let mut a = vec![0.0; d * d];
+        for i in 0..d {
+            a[i * d + i] = lambda;
+        }
+        let mut b = vec![0.0; d];
+        let mut sx = vec![0.0; d];
+        let mut su = 0.0;
+        for (p, u) in pairs {
+            for i in 0..d {
+                for j in 0..d {
+                    a[i * d + j] += p[i] * p[j];
+                }
+                b[i] += u * p[i];
+                sx[i] += p[i];
+            }
+            su += u;
+        }
+        let mean = su / pairs.len() as f64;
+        let inv = super::super::linalg::spd_inverse(&a, d).unwrap();
+        let r: Vec<f64> = b.iter().zip(&sx).map(|(bi, si)| bi - mean * si).collect();
+        let w: Vec<f64> = (0..d).map(|i| dot(&inv[i * d..(i + 1) * d], &r)).collect();
+        mean + dot(&w, x)
+    }
+
+    fn unit(v: &[f64]) -> Vec<f64> {
+        let n = v.iter().map(|a| a * a).sum::<f64>().sqrt();
+        v.iter().map(|a| a / n).collect()
+    }
+
+    #[test]
+    fn centred_estimate_matches_its_definition_through_window_updates_and_refreshes() {
+        let cfg = LinUcbConfig {
+            window: Some(7),
+            refresh_every: 5,
+            center: true,
+            ..LinUcbConfig::default()
+        };
+        let mut h = LinUcbHead::new(3, cfg);
+        let mut pairs = Vec::new();
+        for t in 0..40u32 {
+            let f = f64::from(t);
+            let x = unit(&[1.0, (f * 0.7).sin(), (f * 1.3).cos()]);
+            let u = 0.5 + 0.4 * (f * 0.3).sin();
+            h.update(&x, u, Timestamp(f));
+            pairs.push((x, u));
+            let kept = &pairs[pairs.len().saturating_sub(7)..];
+            for q in [[1.0, 0.0, 0.0], [0.2, -0.9, 0.4], [0.0, 0.0, 1.0]] {
+                let q = unit(&q);
+                let want = centred_by_hand(kept, &q, 1.0);
+                let got = h.estimate(&q);
+                assert!((got - want).abs() < 1e-9, "t {t}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_centred_head_estimates_an_unseen_context_at_the_mean_score() {
+        // Four scored contexts, each on its own feature; the fifth feature was never seen.
+        let mut plain = LinUcbHead::new(5, LinUcbConfig::default());
+        let mut centred = LinUcbHead::new(
+            5,
+            LinUcbConfig {
+                center: true,
+                ..LinUcbConfig::default()
+            },
+        );
+        for i in 0..4 {
+            let mut x = [0.0; 5];
+            x[i] = 1.0;
+            plain.update(&x, 0.6, Timestamp(0.0));
+            centred.update(&x, 0.6, Timestamp(0.0));
+        }
+        let unseen = [0.0, 0.0, 0.0, 0.0, 1.0];
+        assert!(plain.estimate(&unseen).abs() < 1e-12);
+        assert!((centred.estimate(&unseen) - 0.6).abs() < 1e-12);
+        // A seen context: the ridge's shrink (0.6/2) is filled in by the mean.
+        assert!((plain.estimate(&[1.0, 0.0, 0.0, 0.0, 0.0]) - 0.3).abs() < 1e-12);
+        assert!((centred.estimate(&[1.0, 0.0, 0.0, 0.0, 0.0]) - 0.6).abs() < 1e-12);
+        // Before any score the mean is unknown: 0, as for the plain head.
+        let fresh = LinUcbHead::new(5, centred.config);
+        assert!(fresh.estimate(&unseen).abs() < 1e-15);
+    }
+
+    #[test]
+    fn merged_centred_heads_equal_one_head_fed_both_streams() {
+        for window in [None, Some(6)] {
+            let cfg = LinUcbConfig {
+                window,
+                center: true,
+                ..LinUcbConfig::default()
+            };
+            let (mut left, mut right, mut both) = (
+                LinUcbHead::new(2, cfg),
+                LinUcbHead::new(2, cfg),
+                LinUcbHead::new(2, cfg),
+            );
+            for t in 0..10u32 {
+                let f = f64::from(t);
+                let x = unit(&[1.0, f.sin()]);
+                let u = 0.3 + 0.05 * f;
+                if t % 3 == 0 {
+                    right.update(&x, u, Timestamp(f));
+                } else {
+                    left.update(&x, u, Timestamp(f));
+                }
+                both.update(&x, u, Timestamp(f));
+            }
+            left.merge(&right).unwrap();
+            for q in [[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]] {
+                let (m, b) = (left.estimate(&q), both.estimate(&q));
+                assert!((m - b).abs() < 1e-9, "window {window:?}: {m} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn centring_is_part_of_the_state_and_written_out_only_when_on() {
+        let plain = LinUcbHead::new(2, LinUcbConfig::default());
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(
+            !text.contains("center") && !text.contains("centre"),
+            "{text}"
+        );
+        let cfg = LinUcbConfig {
+            center: true,
+            ..LinUcbConfig::default()
+        };
+        let mut centred = LinUcbHead::new(2, cfg);
+        centred.update(&[1.0, 0.0], 0.7, Timestamp(0.0));
+        let back: LinUcbHead =
+            serde_json::from_str(&serde_json::to_string(&centred).unwrap()).unwrap();
+        assert_eq!(back.centre, centred.centre);
+        assert_eq!(back.config, cfg);
+        assert!((back.estimate(&[0.0, 1.0]) - 0.7).abs() < 1e-15);
+        // Heads of different centring do not merge; nor a centred head stripped of its sums.
+        let err = plain.clone().merge(&centred).unwrap_err().to_string();
+        assert!(err.contains("center"), "{err}");
+        let mut stripped = centred.clone();
+        stripped.centre = None;
+        let err = centred.clone().merge(&stripped).unwrap_err().to_string();
+        assert!(err.contains("without its sums"), "{err}");
     }
 
     #[test]
