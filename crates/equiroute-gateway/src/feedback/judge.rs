@@ -82,11 +82,11 @@ impl Judge {
             .prompt
             .replace("{question}", question)
             .replace("{answer}", answer);
-        let body = serde_json::json!({
+        let body = crate::upstream::ClientBody::from_json(serde_json::json!({
             "model": self.model,
             "temperature": 0,
             "messages": [{"role": "user", "content": prompt}],
-        });
+        }));
         let reply = self
             .upstream
             .call(

@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
-use crate::upstream::{ChunkStream, StreamStart, UpstreamReply, UpstreamRequest};
+use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use equiroute_core::breaker::Admission;
@@ -37,7 +37,7 @@ pub struct Answered {
 pub async fn execute(
     state: &AppState,
     iface: &InterfaceRuntime,
-    body: &serde_json::Value,
+    body: &ClientBody,
     pinned: Option<usize>,
     deadline: Option<Millis>,
     meta: &super::RequestMeta,
@@ -402,7 +402,7 @@ async fn attempt(
     run: &mut Execution,
     next: NextAttempt,
     now: equiroute_core::Timestamp,
-    body: &serde_json::Value,
+    body: &ClientBody,
     features: &[f64],
     slice: SlicePath,
     tokens: TokenEstimate,
@@ -525,7 +525,7 @@ fn poisoned() -> ApiError {
 pub async fn execute_stream(
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
-    body: serde_json::Value,
+    body: ClientBody,
     pinned: Option<usize>,
     deadline: Option<Millis>,
     meta: super::RequestMeta,

@@ -15,6 +15,7 @@ pub mod pending;
 pub mod state;
 
 use crate::config::InterfaceKind;
+use crate::upstream::ClientBody;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -187,8 +188,8 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
     guarded(&state.api_keys, req, next).await
 }
 
-fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
+fn parse_json(body: Bytes) -> Result<ClientBody, ApiError> {
+    ClientBody::parse(body).map_err(|e| {
         ApiError::bad_request(
             "invalid_json",
             None,
@@ -313,7 +314,7 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let body = parse_json(&body)?;
+    let body = parse_json(body)?;
     let model = body.get("model").and_then(Value::as_str).ok_or_else(|| {
         ApiError::bad_request(
             "missing_model",
@@ -386,7 +387,7 @@ async fn tool_call(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let body = parse_json(&body)?;
+    let body = parse_json(body)?;
     let iface = state
         .interfaces
         .get(&name)

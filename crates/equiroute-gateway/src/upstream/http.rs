@@ -73,21 +73,17 @@ impl HttpUpstream {
         req: UpstreamRequest<'_>,
         stream: bool,
     ) -> Option<http::Request<Full<Bytes>>> {
-        let body = ProviderBody {
-            body: req.body,
-            model: self.set_model.then_some(req.model),
+        let bytes = req.body.for_provider(
+            self.set_model.then_some(req.model),
             stream,
-            service_tier: self.service_tier,
-        };
-        // Serialised straight from the client's body with the fields replaced: no copy of
-        // the JSON tree per attempt.
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            self.service_tier,
+        );
         let mut builder = http::Request::post(self.uri.clone()?)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(auth) = &self.authorization {
             builder = builder.header(AUTHORIZATION, auth.clone());
         }
-        builder.body(Full::new(Bytes::from(bytes))).ok()
+        builder.body(Full::new(bytes)).ok()
     }
 
     /// Sends the attempt and waits for the response head.
@@ -212,37 +208,6 @@ fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|s| Millis(s * 1000.0))
-}
-
-/// The client's JSON body with the provider's fields set (`model`, `stream`, `service_tier`),
-/// serialised without copying the body.
-struct ProviderBody<'a> {
-    body: &'a serde_json::Value,
-    /// `None`: send the body as it is (JSON APIs).
-    model: Option<&'a str>,
-    stream: bool,
-    service_tier: Option<&'static str>,
-}
-
-impl serde::Serialize for ProviderBody<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let (Some(model), Some(obj)) = (self.model, self.body.as_object()) else {
-            return self.body.serialize(s);
-        };
-        let mut map = s.serialize_map(None)?;
-        for (k, v) in obj {
-            if !matches!(k.as_str(), "model" | "stream" | "service_tier") {
-                map.serialize_entry(k, v)?;
-            }
-        }
-        map.serialize_entry("model", model)?;
-        map.serialize_entry("stream", &self.stream)?;
-        if let Some(tier) = self.service_tier {
-            map.serialize_entry("service_tier", tier)?;
-        }
-        map.end()
-    }
 }
 
 /// Status, body and message of a provider's answer → the attempt's outcome.

@@ -1,11 +1,13 @@
 //! Upstream providers, one file per kind. A closed set: an enum, matched exhaustively.
 
 pub mod answer;
+pub mod body;
 pub mod client;
 pub mod http;
 pub mod sim;
 
 use crate::config::{InterfaceKind, UpstreamConfig};
+pub use body::ClientBody;
 use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis};
 use std::pin::Pin;
@@ -30,8 +32,8 @@ pub enum StreamStart {
 #[derive(Clone, Copy, Debug)]
 pub struct UpstreamRequest<'a> {
     pub kind: InterfaceKind,
-    /// The client's JSON body (`model` already resolved).
-    pub body: &'a serde_json::Value,
+    /// The client's JSON body, parsed and as it came.
+    pub body: &'a ClientBody,
     /// The provider's model name.
     pub model: &'a str,
     /// Seeds the simulated provider's randomness for this attempt.
