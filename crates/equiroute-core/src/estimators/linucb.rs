@@ -8,7 +8,7 @@
 //!   estimate `û = xᵀθ` costs O(d) at decision time; the width `xᵀA⁻¹x` costs d²/2.
 //! - `A⁻¹` is symmetric and stored as its packed upper triangle, which halves the width and
 //!   the rank-one update.
-//! - Centred (`center = true`, `lqm-ts`'s default): the ridge shrinks towards the head's
+//! - Centred (`center = true`; off by default): the ridge shrinks towards the head's
 //!   mean score `ū` instead of towards 0. The estimate is `ū + xᵀA⁻¹(b − ū·Σx)`, kept as
 //!   `xᵀθ + ū·(1 − xᵀθ₁)` with `θ₁ = A⁻¹Σx` maintained by the same recursive step as `θ`
 //!   (targets all 1): `xᵀθ₁` is how much of a constant the ridge would recover in this context,
@@ -101,8 +101,6 @@ pub struct Centre {
     sx: Vec<f64>,
     /// `Σu`.
     su: f64,
-    /// Pairs summed.
-    n: u64,
     /// `θ₁ = A⁻¹Σx`.
     theta_one: Vec<f64>,
 }
@@ -112,7 +110,6 @@ impl Centre {
         Centre {
             sx: vec![0.0; dim],
             su: 0.0,
-            n: 0,
             theta_one: vec![0.0; dim],
         }
     }
@@ -122,19 +119,6 @@ impl Centre {
             *s += sign * xi;
         }
         self.su += sign * u;
-        if sign > 0.0 {
-            self.n += 1;
-        } else {
-            self.n = self.n.saturating_sub(1);
-        }
-    }
-
-    fn mean(&self) -> f64 {
-        if self.n == 0 {
-            0.0
-        } else {
-            self.su / self.n as f64
-        }
     }
 }
 
@@ -248,9 +232,33 @@ impl LinUcbHead {
     #[must_use]
     pub fn estimate(&self, x: &[f64]) -> f64 {
         let u = dot(&self.theta, x);
+        let pairs = self.pairs();
         match &self.centre {
-            Some(c) if c.n > 0 => u + c.mean() * (1.0 - dot(&c.theta_one, x)),
+            Some(c) if pairs > 0 => u + c.su / pairs as f64 * (1.0 - dot(&c.theta_one, x)),
             _ => u,
+        }
+    }
+
+    /// The pairs in `A` and `b`: the window's, or every one without a window.
+    fn pairs(&self) -> u64 {
+        match self.config.window {
+            Some(_) => self.window.len() as u64,
+            None => self.count,
+        }
+    }
+
+    /// One recursive least-squares step of each solution kept: `θ ← θ + dir·sign·(u − xᵀθ)/den`,
+    /// and the centre's `θ₁` the same with target 1.
+    fn step_solutions(&mut self, x: &[f64], u: f64, sign: f64, den: f64, dir: &[f64]) {
+        let step = sign * (u - dot(x, &self.theta)) / den;
+        for (t, di) in self.theta.iter_mut().zip(dir) {
+            *t += step * di;
+        }
+        if let Some(c) = &mut self.centre {
+            let step = sign * (1.0 - dot(x, &c.theta_one)) / den;
+            for (t, di) in c.theta_one.iter_mut().zip(dir) {
+                *t += step * di;
+            }
         }
     }
 
@@ -327,14 +335,7 @@ impl LinUcbHead {
         packed_mat_vec2(&self.a_inv, x, xo, v, wv);
         // Insert: den1 = 1 + xᵀA⁻¹x; θ1 = θ + v·(u − xᵀθ)/den1; A1⁻¹ = A⁻¹ − vvᵀ/den1.
         let den1 = 1.0 + dot(x, v);
-        let step1 = (u - dot(x, &self.theta)) / den1;
-        for (t, vi) in self.theta.iter_mut().zip(v.iter()) {
-            *t += step1 * vi;
-        }
-        let step1_one = self
-            .centre
-            .as_ref()
-            .map(|c| (1.0 - dot(x, &c.theta_one)) / den1);
+        self.step_solutions(x, u, 1.0, den1, v);
         // w = A1⁻¹xo = A⁻¹xo − v·(vᵀxo)/den1.
         let c = dot(v, xo) / den1;
         for (wi, vi) in wv.iter_mut().zip(v.iter()) {
@@ -349,11 +350,6 @@ impl LinUcbHead {
         if let Some(c) = &mut self.centre {
             c.add(x, u, 1.0);
             c.add(xo, uo, -1.0);
-            if let Some(s1) = step1_one {
-                for (t, vi) in c.theta_one.iter_mut().zip(v.iter()) {
-                    *t += s1 * vi;
-                }
-            }
         }
         if den2 <= 1e-12 {
             // Only reachable through accumulated error: recompute instead.
@@ -361,16 +357,7 @@ impl LinUcbHead {
             self.refresh();
             return;
         }
-        let step2 = (dot(xo, &self.theta) - uo) / den2;
-        for (t, wi) in self.theta.iter_mut().zip(wv.iter()) {
-            *t += step2 * wi;
-        }
-        if let Some(c) = &mut self.centre {
-            let step2_one = (dot(xo, &c.theta_one) - 1.0) / den2;
-            for (t, wi) in c.theta_one.iter_mut().zip(wv.iter()) {
-                *t += step2_one * wi;
-            }
-        }
+        self.step_solutions(xo, uo, -1.0, den2, wv);
         packed_rank_two(&mut self.a_inv, v, -1.0 / den1, wv, 1.0 / den2);
         self.scratch = scratch;
         self.since_refresh += 2;
@@ -397,17 +384,7 @@ impl LinUcbHead {
             return;
         }
         // θ ← θ ± v·(u − xᵀθ)/(1 ± s): the recursive least-squares step matching the update.
-        let err = u - dot(x, &self.theta);
-        let step = sign * err / den;
-        for (t, vi) in self.theta.iter_mut().zip(v.iter()) {
-            *t += step * vi;
-        }
-        if let Some(c) = &mut self.centre {
-            let step_one = sign * (1.0 - dot(x, &c.theta_one)) / den;
-            for (t, vi) in c.theta_one.iter_mut().zip(v.iter()) {
-                *t += step_one * vi;
-            }
-        }
+        self.step_solutions(x, u, sign, den, v);
         packed_rank_one(&mut self.a_inv, v, -sign / den);
         self.scratch = scratch;
         self.since_refresh += 1;
@@ -527,7 +504,6 @@ impl LinUcbHead {
                     *s += os;
                 }
                 c.su += oc.su;
-                c.n += oc.n;
             }
         }
         self.refresh();

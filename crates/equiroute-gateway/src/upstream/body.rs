@@ -46,12 +46,6 @@ impl ClientBody {
         &self.json
     }
 
-    /// The bytes as they came.
-    #[must_use]
-    pub fn raw(&self) -> &Bytes {
-        &self.raw
-    }
-
     /// The body for a provider: as it came when `model` is `None` (JSON APIs); otherwise the
     /// client's members but `model`, `stream` and `service_tier`, then the provider's.
     #[must_use]
