@@ -127,6 +127,7 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             // The paper has no warm-up: the reference scores rank every arm from step 1.
             warmup: 0,
             center: false,
+            warmup_exit_z: 0.0,
         },
         failure_quality: None,
     };

@@ -186,6 +186,7 @@ fn a_inverse_matches_a_direct_inverse_after_a_million_updates_and_downdates() {
         fast_width: false,
         warmup: 0,
         center: false,
+        warmup_exit_z: 0.0,
     };
     let mut head = LinUcbHead::new(d, cfg);
     let mut r = rng(5);
@@ -987,6 +988,7 @@ fn a_partial_lqm_ts_table_keeps_the_other_lqm_ts_defaults() {
     // Not LQM's 0.5 and 3, nor the reference risk model's level 0.
     assert_eq!(c.lqm.alpha_ucb, d.lqm.alpha_ucb);
     assert_eq!(c.lqm.head.warmup, d.lqm.head.warmup);
+    assert_eq!(c.lqm.head.warmup_exit_z, d.lqm.head.warmup_exit_z);
     assert_eq!(c.risk.level_beta, d.risk.level_beta);
     assert_ne!(d.lqm.alpha_ucb, LqmConfig::default().alpha_ucb);
     assert_ne!(d.risk.level_beta, RiskConfig::default().level_beta);
@@ -994,4 +996,101 @@ fn a_partial_lqm_ts_table_keeps_the_other_lqm_ts_defaults() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("alpah_ucb") && e.contains("alpha_ucb"), "{e}");
+}
+
+fn lqm_ts_with_exit(z: f64) -> LqmTs {
+    let mut cfg = LqmTsConfig::default();
+    cfg.lqm.head.warmup_exit_z = z;
+    LqmTs::new(4, 16, cfg)
+}
+
+#[test]
+fn the_warm_up_releases_a_candidate_clearly_worse_than_the_best_and_no_other() {
+    // Warm-up of 10 scores. c0: 10 scores around 0.9 (warm). c1: 4 around 0.1, clearly
+    // below c0 (upper bound 0.1 + 2·0.1/√4 = 0.2 < c0's lower 0.9 − 2·0.1/√10 ≈ 0.84).
+    // c2: 3 around 0.8, not clearly below (upper ≈ 0.92). c3: one score, too few to judge.
+    let cands = candidates(4);
+    let f = Featurizer::new(16).unwrap();
+    let qs = queries();
+    let order = |z: f64| {
+        let mut p = lqm_ts_with_exit(z);
+        for t in 0..10 {
+            let x = f.featurize(&qs[t % qs.len()]);
+            let wiggle = if t % 2 == 0 { 0.05 } else { -0.05 };
+            answered(&mut p, 0, &x, 100.0, 0.9 + wiggle, t as f64);
+            if t < 4 {
+                answered(&mut p, 1, &x, 100.0, 0.1 + wiggle, t as f64);
+            }
+            if t < 3 {
+                answered(&mut p, 2, &x, 100.0, 0.8 + wiggle, t as f64);
+            }
+            if t < 1 {
+                answered(&mut p, 3, &x, 100.0, 0.0, t as f64);
+            }
+        }
+        let x = f.featurize("an unseen question about tax");
+        let ctx = RankContext::new(&cands, &[0, 1, 2, 3], &x);
+        p.rank(&ctx, &mut rng(1)).indices().collect::<Vec<_>>()
+    };
+    // Off (the default): every candidate under 10 scores first, fewest first.
+    assert_eq!(order(0.0), vec![3, 2, 1, 0]);
+    // On: c1 leaves the warm-up and is ranked on its estimate, below c0; c3 and c2 stay.
+    assert_eq!(order(2.0), vec![3, 2, 0, 1]);
+    // A wide enough interval keeps c1 in the warm-up too: 0.1 + 20·0.1/2 = 1.1 > 0.
+    assert_eq!(order(20.0), vec![3, 2, 1, 0]);
+}
+
+#[test]
+fn the_warm_up_release_counts_scores_merged_from_other_instances() {
+    // With z = 3, two instances each see c0 five times at 0.9 and c1 twice at 0.6: alone,
+    // c1's upper bound 0.6 + 3·0.1/√2 ≈ 0.81 is above c0's lower 0.9 − 3·0.1/√5 ≈ 0.77.
+    // Merged (c0: 10, c1: 4): 0.6 + 0.15 = 0.75 < 0.9 − 0.095 ≈ 0.81, so c1 is released.
+    let cands = candidates(4);
+    let f = Featurizer::new(16).unwrap();
+    let x = f.featurize("compare rust and python");
+    let ctx = RankContext::new(&cands, &[0, 1], &x);
+    let instance = || {
+        let mut p = lqm_ts_with_exit(3.0);
+        for t in 0..5 {
+            answered(&mut p, 0, &x, 100.0, 0.9, f64::from(t));
+            if t < 2 {
+                answered(&mut p, 1, &x, 100.0, 0.6, f64::from(t));
+            }
+        }
+        p
+    };
+    let (mut a, b) = (instance(), instance());
+    // Alone: c1 (2 scores) ahead of c0 (5 scores) in the warm-up.
+    assert_eq!(a.rank(&ctx, &mut rng(1)).order[0].index, 1);
+    a.merge_state(&b.export_state()).unwrap();
+    assert_eq!(a.rank(&ctx, &mut rng(1)).order[0].index, 0);
+    let PolicyState::LqmTs(s) = a.export_state() else {
+        panic!("not lqm-ts state")
+    };
+    // Four scores of c1 counted: two from each instance.
+    assert!((s.quality.heads.moments[1][0] - 4.0).abs() < 1e-12);
+}
+
+#[test]
+fn the_warm_up_release_is_written_out_only_when_on_and_rejects_a_negative_z() {
+    // Off in LQM's defaults (not written out), on in lqm-ts's.
+    let off = serde_json::to_string(&LqmConfig::default()).unwrap();
+    assert!(!off.contains("warmup_exit_z"), "{off}");
+    let on = serde_json::to_string(&LqmTsConfig::default()).unwrap();
+    assert!(on.contains(r#""warmup_exit_z":3.0"#), "{on}");
+    let state = serde_json::to_string(&lqm_ts_with_exit(0.0).export_state()).unwrap();
+    assert!(!state.contains("moments"), "{state}");
+    let on = lqm_ts_with_exit(2.0).export_state();
+    let json = serde_json::to_string(&on).unwrap();
+    assert!(json.contains("moments"), "{json}");
+    let back: PolicyState = serde_json::from_str(&json).unwrap();
+    assert_eq!(serde_json::to_string(&back).unwrap(), json);
+
+    let mut cfg = LqmTsConfig::default();
+    cfg.lqm.head.warmup_exit_z = -1.0;
+    let err = PolicyConfig::LqmTs(cfg)
+        .build(&candidates(2), 16)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("warmup_exit_z"), "{err}");
 }

@@ -46,6 +46,18 @@ pub struct LinUcbConfig {
     /// only when on, so that state of uncentred heads reads in earlier releases.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub center: bool,
+    /// Releases a candidate from the warm-up before `warmup` scores once its mean score is
+    /// clearly below the best candidate's: `mean + z·s/√n < max(mean − z·s/√n)` over the
+    /// candidates with two or more scores, `s` the sample deviation floored at 0.1. `0` (the
+    /// default) keeps every candidate in the warm-up until `warmup` scores. Written out only
+    /// when set, so that the state of earlier configurations reads in earlier releases.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub warmup_exit_z: f64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(z: &f64) -> bool {
+    *z == 0.0
 }
 
 impl Default for LinUcbConfig {
@@ -57,6 +69,7 @@ impl Default for LinUcbConfig {
             fast_width: true,
             warmup: 3,
             center: false,
+            warmup_exit_z: 0.0,
         }
     }
 }
@@ -68,6 +81,7 @@ impl LinUcbConfig {
     /// A field outside its range, named.
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
         crate::error::positive("lambda_r", self.lambda_r)?;
+        crate::error::non_negative("warmup_exit_z", self.warmup_exit_z)?;
         if self.window == Some(0) {
             return Err(crate::error::out_of_range(
                 "window",

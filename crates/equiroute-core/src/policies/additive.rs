@@ -108,7 +108,7 @@ impl Policy for Additive {
             first_choice_probability: Some(1.0),
         };
         r.sort();
-        super::heads::warmup_first(&mut r, &self.heads, self.cfg.head.warmup);
+        super::heads::warmup_first(&mut r, &self.heads, &self.cfg.head);
         r
     }
 
@@ -116,13 +116,13 @@ impl Policy for Additive {
         self.heads.note_try(obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
             let r = self.cfg.reward(u, obs.outcome.latency.0);
-            self.heads.heads[obs.candidate].update(obs.features, r, obs.now);
+            self.heads.learn(obs.candidate, obs.features, r, obs.now);
         }
     }
 
     fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
         let r = self.cfg.reward(obs.quality, obs.latency.0);
-        self.heads.heads[obs.candidate].update(obs.features, r, obs.now);
+        self.heads.learn(obs.candidate, obs.features, r, obs.now);
     }
 
     fn export_state(&self) -> PolicyState {

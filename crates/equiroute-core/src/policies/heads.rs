@@ -18,6 +18,10 @@ pub struct HeadsState {
     /// Attempts per candidate that reached it (client errors excluded), for the warm-up.
     #[serde(default)]
     pub tries: Vec<u64>,
+    /// Count, sum and sum of squares of the scores each head has learnt, kept only when
+    /// the warm-up can release a candidate early (`warmup_exit_z > 0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moments: Vec<[f64; 3]>,
 }
 
 impl HeadsState {
@@ -25,7 +29,35 @@ impl HeadsState {
         HeadsState {
             heads: (0..k).map(|_| LinUcbHead::new(dim, cfg)).collect(),
             tries: vec![0; k],
+            moments: if cfg.warmup_exit_z > 0.0 {
+                vec![[0.0; 3]; k]
+            } else {
+                Vec::new()
+            },
         }
+    }
+
+    /// Folds score `u` for context `x` into candidate `i`'s head (and its moments).
+    pub(crate) fn learn(&mut self, i: usize, x: &[f64], u: f64, now: crate::Timestamp) {
+        self.heads[i].update(x, u, now);
+        if let Some(m) = self.moments.get_mut(i) {
+            m[0] += 1.0;
+            m[1] += u;
+            m[2] += u * u;
+        }
+    }
+
+    /// `(mean − z·s/√n, mean + z·s/√n)` of candidate `i`'s scores, `s` the sample deviation
+    /// floored at [`EXIT_SD_FLOOR`]; `None` before two scores.
+    fn score_bounds(&self, i: usize, z: f64) -> Option<(f64, f64)> {
+        let [n, sum, sum_sq] = *self.moments.get(i)?;
+        if n < 2.0 {
+            return None;
+        }
+        let mean = sum / n;
+        let var = ((sum_sq - sum * mean) / (n - 1.0)).max(0.0);
+        let half = z * var.sqrt().max(EXIT_SD_FLOOR) / n.sqrt();
+        Some((mean - half, mean + half))
     }
 
     /// `(û, sqrt(xᵀA⁻¹x))` of each candidate in `eligible`, in that order. The widths are
@@ -80,6 +112,13 @@ impl HeadsState {
                 *t += o;
             }
         }
+        if self.moments.len() == other.moments.len() {
+            for (m, o) in self.moments.iter_mut().zip(&other.moments) {
+                for (a, b) in m.iter_mut().zip(o) {
+                    *a += b;
+                }
+            }
+        }
         for (h, o) in self.heads.iter_mut().zip(&other.heads) {
             h.merge(o)?;
         }
@@ -119,21 +158,42 @@ impl LinUcbPolicyConfig {
     }
 }
 
+/// The least sample deviation the warm-up's early release assumes (scores lie in [0, 1]; two
+/// or three equal scores must not make a candidate look certain).
+const EXIT_SD_FLOOR: f64 = 0.1;
+
 /// Moves candidates with fewer than `warmup` quality scores to the front (fewest first,
 /// otherwise in ranked order): every candidate is tried a few times before the estimates
 /// decide. Without it, an unexplored head's `û = 0` looks dominated next to providers whose
 /// quality is high, and the dominance shrink stops LQM from ever trying it. A candidate held
 /// back by a guardrail is never forced, nor one already tried `10 × warmup` times without
-/// yielding that many scores (it keeps failing or its feedback never comes).
-pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, warmup: u32) {
-    if warmup == 0 {
+/// yielding that many scores (it keeps failing or its feedback never comes), nor, with
+/// `warmup_exit_z > 0`, one whose scores are clearly below another's (see
+/// [`LinUcbConfig::warmup_exit_z`]).
+pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinUcbConfig) {
+    if cfg.warmup == 0 {
         return;
     }
-    let warmup = u64::from(warmup);
+    let warmup = u64::from(cfg.warmup);
     let count = |s: &ScoredCandidate| heads.heads[s.index].count();
+    let best_lower = if heads.moments.is_empty() {
+        f64::INFINITY
+    } else {
+        ranking
+            .order
+            .iter()
+            .filter_map(|s| heads.score_bounds(s.index, cfg.warmup_exit_z))
+            .map(|(lower, _)| lower)
+            .fold(f64::NEG_INFINITY, f64::max)
+    };
+    let released = |s: &ScoredCandidate| {
+        heads
+            .score_bounds(s.index, cfg.warmup_exit_z)
+            .is_some_and(|(_, upper)| upper < best_lower)
+    };
     let cold = |s: &ScoredCandidate| {
         let tries = heads.tries.get(s.index).copied().unwrap_or(0);
-        !s.breakdown.guarded && count(s) < warmup && tries < 10 * warmup
+        !s.breakdown.guarded && count(s) < warmup && tries < 10 * warmup && !released(s)
     };
     if !ranking.order.iter().any(cold) {
         return;
@@ -209,19 +269,20 @@ impl Policy for LinUcbPolicy {
             first_choice_probability: Some(1.0),
         };
         r.sort();
-        warmup_first(&mut r, &self.heads, self.cfg.head.warmup);
+        warmup_first(&mut r, &self.heads, &self.cfg.head);
         r
     }
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         self.heads.note_try(obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
-            self.heads.heads[obs.candidate].update(obs.features, u, obs.now);
+            self.heads.learn(obs.candidate, obs.features, u, obs.now);
         }
     }
 
     fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
-        self.heads.heads[obs.candidate].update(obs.features, obs.quality, obs.now);
+        self.heads
+            .learn(obs.candidate, obs.features, obs.quality, obs.now);
     }
 
     fn export_state(&self) -> PolicyState {

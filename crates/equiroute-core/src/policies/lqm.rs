@@ -213,7 +213,7 @@ impl Policy for Lqm {
             first_choice_probability: Some(1.0),
         };
         r.sort();
-        super::heads::warmup_first(&mut r, &self.state.heads, self.cfg.head.warmup);
+        super::heads::warmup_first(&mut r, &self.state.heads, &self.cfg.head);
         r
     }
 
@@ -221,12 +221,16 @@ impl Policy for Lqm {
         self.state.heads.note_try(obs);
         self.state.observe_latency(&self.cfg, obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {
-            self.state.heads.heads[obs.candidate].update(obs.features, u, obs.now);
+            self.state
+                .heads
+                .learn(obs.candidate, obs.features, u, obs.now);
         }
     }
 
     fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
-        self.state.heads.heads[obs.candidate].update(obs.features, obs.quality, obs.now);
+        self.state
+            .heads
+            .learn(obs.candidate, obs.features, obs.quality, obs.now);
     }
 
     fn export_state(&self) -> PolicyState {

@@ -35,8 +35,10 @@
 //! **Defaults that differ from the references'**, each measured in the laboratory (README,
 //! "Choosing lqm-ts's defaults"): `α_ucb = 0.2` and a warm-up of 10 quality scores per
 //! candidate (LQM: 0.5 and 3) — less optimism once every candidate has been scored ten times,
-//! so a candidate shrunk by the ridge after three scores is not locked out; the fast level
-//! (`risk.level_beta = 0.3`, off in `ts-deadline`).
+//! so a candidate shrunk by the ridge after three scores is not locked out; a candidate whose
+//! scores are clearly below the best candidate's leaves the warm-up early
+//! (`head.warmup_exit_z = 3`, LQM: off); the fast level (`risk.level_beta = 0.3`, off in
+//! `ts-deadline`).
 //!
 //! **Degenerate cases** (tested):
 //! - no deadline, equal costs, no failures, `latency = "renewal"` and LQM's parameters:
@@ -83,6 +85,7 @@ impl Default for LqmTsConfig {
                 alpha_ucb: 0.2,
                 head: LinUcbConfig {
                     warmup: 10,
+                    warmup_exit_z: 3.0,
                     ..LinUcbConfig::default()
                 },
                 ..LqmConfig::default()
@@ -247,7 +250,7 @@ impl Policy for LqmTs {
             first_choice_probability: None,
         };
         if learnt {
-            super::heads::warmup_first(&mut ranking, &self.quality.heads, self.cfg.lqm.head.warmup);
+            super::heads::warmup_first(&mut ranking, &self.quality.heads, &self.cfg.lqm.head);
         }
         ranking
     }
@@ -259,7 +262,9 @@ impl Policy for LqmTs {
     }
 
     fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
-        self.quality.heads.heads[obs.candidate].update(obs.features, obs.quality, obs.now);
+        self.quality
+            .heads
+            .learn(obs.candidate, obs.features, obs.quality, obs.now);
     }
 
     fn export_state(&self) -> PolicyState {
