@@ -176,6 +176,14 @@ pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinU
     }
     let warmup = u64::from(cfg.warmup);
     let count = |s: &ScoredCandidate| heads.heads[s.index].count();
+    let unscored = |s: &ScoredCandidate| {
+        let tries = heads.tries.get(s.index).copied().unwrap_or(0);
+        !s.breakdown.guarded && count(s) < warmup && tries < 10 * warmup
+    };
+    // Past the warm-up (the request path's usual case) nothing below is computed.
+    if !ranking.order.iter().any(unscored) {
+        return;
+    }
     let best_lower = if heads.moments.is_empty() {
         f64::INFINITY
     } else {
@@ -191,10 +199,7 @@ pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinU
             .score_bounds(s.index, cfg.warmup_exit_z)
             .is_some_and(|(_, upper)| upper < best_lower)
     };
-    let cold = |s: &ScoredCandidate| {
-        let tries = heads.tries.get(s.index).copied().unwrap_or(0);
-        !s.breakdown.guarded && count(s) < warmup && tries < 10 * warmup && !released(s)
-    };
+    let cold = |s: &ScoredCandidate| unscored(s) && !released(s);
     if !ranking.order.iter().any(cold) {
         return;
     }
