@@ -105,6 +105,44 @@ async fn a_429_with_retry_after_takes_the_provider_out_until_then() {
 }
 
 #[tokio::test]
+async fn the_configured_breaker_opens_after_its_own_threshold_and_half_opens_after_its_own_time() {
+    let a = mock("[chat]\nerror_500 = 1.0\n").await;
+    let b = mock("").await;
+    // Opens after 2 consecutive failures (default 5), for 300 ms (default 30 s).
+    let text = config(a.addr, b.addr).replacen(
+        "deadline_ms = 3000",
+        "deadline_ms = 3000\nbreaker = { consecutive_failures = 2, open_ms = 300 }",
+        1,
+    );
+    let gw = start(&text, &[("MOCK_KEY_A", "k")]).await;
+    let attempts = |r: &common::Reply| r.header("x-equiroute-attempts").map(str::to_owned);
+    for _ in 0..2 {
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+        assert_eq!(attempts(&r).as_deref(), Some("2"), "a fails, b answers");
+    }
+    // Open after the second failure: `static` still prefers a, but b answers directly.
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(attempts(&r).as_deref(), Some("1"));
+    assert_eq!(calls(a.addr).await["chat"], 2);
+    // Half-open once its 300 ms are over: a is probed again (bounded: 5 s).
+    let began = std::time::Instant::now();
+    loop {
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+        if attempts(&r).as_deref() == Some("2") {
+            break;
+        }
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(5),
+            "a was not probed again within 5 s of opening for 300 ms"
+        );
+        tokio::task::yield_now().await;
+    }
+    // Not at once: the probe waited for the breaker's own time.
+    assert!(began.elapsed() >= std::time::Duration::from_millis(100));
+    assert_eq!(calls(a.addr).await["chat"], 3, "one probe");
+}
+
+#[tokio::test]
 async fn client_errors_go_back_to_the_caller_without_retry() {
     let a = mock("[chat]\nerror_400 = 1.0\n").await;
     let b = mock("").await;

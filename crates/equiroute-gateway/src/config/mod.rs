@@ -3,6 +3,7 @@
 //! provider, ids are unique, policies are built and checked, secrets are read from the
 //! environment by name and never printed. Errors name the file, the field and the fix.
 
+use equiroute_core::breaker::BreakerConfig;
 use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::policies::PolicyConfig;
 use equiroute_core::{Candidate, CandidateId, Capabilities, Millis, Price, ServiceTier};
@@ -100,6 +101,8 @@ struct RawInterface {
     feature_dim: Option<usize>,
     /// Words of a request's text that are hashed into its features.
     feature_max_words: Option<usize>,
+    /// Thresholds of every provider's circuit breaker; fields left out keep their defaults.
+    breaker: Option<BreakerConfig>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -202,6 +205,8 @@ pub struct InterfaceConfig {
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub feature_max_words: usize,
+    /// Thresholds of each provider's circuit breaker.
+    pub breaker: BreakerConfig,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -421,6 +426,10 @@ fn load_interface(
     let attempt_timeout =
         positive(raw.attempt_timeout_ms, "attempt_timeout_ms")?.or(Some(Millis(60_000.0)));
     let stream_idle = positive(raw.stream_idle_ms, "stream_idle_ms")?.unwrap_or(Millis(30_000.0));
+    let breaker = raw.breaker.unwrap_or_default();
+    breaker
+        .validate()
+        .map_err(|e| vec![(at("breaker"), e.to_string())])?;
     let judge = match raw.judge {
         None => None,
         Some(j) => {
@@ -441,6 +450,7 @@ fn load_interface(
         },
         feature_dim,
         feature_max_words,
+        breaker,
         providers,
     })
 }
@@ -630,6 +640,8 @@ mod tests {
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
             (format!("[server]\nworker_threads = 0\n{base}"), "server.worker_threads", "at least 1"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nfeature_max_words = 10"), "interfaces.chat.feature_max_words", "between 64 and 1000000"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { consecutive_failures = 0 }"), "interfaces.chat.breaker", "breaker.consecutive_failures"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { window = 10, min_attempts = 20 }"), "interfaces.chat.breaker", "must not exceed breaker.window"),
         ];
         for (text, field, fix) in cases {
             let e = load(&text, "x.toml", &no_env).unwrap_err();
@@ -646,6 +658,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.fix.contains("weight"), "{e}");
+        // A partial breaker table keeps the other thresholds' defaults; a misspelt one is
+        // refused with the valid names.
+        let breaker = load(
+            &base.replace(
+                "kind = \"chat\"",
+                "kind = \"chat\"\nbreaker = { consecutive_failures = 2, open_ms = 5000 }",
+            ),
+            "x.toml",
+            &no_env,
+        )
+        .map(|c| c.interfaces[0].breaker);
+        assert_eq!(
+            breaker,
+            Ok(BreakerConfig {
+                consecutive_failures: 2,
+                open_ms: 5000.0,
+                ..BreakerConfig::default()
+            })
+        );
+        let e = load(
+            &base.replace(
+                "kind = \"chat\"",
+                "kind = \"chat\"\nbreaker = { failures = 2 }",
+            ),
+            "x.toml",
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("failures") && e.to_string().contains("consecutive_failures"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -80,7 +80,7 @@ impl InterfaceRuntime {
             deferred: Mutex::new(Vec::new()),
             deferred_len: AtomicUsize::new(0),
             breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),
-            breaker_config: BreakerConfig::default(),
+            breaker_config: cfg.breaker,
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
             candidates,
         })
