@@ -53,6 +53,14 @@ impl Summary {
             ci95: t * (var / n as f64).sqrt(),
         }
     }
+
+    /// "Within noise" of `other`, or above it: not clearly below it, because this 95%
+    /// interval reaches up to `other`'s (against the best policy, whose mean is the highest,
+    /// this is the intervals overlapping).
+    #[must_use]
+    pub fn within_noise_of(&self, other: &Summary) -> bool {
+        self.mean + self.ci95 >= other.mean - other.ci95
+    }
 }
 
 /// One policy's results in one scenario.
@@ -158,7 +166,17 @@ impl ScenarioReport {
             .filter_map(|n| self.policies.get_key_value(n))
     }
 
-    /// A plain-text table.
+    /// The policy with the highest mean quality other than the oracle (which knows the
+    /// world), if any.
+    #[must_use]
+    pub fn best(&self) -> Option<(&String, &PolicyReport)> {
+        self.ordered()
+            .filter(|(name, _)| name.as_str() != "oracle")
+            .max_by(|a, b| a.1.quality.mean.total_cmp(&b.1.quality.mean))
+    }
+
+    /// A plain-text table. Quality is marked `*` for the best policy (the oracle aside) and
+    /// `~` for those within noise of it (overlapping intervals).
     #[must_use]
     pub fn table(&self) -> String {
         let mut s = String::new();
@@ -171,9 +189,10 @@ impl ScenarioReport {
             seeds.join(","),
             self.rounds
         );
+        let best = self.best().map(|(name, r)| (name.clone(), r.quality));
         let _ = writeln!(
             s,
-            "{:<20} {:>15} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  share",
+            "{:<20} {:>17} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  share",
             "policy",
             "quality",
             "lat mean ms",
@@ -192,11 +211,16 @@ impl ScenarioReport {
                 .filter(|(_, v)| **v >= 0.005)
                 .map(|(p, v)| format!("{p} {:.0}%", v * 100.0))
                 .collect();
+            let mark = match &best {
+                Some((b, _)) if b == name => " *",
+                Some((_, q)) if name != "oracle" && r.quality.within_noise_of(q) => " ~",
+                _ => "  ",
+            };
             let _ = writeln!(
                 s,
-                "{:<20} {:>15} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  {}",
+                "{:<20} {:>17} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  {}",
                 name,
-                fmt(r.quality, 3),
+                format!("{}{mark}", fmt(r.quality, 3)),
                 fmt(r.latency_mean_ms, 0),
                 fmt(r.latency_p95_ms, 0),
                 fmt(r.deadline_miss_rate, 3),
@@ -206,6 +230,9 @@ impl ScenarioReport {
                 fmt(r.regret, 1),
                 share.join(", ")
             );
+        }
+        if best.is_some() {
+            s.push_str("quality: * best (the oracle aside), ~ within noise of it (95% intervals overlap)\n");
         }
         s
     }
@@ -267,5 +294,70 @@ mod tests {
                 ci95: 0.0
             }
         );
+    }
+
+    #[test]
+    fn the_table_marks_the_best_policy_and_those_within_noise_of_it() {
+        // Qualities per seed: a 0.60/0.62 (0.61 ± 12.706·0.01 = 0.127), b 0.20/0.22 (0.21 ±
+        // 0.127: below a's interval), c 0.50/0.70 (0.60 ± 1.27: reaches a's), oracle 0.9 (never marked).
+        let run = |policy: &str, seed: u64, quality: f64| RunResult {
+            policy: policy.to_owned(),
+            seed,
+            rounds: 10,
+            quality,
+            latency_mean_ms: 1.0,
+            latency_p95_ms: 1.0,
+            deadline_miss_rate: 0.0,
+            request_failure_rate: 0.0,
+            attempt_failure_rate: 0.0,
+            cost_per_request: 0.0,
+            regret: 0.0,
+            share: vec![1.0],
+            share_over_time: vec![vec![1.0]; BINS],
+            regret_over_time: vec![0.0; BINS],
+        };
+        let runs = [
+            run("a", 1, 0.60),
+            run("a", 2, 0.62),
+            run("b", 1, 0.20),
+            run("b", 2, 0.22),
+            run("c", 1, 0.50),
+            run("c", 2, 0.70),
+            run("oracle", 1, 0.9),
+            run("oracle", 2, 0.9),
+        ];
+        let names: Vec<String> = ["a", "b", "c", "oracle"].map(str::to_owned).to_vec();
+        let r = ScenarioReport::new("s", vec!["p".into()], &names, &runs);
+        assert_eq!(r.best().map(|(n, _)| n.as_str()), Some("a"));
+        let table = r.table();
+        let line = |p: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(&format!("{p} ")))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(line("a").contains("0.610 ± 0.127 *"), "{table}");
+        assert!(line("b").contains("0.210 ± 0.127  "), "{table}");
+        assert!(line("c").contains("0.600 ± 1.271 ~"), "{table}");
+        assert!(
+            !line("oracle").contains('*') && !line("oracle").contains('~'),
+            "{table}"
+        );
+        // Touching intervals count; clearly below does not; above always does.
+        let x = Summary {
+            mean: 0.5,
+            ci95: 0.125,
+        };
+        let y = Summary {
+            mean: 0.75,
+            ci95: 0.125,
+        };
+        assert!(x.within_noise_of(&y));
+        let z = Summary {
+            mean: 0.76,
+            ci95: 0.125,
+        };
+        assert!(!x.within_noise_of(&z) && z.within_noise_of(&x));
     }
 }
