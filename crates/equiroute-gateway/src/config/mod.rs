@@ -258,6 +258,32 @@ pub fn load(
     })
 }
 
+/// The file as raw tables. A problem carries the path of the table or field where it was
+/// found (`interfaces.chat.breaker`), or `(syntax)` where the text is not TOML, and the
+/// line and column.
+fn parse_raw(text: &str) -> Result<RawConfig, (String, String)> {
+    let at = |e: &toml::de::Error| {
+        e.span().map_or(String::new(), |s| {
+            let before = &text[..s.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!(" (line {line}, column {column})")
+        })
+    };
+    let de = toml::Deserializer::parse(text)
+        .map_err(|e| ("(syntax)".to_owned(), format!("{}{}", e.message(), at(&e))))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let field = if path.is_empty() || path == "." {
+            "(config)".to_owned()
+        } else {
+            path
+        };
+        (field, format!("{}{}", inner.message(), at(&inner)))
+    })
+}
+
 /// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
 /// it; otherwise every server field, interface and provider is checked).
 ///
@@ -273,8 +299,7 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let raw: RawConfig =
-        toml::from_str(text).map_err(|e| vec![err("(syntax)", e.message().to_owned())])?;
+    let raw = parse_raw(text).map_err(|(field, fix)| vec![err(&field, fix)])?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
     let listen: Option<SocketAddr> = listen_text.parse().ok();
@@ -686,10 +711,53 @@ mod tests {
             &no_env,
         )
         .unwrap_err();
+        assert_eq!(e.field, "interfaces.chat.breaker.failures", "{e}");
         assert!(
-            e.to_string().contains("failures") && e.to_string().contains("consecutive_failures"),
+            e.fix.contains("consecutive_failures") && e.fix.ends_with("(line 3, column 13)"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn parse_errors_name_the_path_the_line_and_the_column() {
+        let base = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let cases = [
+            (
+                base.replace("kind = \"sim\"", "kind = \"sim\"\nweight = 3"),
+                "interfaces.chat.providers[0].weight",
+                "unknown field `weight`",
+                "(line 6, column 1)",
+            ),
+            (
+                base.replace("p50_ms = 10", "p50_ms = \"ten\""),
+                "interfaces.chat.providers[0].sim.latency.p50_ms",
+                "invalid type: string \"ten\"",
+                "(line 6, column 30)",
+            ),
+            (
+                base.replace("\"chat\"", "\"chatt\""),
+                "interfaces.chat.kind",
+                "expected `chat` or `tool`",
+                "(line 2, column 8)",
+            ),
+            (
+                format!("[sever]\n{base}"),
+                "sever",
+                "expected one of `server`",
+                "(line 1, column 2)",
+            ),
+            (
+                base.replace("\"chat\"", "chat"),
+                "(syntax)",
+                "string values must be quoted",
+                "(line 2, column 8)",
+            ),
+        ];
+        for (text, field, what, place) in cases {
+            let e = load(&text, "x.toml", &no_env).unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+            assert!(e.fix.contains(what) && e.fix.ends_with(place), "{e}");
+        }
     }
 
     #[test]
