@@ -9,9 +9,12 @@
 //!  "policies": {"<name>": {"quality": {"mean": f, "ci95": f}, "latency_mean_ms": {..},
 //!     "latency_p95_ms": {..}, "deadline_miss_rate": {..}, "request_failure_rate": {..},
 //!     "attempt_failure_rate": {..}, "cost_per_request": {..}, "regret": {..},
-//!     "share": {"<provider>": f}}}}
+//!     "share": {"<provider>": f},
+//!     "per_seed": [{"seed": u64, "quality": f, "regret": f, "cost_per_request": f,
+//!                   "deadline_miss_rate": f}]}}}
 //! ```
-//! `ci95` is the half-width of the Student-t 95% interval of the mean over seeds.
+//! `ci95` is the half-width of the Student-t 95% interval of the mean over seeds; `per_seed`
+//! (in seed order) shows which seeds a mean and its interval come from.
 
 pub mod plot;
 
@@ -75,12 +78,25 @@ pub struct PolicyReport {
     pub cost_per_request: Summary,
     pub regret: Summary,
     pub share: BTreeMap<String, f64>,
+    /// The headline numbers of each seed's run, in seed order.
+    #[serde(default)]
+    pub per_seed: Vec<SeedResult>,
     /// Mean share per provider per time bin (for plots; not in JSON).
     #[serde(skip)]
     pub share_over_time: Vec<Vec<f64>>,
     /// Mean cumulative regret per time bin (for plots; not in JSON).
     #[serde(skip)]
     pub regret_over_time: Vec<f64>,
+}
+
+/// One seed's run of a policy, in brief.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub quality: f64,
+    pub regret: f64,
+    pub cost_per_request: f64,
+    pub deadline_miss_rate: f64,
 }
 
 /// One scenario's results.
@@ -111,7 +127,8 @@ impl ScenarioReport {
         seed_list.sort_unstable();
         seed_list.dedup();
         for name in policies {
-            let rs: Vec<&RunResult> = runs.iter().filter(|r| &r.policy == name).collect();
+            let mut rs: Vec<&RunResult> = runs.iter().filter(|r| &r.policy == name).collect();
+            rs.sort_by_key(|r| r.seed);
             let pick = |f: fn(&RunResult) -> f64| {
                 Summary::of(&rs.iter().map(|r| f(r)).collect::<Vec<_>>())
             };
@@ -143,6 +160,16 @@ impl ScenarioReport {
                     cost_per_request: pick(|r| r.cost_per_request),
                     regret: pick(|r| r.regret),
                     share,
+                    per_seed: rs
+                        .iter()
+                        .map(|r| SeedResult {
+                            seed: r.seed,
+                            quality: r.quality,
+                            regret: r.regret,
+                            cost_per_request: r.cost_per_request,
+                            deadline_miss_rate: r.deadline_miss_rate,
+                        })
+                        .collect(),
                     share_over_time,
                     regret_over_time,
                 },
@@ -329,6 +356,15 @@ mod tests {
         let names: Vec<String> = ["a", "b", "c", "oracle"].map(str::to_owned).to_vec();
         let r = ScenarioReport::new("s", vec!["p".into()], &names, &runs);
         assert_eq!(r.best().map(|(n, _)| n.as_str()), Some("a"));
+        // Each seed's own numbers, in seed order, in the JSON too.
+        let seeds: Vec<(u64, f64)> = r.policies["c"]
+            .per_seed
+            .iter()
+            .map(|s| (s.seed, s.quality))
+            .collect();
+        assert_eq!(seeds, vec![(1, 0.50), (2, 0.70)]);
+        let json = serde_json::to_value(&r).unwrap_or_default();
+        assert_eq!(json["policies"]["b"]["per_seed"][1]["quality"], 0.22);
         let table = r.table();
         let line = |p: &str| {
             table
