@@ -14,4 +14,5 @@
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod toml_text;
 pub mod world;

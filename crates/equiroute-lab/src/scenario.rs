@@ -231,8 +231,13 @@ pub enum EventKind {
 /// A scenario that cannot be used, with the field and the fix.
 #[derive(Debug, Error, PartialEq)]
 pub enum ScenarioError {
-    #[error("{file}: {message}")]
-    Parse { file: String, message: String },
+    /// Not TOML, or a field of the wrong type or name: its path and the line and column.
+    #[error("{file}: `{field}`: {message}")]
+    Parse {
+        file: String,
+        field: String,
+        message: String,
+    },
     #[error("{file}: `{field}`: {fix}")]
     Invalid {
         file: String,
@@ -249,10 +254,12 @@ impl ScenarioSpec {
     /// # Errors
     /// TOML syntax, unknown fields, or values that make no sense, with the field named.
     pub fn from_toml(text: &str, file: &str) -> Result<ScenarioSpec, ScenarioError> {
-        let spec: ScenarioSpec = toml::from_str(text).map_err(|e| ScenarioError::Parse {
-            file: file.to_owned(),
-            message: e.to_string(),
-        })?;
+        let spec: ScenarioSpec =
+            crate::toml_text::parse(text).map_err(|p| ScenarioError::Parse {
+                file: file.to_owned(),
+                field: p.field,
+                message: p.fix,
+            })?;
         spec.validate(file)?;
         Ok(spec)
     }

@@ -83,6 +83,14 @@ fn bad_scenarios_name_the_field_and_the_fix() {
     // Unknown fields are syntax errors that name the field.
     let err = error_of(&MINIMAL.replace("clusters = 2", "clusters = 2\nclustres = 3"));
     assert!(err.contains("clustres"), "{err}");
+    // Inside a table, with its path and its line and column.
+    let err =
+        error_of(&MINIMAL.replace("p50_ms = 300, p95_ms = 500", "p50_ms = 300, p59_ms = 500"));
+    assert!(
+        err.starts_with("test.toml: `providers[1].latency.p59_ms`: unknown field `p59_ms`")
+            && err.ends_with("(line 18, column 27)"),
+        "{err}"
+    );
     assert!(matches!(
         ScenarioSpec::from_toml("rounds = ", "x.toml"),
         Err(ScenarioError::Parse { .. })

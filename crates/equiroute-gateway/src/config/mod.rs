@@ -258,32 +258,6 @@ pub fn load(
     })
 }
 
-/// The file as raw tables. A problem carries the path of the table or field where it was
-/// found (`interfaces.chat.breaker`), or `(syntax)` where the text is not TOML, and the
-/// line and column.
-fn parse_raw(text: &str) -> Result<RawConfig, (String, String)> {
-    let at = |e: &toml::de::Error| {
-        e.span().map_or(String::new(), |s| {
-            let before = &text[..s.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-            format!(" (line {line}, column {column})")
-        })
-    };
-    let de = toml::Deserializer::parse(text)
-        .map_err(|e| ("(syntax)".to_owned(), format!("{}{}", e.message(), at(&e))))?;
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let field = if path.is_empty() || path == "." {
-            "(config)".to_owned()
-        } else {
-            path
-        };
-        (field, format!("{}{}", inner.message(), at(&inner)))
-    })
-}
-
 /// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
 /// it; otherwise every server field, interface and provider is checked).
 ///
@@ -299,7 +273,15 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let raw = parse_raw(text).map_err(|(field, fix)| vec![err(&field, fix)])?;
+    let raw: RawConfig = equiroute_lab::toml_text::parse(text).map_err(|p| {
+        // The whole file's problem (a missing top-level field) is reported as the config's.
+        let field = if p.field == "(file)" {
+            "(config)".to_owned()
+        } else {
+            p.field
+        };
+        vec![err(&field, p.fix)]
+    })?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
     let listen: Option<SocketAddr> = listen_text.parse().ok();
