@@ -40,6 +40,15 @@ api_key_env = "MOCK_KEY_A"
     )
 }
 
+/// [`config`] with `lines` added to the chat interface's table.
+fn config_with(a: std::net::SocketAddr, b: std::net::SocketAddr, lines: &str) -> String {
+    config(a, b).replacen(
+        "deadline_ms = 3000",
+        &format!("deadline_ms = 3000\n{lines}"),
+        1,
+    )
+}
+
 fn chat() -> String {
     json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).to_string()
 }
@@ -109,26 +118,29 @@ async fn the_configured_breaker_opens_after_its_own_threshold_and_half_opens_aft
     let a = mock("[chat]\nerror_500 = 1.0\n").await;
     let b = mock("").await;
     // Opens after 2 consecutive failures (default 5), for 300 ms (default 30 s).
-    let text = config(a.addr, b.addr).replacen(
-        "deadline_ms = 3000",
-        "deadline_ms = 3000\nbreaker = { consecutive_failures = 2, open_ms = 300 }",
-        1,
+    let text = config_with(
+        a.addr,
+        b.addr,
+        "breaker = { consecutive_failures = 2, open_ms = 300 }",
     );
     let gw = start(&text, &[("MOCK_KEY_A", "k")]).await;
-    let attempts = |r: &common::Reply| r.header("x-equiroute-attempts").map(str::to_owned);
     for _ in 0..2 {
         let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
-        assert_eq!(attempts(&r).as_deref(), Some("2"), "a fails, b answers");
+        assert_eq!(
+            r.header("x-equiroute-attempts"),
+            Some("2"),
+            "a fails, b answers"
+        );
     }
     // Open after the second failure: `static` still prefers a, but b answers directly.
     let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
-    assert_eq!(attempts(&r).as_deref(), Some("1"));
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
     assert_eq!(calls(a.addr).await["chat"], 2);
     // Half-open once its 300 ms are over: a is probed again (bounded: 5 s).
     let began = std::time::Instant::now();
     loop {
         let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
-        if attempts(&r).as_deref() == Some("2") {
+        if r.header("x-equiroute-attempts") == Some("2") {
             break;
         }
         assert!(
@@ -174,10 +186,7 @@ async fn client_errors_go_back_to_the_caller_without_retry() {
 async fn timeouts_and_dead_providers_fall_back_within_the_deadline() {
     let a = mock("[chat]\nlatency = { p50_ms = 2000, p95_ms = 2000 }\n").await;
     let b = mock("").await;
-    let cfg = config(a.addr, b.addr).replace(
-        "deadline_ms = 3000",
-        "deadline_ms = 3000\nattempt_timeout_ms = 200",
-    );
+    let cfg = config_with(a.addr, b.addr, "attempt_timeout_ms = 200");
     let gw = start(&cfg, &[("MOCK_KEY_A", "k")]).await;
     let t = std::time::Instant::now();
     let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
@@ -250,10 +259,7 @@ async fn a_broken_stream_ends_in_an_error_event_not_done() {
     ] {
         let a = mock(profile).await;
         let b = mock("").await;
-        let cfg = config(a.addr, b.addr).replace(
-            "deadline_ms = 3000",
-            "deadline_ms = 3000\nstream_idle_ms = 300",
-        );
+        let cfg = config_with(a.addr, b.addr, "stream_idle_ms = 300");
         let gw = start(&cfg, &[("MOCK_KEY_A", "k")]).await;
         let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &streamed()).await;
         assert_eq!(r.status, 200, "the stream was committed before it broke");
@@ -286,10 +292,7 @@ async fn a_broken_stream_ends_in_an_error_event_not_done() {
 async fn no_first_byte_in_time_falls_back_before_anything_is_sent() {
     let a = mock("[chat]\nlatency = { p50_ms = 2000, p95_ms = 2000 }\n").await;
     let b = mock("").await;
-    let cfg = config(a.addr, b.addr).replace(
-        "deadline_ms = 3000",
-        "deadline_ms = 3000\nattempt_timeout_ms = 200",
-    );
+    let cfg = config_with(a.addr, b.addr, "attempt_timeout_ms = 200");
     let gw = start(&cfg, &[("MOCK_KEY_A", "k")]).await;
     let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &streamed()).await;
     assert_eq!(

@@ -184,16 +184,13 @@ pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinU
     if !ranking.order.iter().any(unscored) {
         return;
     }
-    let best_lower = if heads.moments.is_empty() {
-        f64::INFINITY
-    } else {
-        ranking
-            .order
-            .iter()
-            .filter_map(|s| heads.score_bounds(s.index, cfg.warmup_exit_z))
-            .map(|(lower, _)| lower)
-            .fold(f64::NEG_INFINITY, f64::max)
-    };
+    // Without moments (`warmup_exit_z = 0`) there are no bounds and nobody is released.
+    let best_lower = ranking
+        .order
+        .iter()
+        .filter_map(|s| heads.score_bounds(s.index, cfg.warmup_exit_z))
+        .map(|(lower, _)| lower)
+        .fold(f64::NEG_INFINITY, f64::max);
     let released = |s: &ScoredCandidate| {
         heads
             .score_bounds(s.index, cfg.warmup_exit_z)

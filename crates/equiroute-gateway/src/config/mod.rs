@@ -273,15 +273,8 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let raw: RawConfig = equiroute_lab::toml_text::parse(text).map_err(|p| {
-        // The whole file's problem (a missing top-level field) is reported as the config's.
-        let field = if p.field == "(file)" {
-            "(config)".to_owned()
-        } else {
-            p.field
-        };
-        vec![err(&field, p.fix)]
-    })?;
+    let raw: RawConfig =
+        equiroute_lab::toml_text::parse(text).map_err(|p| vec![err(&p.field, p.fix)])?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
     let listen: Option<SocketAddr> = listen_text.parse().ok();

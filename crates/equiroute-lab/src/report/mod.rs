@@ -216,7 +216,7 @@ impl ScenarioReport {
             seeds.join(","),
             self.rounds
         );
-        let best = self.best().map(|(name, r)| (name.clone(), r.quality));
+        let best = self.best();
         let _ = writeln!(
             s,
             "{:<20} {:>17} {:>13} {:>13} {:>13} {:>13} {:>13} {:>15} {:>13}  share",
@@ -238,9 +238,9 @@ impl ScenarioReport {
                 .filter(|(_, v)| **v >= 0.005)
                 .map(|(p, v)| format!("{p} {:.0}%", v * 100.0))
                 .collect();
-            let mark = match &best {
+            let mark = match best {
                 Some((b, _)) if b == name => " *",
-                Some((_, q)) if name != "oracle" && r.quality.within_noise_of(q) => " ~",
+                Some((_, br)) if name != "oracle" && r.quality.within_noise_of(&br.quality) => " ~",
                 _ => "  ",
             };
             let _ = writeln!(
