@@ -54,6 +54,18 @@ def check_bad_request(client):
     raise AssertionError("expected openai.BadRequestError")
 
 
+def check_bad_field(client):
+    # A field the gateway reads, of a wrong value: the SDK sees the field in `param`.
+    try:
+        client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=-5)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert e.param == "max_tokens", (e.param, str(e))
+        assert e.code == "invalid_value", (e.code, str(e))
+        return
+    raise AssertionError("expected openai.BadRequestError")
+
+
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/debug/equiroute"
     proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
@@ -63,7 +75,7 @@ def main():
         match = re.search(r"http://([0-9.]+:[0-9]+)", line)
         assert match, f"no address in {line!r}"
         client = openai.OpenAI(base_url=f"http://{match.group(1)}/v1", api_key="unused", max_retries=0)
-        for check in (check_completion, check_stream, check_not_found, check_bad_request):
+        for check in (check_completion, check_stream, check_not_found, check_bad_request, check_bad_field):
             try:
                 check(client)
                 passed += 1

@@ -159,6 +159,142 @@ async fn bad_requests_get_openai_style_errors() {
     assert_eq!(r.status, 413);
 }
 
+/// The fields the gateway acts on are checked before routing: a wrong type is a 400 naming
+/// the field, not read as absent (a `"stream": "yes"` answered unstreamed, a negative
+/// `max_tokens` sized as the default); `null` stays "unset", as OpenAI reads it.
+#[tokio::test]
+async fn chat_fields_the_gateway_reads_are_checked_before_routing() {
+    let gw = start(TWO, &[]).await;
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let cases = [
+        (json!([1, 2]), "invalid_body", Value::Null, "got an array"),
+        (
+            json!({"model": 5, "messages": user}),
+            "missing_model",
+            json!("model"),
+            "got a number",
+        ),
+        (
+            json!({"model": "chat", "messages": [7]}),
+            "invalid_type",
+            json!("messages[0]"),
+            "got a number",
+        ),
+        (
+            json!({"model": "chat", "messages": [{"role": "user", "content": "a"}, {"content": "b"}]}),
+            "invalid_type",
+            json!("messages[1].role"),
+            "got nothing",
+        ),
+        (
+            json!({"model": "chat", "messages": user, "stream": "yes"}),
+            "invalid_type",
+            json!("stream"),
+            "got a string",
+        ),
+        (
+            json!({"model": "chat", "messages": user, "max_tokens": -5}),
+            "invalid_value",
+            json!("max_tokens"),
+            "got -5",
+        ),
+        (
+            json!({"model": "chat", "messages": user, "max_tokens": 1.5}),
+            "invalid_value",
+            json!("max_tokens"),
+            "got 1.5",
+        ),
+        (
+            json!({"model": "chat", "messages": user, "max_completion_tokens": 0}),
+            "invalid_value",
+            json!("max_completion_tokens"),
+            "from 1 to",
+        ),
+        (
+            json!({"model": "chat", "messages": user, "tools": {}}),
+            "invalid_type",
+            json!("tools"),
+            "got an object",
+        ),
+        (
+            json!({"model": "chat", "messages": user, "response_format": "json"}),
+            "invalid_type",
+            json!("response_format"),
+            "got a string",
+        ),
+    ];
+    for (body, code, param, says) in cases {
+        let r = http(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &body.to_string(),
+        )
+        .await;
+        let e = r.json();
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(e["error"]["code"], code, "{body}: {}", r.body);
+        assert_eq!(e["error"]["param"], param, "{body}: {}", r.body);
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{body}: {message}");
+    }
+    let metrics = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        !metrics.contains("equiroute_attempts_total{"),
+        "a rejected body reached a provider:\n{metrics}"
+    );
+    // Explicit nulls are "unset"; well-typed fields pass.
+    let ok = json!({"model": "chat/good", "messages": user, "stream": null, "max_tokens": null,
+        "tools": null, "response_format": {"type": "text"}, "max_completion_tokens": 64});
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &ok.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// A feedback body of the wrong shape is refused with the field at fault.
+#[tokio::test]
+async fn feedback_errors_name_the_field() {
+    let gw = start(TWO, &[]).await;
+    for (body, param, says) in [
+        (
+            r#"{"request_id": 5, "quality": 0.5}"#,
+            json!("request_id"),
+            "expected a string",
+        ),
+        (
+            r#"{"request_id": "x", "quality": "high"}"#,
+            json!("quality"),
+            "expected f64",
+        ),
+        (
+            r#"{"request_id": "x", "quality": 0.5, "source": "boss"}"#,
+            json!("source"),
+            "unknown variant",
+        ),
+        (
+            r#"{"request_id": "x"}"#,
+            Value::Null,
+            "missing field `quality`",
+        ),
+        ("not json", Value::Null, "expected"),
+    ] {
+        let r = http(gw.addr, "POST", "/v1/feedback", &[], body).await;
+        let e = r.json();
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(e["error"]["code"], "invalid_feedback", "{body}: {}", r.body);
+        assert_eq!(e["error"]["param"], param, "{body}: {}", r.body);
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{body}: {message}");
+    }
+}
+
 #[tokio::test]
 async fn feedback_reaches_the_policy_once() {
     let gw = start(TWO, &[]).await;

@@ -4,6 +4,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use std::borrow::Cow;
 
 /// An error answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,7 +13,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub code: &'static str,
     pub message: String,
-    pub param: Option<&'static str>,
+    /// The request field at fault (`max_tokens`, `messages[2].role`), as OpenAI names it.
+    pub param: Option<Cow<'static, str>>,
 }
 
 impl ApiError {
@@ -26,7 +28,15 @@ impl ApiError {
             kind: "invalid_request_error",
             code,
             message: message.into(),
-            param,
+            param: param.map(Cow::Borrowed),
+        }
+    }
+    /// A 400 for the request field `param`, whose path is built per request
+    /// (`messages[2].role`).
+    pub fn bad_field(code: &'static str, param: String, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(Cow::Owned(param)),
+            ..ApiError::bad_request(code, None, message)
         }
     }
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {

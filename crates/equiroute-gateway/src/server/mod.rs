@@ -308,6 +308,123 @@ fn routed(answered: &execute::Answered) -> Response {
     resp
 }
 
+/// What a JSON value is, for an error message ("got a string").
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A chat field the gateway reads: its name, whether a value is valid, and what it must be.
+type FieldCheck = (&'static str, fn(&Value) -> bool, &'static str);
+
+/// Checks the fields of a chat body that the gateway acts on itself — `model` (routing),
+/// `messages` (features and size), `stream`, `max_tokens` / `max_completion_tokens` (size
+/// and cost), `tools` and `response_format` (eligibility) — and answers the model. A field of
+/// the wrong type would otherwise be read as absent: a `"stream": "yes"` answered without
+/// streaming, a `"max_tokens": -5` sized as the default. Everything else goes to the provider
+/// as it came, and the provider judges it.
+fn check_chat_body(body: &Value) -> Result<&str, ApiError> {
+    let Some(obj) = body.as_object() else {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            None,
+            format!(
+                "the body must be a JSON object (a chat completions request), got {}",
+                json_kind(body)
+            ),
+        ));
+    };
+    let Some(Value::String(model)) = obj.get("model") else {
+        let got = obj
+            .get("model")
+            .map_or(String::new(), |v| format!(", got {}", json_kind(v)));
+        return Err(ApiError::bad_request(
+            "missing_model",
+            Some("model"),
+            format!(
+                "`model` is required as a string: name an interface, or interface/provider{got}"
+            ),
+        ));
+    };
+    let Some(messages) = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+    else {
+        return Err(ApiError::bad_request(
+            "missing_messages",
+            Some("messages"),
+            "`messages` must be a non-empty array",
+        ));
+    };
+    for (i, m) in messages.iter().enumerate() {
+        if !m.is_object() {
+            return Err(ApiError::bad_field(
+                "invalid_type",
+                format!("messages[{i}]"),
+                format!(
+                    "`messages[{i}]` must be an object with a `role` and a `content`, got {}",
+                    json_kind(m)
+                ),
+            ));
+        }
+        if !m.get("role").is_some_and(Value::is_string) {
+            let got = m.get("role").map_or("nothing", json_kind);
+            return Err(ApiError::bad_field(
+                "invalid_type",
+                format!("messages[{i}].role"),
+                format!("`messages[{i}].role` must be a string such as \"user\", got {got}"),
+            ));
+        }
+    }
+    let tokens = |v: &Value| {
+        v.as_u64()
+            .is_some_and(|t| t >= 1 && u32::try_from(t).is_ok())
+    };
+    let checks: [FieldCheck; 5] = [
+        ("stream", Value::is_boolean, "true or false"),
+        (
+            "max_tokens",
+            tokens,
+            "a whole number of tokens from 1 to 4294967295",
+        ),
+        (
+            "max_completion_tokens",
+            tokens,
+            "a whole number of tokens from 1 to 4294967295",
+        ),
+        ("tools", Value::is_array, "an array of tool definitions"),
+        (
+            "response_format",
+            |v| v.get("type").is_some_and(Value::is_string),
+            "an object with a string `type` (\"text\", \"json_object\", \"json_schema\")",
+        ),
+    ];
+    for (name, valid, expected) in checks {
+        // `null` is "unset", as OpenAI reads it.
+        let Some(v) = obj.get(name).filter(|v| !v.is_null() && !valid(v)) else {
+            continue;
+        };
+        let (code, got) = match v {
+            // A number where a count of tokens is wanted: the value is wrong, not the type.
+            Value::Number(n) if name.ends_with("tokens") => ("invalid_value", n.to_string()),
+            _ => ("invalid_type", json_kind(v).to_owned()),
+        };
+        return Err(ApiError::bad_request(
+            code,
+            Some(name),
+            format!("`{name}` must be {expected}, got {got}"),
+        ));
+    }
+    Ok(model)
+}
+
 /// `POST /v1/chat/completions`: `model` names an interface, or `interface/provider` to pin one.
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
@@ -315,24 +432,7 @@ async fn chat_completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let body = parse_json(body)?;
-    let model = body.get("model").and_then(Value::as_str).ok_or_else(|| {
-        ApiError::bad_request(
-            "missing_model",
-            Some("model"),
-            "`model` is required: name an interface, or interface/provider",
-        )
-    })?;
-    if body
-        .get("messages")
-        .and_then(Value::as_array)
-        .is_none_or(Vec::is_empty)
-    {
-        return Err(ApiError::bad_request(
-            "missing_messages",
-            Some("messages"),
-            "`messages` must be a non-empty array",
-        ));
-    }
+    let model = check_chat_body(&body)?;
     let (name, pinned) = model
         .split_once('/')
         .map_or((model, None), |(i, p)| (i, Some(p)));
@@ -424,8 +524,22 @@ async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Res
         #[serde(default)]
         source: Option<equiroute_core::FeedbackSource>,
     }
-    let b: Body = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request("invalid_feedback", None, format!("expected {{\"request_id\": str, \"quality\": number in [0,1], \"source\": \"judge|user|api|gold\"}}: {e}"))
+    let b: Body = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(
+        &body,
+    ))
+    .map_err(|e| {
+        let field = e.path().to_string();
+        let expected = "expected {\"request_id\": str, \"quality\": number in [0,1], \"source\": \"judge|user|api|gold\"}";
+        let e = e.into_inner();
+        if field == "." {
+            ApiError::bad_request("invalid_feedback", None, format!("{expected}: {e}"))
+        } else {
+            ApiError::bad_field(
+                "invalid_feedback",
+                field.clone(),
+                format!("`{field}`: {e}; {expected}"),
+            )
+        }
     })?;
     if !(0.0..=1.0).contains(&b.quality) {
         return Err(ApiError::bad_request(
