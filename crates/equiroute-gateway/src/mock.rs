@@ -73,9 +73,62 @@ impl MockProfile {
     /// Parses a profile; `file` names it in errors.
     ///
     /// # Errors
-    /// Syntax errors and unknown fields, with the field named.
+    /// Syntax errors, unknown fields and values out of range, with the field named.
     pub fn from_toml(text: &str, file: &str) -> Result<MockProfile, String> {
-        toml::from_str(text).map_err(|e| format!("{file}: {}", e.message()))
+        let profile: MockProfile = equiroute_lab::toml_text::parse(text)
+            .map_err(|p| format!("{file}: `{}`: {}", p.field, p.fix))?;
+        for (name, route) in [("chat", &profile.chat), ("search", &profile.search)] {
+            route
+                .check()
+                .map_err(|(field, fix)| format!("{file}: `{name}.{field}`: {fix}"))?;
+        }
+        Ok(profile)
+    }
+}
+
+impl RouteProfile {
+    /// The first field out of range, and what it must be.
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        let l = &self.latency;
+        if !(l.p50_ms >= 0.0 && l.p95_ms >= l.p50_ms && l.p95_ms.is_finite()) {
+            return Err((
+                "latency",
+                format!(
+                    "needs 0 ≤ p50_ms ≤ p95_ms (finite), got p50_ms = {}, p95_ms = {}",
+                    l.p50_ms, l.p95_ms
+                ),
+            ));
+        }
+        let rates = [
+            ("error_500", self.error_500),
+            ("error_503", self.error_503),
+            ("error_429", self.error_429),
+            ("error_400", self.error_400),
+        ];
+        for (field, r) in rates {
+            if !(0.0..=1.0).contains(&r) {
+                return Err((field, format!("a probability from 0 to 1, got {r}")));
+            }
+        }
+        let total: f64 = rates.iter().map(|(_, r)| r).sum();
+        if total > 1.0 + 1e-9 {
+            return Err((
+                "error_500",
+                format!(
+                    "error_500 + error_503 + error_429 + error_400 must be at most 1, got {total}"
+                ),
+            ));
+        }
+        if !(self.chunk_gap_ms >= 0.0 && self.chunk_gap_ms.is_finite()) {
+            return Err((
+                "chunk_gap_ms",
+                format!("milliseconds ≥ 0, got {}", self.chunk_gap_ms),
+            ));
+        }
+        if let Some(s) = self.retry_after_s.filter(|s| !(*s >= 0.0 && s.is_finite())) {
+            return Err(("retry_after_s", format!("seconds ≥ 0, got {s}")));
+        }
+        Ok(())
     }
 }
 
@@ -289,4 +342,52 @@ async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
         "search": state.counters.search.load(Ordering::Relaxed),
         "authorized": state.counters.authorized.load(Ordering::Relaxed),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{LatencySpec, MockProfile};
+
+    #[test]
+    fn a_profile_names_the_field_at_fault() {
+        let err = |text: &str| MockProfile::from_toml(text, "m.toml").unwrap_err();
+        let e = err("[chat]\nerror_500 = \"often\"\n");
+        assert!(e.starts_with("m.toml: `chat.error_500`:"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = err("[search]\nlatency_ms = 5\n");
+        assert!(
+            e.contains("`search.latency_ms`") && e.contains("unknown field"),
+            "{e}"
+        );
+        let e = err("[chat]\nerror_429 = 1.5\n");
+        assert_eq!(
+            e,
+            "m.toml: `chat.error_429`: a probability from 0 to 1, got 1.5"
+        );
+        let e = err("[chat]\nerror_500 = 0.6\nerror_503 = 0.6\n");
+        assert!(e.contains("must be at most 1, got 1.2"), "{e}");
+        let e = err("[search]\nlatency = { p50_ms = 30, p95_ms = 10 }\n");
+        assert!(
+            e.starts_with("m.toml: `search.latency`: needs 0 ≤ p50_ms ≤ p95_ms"),
+            "{e}"
+        );
+        let e = err("[chat]\nretry_after_s = -1\n");
+        assert!(e.contains("`chat.retry_after_s`"), "{e}");
+        // The throughput variant: no latency at all, and the defaults.
+        let p = MockProfile::from_toml("[chat]\nlatency = { p50_ms = 0, p95_ms = 0 }\n", "m.toml")
+            .unwrap();
+        assert_eq!(
+            (p.chat.latency, p.search.latency),
+            (
+                LatencySpec {
+                    p50_ms: 0.0,
+                    p95_ms: 0.0
+                },
+                LatencySpec {
+                    p50_ms: 20.0,
+                    p95_ms: 20.0
+                }
+            )
+        );
+    }
 }
