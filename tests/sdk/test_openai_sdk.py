@@ -66,6 +66,12 @@ def check_bad_field(client):
     raise AssertionError("expected openai.BadRequestError")
 
 
+def check_models(client):
+    ids = [m.id for m in client.models.list()]
+    assert "chat" in ids and "chat/sim-small" in ids, ids
+    assert client.models.retrieve("chat/sim-small").id == "chat/sim-small"
+
+
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/debug/equiroute"
     proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
@@ -75,7 +81,7 @@ def main():
         match = re.search(r"http://([0-9.]+:[0-9]+)", line)
         assert match, f"no address in {line!r}"
         client = openai.OpenAI(base_url=f"http://{match.group(1)}/v1", api_key="unused", max_retries=0)
-        for check in (check_completion, check_stream, check_not_found, check_bad_request, check_bad_field):
+        for check in (check_completion, check_stream, check_not_found, check_bad_request, check_bad_field, check_models):
             try:
                 check(client)
                 passed += 1

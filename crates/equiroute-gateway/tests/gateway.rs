@@ -400,4 +400,55 @@ async fn keys_are_required_when_configured_and_never_echoed() {
     assert_eq!(r.status, 200);
     // Health and metrics stay open for probes.
     assert_eq!(http(gw.addr, "GET", "/healthz", &[], "").await.status, 200);
+    // The model list is behind the gateway key like the routes it describes.
+    assert_eq!(
+        http(gw.addr, "GET", "/v1/models", &[], "").await.status,
+        401
+    );
+}
+
+/// `GET /v1/models` lists what `model` can name, as OpenAI clients expect; a path or method
+/// the gateway does not serve gets an OpenAI-style error body, not an empty one.
+#[tokio::test]
+async fn models_are_listed_and_unknown_routes_answer_in_json() {
+    let gw = start(TWO, &[]).await;
+    let r = http(gw.addr, "GET", "/v1/models", &[], "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let list = r.json();
+    assert_eq!(list["object"], "list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["chat", "chat/broken", "chat/good", "chat/slow"]);
+    assert!(list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["object"] == "model"));
+    // Every listed id is a `model` the chat route takes.
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat(ids[2])).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let one = http(gw.addr, "GET", "/v1/models/chat/good", &[], "").await;
+    assert_eq!(
+        (one.status, one.json()["owned_by"].clone()),
+        (200, json!("good-model"))
+    );
+    let r = http(gw.addr, "GET", "/v1/models/search", &[], "").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+    assert!(r.body.contains("chat/good"), "{}", r.body);
+    let r = http(gw.addr, "POST", "/v1/embeddings", &[], "{}").await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (404, json!("unknown_route"))
+    );
+    assert!(r.body.contains("POST /v1/chat/completions"), "{}", r.body);
+    let r = http(gw.addr, "GET", "/v1/chat/completions", &[], "").await;
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].clone()),
+        (405, json!("method_not_allowed"))
+    );
 }

@@ -37,6 +37,8 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/tools/{interface}", post(tool_call))
         .route("/v1/feedback", post(feedback))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*model}", get(get_model))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     let admin = Router::new()
         .route("/v1/interfaces", get(list_interfaces))
@@ -51,6 +53,8 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
@@ -574,6 +578,79 @@ async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Res
         source: b.source.unwrap_or(equiroute_core::FeedbackSource::Api),
     };
     Ok((StatusCode::OK, Json(json!({"status": "accepted", "request_id": b.request_id, "quality": fb.quality, "source": fb.source}))).into_response())
+}
+
+/// The routes, for the answer to a request that matches none.
+const ROUTES: &str = "POST /v1/chat/completions, POST /v1/tools/{interface}, POST /v1/feedback, \
+GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /metrics, GET /healthz, GET /readyz";
+
+/// A path the gateway does not serve: an OpenAI-style 404 (SDKs show its message) instead of
+/// an empty body.
+async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(
+        "unknown_route",
+        format!(
+            "no route {method} {}: the gateway serves {ROUTES}",
+            uri.path()
+        ),
+    )
+}
+
+/// A known path with another method.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        ..ApiError::not_found(
+            "method_not_allowed",
+            format!(
+                "{} does not take {method}: the gateway serves {ROUTES}",
+                uri.path()
+            ),
+        )
+    }
+}
+
+/// The OpenAI model objects: each chat interface (routed), then each of its providers
+/// pinned as `interface/provider`.
+fn model_objects(state: &AppState) -> Vec<Value> {
+    let mut out = Vec::new();
+    for i in state
+        .interfaces
+        .values()
+        .filter(|i| i.kind == InterfaceKind::Chat)
+    {
+        out.push(json!({"id": i.name, "object": "model", "created": 0, "owned_by": "equiroute"}));
+        for c in &i.candidates {
+            out.push(json!({
+                "id": format!("{}/{}", i.name, c.id.0),
+                "object": "model",
+                "created": 0,
+                "owned_by": c.model,
+            }));
+        }
+    }
+    out
+}
+
+/// `GET /v1/models`: what `model` can name, as OpenAI lists models.
+async fn list_models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": model_objects(&state)}))
+}
+
+/// `GET /v1/models/{model}`: one of them (`chat` or `chat/provider`).
+async fn get_model(
+    State(state): State<Arc<AppState>>,
+    Path(model): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let mut all = model_objects(&state);
+    if let Some(at) = all.iter().position(|m| m["id"] == model.as_str()) {
+        return Ok(Json(all.swap_remove(at)));
+    }
+    let ids: Vec<&str> = all.iter().filter_map(|m| m["id"].as_str()).collect();
+    Err(ApiError::not_found(
+        "model_not_found",
+        format!("no model `{model}`: use one of {}", ids.join(", ")),
+    ))
 }
 
 async fn list_interfaces(State(state): State<Arc<AppState>>) -> Json<Value> {
