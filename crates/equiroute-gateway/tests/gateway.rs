@@ -155,8 +155,17 @@ async fn bad_requests_get_openai_style_errors() {
         r#"{{"model":"chat","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "x".repeat(2 << 20)
     );
-    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &big).await;
-    assert_eq!(r.status, 413);
+    for path in ["/v1/chat/completions", "/v1/tools/search", "/v1/feedback"] {
+        let r = http(gw.addr, "POST", path, &[], &big).await;
+        assert_eq!(r.status, 413, "{path}");
+        assert_eq!(
+            r.json()["error"]["code"],
+            "request_too_large",
+            "{path}: {}",
+            r.body
+        );
+        assert!(r.body.contains("server.max_body_bytes"), "{}", r.body);
+    }
 }
 
 /// The fields the gateway acts on are checked before routing: a wrong type is a 400 naming

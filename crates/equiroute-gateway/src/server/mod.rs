@@ -192,8 +192,32 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
     guarded(&state.api_keys, req, next).await
 }
 
-fn parse_json(body: Bytes) -> Result<ClientBody, ApiError> {
-    ClientBody::parse(body).map_err(|e| {
+/// A request body as the handlers take it: the bytes, or why axum could not read them.
+type BodyBytes = Result<Bytes, axum::extract::rejection::BytesRejection>;
+
+/// The bytes of `body`; a body over `server.max_body_bytes` is an OpenAI-style 413 (axum's own
+/// answer is plain text, which SDKs cannot parse).
+fn read_body(body: BodyBytes) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        let status = e.status();
+        let (code, message) = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            (
+                "request_too_large",
+                "the body is larger than the gateway accepts: send less, or raise server.max_body_bytes"
+                    .to_owned(),
+            )
+        } else {
+            ("unreadable_body", format!("the body could not be read: {}", e.body_text()))
+        };
+        ApiError {
+            status,
+            ..ApiError::bad_request(code, None, message)
+        }
+    })
+}
+
+fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
+    ClientBody::parse(read_body(body)?).map_err(|e| {
         ApiError::bad_request(
             "invalid_json",
             None,
@@ -433,7 +457,7 @@ fn check_chat_body(body: &Value) -> Result<&str, ApiError> {
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: BodyBytes,
 ) -> Result<Response, ApiError> {
     let body = parse_json(body)?;
     let model = check_chat_body(&body)?;
@@ -489,7 +513,7 @@ async fn tool_call(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: BodyBytes,
 ) -> Result<Response, ApiError> {
     let body = parse_json(body)?;
     let iface = state
@@ -519,7 +543,10 @@ async fn tool_call(
 }
 
 /// `POST /v1/feedback`: `{request_id, quality in [0,1], source}`.
-async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+async fn feedback(
+    State(state): State<Arc<AppState>>,
+    body: BodyBytes,
+) -> Result<Response, ApiError> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Body {
@@ -528,6 +555,7 @@ async fn feedback(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Res
         #[serde(default)]
         source: Option<equiroute_core::FeedbackSource>,
     }
+    let body = read_body(body)?;
     let b: Body = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(
         &body,
     ))
