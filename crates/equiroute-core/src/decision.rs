@@ -113,6 +113,21 @@ impl Price {
         }
     }
 
+    /// Checks every part is a finite amount of at least 0 (a negative price would make a
+    /// provider look like it pays for its calls, and cost-aware policies prefer it).
+    ///
+    /// # Errors
+    /// The first part that is not, named as the configuration names it.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        crate::error::non_negative("per_call", self.per_call.0)?;
+        crate::error::non_negative("per_million_input_tokens", self.per_million_input_tokens.0)?;
+        crate::error::non_negative(
+            "per_million_output_tokens",
+            self.per_million_output_tokens.0,
+        )?;
+        Ok(())
+    }
+
     /// Expected cost of a call with the given token counts.
     #[must_use]
     pub fn cost(&self, tokens: TokenEstimate) -> Usd {

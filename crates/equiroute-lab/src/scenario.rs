@@ -382,6 +382,9 @@ impl ScenarioSpec {
             return Err((at("quality"), "values must be between 0 and 1".to_owned()));
         }
         check_latency(&p.latency).map_err(|fix| (at("latency"), fix.to_owned()))?;
+        p.price
+            .validate()
+            .map_err(|e| (at("price"), e.to_string()))?;
         if let Some(c) = &p.cold_start {
             check_latency(&LatencySpec {
                 p50_ms: c.p50_ms,

@@ -67,6 +67,7 @@ fn bad_scenarios_name_the_field_and_the_fix() {
         (MINIMAL.replace("\"lqm\", \"static\"", "\"lqm\", \"fastest\""), "policies", "`fastest`"),
         (MINIMAL.replace("id = \"b\"", "id = \"a\""), "providers[1] (a).id", "unique"),
         (MINIMAL.replace("rounds = 100", "rounds = 0"), "rounds", "at least 1"),
+        (MINIMAL.replace("p95_ms = 200 }", "p95_ms = 200 }\nprice = { per_call = -0.01 }"), "providers[0] (a).price", "per_call"),
         (
             MINIMAL.replace("latency = { p50_ms = 300, p95_ms = 500 }", "latency = { p50_ms = 300, p95_ms = 500 }\nevents = [{ kind = { type = \"spike\", latency_factor = 2.0 }, start_round = 50, end_round = 10 }]"),
             "providers[1] (b).events[0]",

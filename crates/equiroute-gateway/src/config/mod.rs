@@ -506,6 +506,7 @@ fn load_provider(
             api_key: secret(p.api_key_env.as_deref(), env)?,
         },
     };
+    p.price.validate().map_err(|e| ("price", e.to_string()))?;
     let model = p.model.unwrap_or_else(|| p.id.clone());
     let mut candidate = Candidate::new(&p.id, &p.id, &model);
     candidate.id = CandidateId(p.id.clone());
@@ -642,6 +643,7 @@ mod tests {
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nfeature_max_words = 10"), "interfaces.chat.feature_max_words", "between 64 and 1000000"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { consecutive_failures = 0 }"), "interfaces.chat.breaker", "breaker.consecutive_failures"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { window = 10, min_attempts = 20 }"), "interfaces.chat.breaker", "must not exceed breaker.window"),
+            (base.replace("kind = \"sim\"", "kind = \"sim\"\nprice = { per_million_input_tokens = -1 }"), "interfaces.chat.providers[0].price", "per_million_input_tokens"),
         ];
         for (text, field, fix) in cases {
             let e = load(&text, "x.toml", &no_env).unwrap_err();
