@@ -105,6 +105,29 @@ async fn a_pinned_provider_and_the_deadline_are_honoured() {
         took >= Duration::from_millis(290) && took < Duration::from_millis(900),
         "{took:?}"
     );
+    // A failed request says which providers were tried and how each ended, and carries its
+    // id (the audit log's) and attempt count like an answer.
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("(1 attempt: slow "), "{message}");
+    assert!(r
+        .header("x-equiroute-request-id")
+        .is_some_and(|id| id.starts_with("req-")));
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat("chat/broken"),
+    )
+    .await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("(1 attempt: broken provider_error)"),
+        "{message}"
+    );
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
     let r = http(
         gw.addr,
         "POST",

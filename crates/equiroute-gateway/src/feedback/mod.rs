@@ -43,6 +43,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
                 code: "feedback_expired",
                 message: format!("request `{request_id}` is older than the feedback window (server.feedback_ttl_s)"),
                 param: None,
+                routed: None,
             });
         }
         pending.consume(request_id);

@@ -15,6 +15,9 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault (`max_tokens`, `messages[2].role`), as OpenAI names it.
     pub param: Option<Cow<'static, str>>,
+    /// The routed request this error ends, if it got that far: its id and attempts are sent
+    /// as `x-equiroute-request-id` and `x-equiroute-attempts`, as on an answer.
+    pub routed: Option<(String, usize)>,
 }
 
 impl ApiError {
@@ -29,6 +32,7 @@ impl ApiError {
             code,
             message: message.into(),
             param: param.map(Cow::Borrowed),
+            routed: None,
         }
     }
     /// A 400 for the request field `param`, whose path is built per request
@@ -46,6 +50,7 @@ impl ApiError {
             code,
             message: message.into(),
             param: None,
+            routed: None,
         }
     }
     pub fn unauthorized() -> Self {
@@ -55,6 +60,7 @@ impl ApiError {
             code: "invalid_api_key",
             message: "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env".into(),
             param: None,
+            routed: None,
         }
     }
     /// Shared state is unusable (a lock poisoned by a crash in another request).
@@ -73,6 +79,16 @@ impl ApiError {
             code,
             message: message.into(),
             param: None,
+            routed: None,
+        }
+    }
+
+    /// The same error, for the routed request `request_id` after `attempts` attempts.
+    #[must_use]
+    pub fn for_request(self, request_id: &str, attempts: usize) -> Self {
+        ApiError {
+            routed: Some((request_id.to_owned(), attempts)),
+            ..self
         }
     }
 }
@@ -85,6 +101,17 @@ impl IntoResponse for ApiError {
             "param": self.param,
             "code": self.code,
         }});
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some((id, attempts)) = &self.routed {
+            let h = resp.headers_mut();
+            if let Ok(v) = axum::http::HeaderValue::from_str(id) {
+                h.insert("x-equiroute-request-id", v);
+            }
+            h.insert(
+                "x-equiroute-attempts",
+                axum::http::HeaderValue::from(*attempts),
+            );
+        }
+        resp
     }
 }

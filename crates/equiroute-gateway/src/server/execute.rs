@@ -129,7 +129,10 @@ pub async fn execute(
                 }),
             })
         }
-        (status, _) => Err(failure(state, iface, status, attempts, last, deadline)),
+        (status, _) => Err(
+            failure(state, iface, status, &result.attempts, last, deadline)
+                .for_request(&request_id, attempts),
+        ),
     }
 }
 
@@ -171,7 +174,8 @@ fn begin(
         &requirements,
         tokens,
         meta,
-    )?;
+    )
+    .map_err(|e| e.for_request(&request_id, 0))?;
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
     Ok(Begun {
         n,
@@ -467,11 +471,27 @@ fn failure(
     state: &AppState,
     iface: &InterfaceRuntime,
     status: RequestStatus,
-    attempts: usize,
+    attempts: &[equiroute_core::executor::AttemptRecord],
     last: Option<UpstreamReply>,
     deadline: Option<Millis>,
 ) -> ApiError {
     let reason = last.and_then(|r| r.reason);
+    // "2 attempts: a provider_error, b timeout": which providers were tried, and how each ended.
+    let tried: Vec<String> = attempts
+        .iter()
+        .map(|a| {
+            format!(
+                "{} {}",
+                iface.candidates[a.candidate].id,
+                a.outcome.status.as_str()
+            )
+        })
+        .collect();
+    let attempts = match tried.len() {
+        0 => "no attempt".to_owned(),
+        1 => format!("1 attempt: {}", tried[0]),
+        n => format!("{n} attempts: {}", tried.join(", ")),
+    };
     match status {
         RequestStatus::ClientError { candidate } => {
             state.metrics.request(&iface.name, "client_error");
@@ -491,7 +511,7 @@ fn failure(
                 StatusCode::GATEWAY_TIMEOUT,
                 "deadline_exceeded",
                 format!(
-                    "no provider answered within the {:.0} ms deadline ({attempts} attempts)",
+                    "no provider answered within the {:.0} ms deadline ({attempts})",
                     deadline.map_or(0.0, |d| d.0)
                 ),
             )
@@ -502,7 +522,7 @@ fn failure(
                 StatusCode::BAD_GATEWAY,
                 "all_providers_failed",
                 format!(
-                    "every attempt failed ({attempts} attempts); last: {}",
+                    "every attempt failed ({attempts}); last: {}",
                     reason.unwrap_or_else(|| "no attempt could be made".into())
                 ),
             )
@@ -600,15 +620,15 @@ pub async fn execute_stream(
         }
     }
     let result = run.finish(state.now());
-    let attempts = result.attempts.len();
     Err(failure(
         &state,
         &iface,
         result.status,
-        attempts,
+        &result.attempts,
         last,
         deadline,
-    ))
+    )
+    .for_request(&request_id, result.attempts.len()))
 }
 
 /// A committed stream being relayed to the client.
