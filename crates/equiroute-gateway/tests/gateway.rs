@@ -128,6 +128,24 @@ async fn a_pinned_provider_and_the_deadline_are_honoured() {
         "{message}"
     );
     assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    // The same before a stream commits.
+    let streamed = json!({"model": "chat/broken", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &streamed.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(
+        r.body.contains("1 attempt: broken provider_error"),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
     let r = http(
         gw.addr,
         "POST",
