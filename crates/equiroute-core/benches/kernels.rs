@@ -5,14 +5,16 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use equiroute_core::estimators::linalg::{
-    dot, dots, dots_f32, packed_len, packed_outer, packed_outer_f32,
+    dot, dot_sparse, dots, dots_f32, nonzeros, packed_len, packed_outer, packed_outer_f32,
+    packed_quad_form_sparse,
 };
 use equiroute_core::features::Featurizer;
 
 fn bench(c: &mut Criterion) {
     let d = 64;
     let x: Vec<f64> = (0..d).map(|i| (i as f64).sin()).collect();
-    let ms: Vec<Vec<f64>> = (0..4)
+    // Ten packed 64 × 64 matrices: four for the dot kernels, ten for the heads below.
+    let ms: Vec<Vec<f64>> = (0..10)
         .map(|k| (0..packed_len(d)).map(|i| ((i + k) as f64).cos()).collect())
         .collect();
     let ms32: Vec<Vec<f32>> = ms
@@ -33,6 +35,46 @@ fn bench(c: &mut Criterion) {
     c.bench_function("kernel/packed_outer_f32_64", |b| {
         b.iter(|| packed_outer_f32(black_box(&x)));
     });
+    // The quality heads' estimates and widths for K heads and a query with n nonzero features:
+    // the dense way (the packed outer product once, then one single-precision dot per head)
+    // against the sparse way (n(n+1)/2 entries of each head's A⁻¹ in double precision). The
+    // crossing point is `sparse_limit` in policies/heads.rs.
+    let thetas: Vec<Vec<f64>> = (0..10)
+        .map(|k| (0..d).map(|i| ((i * 3 + k) as f64).sin()).collect())
+        .collect();
+    let (heads, heads32) = (&ms, &ms32);
+    for n in [8usize, 16, 24, 32, 48] {
+        let mut xs = vec![0.0; d];
+        for k in 0..n {
+            xs[k * d / n] = 0.1 + k as f64 * 0.01;
+        }
+        for k_heads in [3usize, 10] {
+            c.bench_function(&format!("estimates/dense/k{k_heads}_nnz{n}"), |b| {
+                b.iter(|| {
+                    let z = packed_outer_f32(black_box(&xs));
+                    let mut s = 0.0f64;
+                    for h in heads32[..k_heads].chunks(4) {
+                        let m = |j: usize| h.get(j).unwrap_or(&h[0]).as_slice();
+                        s += dots_f32([m(0), m(1), m(2), m(3)], &z)
+                            .iter()
+                            .map(|&w| f64::from(w))
+                            .sum::<f64>();
+                    }
+                    s + thetas[..k_heads].iter().map(|t| dot(t, &xs)).sum::<f64>()
+                });
+            });
+            c.bench_function(&format!("estimates/sparse/k{k_heads}_nnz{n}"), |b| {
+                b.iter(|| {
+                    let nz = nonzeros(black_box(&xs), d).unwrap();
+                    (0..k_heads)
+                        .map(|k| {
+                            packed_quad_form_sparse(&heads[k], d, &nz) + dot_sparse(&thetas[k], &nz)
+                        })
+                        .sum::<f64>()
+                });
+            });
+        }
+    }
     // The featurizer reads the first 128 words of the last user message (the default
     // `feature_max_words`); `*_words_all` reads every word, as it did before the cap, and
     // `*_words_max64` the fewest words allowed.

@@ -19,8 +19,8 @@
 //!   as `λr·I + Σ xxᵀ` from the window (or kept incrementally when there is no window).
 
 use super::linalg::{
-    dot, full_to_packed, packed_len, packed_mat_vec, packed_mat_vec2, packed_quad_form,
-    packed_rank_one, packed_rank_two, packed_to_full, spd_inverse,
+    dot, dot_sparse, full_to_packed, packed_len, packed_mat_vec, packed_mat_vec2, packed_quad_form,
+    packed_quad_form_sparse, packed_rank_one, packed_rank_two, packed_to_full, spd_inverse,
 };
 use crate::decision::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -245,12 +245,30 @@ impl LinUcbHead {
     /// The quality estimate `û = xᵀA⁻¹b` (centred: `xᵀθ + ū·(1 − xᵀθ₁)`).
     #[must_use]
     pub fn estimate(&self, x: &[f64]) -> f64 {
-        let u = dot(&self.theta, x);
+        self.estimate_with(|v| dot(v, x))
+    }
+
+    /// [`Self::estimate`] from the nonzero entries of `x` ([`super::linalg::nonzeros`]).
+    #[must_use]
+    pub fn estimate_sparse(&self, nz: &[(usize, f64)]) -> f64 {
+        self.estimate_with(|v| dot_sparse(v, nz))
+    }
+
+    /// The estimate, given `v ↦ vᵀx`.
+    fn estimate_with(&self, dot_x: impl Fn(&[f64]) -> f64) -> f64 {
+        let u = dot_x(&self.theta);
         let pairs = self.pairs();
         match &self.centre {
-            Some(c) if pairs > 0 => u + c.su / pairs as f64 * (1.0 - dot(&c.theta_one, x)),
+            Some(c) if pairs > 0 => u + c.su / pairs as f64 * (1.0 - dot_x(&c.theta_one)),
             _ => u,
         }
+    }
+
+    /// [`Self::width_sq`] from the nonzero entries of `x`, in double precision whatever
+    /// `fast_width` says (it is the cheaper path, not an approximation).
+    #[must_use]
+    pub fn width_sq_sparse(&self, nz: &[(usize, f64)]) -> f64 {
+        packed_quad_form_sparse(&self.a_inv, self.dim, nz).max(0.0)
     }
 
     /// The pairs in `A` and `b`: the window's, or every one without a window.
