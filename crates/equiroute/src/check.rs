@@ -41,5 +41,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             ids.join(", ")
         );
     }
+    for w in &cfg.warnings {
+        println!("warning: {w}");
+    }
     Ok(())
 }

@@ -32,6 +32,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ),
     };
     let mut config = load(&text, &file, &|name| std::env::var(name).ok())?;
+    for w in &config.warnings {
+        eprintln!("warning: {w}");
+    }
     if let Some(listen) = &args.listen {
         config.listen = listen.parse().with_context(|| {
             format!("--listen `{listen}`: write host:port, e.g. 127.0.0.1:8080")

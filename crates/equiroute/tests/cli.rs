@@ -163,7 +163,26 @@ fn check_config_reports_every_problem_with_its_field() {
     std::fs::write(&good, equiroute_gateway_default()).unwrap();
     let o = equiroute(&["check-config", good.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("ok, listening on 127.0.0.1:8080"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("ok, listening on 127.0.0.1:8080") && !out.contains("warning"),
+        "{out}"
+    );
+    // A field the provider's kind does not read: a warning naming it, still a success.
+    let odd = dir.join("odd.toml");
+    let text = equiroute_gateway_default().replacen(
+        "kind = \"sim\"",
+        "kind = \"sim\"\nurl = \"http://x\"",
+        1,
+    );
+    std::fs::write(&odd, text).unwrap();
+    let o = equiroute(&["check-config", odd.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("warning:") && out.contains("providers[0].url`: ignored: a `sim` provider"),
+        "{out}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -228,10 +228,13 @@ pub struct GatewayConfig {
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
     pub interfaces: Vec<InterfaceConfig>,
+    /// Fields that are accepted but have no effect (a `base_url` on a `sim` provider):
+    /// `check-config` and `serve` print them; they never stop the gateway.
+    pub warnings: Vec<ConfigError>,
 }
 
 /// A configuration problem: the file, the field path and the fix.
-#[derive(Debug, thiserror::Error, PartialEq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq)]
 #[error("{file}: `{field}`: {fix}")]
 pub struct ConfigError {
     pub file: String,
@@ -333,6 +336,18 @@ pub fn load_all(
             None
         }
     });
+    let warnings: Vec<ConfigError> = raw
+        .interfaces
+        .iter()
+        .flat_map(|(name, i)| {
+            i.providers.iter().enumerate().flat_map(move |(n, p)| {
+                ignored_fields(p)
+                    .into_iter()
+                    .map(move |(f, why)| (format!("interfaces.{name}.providers[{n}].{f}"), why))
+            })
+        })
+        .map(|(field, why)| err(&field, why))
+        .collect();
     let mut interfaces = Vec::new();
     for (name, raw_if) in raw.interfaces {
         match load_interface(&name, raw_if, env) {
@@ -352,6 +367,7 @@ pub fn load_all(
             audit: raw.audit,
             state,
             interfaces,
+            warnings,
         }),
         _ => Err(problems),
     }
@@ -453,6 +469,38 @@ fn load_interface(
         breaker,
         providers,
     })
+}
+
+/// The fields set on a provider that its kind does not read, each with why.
+fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
+    let kind = match p.kind {
+        ProviderKind::Sim => "sim",
+        ProviderKind::Openai => "openai",
+        ProviderKind::Http => "http",
+    };
+    [
+        ("sim", p.sim.is_some(), p.kind == ProviderKind::Sim),
+        (
+            "base_url",
+            p.base_url.is_some(),
+            p.kind == ProviderKind::Openai,
+        ),
+        ("url", p.url.is_some(), p.kind == ProviderKind::Http),
+        (
+            "api_key_env",
+            p.api_key_env.is_some(),
+            p.kind != ProviderKind::Sim,
+        ),
+    ]
+    .into_iter()
+    .filter(|&(_, set, read)| set && !read)
+    .map(|(field, _, _)| {
+        (
+            field,
+            format!("ignored: a `{kind}` provider does not read it (remove it, or change `kind`)"),
+        )
+    })
+    .collect()
 }
 
 /// One provider; errors carry the field below the provider and the fix.
@@ -612,6 +660,30 @@ mod tests {
         let cfg = load(DEFAULT_CONFIG, "default", &no_env).unwrap();
         assert!(cfg.interfaces.len() >= 2);
         assert!(cfg.listen.ip().is_loopback());
+        assert_eq!(cfg.warnings, []);
+    }
+
+    #[test]
+    fn fields_a_provider_kind_does_not_read_are_warned_about() {
+        let text = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nbase_url = \"http://x/v1\"\napi_key_env = \"K\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nurl = \"http://y\"\n";
+        let cfg = load(text, "x.toml", &no_env).unwrap();
+        let fields: Vec<&str> = cfg.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "interfaces.chat.providers[0].base_url",
+                "interfaces.chat.providers[0].api_key_env",
+                "interfaces.chat.providers[1].url",
+            ]
+        );
+        assert!(cfg.warnings[0]
+            .to_string()
+            .contains("a `sim` provider does not read it"));
+        assert_eq!(
+            cfg.interfaces[0].providers.len(),
+            2,
+            "warnings never drop a provider"
+        );
     }
 
     #[test]
