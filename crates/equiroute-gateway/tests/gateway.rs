@@ -42,6 +42,11 @@ kind = "sim"
 sim = { latency = { p50_ms = 5, p95_ms = 10 } }
 "#;
 
+/// `POST /v1/chat/completions` with `body`, no extra headers.
+async fn post_chat(addr: std::net::SocketAddr, body: &Value) -> common::Reply {
+    http(addr, "POST", "/v1/chat/completions", &[], &body.to_string()).await
+}
+
 fn chat(model: &str) -> String {
     json!({"model": model, "messages": [{"role": "user", "content": "what is the capital of france"}]}).to_string()
 }
@@ -131,14 +136,7 @@ async fn a_pinned_provider_and_the_deadline_are_honoured() {
     // The same before a stream commits.
     let streamed = json!({"model": "chat/broken", "stream": true,
         "messages": [{"role": "user", "content": "hi"}]});
-    let r = http(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &streamed.to_string(),
-    )
-    .await;
+    let r = post_chat(gw.addr, &streamed).await;
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(
         r.body.contains("1 attempt: broken provider_error"),
@@ -274,14 +272,7 @@ async fn chat_fields_the_gateway_reads_are_checked_before_routing() {
         ),
     ];
     for (body, code, param, says) in cases {
-        let r = http(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            &body.to_string(),
-        )
-        .await;
+        let r = post_chat(gw.addr, &body).await;
         let e = r.json();
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert_eq!(e["error"]["code"], code, "{body}: {}", r.body);
@@ -297,14 +288,7 @@ async fn chat_fields_the_gateway_reads_are_checked_before_routing() {
     // Explicit nulls are "unset"; well-typed fields pass.
     let ok = json!({"model": "chat/good", "messages": user, "stream": null, "max_tokens": null,
         "tools": null, "response_format": {"type": "text"}, "max_completion_tokens": 64});
-    let r = http(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &ok.to_string(),
-    )
-    .await;
+    let r = post_chat(gw.addr, &ok).await;
     assert_eq!(r.status, 200, "{}", r.body);
 }
 

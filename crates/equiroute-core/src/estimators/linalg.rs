@@ -144,15 +144,13 @@ pub fn packed_quad_form(p: &[f64], x: &[f64]) -> f64 {
 /// few hashed buckets its words reach: 8 of 64 for one word).
 #[must_use]
 pub fn nonzeros(x: &[f64], max: usize) -> Option<Vec<(usize, f64)>> {
-    let mut nz = Vec::with_capacity(max);
-    for (i, &v) in x.iter().enumerate() {
-        if v != 0.0 {
-            if nz.len() == max {
-                return None;
-            }
-            nz.push((i, v));
-        }
+    let entries = || x.iter().copied().enumerate().filter(|&(_, v)| v != 0.0);
+    // Counted first, so that a dense query (the ranking's other path) allocates nothing here.
+    if entries().nth(max).is_some() {
+        return None;
     }
+    let mut nz = Vec::with_capacity(max);
+    nz.extend(entries());
     Some(nz)
 }
 
@@ -166,8 +164,8 @@ pub fn packed_quad_form_sparse(p: &[f64], d: usize, nz: &[(usize, f64)]) -> f64 
         if i >= d {
             break;
         }
-        // Row i, M[i][i..d], starts after rows 0..i of lengths d, d−1, …: at i(2d − i + 1)/2.
-        let start = i * (2 * d - i + 1) / 2;
+        // Row i, M[i][i..d], starts after rows 0..i: the whole triangle less rows i..d.
+        let start = packed_len(d) - packed_len(d - i);
         let Some(row) = p.get(start..start + (d - i)) else {
             break;
         };

@@ -336,21 +336,10 @@ pub fn load_all(
             None
         }
     });
-    let warnings: Vec<ConfigError> = raw
-        .interfaces
-        .iter()
-        .flat_map(|(name, i)| {
-            i.providers.iter().enumerate().flat_map(move |(n, p)| {
-                ignored_fields(p)
-                    .into_iter()
-                    .map(move |(f, why)| (format!("interfaces.{name}.providers[{n}].{f}"), why))
-            })
-        })
-        .map(|(field, why)| err(&field, why))
-        .collect();
+    let mut warnings = Vec::new();
     let mut interfaces = Vec::new();
     for (name, raw_if) in raw.interfaces {
-        match load_interface(&name, raw_if, env) {
+        match load_interface(&name, raw_if, env, &mut warnings) {
             Ok(i) => interfaces.push(i),
             Err(ps) => problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix))),
         }
@@ -367,16 +356,22 @@ pub fn load_all(
             audit: raw.audit,
             state,
             interfaces,
-            warnings,
+            warnings: warnings
+                .into_iter()
+                .map(|(field, why)| err(&field, why))
+                .collect(),
         }),
         _ => Err(problems),
     }
 }
 
+/// One interface; errors carry the field path and the fix. Fields that are set but not read
+/// go to `warnings`, with their path and why.
 fn load_interface(
     name: &str,
     raw: RawInterface,
     env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<(String, String)>,
 ) -> Result<InterfaceConfig, Vec<(String, String)>> {
     let at = |f: &str| format!("interfaces.{name}.{f}");
     if name.is_empty() || name.contains('/') {
@@ -405,6 +400,11 @@ fn load_interface(
             continue;
         }
         ids.push(p.id.clone());
+        warnings.extend(
+            ignored_fields(&p)
+                .into_iter()
+                .map(|(f, why)| (field(f), why)),
+        );
         match load_provider(p, env) {
             Ok(pc) => providers.push(pc),
             Err((f, fix)) => problems.push((field(f), fix)),

@@ -21,18 +21,36 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error of `kind` (`invalid_request_error` for the caller's, `api_error` for ours or
+    /// the providers'), with no field named and no routed request.
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status,
+            kind,
+            code,
+            message: message.into(),
+            param: None,
+            routed: None,
+        }
+    }
     pub fn bad_request(
         code: &'static str,
         param: Option<&'static str>,
         message: impl Into<String>,
     ) -> Self {
         ApiError {
-            status: StatusCode::BAD_REQUEST,
-            kind: "invalid_request_error",
-            code,
-            message: message.into(),
             param: param.map(Cow::Borrowed),
-            routed: None,
+            ..ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                code,
+                message,
+            )
         }
     }
     /// A 400 for the request field `param`, whose path is built per request
@@ -44,24 +62,20 @@ impl ApiError {
         }
     }
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            kind: "invalid_request_error",
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
             code,
-            message: message.into(),
-            param: None,
-            routed: None,
-        }
+            message,
+        )
     }
     pub fn unauthorized() -> Self {
-        ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            kind: "invalid_request_error",
-            code: "invalid_api_key",
-            message: "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env".into(),
-            param: None,
-            routed: None,
-        }
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env",
+        )
     }
     /// Shared state is unusable (a lock poisoned by a crash in another request).
     pub fn internal() -> Self {
@@ -73,14 +87,7 @@ impl ApiError {
     }
 
     pub fn upstream(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            kind: "api_error",
-            code,
-            message: message.into(),
-            param: None,
-            routed: None,
-        }
+        ApiError::new(status, "api_error", code, message)
     }
 
     /// The same error, for the routed request `request_id` after `attempts` attempts.
@@ -103,14 +110,7 @@ impl IntoResponse for ApiError {
         }});
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some((id, attempts)) = &self.routed {
-            let h = resp.headers_mut();
-            if let Ok(v) = axum::http::HeaderValue::from_str(id) {
-                h.insert("x-equiroute-request-id", v);
-            }
-            h.insert(
-                "x-equiroute-attempts",
-                axum::http::HeaderValue::from(*attempts),
-            );
+            super::routing_headers(resp.headers_mut(), id, None, *attempts);
         }
         resp
     }

@@ -129,10 +129,15 @@ pub async fn execute(
                 }),
             })
         }
-        (status, _) => Err(
-            failure(state, iface, status, &result.attempts, last, deadline)
-                .for_request(&request_id, attempts),
-        ),
+        (status, _) => Err(failure(
+            state,
+            iface,
+            &request_id,
+            status,
+            &result.attempts,
+            last,
+            deadline,
+        )),
     }
 }
 
@@ -466,16 +471,18 @@ fn outcome_of(
     }
 }
 
-/// The error answer of a request that got no answer.
+/// The error answer of request `request_id`, which got no answer, with its routing headers.
 fn failure(
     state: &AppState,
     iface: &InterfaceRuntime,
+    request_id: &str,
     status: RequestStatus,
     attempts: &[equiroute_core::executor::AttemptRecord],
     last: Option<UpstreamReply>,
     deadline: Option<Millis>,
 ) -> ApiError {
     let reason = last.and_then(|r| r.reason);
+    let count = attempts.len();
     // "2 attempts: a provider_error, b timeout": which providers were tried, and how each ended.
     let tried: Vec<String> = attempts
         .iter()
@@ -492,7 +499,7 @@ fn failure(
         1 => format!("1 attempt: {}", tried[0]),
         n => format!("{n} attempts: {}", tried.join(", ")),
     };
-    match status {
+    let error = match status {
         RequestStatus::ClientError { candidate } => {
             state.metrics.request(&iface.name, "client_error");
             ApiError::bad_request(
@@ -527,7 +534,8 @@ fn failure(
                 ),
             )
         }
-    }
+    };
+    error.for_request(request_id, count)
 }
 
 fn poisoned() -> ApiError {
@@ -623,12 +631,12 @@ pub async fn execute_stream(
     Err(failure(
         &state,
         &iface,
+        &request_id,
         result.status,
         &result.attempts,
         last,
         deadline,
-    )
-    .for_request(&request_id, result.attempts.len()))
+    ))
 }
 
 /// A committed stream being relayed to the client.
@@ -648,14 +656,6 @@ impl Relay {
     /// Starts relaying in a task; returns the SSE response with the routing headers.
     fn start(self, first: Bytes, rest: ChunkStream, attempts: usize) -> axum::response::Response {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-        let c = &self.iface.candidates[self.candidate];
-        let headers = [
-            ("x-equiroute-request-id", self.request_id.clone()),
-            ("x-equiroute-provider", c.id.0.clone()),
-            ("x-equiroute-attempts", attempts.to_string()),
-        ];
-        // The task ends with the upstream stream, the idle limit, or a departed client.
-        tokio::spawn(self.pump(first, rest, tx));
         let body =
             axum::body::Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
                 rx.recv().await.map(|item| (item, rx))
@@ -670,11 +670,14 @@ impl Relay {
             "cache-control",
             axum::http::HeaderValue::from_static("no-cache"),
         );
-        for (name, value) in headers {
-            if let Ok(v) = axum::http::HeaderValue::from_str(&value) {
-                h.insert(name, v);
-            }
-        }
+        super::routing_headers(
+            h,
+            &self.request_id,
+            Some(&self.iface.candidates[self.candidate].id.0),
+            attempts,
+        );
+        // The task ends with the upstream stream, the idle limit, or a departed client.
+        tokio::spawn(self.pump(first, rest, tx));
         resp
     }
 

@@ -209,10 +209,7 @@ fn read_body(body: BodyBytes) -> Result<Bytes, ApiError> {
         } else {
             ("unreadable_body", format!("the body could not be read: {}", e.body_text()))
         };
-        ApiError {
-            status,
-            ..ApiError::bad_request(code, None, message)
-        }
+        ApiError::new(status, "invalid_request_error", code, message)
     })
 }
 
@@ -323,17 +320,28 @@ fn routed(answered: &execute::Answered) -> Response {
         body,
     )
         .into_response();
-    let h = resp.headers_mut();
+    routing_headers(
+        resp.headers_mut(),
+        &answered.request_id,
+        Some(&answered.provider),
+        answered.attempts,
+    );
+    resp
+}
+
+/// The routing headers of a routed request's answer, success or error alike:
+/// `x-equiroute-request-id`, `x-equiroute-provider` (when one answered) and
+/// `x-equiroute-attempts`.
+fn routing_headers(h: &mut HeaderMap, request_id: &str, provider: Option<&str>, attempts: usize) {
     for (name, value) in [
-        ("x-equiroute-request-id", answered.request_id.as_str()),
-        ("x-equiroute-provider", answered.provider.as_str()),
+        ("x-equiroute-request-id", Some(request_id)),
+        ("x-equiroute-provider", provider),
     ] {
-        if let Ok(v) = HeaderValue::from_str(value) {
+        if let Some(v) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
             h.insert(name, v);
         }
     }
-    h.insert("x-equiroute-attempts", HeaderValue::from(answered.attempts));
-    resp
+    h.insert("x-equiroute-attempts", HeaderValue::from(attempts));
 }
 
 /// What a JSON value is, for an error message ("got a string").
@@ -626,16 +634,15 @@ async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiE
 
 /// A known path with another method.
 async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        ..ApiError::not_found(
-            "method_not_allowed",
-            format!(
-                "{} does not take {method}: the gateway serves {ROUTES}",
-                uri.path()
-            ),
-        )
-    }
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!(
+            "{} does not take {method}: the gateway serves {ROUTES}",
+            uri.path()
+        ),
+    )
 }
 
 /// The OpenAI model objects: each chat interface (routed), then each of its providers
