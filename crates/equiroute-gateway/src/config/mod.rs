@@ -374,11 +374,8 @@ fn load_interface(
     warnings: &mut Vec<(String, String)>,
 ) -> Result<InterfaceConfig, Vec<(String, String)>> {
     let at = |f: &str| format!("interfaces.{name}.{f}");
-    if name.is_empty() || name.contains('/') {
-        return Err(vec![(
-            format!("interfaces.{name}"),
-            "interface names must be non-empty and contain no `/`".into(),
-        )]);
+    if let Err(why) = check_name("interface names", name) {
+        return Err(vec![(format!("interfaces.{name}"), why)]);
     }
     if raw.providers.is_empty() {
         return Err(vec![(
@@ -503,17 +500,43 @@ fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
     .collect()
 }
 
+/// The longest interface name or provider id.
+const MAX_NAME_LEN: usize = 64;
+
+/// An interface name or provider id: it appears in URLs (`/v1/tools/NAME`), in `model`
+/// (`interface/provider`), in headers and in metric labels, so it is 1–64 ASCII letters,
+/// digits, `-`, `_`, `.` or `:`. The error says which character is wrong and a name that
+/// would do.
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+    if name.is_empty() {
+        return Err(format!("{what} must not be empty"));
+    }
+    if let Some(bad) = name.chars().find(|&c| !allowed(c)) {
+        let fixed: String = name
+            .chars()
+            .map(|c| if allowed(c) { c } else { '_' })
+            .collect();
+        return Err(format!(
+            "{what} are ASCII letters, digits, `-`, `_`, `.` and `:` (they appear in URLs, \
+             model ids, headers and metric labels); {bad:?} is not one: rename it, e.g. `{fixed}`"
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "{what} are at most {MAX_NAME_LEN} characters; this one has {}: shorten it",
+            name.len()
+        ));
+    }
+    Ok(())
+}
+
 /// One provider; errors carry the field below the provider and the fix.
 fn load_provider(
     p: RawProvider,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ProviderConfig, (&'static str, String)> {
-    if p.id.is_empty() || p.id.contains('/') {
-        return Err((
-            "id",
-            "provider ids must be non-empty and contain no `/`".into(),
-        ));
-    }
+    check_name("provider ids", &p.id).map_err(|why| ("id", why))?;
     let upstream = match p.kind {
         ProviderKind::Sim => {
             let sim = p.sim.ok_or_else(|| {
@@ -765,6 +788,52 @@ mod tests {
             e.fix.contains("consecutive_failures") && e.fix.ends_with("(line 3, column 13)"),
             "{e}"
         );
+    }
+
+    /// Names go into URLs, `model`, headers and metric labels: a space, a `/`, a
+    /// non-ASCII letter or an over-long name is refused with a name that would do.
+    #[test]
+    fn interface_names_and_provider_ids_are_url_safe() {
+        let config = |iface: &str, id: &str| {
+            format!("[interfaces.{iface}]\nkind = \"chat\"\n[[interfaces.{iface}.providers]]\nid = \"{id}\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n")
+        };
+        for (iface, id) in [("chat", "gpt-4o.mini:flex_2"), ("web_search", "A.b-c:d_9")] {
+            let cfg = load(&config(iface, id), "x.toml", &no_env);
+            assert!(cfg.is_ok(), "{iface}/{id}: {:?}", cfg.err());
+        }
+        let long = "a".repeat(MAX_NAME_LEN + 1);
+        let cases = [
+            (
+                config("\"web search\"", "a"),
+                "interfaces.web search",
+                "e.g. `web_search`",
+            ),
+            (
+                config("chat", "team/a"),
+                "interfaces.chat.providers[0].id",
+                "'/' is not one: rename it, e.g. `team_a`",
+            ),
+            (
+                config("chat", "café"),
+                "interfaces.chat.providers[0].id",
+                "e.g. `caf_`",
+            ),
+            (
+                config("chat", ""),
+                "interfaces.chat.providers[0].id",
+                "must not be empty",
+            ),
+            (
+                config(&long, "a"),
+                &format!("interfaces.{long}"),
+                "at most 64 characters; this one has 65",
+            ),
+        ];
+        for (text, field, fix) in &cases {
+            let e = load(text, "x.toml", &no_env).unwrap_err();
+            assert_eq!(&e.field, field, "{e}");
+            assert!(e.fix.contains(fix), "{e}");
+        }
     }
 
     #[test]
