@@ -44,8 +44,21 @@ enum Command {
     Policies,
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+/// Runs the command; an error is printed as `Error: ` and its chain of causes, one line, and
+/// the exit status is 1. (Returning it from `main` would print anyhow's debug form, with a
+/// stack backtrace whenever `RUST_BACKTRACE` is set: noise for a user who mistyped a field.)
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Serve(args) => serve::run(&args)?,
         Command::MockUpstream(args) => mock::run(&args)?,
         Command::CheckConfig(args) => check::run(&args)?,

@@ -127,6 +127,28 @@ fn bad_input_names_the_field_and_exits_non_zero() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A user's mistake is an error message and exit status 1, never a stack backtrace, even
+/// with `RUST_BACKTRACE` set (as many Rust developers keep it).
+#[test]
+fn errors_are_one_message_without_a_backtrace() {
+    let o = Command::new(env!("CARGO_BIN_EXE_equiroute"))
+        .args(["check-config", "/nonexistent/equiroute.toml"])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("Error: ") && err.contains("/nonexistent/equiroute.toml"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("backtrace") && !err.contains(" at ") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
 #[test]
 fn scenarios_and_policies_are_listed() {
     let o = equiroute(&["scenarios"]);
