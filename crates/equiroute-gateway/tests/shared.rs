@@ -534,10 +534,22 @@ async fn two_gateways_under_load_keep_exact_totals_across_a_redis_restart() {
     let Some(mut redis) = RedisServer::start("load") else {
         return;
     };
-    let text = config(Some(&redis.url()), "load").replace(
-        "sim = { latency = { p50_ms = 2, p95_ms = 4 } }",
-        "sim = { latency = { p50_ms = 2, p95_ms = 4 }, failure_rate = 0.2 }",
-    );
+    // One attempt in five fails. With the default breakers (open for 30 s after 5 failures
+    // in a row, or half of the last 20) that alone opens at least one of the three in about
+    // a quarter of runs, and all three in about 0.3% (a Monte Carlo of this loop, with the
+    // candidates in random order), which
+    // refuses every later request: this test is about totals, so the breakers here open
+    // only after 20 failures in a row.
+    let text = config(Some(&redis.url()), "load")
+        .replace(
+            "sim = { latency = { p50_ms = 2, p95_ms = 4 } }",
+            "sim = { latency = { p50_ms = 2, p95_ms = 4 }, failure_rate = 0.2 }",
+        )
+        .replace(
+            "kind = \"chat\"\n",
+            "kind = \"chat\"\nbreaker = { consecutive_failures = 20, failure_rate = 1.0, min_attempts = 20 }\n",
+        );
+    assert!(text.contains("breaker = "), "{text}");
     let gateways = [
         common::start(&text, &[]).await,
         common::start(&text, &[]).await,
