@@ -180,11 +180,8 @@ impl LinUcbPolicyConfig {
 /// Benchmarks).
 fn sparse_limit(k: usize) -> usize {
     let budget = (725 + 177 * k) / k.max(1);
-    let mut n = 0;
-    while (n + 1) * (n + 2) / 2 <= budget {
-        n += 1;
-    }
-    n
+    // The largest n with n(n+1)/2 ≤ budget, exactly: ⌊(√(8·budget + 1) − 1) / 2⌋.
+    ((8 * budget + 1).isqrt() - 1) / 2
 }
 
 /// The least sample deviation the warm-up's early release assumes (scores lie in [0, 1]; two

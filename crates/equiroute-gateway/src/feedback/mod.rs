@@ -37,9 +37,8 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
             return Ok(Applied::Duplicate);
         }
         if now.0 - e.at.0 > state.feedback_ttl.0 {
-            return Err(ApiError::new(
+            return Err(ApiError::invalid(
                 StatusCode::GONE,
-                "invalid_request_error",
                 "feedback_expired",
                 format!("request `{request_id}` is older than the feedback window (server.feedback_ttl_s)"),
             ));

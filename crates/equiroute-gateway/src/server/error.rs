@@ -21,9 +21,10 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error of `kind` (`invalid_request_error` for the caller's, `api_error` for ours or
-    /// the providers'), with no field named and no routed request.
-    pub(crate) fn new(
+    /// The base of every constructor: `kind` is `invalid_request_error` for the caller's
+    /// mistakes ([`Self::invalid`]) and `api_error` for ours or the providers'
+    /// ([`Self::upstream`]); no field named, no routed request.
+    fn new(
         status: StatusCode,
         kind: &'static str,
         code: &'static str,
@@ -38,6 +39,14 @@ impl ApiError {
             routed: None,
         }
     }
+    /// The caller's mistake, answered with `status`.
+    pub(crate) fn invalid(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError::new(status, "invalid_request_error", code, message)
+    }
     pub fn bad_request(
         code: &'static str,
         param: Option<&'static str>,
@@ -45,12 +54,7 @@ impl ApiError {
     ) -> Self {
         ApiError {
             param: param.map(Cow::Borrowed),
-            ..ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                code,
-                message,
-            )
+            ..ApiError::invalid(StatusCode::BAD_REQUEST, code, message)
         }
     }
     /// A 400 for the request field `param`, whose path is built per request
@@ -62,17 +66,11 @@ impl ApiError {
         }
     }
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            code,
-            message,
-        )
+        ApiError::invalid(StatusCode::NOT_FOUND, code, message)
     }
     pub fn unauthorized() -> Self {
-        ApiError::new(
+        ApiError::invalid(
             StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
             "invalid_api_key",
             "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env",
         )

@@ -482,7 +482,6 @@ fn failure(
     deadline: Option<Millis>,
 ) -> ApiError {
     let reason = last.and_then(|r| r.reason);
-    let count = attempts.len();
     // "2 attempts: a provider_error, b timeout": which providers were tried, and how each ended.
     let tried: Vec<String> = attempts
         .iter()
@@ -494,7 +493,7 @@ fn failure(
             )
         })
         .collect();
-    let attempts = match tried.len() {
+    let summary = match tried.len() {
         0 => "no attempt".to_owned(),
         1 => format!("1 attempt: {}", tried[0]),
         n => format!("{n} attempts: {}", tried.join(", ")),
@@ -518,7 +517,7 @@ fn failure(
                 StatusCode::GATEWAY_TIMEOUT,
                 "deadline_exceeded",
                 format!(
-                    "no provider answered within the {:.0} ms deadline ({attempts})",
+                    "no provider answered within the {:.0} ms deadline ({summary})",
                     deadline.map_or(0.0, |d| d.0)
                 ),
             )
@@ -529,13 +528,13 @@ fn failure(
                 StatusCode::BAD_GATEWAY,
                 "all_providers_failed",
                 format!(
-                    "every attempt failed ({attempts}); last: {}",
+                    "every attempt failed ({summary}); last: {}",
                     reason.unwrap_or_else(|| "no attempt could be made".into())
                 ),
             )
         }
     };
-    error.for_request(request_id, count)
+    error.for_request(request_id, tried.len())
 }
 
 fn poisoned() -> ApiError {

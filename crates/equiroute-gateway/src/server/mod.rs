@@ -209,7 +209,7 @@ fn read_body(body: BodyBytes) -> Result<Bytes, ApiError> {
         } else {
             ("unreadable_body", format!("the body could not be read: {}", e.body_text()))
         };
-        ApiError::new(status, "invalid_request_error", code, message)
+        ApiError::invalid(status, code, message)
     })
 }
 
@@ -634,9 +634,8 @@ async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiE
 
 /// A known path with another method.
 async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(
+    ApiError::invalid(
         StatusCode::METHOD_NOT_ALLOWED,
-        "invalid_request_error",
         "method_not_allowed",
         format!(
             "{} does not take {method}: the gateway serves {ROUTES}",
