@@ -537,9 +537,8 @@ async fn two_gateways_under_load_keep_exact_totals_across_a_redis_restart() {
     // One attempt in five fails. With the default breakers (open for 30 s after 5 failures
     // in a row, or half of the last 20) that alone opens at least one of the three in about
     // a quarter of runs, and all three in about 0.3% (a Monte Carlo of this loop, with the
-    // candidates in random order), which
-    // refuses every later request: this test is about totals, so the breakers here open
-    // only after 20 failures in a row.
+    // candidates in random order), which refuses every later request: this test is about
+    // totals, so the breakers here open only after 20 failures in a row.
     let text = config(Some(&redis.url()), "load")
         .replace(
             "sim = { latency = { p50_ms = 2, p95_ms = 4 } }",
@@ -556,7 +555,7 @@ async fn two_gateways_under_load_keep_exact_totals_across_a_redis_restart() {
     ];
     let body = r#"{"model":"chat","messages":[{"role":"user","content":"how far is the moon"}]}"#;
     let mut answered = 0;
-    // Every other answer, by round, for the message if too few are answered.
+    // Each answer that is not a 200, by round, for the message if too few are answered.
     let mut refused: Vec<String> = Vec::new();
     for round in 0..240 {
         if round == 80 {

@@ -5,8 +5,13 @@
 use std::process::Command;
 
 fn equiroute(args: &[&str]) -> std::process::Output {
+    equiroute_with_env(args, &[])
+}
+
+fn equiroute_with_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_equiroute"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -131,12 +136,10 @@ fn bad_input_names_the_field_and_exits_non_zero() {
 /// with `RUST_BACKTRACE` set (as many Rust developers keep it).
 #[test]
 fn errors_are_one_message_without_a_backtrace() {
-    let o = Command::new(env!("CARGO_BIN_EXE_equiroute"))
-        .args(["check-config", "/nonexistent/equiroute.toml"])
-        .env("RUST_BACKTRACE", "1")
-        .env("RUST_LIB_BACKTRACE", "1")
-        .output()
-        .unwrap();
+    let o = equiroute_with_env(
+        &["check-config", "/nonexistent/equiroute.toml"],
+        &[("RUST_BACKTRACE", "1"), ("RUST_LIB_BACKTRACE", "1")],
+    );
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
