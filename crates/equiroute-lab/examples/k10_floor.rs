@@ -10,8 +10,9 @@
 //! Its score is an estimate of what learning the order costs at the least, to set beside
 //! `lqm-ts`, which learns per context and must also weigh latency, deadlines and cost.
 //!
-//! `cargo run --release -p equiroute-lab --example k10_floor [-- SEEDS]` (default 15 seeds:
-//! 1..=15). Not a policy of the product: it knows the scenario's structure.
+//! `cargo run --release -p equiroute-lab --example k10_floor [-- SEEDS [FIRST]]` (default 15
+//! seeds from seed 1: 1..=15; `-- 20 16` runs 16..=35). Not a policy of the product: it knows
+//! the scenario's structure.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -102,27 +103,38 @@ fn main() {
     let seeds: u64 = std::env::args().nth(1).map_or(15, |s| {
         s.parse().expect("SEEDS: a number of seeds, e.g. 15")
     });
+    let first: u64 = std::env::args()
+        .nth(2)
+        .map_or(1, |s| s.parse().expect("FIRST: the first seed, e.g. 16"));
+    let range = first..first + seeds;
     let spec = builtin("priority-mismatch-k10").unwrap();
     let k = spec.providers.len();
     let rounds = spec.rounds;
     let mut rows: Vec<(&str, Vec<RunResult>)> = Vec::new();
     for label in ["priority-tuned", "lqm-ts", "lqm"] {
-        let runs = (1..=seeds)
+        let runs = range
+            .clone()
             .map(|s| run(&spec, label, s, rounds).unwrap())
             .collect();
         rows.push((label, runs));
     }
-    let floor = (1..=seeds)
+    let floor = range
+        .clone()
         .map(|s| {
             let p = Box::new(MeanThompson::new(k));
             run_policy(&spec, "mean-thompson", p, s, rounds).unwrap()
         })
         .collect();
     rows.push(("mean-thompson (told: no context)", floor));
-    println!("priority-mismatch-k10, seeds 1..={seeds}, {rounds} rounds; mean ± 95% CI over seeds");
+    println!(
+        "priority-mismatch-k10, seeds {first}..={}, {rounds} rounds; mean ± 95% CI over seeds",
+        first + seeds - 1
+    );
     println!();
-    println!("| policy | quality | regret | first choices per provider (mean over seeds) |");
-    println!("|---|---|---|---|");
+    println!(
+        "| policy | quality | regret | regret per seed | first choices per provider (mean over seeds) |"
+    );
+    println!("|---|---|---|---|---|");
     for (label, runs) in &rows {
         let q = Summary::of(&runs.iter().map(|r| r.quality).collect::<Vec<_>>());
         let g = Summary::of(&runs.iter().map(|r| r.regret).collect::<Vec<_>>());
@@ -132,12 +144,14 @@ fn main() {
                 format!("{:.0}", mean * rounds as f64)
             })
             .collect();
+        let per_seed: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.regret)).collect();
         println!(
-            "| {label} | {:.3} ± {:.3} | {:.1} ± {:.1} | {} |",
+            "| {label} | {:.4} ± {:.4} | {:.1} ± {:.1} | {} | {} |",
             q.mean,
             q.ci95,
             g.mean,
             g.ci95,
+            per_seed.join(" "),
             pulls.join(" / ")
         );
     }
