@@ -101,7 +101,10 @@ impl Policy for MeanThompson {
 
 fn main() {
     let seeds: u64 = std::env::args().nth(1).map_or(15, |s| {
-        s.parse().expect("SEEDS: a number of seeds, e.g. 15")
+        s.parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .expect("SEEDS: a number of seeds of at least 1, e.g. 15")
     });
     let first: u64 = std::env::args()
         .nth(2)
@@ -127,16 +130,21 @@ fn main() {
         .collect();
     rows.push(("mean-thompson (told: no context)", floor));
     println!(
-        "priority-mismatch-k10, seeds {first}..={}, {rounds} rounds; mean ± 95% CI over seeds",
-        first + seeds - 1
+        "priority-mismatch-k10, seeds {}..={}, {rounds} rounds; mean ± 95% CI over seeds",
+        range.start,
+        range.end - 1
     );
     println!();
     println!(
-        "| policy | quality | regret | regret per seed | first choices per provider (mean over seeds) |"
+        "| policy | quality | within noise of the tuned order | regret | regret per seed | first choices per provider (mean over seeds) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
+    let quality =
+        |runs: &[RunResult]| Summary::of(&runs.iter().map(|r| r.quality).collect::<Vec<_>>());
+    // rows[0] is priority-tuned, the true order: the oracle here.
+    let tuned = quality(&rows[0].1);
     for (label, runs) in &rows {
-        let q = Summary::of(&runs.iter().map(|r| r.quality).collect::<Vec<_>>());
+        let q = quality(runs);
         let g = Summary::of(&runs.iter().map(|r| r.regret).collect::<Vec<_>>());
         let pulls: Vec<String> = (0..k)
             .map(|i| {
@@ -146,9 +154,14 @@ fn main() {
             .collect();
         let per_seed: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.regret)).collect();
         println!(
-            "| {label} | {:.4} ± {:.4} | {:.1} ± {:.1} | {} | {} |",
+            "| {label} | {:.4} ± {:.4} | {} | {:.1} ± {:.1} | {} | {} |",
             q.mean,
             q.ci95,
+            if q.within_noise_of(&tuned) {
+                "yes"
+            } else {
+                "no"
+            },
             g.mean,
             g.ci95,
             per_seed.join(" "),
