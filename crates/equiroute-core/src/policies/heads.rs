@@ -176,8 +176,7 @@ impl LinUcbPolicyConfig {
 /// `A⁻¹` entry by entry (`n(n+1)/2` terms per head, ~0.6 ns each) rather than in one dense
 /// pass (the query's packed outer product once, ~450 ns, then ~110 ns per head at d = 64):
 /// sparse while `k·n(n+1)/2 ≤ 725 + 177·k`, i.e. up to 28 nonzeros for 3 heads, 21 for 10.
-/// Measured with `cargo bench -p equiroute-core --bench kernels -- estimates` (README,
-/// Benchmarks).
+/// Measured with `cargo bench -p equiroute-core --bench kernels -- estimates` (docs/benchmarks.md).
 fn sparse_limit(k: usize) -> usize {
     let budget = (725 + 177 * k) / k.max(1);
     // The largest n with n(n+1)/2 ≤ budget, exactly: ⌊(√(8·budget + 1) − 1) / 2⌋.

@@ -99,7 +99,7 @@ pub enum LatencyTerm {
     /// `û/(1 + max(0, τ̂ − L_ref)/L_ref)`: the latency budget is spent freely, only the
     /// excess costs — quality first within the budget (`argmax E[u]` s.t. `E[τ] ≤ L_ref`),
     /// the deadline's risk left to `P̃(bad)`. Better where providers are not load-bound
-    /// (see the README's laboratory table); worse where queueing inflates latency faster
+    /// (see docs/policies.md, the laboratory table); worse where queueing inflates latency faster
     /// than the risk model's half-life follows.
     OverBudget,
 }

@@ -32,8 +32,8 @@
 //! never-failing candidate with useless answers has `V̄ ≈ 0` and is never in the top group
 //! while a useful one exists.
 //!
-//! **Defaults that differ from the references'**, each measured in the laboratory (README,
-//! "Choosing lqm-ts's defaults"): `α_ucb = 0.2` and a warm-up of 10 quality scores per
+//! **Defaults that differ from the references'**, each measured in the laboratory
+//! (docs/policies.md, "Choosing lqm-ts's defaults"): `α_ucb = 0.2` and a warm-up of 10 quality scores per
 //! candidate (LQM: 0.5 and 3) — less optimism once every candidate has been scored ten times,
 //! so a candidate shrunk by the ridge after three scores is not locked out; a candidate whose
 //! scores are clearly below the best candidate's leaves the warm-up early
