@@ -39,11 +39,12 @@ fn blocks(markdown: &str, lang: &str) -> Vec<String> {
 
 /// Any variable a documented configuration names is set (to a placeholder URL or key).
 fn env(name: &str) -> Option<String> {
-    Some(if name.contains("REDIS") {
+    let value = if name.contains("REDIS") {
         "redis://127.0.0.1:6379/0".to_owned()
     } else {
         format!("placeholder-for-{name}")
-    })
+    };
+    Some(value).filter(|_| !name.is_empty())
 }
 
 #[test]

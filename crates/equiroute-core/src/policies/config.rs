@@ -138,10 +138,13 @@ impl FromStr for PolicyKind {
 #[serde(deny_unknown_fields)]
 pub struct NoParams {}
 
-/// A policy and its parameters, as written in configuration:
-/// `{ name = "lqm", l_ref_ms = 800 }`.
+/// A policy and its parameters, as written in configuration: a table
+/// `{ name = "lqm", l_ref_ms = 800 }`, or just the name, `"lqm"`, for its defaults.
+///
+/// (The derives generate inherent `serialize`/`deserialize` functions of the tagged form,
+/// `remote = "Self"`; the trait impls below add the string form and plain error messages.)
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "name", rename_all = "kebab-case")]
+#[serde(remote = "Self", tag = "name", rename_all = "kebab-case")]
 pub enum PolicyConfig {
     Lqm(LqmConfig),
     TsDeadline(TsDeadlineConfig),
@@ -160,6 +163,52 @@ pub enum PolicyConfig {
     LeastBusy(NoParams),
     Cheapest(CheapestConfig),
     Oracle(NoParams),
+}
+
+impl Serialize for PolicyConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        PolicyConfig::serialize(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for PolicyConfig {
+    /// A name (`"lqm-ts"`) or a table with a `name` (`{ name = "lqm-ts", … }`); errors say
+    /// which, never serde's internal type names.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let shape = "a policy is a name such as \"lqm-ts\" or a table such as \
+                     { name = \"lqm-ts\", lqm = { l_ref_ms = 800 } }";
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(name) => {
+                PolicyConfig::from_name(&name).map_err(D::Error::custom)
+            }
+            serde_json::Value::Object(table) => {
+                let Some(name) = table.get("name") else {
+                    return Err(D::Error::custom(format!(
+                        "the policy table has no `name`: {shape} (policies: {})",
+                        PolicyKind::valid_list()
+                    )));
+                };
+                let Some(kind) = name.as_str() else {
+                    return Err(D::Error::custom(format!(
+                        "the policy's `name` must be a string: {shape}"
+                    )));
+                };
+                let kind = kind.parse::<PolicyKind>().map_err(D::Error::custom)?;
+                PolicyConfig::deserialize(serde_json::Value::Object(table))
+                    .map_err(|e| D::Error::custom(format!("policy `{kind}`: {e}")))
+            }
+            other => Err(D::Error::custom(format!(
+                "{shape}, got {}",
+                match other {
+                    serde_json::Value::Null => "nothing",
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Number(_) => "a number",
+                    _ => "a list",
+                }
+            ))),
+        }
+    }
 }
 
 /// Deserializes `T` from a table laid over `T::default()`, nested tables included: a

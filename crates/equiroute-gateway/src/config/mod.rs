@@ -419,6 +419,14 @@ fn load_interface(
     let policy = raw
         .policy
         .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
+    if policy.kind() == equiroute_core::policies::PolicyKind::Oracle {
+        return Err(vec![(
+            at("policy"),
+            "`oracle` exists only in the laboratory (it reads the simulated world's true \
+             means, which a gateway cannot know): choose another policy, e.g. \"lqm-ts\""
+                .into(),
+        )]);
+    }
     let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
     policy
         .build(&candidates, feature_dim)
@@ -707,6 +715,41 @@ mod tests {
             2,
             "warnings never drop a provider"
         );
+    }
+
+    #[test]
+    fn a_policy_is_a_name_or_a_table_and_oracle_is_refused() {
+        let base = "[interfaces.chat]\nkind = \"chat\"\nPOLICY\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let with = |policy: &str| load(&base.replace("POLICY", policy), "x.toml", &no_env);
+        // The name alone is the policy with its defaults, as the table with only a name.
+        let by_name = with("policy = \"lqm\"").map(|c| c.interfaces[0].policy.clone());
+        let by_table = with("policy = { name = \"lqm\" }").map(|c| c.interfaces[0].policy.clone());
+        assert_eq!(by_name, by_table);
+        assert_eq!(
+            by_name.map(|p| p.kind()),
+            Ok(equiroute_core::policies::PolicyKind::Lqm)
+        );
+        // Errors name the policy field and the valid shapes, never serde's internal names.
+        for (policy, says) in [
+            ("policy = \"lqmx\"", "lqm-ts"),
+            ("policy = 3", "a name such as"),
+            ("policy = { l_ref_ms = 800 }", "has no `name`"),
+            ("policy = { name = \"lqm\", l_ref = 800 }", "l_ref"),
+            ("policy = \"oracle\"", "only in the laboratory"),
+            ("policy = { name = \"oracle\" }", "only in the laboratory"),
+        ] {
+            let e = with(policy).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                e.field.starts_with("interfaces.chat.policy"),
+                "{policy}: {e}"
+            );
+            assert!(text.contains(says), "{policy}: {e}");
+            assert!(
+                !text.contains("PolicyConfig") && !text.contains("internally tagged"),
+                "{policy}: {e}"
+            );
+        }
     }
 
     #[test]
