@@ -48,8 +48,8 @@ pub struct Args {
     #[arg(long)]
     jobs: Option<usize>,
     /// Change one parameter of a named policy in every scenario of the run, e.g.
-    /// `--set lqm-ts.latency=renewal` or `--set lqm.lqm.alpha_ucb=1` (a dotted path into
-    /// the policy's configuration; the value is read as JSON, else as a string). May repeat.
+    /// `--set lqm-ts.latency=renewal` or `--set lqm-ts.lqm.alpha_ucb=0.3` (a dotted path into
+    /// the policy's configuration, as `equiroute policies NAME` lists it; the value is read as JSON, else as a string). May repeat.
     #[arg(long = "set", value_name = "POLICY.FIELD=VALUE")]
     sets: Vec<String>,
 }
@@ -91,7 +91,7 @@ fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
     *node = parsed;
     let patched: equiroute_core::policies::PolicyConfig =
         serde_json::from_value(json).map_err(|e| {
-            anyhow::anyhow!("--set `{set}`: {e} (see `equiroute policies` for the fields)")
+            anyhow::anyhow!("--set `{set}`: {e} (`equiroute policies POLICY` lists its fields)")
         })?;
     spec.variants.retain(|v| v.label != policy);
     spec.variants.push(equiroute_lab::scenario::Variant {

@@ -40,8 +40,8 @@ enum Command {
     Bench(bench::Args),
     /// List the built-in scenarios with one line each.
     Scenarios,
-    /// List the routing policies with one line each.
-    Policies,
+    /// List the routing policies, or one policy's parameters with defaults and meaning.
+    Policies(policies::Args),
 }
 
 /// Runs the command; an error is printed as `Error: ` and its chain of causes, one line, and
@@ -65,7 +65,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::State(cmd) => state::run(&cmd)?,
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
-        Command::Policies => policies::run(),
+        Command::Policies(args) => policies::run(&args)?,
     }
     Ok(())
 }

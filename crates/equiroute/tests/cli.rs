@@ -159,7 +159,72 @@ fn scenarios_and_policies_are_listed() {
     assert!(o.status.success() && text.lines().count() >= 14 && text.contains("ramp-ratelimit"));
     let o = equiroute(&["policies"]);
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && text.lines().count() == 14 && text.contains("lqm-ts"));
+    let listed = text
+        .lines()
+        .filter(|l| l.split_whitespace().count() > 1 && !l.starts_with('`'))
+        .count();
+    assert!(
+        o.status.success() && listed == 14 && text.contains("lqm-ts"),
+        "{text}"
+    );
+    // One policy's parameters: dotted paths, defaults and meanings.
+    let o = equiroute(&["policies", "lqm-ts"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let alpha = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("lqm.alpha_ucb "))
+        .unwrap_or_else(|| panic!("no lqm.alpha_ucb line in\n{text}"));
+    assert!(
+        alpha.contains(" 0.2 ") && alpha.contains("exploration"),
+        "{alpha}"
+    );
+    let o = equiroute(&["policies", "lqmx"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("lqmx") && err.contains("ts-deadline"),
+        "{err}"
+    );
+}
+
+/// Every `--set` example that `equiroute bench --help` prints runs (one once failed with
+/// "`lqm` is not a table of `lqm`").
+#[test]
+fn the_set_examples_of_bench_help_run() {
+    let o = equiroute(&["bench", "--help"]);
+    let help = String::from_utf8_lossy(&o.stdout);
+    let examples: Vec<&str> = help
+        .split("`--set ")
+        .skip(1)
+        .filter_map(|rest| rest.split('`').next())
+        .collect();
+    assert!(examples.len() >= 2, "{help}");
+    let dir = temp_dir("help-set");
+    for example in examples {
+        let policy = example.split('.').next().unwrap();
+        let o = equiroute(&[
+            "bench",
+            "--scenario",
+            "near-ties",
+            "--policies",
+            policy,
+            "--seeds",
+            "1",
+            "--rounds",
+            "50",
+            "--format",
+            "json",
+            "--out",
+            dir.to_str().unwrap(),
+            "--set",
+            example,
+        ]);
+        assert!(
+            o.status.success(),
+            "--set {example}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
