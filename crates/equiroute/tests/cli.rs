@@ -316,3 +316,60 @@ fn bench_set_changes_one_policy_parameter_and_names_a_bad_value() {
     let e = String::from_utf8_lossy(&bad.stderr);
     assert!(e.contains("sideways") && e.contains("over-budget"), "{e}");
 }
+
+/// The `check-config examples/gateway.toml` transcripts of `docs/configuration.md` are what the
+/// binary prints: with every variable set (the summary), and with none (every problem).
+#[test]
+fn the_documented_check_config_transcripts_are_true() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let docs = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    // Each console block's runs of `$ equiroute check-config examples/gateway.toml`.
+    let mut transcripts: Vec<Vec<String>> = Vec::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in docs.lines() {
+        if line.starts_with("$ ") || line.starts_with("```") {
+            if let Some(t) = current.take() {
+                transcripts.push(t);
+            }
+            if line == "$ equiroute check-config examples/gateway.toml" {
+                current = Some(Vec::new());
+            }
+        } else if let Some(t) = &mut current {
+            t.push(line.to_owned());
+        }
+    }
+    assert_eq!(
+        transcripts.len(),
+        2,
+        "two documented runs on examples/gateway.toml"
+    );
+    let vars = [
+        "EQUIROUTE_API_KEY",
+        "OPENAI_API_KEY",
+        "OTHER_API_KEY",
+        "SEARCH_A_KEY",
+        "SEARCH_B_KEY",
+    ];
+    for transcript in transcripts {
+        let all_set = transcript.iter().any(|l| l.contains(": ok,"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_equiroute"));
+        cmd.current_dir(&root)
+            .args(["check-config", "examples/gateway.toml"]);
+        for v in vars {
+            if all_set {
+                cmd.env(v, "placeholder");
+            } else {
+                cmd.env_remove(v);
+            }
+        }
+        let o = cmd.output().unwrap();
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let printed: Vec<&str> = printed.lines().collect();
+        assert_eq!(printed, transcript, "docs/configuration.md is out of date");
+        assert_eq!(o.status.success(), all_set);
+    }
+}
