@@ -1,5 +1,6 @@
 //! The state file's open path under damage: a real state file, written by `Store::save` and
-//! `Store::import_json`, with bytes overwritten, cut short or followed by junk. Opening it,
+//! `Store::import_json`, with bytes overwritten, cut short or followed by junk, and marked as
+//! left by a crash or not. Opening it,
 //! exporting and restoring either work or refuse it as `StoreError::Unusable`, leaving a
 //! refused file byte for byte as it was, and redb never panics on the way — not even a panic
 //! the store would catch (a panic hook counts them; this file is its own test process, so the
@@ -79,9 +80,18 @@ fn damage() -> impl Strategy<Value = Damage> {
     ]
 }
 
-fn apply(damage: &Damage, good: &[u8]) -> Vec<u8> {
+/// redb's header flag byte (after the 9-byte magic number) and its "recovery required" bit,
+/// which a gateway killed mid-write leaves set: an open of such a file repairs it, so a
+/// refused one must not have been opened for real.
+const FLAGS_AT: usize = 9;
+const RECOVERY_REQUIRED: u8 = 2;
+
+fn apply(damage: &Damage, unclean: bool, good: &[u8]) -> Vec<u8> {
     let at = |f: f64| ((good.len() as f64 * f) as usize).min(good.len().saturating_sub(1));
     let mut bytes = good.to_vec();
+    if unclean {
+        bytes[FLAGS_AT] |= RECOVERY_REQUIRED;
+    }
     match damage {
         Damage::Overwrite(edits) => {
             for (f, b) in edits {
@@ -117,10 +127,13 @@ proptest! {
     })]
 
     #[test]
-    fn a_damaged_state_file_is_read_or_refused_untouched_and_never_panics(damage in damage()) {
+    fn a_damaged_state_file_is_read_or_refused_untouched_and_never_panics(
+        damage in damage(),
+        unclean in any::<bool>(),
+    ) {
         count_panics();
         let path = dir().join("damaged.redb");
-        let bytes = apply(&damage, pristine());
+        let bytes = apply(&damage, unclean, pristine());
         std::fs::write(&path, &bytes).unwrap();
 
         let exported = Store::export_file(&path);
