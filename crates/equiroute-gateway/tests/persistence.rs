@@ -137,3 +137,36 @@ async fn an_incompatible_or_corrupt_state_file_is_refused_with_the_way_out() {
     );
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+/// redb's locks belong to an open of the file, not to the process: a second open in the same
+/// process is told the file is held (by this process), never that it is damaged; nor can it
+/// be removed or exported meanwhile. Once the first open is dropped, all three work.
+#[test]
+fn a_second_open_in_the_same_process_is_told_the_file_is_held() {
+    use equiroute_gateway::store::{Store, StoreError};
+    let path = temp("held-in-process");
+    let first = Store::open(&path).unwrap();
+    let held = |e: StoreError| {
+        let text = e.to_string();
+        assert!(matches!(e, StoreError::Locked { .. }), "{e:?}");
+        assert!(
+            text.contains(&format!("this process (pid {})", std::process::id())),
+            "{text}"
+        );
+        assert!(!text.contains("--reset-state"), "{text}");
+    };
+    held(Store::open(&path).unwrap_err());
+    held(Store::export_file(&path).unwrap_err());
+    held(Store::remove(&path).unwrap_err());
+    assert!(path.exists());
+    drop(first);
+    assert!(matches!(
+        Store::export_file(&path),
+        Err(StoreError::NothingSaved { .. })
+    ));
+    drop(Store::open(&path).unwrap());
+    assert!(Store::remove(&path).unwrap(), "there was a file to remove");
+    assert!(!path.exists());
+    assert!(!Store::remove(&path).unwrap(), "nothing left to remove");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

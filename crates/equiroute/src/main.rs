@@ -47,9 +47,10 @@ enum Command {
 /// Runs the command; an error is printed as `Error: ` and its chain of causes, one line, and
 /// the exit status is 1. (Returning it from `main` would print anyhow's debug form, with a
 /// stack backtrace whenever `RUST_BACKTRACE` is set: noise for a user who mistyped a field.)
+/// `state export` with nothing saved yet exits with 3 ([`state::NOTHING_SAVED`]).
 fn main() -> std::process::ExitCode {
     match run(Cli::parse().command) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(status) => status,
         Err(e) => {
             eprintln!("Error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -57,15 +58,15 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<()> {
+fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
     match command {
         Command::Serve(args) => serve::run(&args)?,
         Command::MockUpstream(args) => mock::run(&args)?,
         Command::CheckConfig(args) => check::run(&args)?,
-        Command::State(cmd) => state::run(&cmd)?,
+        Command::State(cmd) => return state::run(&cmd),
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
         Command::Policies(args) => policies::run(&args)?,
     }
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }

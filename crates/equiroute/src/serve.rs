@@ -14,7 +14,7 @@ pub struct Args {
     #[arg(long)]
     listen: Option<String>,
     /// Start from empty statistics: delete the `[state]` file first (the way out of an
-    /// incompatible or corrupt state file).
+    /// incompatible or corrupt state file). Refused while another process holds the file.
     #[arg(long)]
     reset_state: bool,
 }
@@ -105,14 +105,15 @@ fn listen(
     Ok((first, more))
 }
 
-/// `--reset-state`: deletes the state file, or the shared state's keys in Redis.
+/// `--reset-state`: deletes the state file (unless a running gateway holds it), or the
+/// shared state's keys in Redis.
 async fn reset_state(state: Option<&StateConfig>) -> anyhow::Result<()> {
     match state {
-        Some(StateConfig::File(f)) => match std::fs::remove_file(&f.path) {
-            Ok(()) => println!("--reset-state: deleted {}", f.path.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => anyhow::bail!("--reset-state: cannot delete {}: {e}", f.path.display()),
-        },
+        Some(StateConfig::File(f)) => {
+            if equiroute_gateway::store::Store::remove(&f.path).context("--reset-state")? {
+                println!("--reset-state: deleted {}", f.path.display());
+            }
+        }
         Some(StateConfig::Redis(r)) => {
             equiroute_gateway::shared::reset(r).await?;
             println!(

@@ -1,10 +1,18 @@
 //! `equiroute state export|import`: the saved learning state as JSON, for inspection, backup
-//! and migration. Run them while no gateway holds the state file.
+//! and migration. Both refuse a state file a gateway holds; `export` never writes the file
+//! nor creates it.
 
 use anyhow::{bail, Context};
 use equiroute_gateway::config::StateConfig;
-use equiroute_gateway::store::Store;
-use std::path::PathBuf;
+use equiroute_gateway::store::{Store, StoreError};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// `state export`'s exit status when there is nothing to export yet (no file, or no
+/// snapshot in it): distinct from 1 (an error) and 2 (a usage error), so that a backup
+/// script can tell "nothing yet" from a failure.
+pub const NOTHING_SAVED: u8 = 3;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -23,14 +31,15 @@ pub enum Command {
     },
 }
 
-fn store_of(config: &PathBuf) -> anyhow::Result<Store> {
+/// The `[state] path` of the configuration at `config` (file backend only).
+fn state_path(config: &Path) -> anyhow::Result<PathBuf> {
     let text = std::fs::read_to_string(config)
         .with_context(|| format!("--config {}: cannot read it", config.display()))?;
     let cfg = equiroute_gateway::config::load(&text, &config.display().to_string(), &|name| {
         std::env::var(name).ok()
     })?;
     match cfg.state {
-        Some(StateConfig::File(state)) => Ok(Store::open(&state.path)?),
+        Some(StateConfig::File(state)) => Ok(state.path),
         Some(StateConfig::Redis(_)) => bail!(
             "{}: [state] uses the redis backend: export and import work on the file backend; point a configuration with `[state] path = \"…\"` at a copy, or read the shared state from GET /v1/interfaces/NAME/state?full=true",
             config.display()
@@ -42,20 +51,29 @@ fn store_of(config: &PathBuf) -> anyhow::Result<Store> {
     }
 }
 
-pub fn run(command: &Command) -> anyhow::Result<()> {
+pub fn run(command: &Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Export { config } => match store_of(config)?.export_json()? {
-            Some(json) => println!("{}", serde_json::to_string_pretty(&json)?),
-            None => bail!("the state file holds no snapshot yet"),
+        Command::Export { config } => match Store::export_file(&state_path(config)?) {
+            Ok(json) => {
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "{}", serde_json::to_string_pretty(&json)?)
+                    .and_then(|()| out.flush())
+                    .context("cannot write the snapshot to standard output")?;
+            }
+            Err(e @ StoreError::NothingSaved { .. }) => {
+                eprintln!("{e}");
+                return Ok(ExitCode::from(NOTHING_SAVED));
+            }
+            Err(e) => return Err(e.into()),
         },
         Command::Import { config, file } => {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let json: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not JSON", file.display()))?;
-            store_of(config)?.import_json(&json)?;
+            Store::open(&state_path(config)?)?.import_json(&json)?;
             println!("imported {} into the state file", file.display());
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

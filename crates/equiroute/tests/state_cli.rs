@@ -1,17 +1,24 @@
 //! Learning state on disk, through the binary: `kill -9` during load never leaves a file the
-//! next start refuses, and `state export|import` round-trips the snapshot.
+//! next start refuses, and `state export|import` round-trips the snapshot; a file a running
+//! gateway holds is reported as held (never as damaged, never reset); a damaged file is refused
+//! untouched, without a panic; `state export` with nothing saved creates nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_equiroute")
 }
 
-/// Starts `serve` and returns it with its address (read from its first line).
+/// Starts `serve` and returns it with its address (read from the line that gives it).
 fn serve(config: &std::path::Path) -> (Child, String) {
+    serve_with(config, &[])
+}
+
+/// `serve` with more arguments (`--reset-state`).
+fn serve_with(config: &std::path::Path, extra: &[&str]) -> (Child, String) {
     let mut child = Command::new(bin())
         .args([
             "serve",
@@ -20,25 +27,75 @@ fn serve(config: &std::path::Path) -> (Child, String) {
             "--listen",
             "127.0.0.1:0",
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let Some(start) = line.find("http://") else {
-        let mut err = String::new();
-        let _ = child.stderr.as_mut().unwrap().read_to_string(&mut err);
-        panic!("serve did not start: {line} {err}");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let start = loop {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            let mut err = String::new();
+            let _ = child.stderr.as_mut().unwrap().read_to_string(&mut err);
+            panic!("serve did not start: {seen} {err}");
+        }
+        if let Some(at) = line.find("http://") {
+            break line[at + 7..].to_owned();
+        }
+        seen.push_str(&line);
     };
-    let addr = line[start + 7..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_owned();
+    child.stdout = Some(stdout.into_inner());
+    let addr = start.split_whitespace().next().unwrap().to_owned();
     (child, addr)
+}
+
+/// Runs the binary to completion, without `RUST_BACKTRACE` (whatever the test runner has).
+fn equiroute(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap()
+}
+
+/// Sends SIGTERM and waits (20 s at most) for the gateway to drain and save its last snapshot.
+fn terminate(child: &mut Child) -> ExitStatus {
+    let termed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !termed {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("could not send SIGTERM (is `kill` on PATH?)");
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > until {
+            let _ = child.kill();
+            panic!("the gateway did not stop within 20 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A configuration in `dir` with one `sim` tool interface and its state in `dir/state.redb`.
+fn state_config(dir: &std::path::Path, snapshot_interval_s: f64) -> std::path::PathBuf {
+    let config = dir.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[state]\npath = {:?}\nsnapshot_interval_s = {snapshot_interval_s:?}\n[interfaces.search]\nkind = \"tool\"\npolicy = {{ name = \"lqm\" }}\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n",
+            dir.join("state.redb").display().to_string()
+        ),
+    )
+    .unwrap();
+    config
 }
 
 /// An empty directory of this test run's own.
@@ -60,15 +117,7 @@ fn post(addr: &str, path: &str, body: &str) -> String {
 #[test]
 fn kill_9_during_load_then_restart_and_export_import() {
     let dir = fresh_dir("kill9");
-    let config = dir.join("gw.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[state]\npath = {:?}\nsnapshot_interval_s = 0.05\n[interfaces.search]\nkind = \"tool\"\npolicy = {{ name = \"lqm\" }}\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n",
-            dir.join("state.redb").display().to_string()
-        ),
-    )
-    .unwrap();
+    let config = state_config(&dir, 0.05);
     for round in 0..4 {
         let (mut child, addr) = serve(&config);
         for _ in 0..25 {
@@ -188,29 +237,152 @@ fn several_event_loops_answer_refuse_a_shared_port_and_stop_together() {
     assert!(!second.status.success());
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("is the port free"), "{err}");
-    let termed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !termed {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("could not send SIGTERM (is `kill` on PATH?)");
-    }
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > until {
-            let _ = child.kill();
-            panic!("the loops did not drain within 20 s of SIGTERM");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = terminate(&mut child);
     assert!(status.success(), "{status:?}");
     let mut out = String::new();
     let _ = child.stdout.as_mut().unwrap().read_to_string(&mut out);
     assert!(out.contains("equiroute stopped"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A gateway holds its state file while it runs. A second gateway, `state export`,
+/// `state import` and `serve --reset-state` are told that another process (with its pid)
+/// holds it, are never advised to reset it, and leave it in place; once the gateway has
+/// stopped, the file exports.
+#[test]
+fn a_state_file_a_gateway_holds_is_reported_held_and_never_reset() {
+    let dir = fresh_dir("held");
+    let config = state_config(&dir, 3600.0);
+    let state = dir.join("state.redb");
+    let cfg = config.to_str().unwrap();
+    let (mut child, addr) = serve(&config);
+    let reply = post(&addr, "/v1/tools/search", r#"{"query":"rust"}"#);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let snapshot = dir.join("snapshot.json");
+    std::fs::write(&snapshot, "{}").unwrap();
+    let attempts = [
+        vec!["state", "export", "--config", cfg],
+        vec![
+            "state",
+            "import",
+            "--config",
+            cfg,
+            snapshot.to_str().unwrap(),
+        ],
+        vec![
+            "serve",
+            "--config",
+            cfg,
+            "--listen",
+            "127.0.0.1:0",
+            "--reset-state",
+        ],
+        vec!["serve", "--config", cfg, "--listen", "127.0.0.1:0"],
+    ];
+    for args in &attempts {
+        let out = equiroute(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("is in use by another process") && err.contains("do not delete it"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("serve --reset-state"), "{args:?}: {err}");
+        // redb's whole-file flock carries its owner's pid in /proc/locks (Linux).
+        if std::fs::read_to_string("/proc/locks").is_ok_and(|l| l.contains("FLOCK")) {
+            assert!(
+                err.contains(&format!("pid {}", child.id())),
+                "{args:?}: {err}"
+            );
+        }
+        assert!(state.exists(), "{args:?} left the held file in place");
+    }
+    // The gateway was not disturbed: it still answers, and stops cleanly.
+    let reply = post(&addr, "/v1/tools/search", r#"{"query":"rust"}"#);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(terminate(&mut child).success());
+    let out = equiroute(&["state", "export", "--config", cfg]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(snap["schema"], 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A state file whose header is intact and whose pages are noise (redb panicked on it
+/// before: exit 101, "entered unreachable code"). `serve` and `state export` refuse it
+/// with the way out, exit 1, print no panic, and leave it byte for byte as it was;
+/// `serve --reset-state` then starts from empty statistics.
+#[test]
+fn a_damaged_state_file_is_refused_untouched_without_a_panic() {
+    let dir = fresh_dir("damaged");
+    let config = state_config(&dir, 3600.0);
+    let state = dir.join("state.redb");
+    let cfg = config.to_str().unwrap();
+    let (mut child, addr) = serve(&config);
+    let reply = post(&addr, "/v1/tools/search", r#"{"query":"rust"}"#);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(terminate(&mut child).success());
+    let mut bytes = std::fs::read(&state).unwrap();
+    assert!(bytes.len() > 8192, "a state file of {} bytes", bytes.len());
+    // The first page (redb's header and commit slots) kept; the rest from a 64-bit LCG.
+    let mut x: u64 = 0x00e9;
+    for b in &mut bytes[4096..] {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        *b = (x >> 56) as u8;
+    }
+    std::fs::write(&state, &bytes).unwrap();
+    for args in [
+        vec!["state", "export", "--config", cfg],
+        vec!["serve", "--config", cfg, "--listen", "127.0.0.1:0"],
+    ] {
+        let out = equiroute(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot be opened as an Equiroute state file")
+                && err.contains("equiroute serve --reset-state"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            std::fs::read(&state).unwrap() == bytes,
+            "{args:?} changed the refused file"
+        );
+    }
+    let (mut child, addr) = serve_with(&config, &["--reset-state"]);
+    let reply = post(&addr, "/v1/tools/search", r#"{"query":"rust"}"#);
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(terminate(&mut child).success());
+    let out = equiroute(&["state", "export", "--config", cfg]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `state export` before any gateway saved state: "no state saved yet at PATH", exit status
+/// 3, nothing on standard output, and no state file created.
+#[test]
+fn export_with_nothing_saved_says_so_and_creates_nothing() {
+    let dir = fresh_dir("nothing");
+    let config = state_config(&dir, 3600.0);
+    let state = dir.join("state.redb");
+    let out = equiroute(&["state", "export", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert_eq!(
+        err.trim(),
+        format!("no state saved yet at {}", state.display())
+    );
+    assert!(out.stdout.is_empty());
+    assert!(!state.exists(), "export created the state file");
     let _ = std::fs::remove_dir_all(&dir);
 }
