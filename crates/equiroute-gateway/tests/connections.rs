@@ -252,6 +252,61 @@ async fn connections_over_the_limit_get_a_503_and_a_slowloris_does_not_starve_re
     assert_eq!(answered.status, 200, "{}", answered.body);
 }
 
+/// Three event loops on one port (`SO_REUSEPORT`, the kernel spreading connections over
+/// them) share one `max_connections`: of 12 silent connections 4 are served, 8 refused.
+/// Counted per loop, up to 12 would be served.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_connection_limit_is_counted_over_every_event_loop() {
+    let cfg = load(
+        &config("max_connections = 4\nheader_read_timeout_ms = 1000"),
+        "test.toml",
+        &|_| None,
+    )
+    .unwrap();
+    let bind = |addr: SocketAddr| {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseport(true).unwrap();
+        socket.bind(addr).unwrap();
+        socket.listen(64).unwrap()
+    };
+    let first = bind("127.0.0.1:0".parse().unwrap());
+    let addr = first.local_addr().unwrap();
+    let more = (0..2)
+        .map(|_| bind(addr).into_std().unwrap())
+        .collect::<Vec<_>>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        equiroute_gateway::serve_loops(&cfg, first, more, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let mut silent = Vec::new();
+    for _ in 0..12 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let (mut refused, mut cut) = (0, 0);
+    for s in &mut silent {
+        let (sent, _) = read_until_closed(s, Duration::from_secs(5))
+            .await
+            .expect("every silent connection is closed, refused or timed out");
+        if sent.is_empty() {
+            cut += 1;
+        } else {
+            assert_eq!(status_and_body(&sent).0, 503, "{sent}");
+            refused += 1;
+        }
+    }
+    assert_eq!((cut, refused), (4, 8));
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), served)
+        .await
+        .expect("every loop stops")
+        .unwrap()
+        .unwrap();
+}
+
 /// A streamed answer longer than the idle timeout is in flight all along: not cut.
 #[tokio::test]
 async fn a_stream_longer_than_the_idle_timeout_is_not_cut() {
