@@ -77,12 +77,6 @@ impl ConnectionSlots {
             overloaded: Bytes::from(overloaded),
         })
     }
-
-    /// Connections being served now.
-    #[must_use]
-    pub fn open(&self) -> usize {
-        self.served.count.load(Ordering::Relaxed)
-    }
 }
 
 #[derive(Debug)]
@@ -180,6 +174,7 @@ fn refuse(stream: TcpStream, slots: &ConnectionSlots) {
         let _ = stream.try_write(&overloaded);
         return;
     };
+    // Not waited for by the drain: it ends within `REFUSAL_LINGER` whatever the client does.
     tokio::spawn(async move {
         let _slot = slot;
         let mut stream = stream;
