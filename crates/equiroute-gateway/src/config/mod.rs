@@ -84,7 +84,7 @@ struct RawServer {
     max_pending_feedback: Option<usize>,
     /// Threads serving requests; none: one per core.
     worker_threads: Option<usize>,
-    /// Longest wait for a request's headers, from the connection's first byte (or accept).
+    /// Longest wait for a request's headers, from the accept or the first byte after idling.
     header_read_timeout_ms: Option<f64>,
     /// Longest wait for a request's whole body, from its headers.
     body_read_timeout_ms: Option<f64>,
