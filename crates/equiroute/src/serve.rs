@@ -55,6 +55,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let (listener, more) = listen(config.listen, loops)
             .with_context(|| format!("cannot listen on {}: is the port free?", config.listen))?;
         let addr = listener.local_addr()?;
+        // The state (and its file or Redis) first: the banner says the gateway is ready.
+        let gateway = equiroute_gateway::prepare(&config).await?;
         let chat = config
             .interfaces
             .iter()
@@ -64,7 +66,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         );
-        equiroute_gateway::serve_loops(&config, listener, more, shutdown_signal()).await?;
+        gateway.serve(listener, more, shutdown_signal()).await?;
         println!("equiroute stopped");
         anyhow::Ok(())
     })

@@ -386,3 +386,42 @@ fn export_with_nothing_saved_says_so_and_creates_nothing() {
     assert!(!state.exists(), "export created the state file");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve` says it is listening only once it is ready: a state file it cannot open is an
+/// error on its own, with no "listening on" line before it.
+#[test]
+fn serve_prints_its_banner_only_once_the_state_file_is_open() {
+    let dir = fresh_dir("banner");
+    let state = dir.join("state.redb");
+    std::fs::write(&state, b"not a redb file, and not an empty one either").unwrap();
+    let config = dir.join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[state]\npath = {:?}\n[interfaces.search]\nkind = \"tool\"\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n",
+            state.display().to_string()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .args([
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout} {stderr}");
+    assert!(stderr.starts_with("Error: "), "{stderr}");
+    assert!(
+        !stdout.contains("listening on"),
+        "the banner came before the failure: {stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

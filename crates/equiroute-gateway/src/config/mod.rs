@@ -11,6 +11,7 @@ use equiroute_lab::scenario::LatencySpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 mod state;
 pub use state::{RedisStateConfig, StateConfig};
@@ -83,6 +84,14 @@ struct RawServer {
     max_pending_feedback: Option<usize>,
     /// Threads serving requests; none: one per core.
     worker_threads: Option<usize>,
+    /// Longest wait for a request's headers, from the accept or the first byte after idling.
+    header_read_timeout_ms: Option<f64>,
+    /// Longest wait for a request's whole body, from its headers.
+    body_read_timeout_ms: Option<f64>,
+    /// Longest a keep-alive connection stays open with no request in flight.
+    idle_timeout_ms: Option<f64>,
+    /// Most client connections open at once, across every event loop.
+    max_connections: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,6 +233,8 @@ pub struct GatewayConfig {
     pub max_pending_feedback: usize,
     /// Threads serving requests (the async runtime's workers); `None`: one per core.
     pub worker_threads: Option<usize>,
+    /// How long a client may hold a connection, and how many it may hold.
+    pub connections: ConnectionLimits,
     pub audit: Option<crate::server::audit::AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
@@ -231,6 +242,87 @@ pub struct GatewayConfig {
     /// Fields that are accepted but have no effect (a `base_url` on a `sim` provider):
     /// `check-config` and `serve` print them; they never stop the gateway.
     pub warnings: Vec<ConfigError>,
+}
+
+/// The limits that keep a client from holding a connection forever (`[server]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A request's headers must arrive within this, counted from the accept (first request)
+    /// or from the first byte after an idle spell; otherwise the connection is closed.
+    pub header_read_timeout: Duration,
+    /// A request's whole body must arrive within this, counted from its headers; otherwise
+    /// a 408 and the connection is closed.
+    pub body_read_timeout: Duration,
+    /// A keep-alive connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// Most connections open at once over every event loop; further ones get a 503.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+        }
+    }
+}
+
+/// The longest connection timeout accepted: a day (longer is surely a typo, and would
+/// overflow the clock's arithmetic at absurd values).
+const MAX_CONNECTION_TIMEOUT_MS: f64 = 86_400_000.0;
+
+/// The `[server]` connection limits, or the problems with them as (field, fix).
+fn connection_limits(raw: &RawServer) -> Result<ConnectionLimits, Vec<(String, String)>> {
+    let defaults = ConnectionLimits::default();
+    let mut problems = Vec::new();
+    let mut timeout = |value: Option<f64>, field: &str, default: Duration| match value {
+        None => default,
+        Some(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_CONNECTION_TIMEOUT_MS => {
+            Duration::from_secs_f64(ms / 1000.0)
+        }
+        Some(ms) => {
+            problems.push((
+                format!("server.{field}"),
+                format!(
+                    "`{ms}` is not a timeout: write a number of milliseconds greater than 0 and at most 86400000 (default {})",
+                    default.as_millis()
+                ),
+            ));
+            default
+        }
+    };
+    let limits = ConnectionLimits {
+        header_read_timeout: timeout(
+            raw.header_read_timeout_ms,
+            "header_read_timeout_ms",
+            defaults.header_read_timeout,
+        ),
+        body_read_timeout: timeout(
+            raw.body_read_timeout_ms,
+            "body_read_timeout_ms",
+            defaults.body_read_timeout,
+        ),
+        idle_timeout: timeout(
+            raw.idle_timeout_ms,
+            "idle_timeout_ms",
+            defaults.idle_timeout,
+        ),
+        max_connections: raw.max_connections.unwrap_or(defaults.max_connections),
+    };
+    if limits.max_connections == 0 {
+        problems.push((
+            "server.max_connections".into(),
+            format!("must be at least 1 (default {})", defaults.max_connections),
+        ));
+    }
+    if problems.is_empty() {
+        Ok(limits)
+    } else {
+        Err(problems)
+    }
 }
 
 /// A configuration problem: the file, the field path and the fix.
@@ -323,6 +415,10 @@ pub fn load_all(
             "must be at least 1 (leave it out for one thread per core)".into(),
         ));
     }
+    let connections = connection_limits(&raw.server).unwrap_or_else(|ps| {
+        problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
+        ConnectionLimits::default()
+    });
     if raw.interfaces.is_empty() {
         problems.push(err(
             "interfaces",
@@ -353,6 +449,7 @@ pub fn load_all(
             feedback_ttl: Millis(ttl * 1000.0),
             max_pending_feedback,
             worker_threads,
+            connections,
             audit: raw.audit,
             state,
             interfaces,

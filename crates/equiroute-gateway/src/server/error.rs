@@ -98,15 +98,22 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({"error": {
+impl ApiError {
+    /// The OpenAI error body, `{"error": {"message", "type", "param", "code"}}`.
+    #[must_use]
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
             "message": self.message,
             "type": self.kind,
             "param": self.param,
             "code": self.code,
-        }});
-        let mut resp = (self.status, axum::Json(body)).into_response();
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
         if let Some((id, attempts)) = &self.routed {
             super::routing_headers(resp.headers_mut(), id, None, *attempts);
         }

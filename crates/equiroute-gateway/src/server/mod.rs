@@ -1,6 +1,10 @@
 //! The HTTP server.
 //!
 //! Middleware order, outermost first (written once, here):
+//! 0. the connection ([`conn`], around the router): at most `server.max_connections` over
+//!    every event loop (beyond, a raw 503); headers due within `header_read_timeout_ms`, the
+//!    body within `body_read_timeout_ms` (else 408), an idle keep-alive connection closed after
+//!    `idle_timeout_ms`;
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time); the state routes
@@ -8,6 +12,7 @@
 //! 3. the routes below.
 
 pub mod audit;
+pub mod conn;
 pub mod error;
 mod execute;
 pub mod metrics;
