@@ -312,3 +312,32 @@ async fn a_deadline_header_is_clamped_and_the_answer_says_so() {
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"]["code"], "invalid_deadline");
 }
+
+#[tokio::test]
+async fn a_long_tenant_is_not_repeated_whole_for_each_excluded_provider() {
+    let gw = start(
+        &config(4096, "").replace(
+            "model = \"fast-model\"",
+            "model = \"fast-model\"\ntenants = [\"acme\"]",
+        ),
+        &[],
+    )
+    .await;
+    let tenant = "t".repeat(6000);
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-equiroute-tenant", &tenant)],
+        &chat_body("chat"),
+    )
+    .await;
+    assert_eq!(r.status, 503, "{:.300}", r.body);
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.len() < 600,
+        "{} bytes: {message:.300}",
+        message.len()
+    );
+    assert!(message.contains("bytes in all"), "{message}");
+}
