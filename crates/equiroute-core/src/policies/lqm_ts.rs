@@ -283,4 +283,8 @@ impl Policy for LqmTs {
             _ => Err(wrong_policy(PolicyKind::LqmTs, other)),
         }
     }
+
+    fn take_slice_evictions(&mut self) -> u64 {
+        self.risk.take_evictions()
+    }
 }

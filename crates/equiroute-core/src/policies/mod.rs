@@ -218,6 +218,12 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// # Errors
     /// The state belongs to another policy or another shape of interface.
     fn merge_state(&mut self, other: &PolicyState) -> Result<(), StateError>;
+
+    /// Statistics slices evicted (to keep them under their cap) since the last call; 0 for
+    /// policies without slices.
+    fn take_slice_evictions(&mut self) -> u64 {
+        0
+    }
 }
 
 /// Exported learning state of any policy.

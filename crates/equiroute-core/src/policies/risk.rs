@@ -8,6 +8,14 @@
 //! effective statistics capped at `borrow_strength` pseudo-observations, merged with its own.
 //! A new slice therefore starts from its parent's belief and is dominated by its own data
 //! after a few dozen observations. Failures are per candidate (a rate limit hits every slice).
+//!
+//! **Bounded.** Slice keys come from request labels (a client's task class), so the slices
+//! beyond the root are capped at `max_slices`. When a new slice finds the map full, the
+//! least useful eighth is evicted in one pass (amortised O(8) per new slice): least decayed
+//! weight, i.e. fewest recent observations, oldest first on ties. An evicted slice is dropped,
+//! not folded into its parent: every observation already fed each level of its path, so the
+//! parent holds the child's data and folding it in would count it twice. The root (all
+//! requests of a candidate) is never evicted.
 
 use crate::decision::{AttemptStatus, SlicePath, Timestamp};
 use crate::estimators::decay_factor;
@@ -80,6 +88,9 @@ pub struct RiskConfig {
     pub level_beta: f64,
     /// Half-life in ms of the trust in the fast level once calls stop.
     pub level_half_life_ms: f64,
+    /// Most (candidate, slice) latency statistics kept beyond each candidate's root; the
+    /// least useful are evicted to make room (see the module doc).
+    pub max_slices: usize,
 }
 
 impl Default for RiskConfig {
@@ -93,11 +104,15 @@ impl Default for RiskConfig {
             exploration_guard: 0.6,
             level_beta: 0.0,
             level_half_life_ms: 30_000.0,
+            max_slices: RiskConfig::DEFAULT_MAX_SLICES,
         }
     }
 }
 
 impl RiskConfig {
+    /// The default of [`RiskConfig::max_slices`].
+    pub const DEFAULT_MAX_SLICES: usize = 4096;
+
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
         self.latency_prior.validate()?;
         if let Some(h) = self.latency_half_life_ms {
@@ -115,6 +130,13 @@ impl RiskConfig {
         crate::error::unit_interval("exploration_guard", self.exploration_guard)?;
         crate::error::unit_interval("level_beta", self.level_beta)?;
         crate::error::positive("level_half_life_ms", self.level_half_life_ms)?;
+        if self.max_slices == 0 {
+            return Err(crate::error::out_of_range(
+                "max_slices",
+                self.max_slices,
+                "must be at least 1 (default 4096); set slice_depth = 1 to turn slicing off",
+            ));
+        }
         Ok(())
     }
 }
@@ -183,6 +205,9 @@ pub struct SliceStats {
 
 type SliceMap = HashMap<(u32, u64), LogLatencyStats, BuildHasherDefault<KeyHasher>>;
 
+/// The key of the root slice (every other level's key is odd).
+const ROOT: u64 = 0;
+
 /// Failure rates and sliced latency posteriors of every candidate of an interface.
 #[derive(Clone, Debug)]
 pub struct RiskModel {
@@ -190,6 +215,8 @@ pub struct RiskModel {
     failures: Vec<FailureRate>,
     levels: Vec<Level>,
     latency: SliceMap,
+    /// Slices evicted since [`RiskModel::take_evictions`] last read the count.
+    evicted: u64,
 }
 
 impl RiskModel {
@@ -201,7 +228,67 @@ impl RiskModel {
             failures: vec![FailureRate::default(); k],
             levels: vec![Level::default(); k],
             latency: SliceMap::default(),
+            evicted: 0,
         }
+    }
+
+    /// How many (candidate, slice) statistics are kept beyond the candidates' roots.
+    #[must_use]
+    pub fn slice_count(&self) -> usize {
+        // O(candidates), not O(slices): it runs for every new slice.
+        let roots = (0..self.failures.len() as u32)
+            .filter(|&i| self.latency.contains_key(&(i, ROOT)))
+            .count();
+        self.latency.len() - roots
+    }
+
+    /// The slices evicted since the last call (the gateway adds them to a counter).
+    pub fn take_evictions(&mut self) -> u64 {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// The statistics of candidate `i` in slice `key`, made room for when new.
+    fn slice_mut(&mut self, i: usize, key: u64) -> &mut LogLatencyStats {
+        let id = (i as u32, key);
+        if key != ROOT && !self.latency.contains_key(&id) {
+            let cap = self.cfg.max_slices;
+            if self.slice_count() >= cap {
+                self.evict_to(cap - (cap / 8).max(1));
+            }
+        }
+        self.latency.entry(id).or_default()
+    }
+
+    /// Evicts the least useful slices (never a root) until at most `keep` remain. Usefulness
+    /// is the weight decayed to a common time, compared in log space (`ln w + ln 2·t/h`, the
+    /// same order as `w·2^(−(now−t)/h)` for any `now`); ties go to the older slice.
+    fn evict_to(&mut self, keep: usize) {
+        let mut ranked: Vec<(f64, f64, (u32, u64))> = self
+            .latency
+            .iter()
+            .filter(|(&(_, key), _)| key != ROOT)
+            .map(|(&id, s)| {
+                let recency = self
+                    .cfg
+                    .latency_half_life_ms
+                    .map_or(0.0, |h| std::f64::consts::LN_2 * s.at.0 / h);
+                (s.weight.max(f64::MIN_POSITIVE).ln() + recency, s.at.0, id)
+            })
+            .collect();
+        if ranked.len() <= keep {
+            return;
+        }
+        let drop = ranked.len() - keep;
+        let order = |a: &(f64, f64, (u32, u64)), b: &(f64, f64, (u32, u64))| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+        };
+        ranked.select_nth_unstable_by(drop - 1, order);
+        for (_, _, id) in &ranked[..drop] {
+            self.latency.remove(id);
+        }
+        self.evicted += drop as u64;
     }
 
     /// The configuration.
@@ -347,10 +434,8 @@ impl RiskModel {
                 // (never below the cut-off's) moves the level.
                 self.levels[i].observe(obs.now, mean - post.mu_n, &self.cfg);
             }
-            for &key in self.used_levels(&obs.slice) {
-                self.latency
-                    .entry((i as u32, key))
-                    .or_default()
+            for &key in obs.slice.levels().iter().take(self.cfg.slice_depth) {
+                self.slice_mut(i, key)
                     .observe_imputed(obs.now, mean, var, hl);
             }
         } else if status == AttemptStatus::Ok {
@@ -358,11 +443,8 @@ impl RiskModel {
                 let mu = self.posterior(i, obs.slice, obs.now).mu_n;
                 self.levels[i].observe(obs.now, latency.max(1e-3).ln() - mu, &self.cfg);
             }
-            for &key in self.used_levels(&obs.slice) {
-                self.latency
-                    .entry((i as u32, key))
-                    .or_default()
-                    .observe(obs.now, latency, hl);
+            for &key in obs.slice.levels().iter().take(self.cfg.slice_depth) {
+                self.slice_mut(i, key).observe(obs.now, latency, hl);
             }
         }
     }
@@ -420,6 +502,8 @@ impl RiskModel {
                 .or_default()
                 .merge(&s.stats, self.cfg.latency_half_life_ms);
         }
+        // Another instance's (or a state file's) slices count against the same cap.
+        self.evict_to(self.cfg.max_slices);
         Ok(())
     }
 }
@@ -578,6 +662,96 @@ mod tests {
         assert!(c.merge(&wrong).is_err());
     }
 
+    fn in_task(model: &mut RiskModel, candidate: usize, task: &str, latency_ms: f64, now_ms: f64) {
+        let slice = SlicePath::from_parts(Some(task), Some("<5s"), false, Some(0), 4);
+        model.observe(&AttemptObservation {
+            candidate,
+            features: &[],
+            slice,
+            deadline: None,
+            outcome: &AttemptOutcome::ok(latency_ms),
+            now: Timestamp(now_ms),
+        });
+    }
+
+    #[test]
+    fn a_hundred_thousand_task_classes_stay_under_the_slice_cap() {
+        let cap = 1000;
+        let mut m = RiskModel::new(
+            2,
+            RiskConfig {
+                max_slices: cap,
+                ..RiskConfig::default()
+            },
+        );
+        // A task class used all along, then one new class per request (a client steering
+        // memory), both candidates.
+        let mut evicted = 0;
+        for t in 0..100_000u32 {
+            let now = f64::from(t) * 10.0;
+            if t % 10 == 0 {
+                in_task(&mut m, 0, "summarise", 300.0, now);
+            }
+            in_task(&mut m, (t % 2) as usize, &format!("class-{t}"), 300.0, now);
+            assert!(m.slice_count() <= cap, "{} slices at {t}", m.slice_count());
+            evicted += m.take_evictions();
+        }
+        // Three levels per new class: all but the last cap-or-so were evicted.
+        assert!(evicted >= 300_000 - cap as u64, "{evicted}");
+        let state = m.export();
+        assert!(state.slices.len() <= cap + 2, "{}", state.slices.len());
+        // The roots and the class in steady use survive the flood.
+        let summarise = SlicePath::from_parts(Some("summarise"), Some("<5s"), false, Some(0), 4);
+        for &key in summarise.levels() {
+            assert!(
+                state
+                    .slices
+                    .iter()
+                    .any(|s| s.candidate == 0 && s.slice == key),
+                "slice {key:x} of the busy class was evicted"
+            );
+        }
+        assert!(state
+            .slices
+            .iter()
+            .any(|s| s.candidate == 1 && s.slice == ROOT));
+    }
+
+    #[test]
+    fn merged_slices_count_against_the_cap_and_drop_the_least_observed() {
+        let cfg = RiskConfig {
+            max_slices: 6,
+            latency_half_life_ms: None,
+            ..RiskConfig::default()
+        };
+        let mut busy = RiskModel::new(1, cfg);
+        for t in 0..50 {
+            in_task(&mut busy, 0, "code", 300.0, f64::from(t));
+        }
+        let mut flood = RiskModel::new(
+            1,
+            RiskConfig {
+                max_slices: 100,
+                ..cfg
+            },
+        );
+        for t in 0..20 {
+            in_task(&mut flood, 0, &format!("x{t}"), 300.0, 100.0 + f64::from(t));
+        }
+        assert_eq!(flood.slice_count(), 60);
+        busy.merge(&flood.export()).unwrap();
+        assert_eq!(busy.slice_count(), 6);
+        assert_eq!(busy.take_evictions(), 57);
+        // Dropped, not folded: the root holds every observation once (50 + 20).
+        let root = busy.latency[&(0, ROOT)];
+        assert!((root.weight - 70.0).abs() < 1e-9, "{}", root.weight);
+        // The three slices of `code` (50 observations each) are the most useful.
+        let code = SlicePath::from_parts(Some("code"), Some("<5s"), false, Some(0), 4);
+        for &key in &code.levels()[1..] {
+            assert!(busy.latency.contains_key(&(0, key)));
+        }
+    }
+
     #[test]
     fn level_settings_out_of_range_name_the_field() {
         for (cfg, field) in [
@@ -594,6 +768,13 @@ mod tests {
                     ..RiskConfig::default()
                 },
                 "level_half_life_ms",
+            ),
+            (
+                RiskConfig {
+                    max_slices: 0,
+                    ..RiskConfig::default()
+                },
+                "max_slices",
             ),
         ] {
             let e = cfg.validate().unwrap_err().to_string();

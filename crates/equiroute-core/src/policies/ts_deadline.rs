@@ -168,4 +168,8 @@ impl Policy for TsDeadline {
             _ => Err(wrong_policy(PolicyKind::TsDeadline, other)),
         }
     }
+
+    fn take_slice_evictions(&mut self) -> u64 {
+        self.risk.take_evictions()
+    }
 }

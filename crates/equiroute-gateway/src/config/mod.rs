@@ -112,6 +112,8 @@ struct RawInterface {
     feature_max_words: Option<usize>,
     /// Thresholds of every provider's circuit breaker; fields left out keep their defaults.
     breaker: Option<BreakerConfig>,
+    /// Task classes (`x-equiroute-task-class`) learnt in slices of their own; absent: any.
+    task_classes: Option<Vec<String>>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -216,6 +218,8 @@ pub struct InterfaceConfig {
     pub feature_max_words: usize,
     /// Thresholds of each provider's circuit breaker.
     pub breaker: BreakerConfig,
+    /// Task classes learnt in slices of their own; others are learnt untagged. `None`: any.
+    pub task_classes: Option<Vec<String>>,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -462,6 +466,23 @@ pub fn load_all(
     }
 }
 
+/// An interface's `task_classes`: names as the trimmed header gives them, each once. The
+/// error is the index at fault and the fix.
+fn check_task_classes(classes: &[String]) -> Result<(), (usize, String)> {
+    for (n, c) in classes.iter().enumerate() {
+        if c.is_empty() || c.trim() != c {
+            return Err((
+                n,
+                "must be a non-empty name without surrounding spaces (the header's value is trimmed)".into(),
+            ));
+        }
+        if classes[..n].contains(c) {
+            return Err((n, format!("`{c}` is listed twice")));
+        }
+    }
+    Ok(())
+}
+
 /// One interface; errors carry the field path and the fix. Fields that are set but not read
 /// go to `warnings`, with their path and why.
 fn load_interface(
@@ -548,6 +569,10 @@ fn load_interface(
     breaker
         .validate()
         .map_err(|e| vec![(at("breaker"), e.to_string())])?;
+    if let Some(classes) = &raw.task_classes {
+        check_task_classes(classes)
+            .map_err(|(n, why)| vec![(at(&format!("task_classes[{n}]")), why)])?;
+    }
     let judge = match raw.judge {
         None => None,
         Some(j) => {
@@ -569,6 +594,7 @@ fn load_interface(
         feature_dim,
         feature_max_words,
         breaker,
+        task_classes: raw.task_classes,
         providers,
     })
 }
@@ -879,6 +905,9 @@ mod tests {
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { consecutive_failures = 0 }"), "interfaces.chat.breaker", "breaker.consecutive_failures"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { window = 10, min_attempts = 20 }"), "interfaces.chat.breaker", "must not exceed breaker.window"),
             (base.replace("kind = \"sim\"", "kind = \"sim\"\nprice = { per_million_input_tokens = -1 }"), "interfaces.chat.providers[0].price", "per_million_input_tokens"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\ntask_classes = [\"code\", \" code\"]"), "interfaces.chat.task_classes[1]", "surrounding spaces"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\ntask_classes = [\"code\", \"code\"]"), "interfaces.chat.task_classes[1]", "listed twice"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\npolicy = { name = \"ts-deadline\", risk = { max_slices = 0 } }"), "interfaces.chat.policy", "max_slices"),
         ];
         for (text, field, fix) in cases {
             let e = load(&text, "x.toml", &no_env).unwrap_err();

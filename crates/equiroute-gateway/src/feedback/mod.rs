@@ -30,7 +30,7 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
         let Some(e) = pending.get(request_id) else {
             return Err(ApiError::not_found(
                 "unknown_request_id",
-                format!("no answered request `{request_id}` is waiting for feedback (unknown, or evicted: at most server.max_pending_feedback contexts are kept)"),
+                format!("no answered request `{}` is waiting for feedback (unknown, or evicted: at most server.max_pending_feedback contexts are kept)", crate::server::error::echo(request_id)),
             ));
         };
         if e.consumed {

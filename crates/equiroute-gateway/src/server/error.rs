@@ -6,6 +6,21 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use std::borrow::Cow;
 
+/// The most characters of a client's input an error message repeats.
+pub const ECHO_MAX_CHARS: usize = 128;
+
+/// Client input as an error message may repeat it: whole up to [`ECHO_MAX_CHARS`]
+/// characters, else cut there with an ellipsis and the original length, so that a 900 KB
+/// model name is not sent back (or logged) whole. Every error that quotes the client goes
+/// through here.
+#[must_use]
+pub fn echo(input: &str) -> Cow<'_, str> {
+    match input.char_indices().nth(ECHO_MAX_CHARS) {
+        None => Cow::Borrowed(input),
+        Some((cut, _)) => Cow::Owned(format!("{}… ({} bytes in all)", &input[..cut], input.len())),
+    }
+}
+
 /// An error answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -75,6 +90,20 @@ impl ApiError {
             "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env",
         )
     }
+    /// A 401 on the state routes, which take the admin keys (`server.admin_keys_env`) when
+    /// any are configured, else the gateway keys.
+    pub fn unauthorized_admin(admin_keys_configured: bool) -> Self {
+        let setting = if admin_keys_configured {
+            "server.admin_keys_env (the state routes take the admin keys, not the gateway keys)"
+        } else {
+            "server.api_keys_env (no server.admin_keys_env is configured; set one to give the state routes keys of their own)"
+        };
+        ApiError::invalid(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            format!("missing or wrong admin key: send `Authorization: Bearer <key>` with a key configured in {setting}"),
+        )
+    }
     /// Shared state is unusable (a lock poisoned by a crash in another request).
     pub fn internal() -> Self {
         ApiError::upstream(
@@ -82,6 +111,11 @@ impl ApiError {
             "internal_error",
             "internal state is unavailable after a crash in another request",
         )
+    }
+
+    /// Another full state dump is being built: one at a time per gateway.
+    pub fn busy(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::invalid(StatusCode::TOO_MANY_REQUESTS, code, message)
     }
 
     pub fn upstream(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -114,9 +148,34 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         if let Some((id, attempts)) = &self.routed {
             super::routing_headers(resp.headers_mut(), id, None, *attempts);
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echoed_input_is_cut_at_128_characters_with_its_length() {
+        assert_eq!(echo("chat"), "chat");
+        let exact = "é".repeat(ECHO_MAX_CHARS);
+        assert_eq!(echo(&exact), exact.as_str());
+        let long = "m".repeat(900_000);
+        let cut = echo(&long);
+        assert_eq!(cut, format!("{}… (900000 bytes in all)", "m".repeat(128)));
+        // Cut on a character boundary, counted in characters.
+        let wide = "é".repeat(200);
+        assert!(echo(&wide).starts_with(&"é".repeat(128)));
+        assert!(echo(&wide).ends_with("… (400 bytes in all)"));
     }
 }

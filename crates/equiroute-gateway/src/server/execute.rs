@@ -239,7 +239,15 @@ fn decide(
         let reasons: Vec<String> = eligible
             .excluded
             .iter()
-            .map(|e| format!("{}: {}", iface.candidates[e.candidate].id, e.reason))
+            // A reason may quote the client's tenant header: cut like any echoed input.
+            .map(|e| {
+                let reason = e.reason.to_string();
+                format!(
+                    "{}: {}",
+                    iface.candidates[e.candidate].id,
+                    super::error::echo(&reason)
+                )
+            })
             .collect();
         return Err(ApiError::upstream(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -299,7 +307,7 @@ fn audit(
         excluded: decided
             .excluded
             .iter()
-            .map(|e| (id(e.candidate), e.reason.to_string()))
+            .map(|e| (id(e.candidate), super::error::echo(&e.reason.to_string()).into_owned()))
             .collect(),
         scores: decided
             .ranking

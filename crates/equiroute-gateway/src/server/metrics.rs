@@ -213,6 +213,11 @@ impl Metrics {
     /// Adds one to the counter `name{labels}`. The request path finds an existing counter
     /// under a read lock by a hash of its parts, without building its text.
     fn bump(&self, name: &'static str, labels: &[(&'static str, &str)]) {
+        self.add(name, labels, 1);
+    }
+
+    /// Adds `n` to the counter `name{labels}`.
+    fn add(&self, name: &'static str, labels: &[(&'static str, &str)], n: u64) {
         let hash = counter_hash(name, labels);
         let shard = self.shard();
         if let Ok(map) = shard.counters.read() {
@@ -220,7 +225,7 @@ impl Metrics {
                 .get(&hash)
                 .and_then(|v| v.iter().find(|c| c.is(name, labels)))
             {
-                c.count.fetch_add(1, Ordering::Relaxed);
+                c.count.fetch_add(n, Ordering::Relaxed);
                 return;
             }
         }
@@ -228,12 +233,12 @@ impl Metrics {
             let list = map.entry(hash).or_default();
             match list.iter().find(|c| c.is(name, labels)) {
                 Some(c) => {
-                    c.count.fetch_add(1, Ordering::Relaxed);
+                    c.count.fetch_add(n, Ordering::Relaxed);
                 }
                 None => list.push(Counter {
                     name,
                     labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
-                    count: AtomicU64::new(1),
+                    count: AtomicU64::new(n),
                 }),
             }
         }
@@ -265,6 +270,24 @@ impl Metrics {
         self.bump(
             "equiroute_breaker_transitions_total",
             &[("provider", provider), ("to", transition)],
+        );
+    }
+
+    /// A request's task class was not on its interface's `task_classes` list (the class
+    /// itself is no label: it is the client's).
+    pub fn task_class_unlisted(&self, interface: &str) {
+        self.bump(
+            "equiroute_task_class_unlisted_total",
+            &[("interface", interface)],
+        );
+    }
+
+    /// `n` latency slices of `interface` were evicted to stay under `max_slices`.
+    pub fn slices_evicted(&self, interface: &str, n: u64) {
+        self.add(
+            "equiroute_slices_evicted_total",
+            &[("interface", interface)],
+            n,
         );
     }
 

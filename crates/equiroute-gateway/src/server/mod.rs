@@ -8,7 +8,8 @@
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time); the state routes
-//!    (`/v1/interfaces…`) take the admin keys when those are configured;
+//!    (`/v1/interfaces…`) take the admin keys when those are configured, else the gateway
+//!    keys: they are open only when no key at all is configured (local use);
 //! 3. the routes below.
 
 pub mod audit;
@@ -30,7 +31,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use equiroute_core::policies::RankContext;
 use equiroute_core::{Millis, QualityFeedback};
-use error::ApiError;
+use error::{echo, ApiError};
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
 use std::borrow::Cow;
@@ -170,31 +171,35 @@ fn authorized(req: &Request, keys: &[crate::config::Secret]) -> bool {
         .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()))
 }
 
-/// Runs `req` when its bearer key is one of `keys`, else answers 401.
-async fn guarded(keys: &[crate::config::Secret], req: Request, next: Next) -> Response {
-    if authorized(&req, keys) {
-        next.run(req).await
+/// The keys of the state and admin routes: the admin keys when configured, else the gateway
+/// keys. Empty (open) only when no key of either kind is configured.
+fn admin_keys(state: &AppState) -> &[crate::config::Secret] {
+    if state.admin_keys.is_empty() {
+        &state.api_keys
     } else {
-        ApiError::unauthorized().into_response()
+        &state.admin_keys
     }
 }
 
-/// The state and admin routes take the admin keys when configured, else the gateway keys.
+/// The state and admin routes: a 401 that names the setting holding their keys.
 async fn require_admin_key(
     State(state): State<Arc<AppState>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let keys = if state.admin_keys.is_empty() {
-        &state.api_keys
+    if authorized(&req, admin_keys(&state)) {
+        next.run(req).await
     } else {
-        &state.admin_keys
-    };
-    guarded(keys, req, next).await
+        ApiError::unauthorized_admin(!state.admin_keys.is_empty()).into_response()
+    }
 }
 
 async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    guarded(&state.api_keys, req, next).await
+    if authorized(&req, &state.api_keys) {
+        next.run(req).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
 }
 
 /// A request body as the handlers take it: the bytes, or why axum could not read them.
@@ -252,28 +257,65 @@ impl RequestMeta {
             task_class: get("x-equiroute-task-class"),
         }
     }
+
+    /// The same request as `iface` sees it: a task class missing from the interface's
+    /// `task_classes` allow-list is dropped (the request is routed and learnt from in the
+    /// parent, untagged slice) and counted, without its name, in `/metrics`.
+    fn for_interface(mut self, state: &AppState, iface: &InterfaceRuntime) -> RequestMeta {
+        if let (Some(class), Some(allowed)) = (&self.task_class, &iface.task_classes) {
+            if !allowed.iter().any(|a| a == class) {
+                self.task_class = None;
+                state.metrics.task_class_unlisted(&iface.name);
+            }
+        }
+        self
+    }
 }
 
+/// The longest deadline a request may ask for on an interface without `deadline_ms`.
+pub const MAX_DEADLINE_MS: f64 = 600_000.0;
+
+/// A request's deadline: `x-equiroute-deadline-ms`, else the interface's `deadline_ms`. The
+/// header is clamped to the interface's `deadline_ms` (or [`MAX_DEADLINE_MS`] without one):
+/// the second value is `true` when it was, and the answer then says which deadline applied.
 fn deadline_from(
     headers: &HeaderMap,
     iface: &InterfaceRuntime,
-) -> Result<Option<Millis>, ApiError> {
-    match headers.get("x-equiroute-deadline-ms") {
-        None => Ok(iface.deadline),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|d| d.is_finite() && *d > 0.0)
-            .map(|d| Some(Millis(d)))
-            .ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_deadline",
-                    None,
-                    "x-equiroute-deadline-ms must be a positive number of milliseconds",
-                )
-            }),
+) -> Result<(Option<Millis>, bool), ApiError> {
+    let Some(v) = headers.get("x-equiroute-deadline-ms") else {
+        return Ok((iface.deadline, false));
+    };
+    let asked = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|d| d.is_finite() && *d > 0.0)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_deadline",
+                None,
+                "x-equiroute-deadline-ms must be a positive number of milliseconds",
+            )
+        })?;
+    let most = iface.deadline.map_or(MAX_DEADLINE_MS, |d| d.0);
+    Ok((Some(Millis(asked.min(most))), asked > most))
+}
+
+/// The answer (or error) of a routed request; when its deadline header was clamped,
+/// `x-equiroute-deadline-applied-ms` says which deadline applied.
+fn with_deadline(
+    result: Result<Response, ApiError>,
+    deadline: Option<Millis>,
+    clamped: bool,
+) -> Response {
+    let mut resp = result.unwrap_or_else(IntoResponse::into_response);
+    if let (true, Some(d)) = (clamped, deadline) {
+        resp.headers_mut().insert(
+            "x-equiroute-deadline-applied-ms",
+            HeaderValue::from(d.0 as u64),
+        );
     }
+    resp
 }
 
 /// Sends a sample of answers to the interface's judge, beside the request path.
@@ -491,7 +533,8 @@ async fn chat_completions(
             ApiError::not_found(
                 "model_not_found",
                 format!(
-                    "`{name}` is not a chat interface: use one of {}",
+                    "`{}` is not a chat interface: use one of {}",
+                    echo(name),
                     chats.join(", ")
                 ),
             )
@@ -503,22 +546,29 @@ async fn chat_completions(
             ApiError::not_found(
                 "model_not_found",
                 format!(
-                    "`{name}` has no provider `{p}`: use one of {}",
+                    "`{name}` has no provider `{}`: use one of {}",
+                    echo(p),
                     ids.join(", ")
                 ),
             )
         })?),
     };
-    let deadline = deadline_from(&headers, iface)?;
+    let (deadline, clamped) = deadline_from(&headers, iface)?;
+    let meta = RequestMeta::from_headers(&headers).for_interface(&state, iface);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        let meta = RequestMeta::from_headers(&headers);
-        return execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
-            .await;
+        let streamed =
+            execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
+                .await;
+        return Ok(with_deadline(streamed, deadline, clamped));
     }
-    let meta = RequestMeta::from_headers(&headers);
-    let answered = execute::execute(&state, iface, &body, pinned, deadline, &meta).await?;
-    maybe_judge(&state, iface, &body, &answered);
-    Ok(routed(&answered))
+    let answered = execute::execute(&state, iface, &body, pinned, deadline, &meta)
+        .await
+        .inspect(|a| maybe_judge(&state, iface, &body, a));
+    Ok(with_deadline(
+        answered.map(|a| routed(&a)),
+        deadline,
+        clamped,
+    ))
 }
 
 /// `POST /v1/tools/{interface}`: a JSON tool call routed to one of the interface's providers.
@@ -543,16 +593,22 @@ async fn tool_call(
             ApiError::not_found(
                 "interface_not_found",
                 format!(
-                    "`{name}` is not a tool interface: use one of {}",
+                    "`{}` is not a tool interface: use one of {}",
+                    echo(&name),
                     tools.join(", ")
                 ),
             )
         })?;
-    let deadline = deadline_from(&headers, iface)?;
-    let meta = RequestMeta::from_headers(&headers);
-    let answered = execute::execute(&state, iface, &body, None, deadline, &meta).await?;
-    maybe_judge(&state, iface, &body, &answered);
-    Ok(routed(&answered))
+    let (deadline, clamped) = deadline_from(&headers, iface)?;
+    let meta = RequestMeta::from_headers(&headers).for_interface(&state, iface);
+    let answered = execute::execute(&state, iface, &body, None, deadline, &meta)
+        .await
+        .inspect(|a| maybe_judge(&state, iface, &body, a));
+    Ok(with_deadline(
+        answered.map(|a| routed(&a)),
+        deadline,
+        clamped,
+    ))
 }
 
 /// `POST /v1/feedback`: `{request_id, quality in [0,1], source}`.
@@ -573,9 +629,11 @@ async fn feedback(
         &body,
     ))
     .map_err(|e| {
-        let field = e.path().to_string();
+        let field = echo(&e.path().to_string()).into_owned();
         let expected = "expected {\"request_id\": str, \"quality\": number in [0,1], \"source\": \"judge|user|api|gold\"}";
-        let e = e.into_inner();
+        // serde's message quotes the offending key or value.
+        let e = e.into_inner().to_string();
+        let e = echo(&e);
         if field == "." {
             ApiError::bad_request("invalid_feedback", None, format!("{expected}: {e}"))
         } else {
@@ -632,7 +690,7 @@ async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiE
         "unknown_route",
         format!(
             "no route {method} {}: the gateway serves {ROUTES}",
-            uri.path()
+            echo(uri.path())
         ),
     )
 }
@@ -644,7 +702,7 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiEr
         "method_not_allowed",
         format!(
             "{} does not take {method}: the gateway serves {ROUTES}",
-            uri.path()
+            echo(uri.path())
         ),
     )
 }
@@ -688,7 +746,7 @@ async fn get_model(
     let ids: Vec<&str> = all.iter().filter_map(|m| m["id"].as_str()).collect();
     Err(ApiError::not_found(
         "model_not_found",
-        format!("no model `{model}`: use one of {}", ids.join(", ")),
+        format!("no model `{}`: use one of {}", echo(&model), ids.join(", ")),
     ))
 }
 
@@ -709,28 +767,158 @@ async fn list_interfaces(State(state): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"interfaces": list}))
 }
 
-/// `GET /v1/interfaces/{name}/state`: each candidate's current estimates (from the policy's
-/// view of an empty query at the interface deadline), breaker state and traffic share.
-/// `?full=true` adds the policy's whole learning state (sufficient statistics, windows).
-#[derive(Debug, Default, serde::Deserialize)]
+/// The most slices one page of `?full=true` carries, and its default `limit`.
+pub const STATE_PAGE_MAX: usize = 1000;
+
+/// The query of `GET /v1/interfaces/{name}/state`.
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct StateQuery {
-    #[serde(default)]
     full: bool,
+    /// First slice of the page (`offset`, default 0).
+    offset: usize,
+    /// Slices in the page (`limit`, 1 to [`STATE_PAGE_MAX`], default the most).
+    limit: usize,
 }
 
+/// Parses the state route's query. Any fault is an OpenAI-style 400 naming the parameter
+/// (axum's own rejection is plain text).
+fn parse_state_query(raw: Option<&str>) -> Result<StateQuery, ApiError> {
+    let mut q = StateQuery {
+        full: false,
+        offset: 0,
+        limit: STATE_PAGE_MAX,
+    };
+    let bad = |param: &'static str, what: &str, got: &str| {
+        ApiError::bad_request(
+            "invalid_query",
+            Some(param),
+            format!("`{param}` must be {what}, got `{}`", echo(got)),
+        )
+    };
+    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "full" => {
+                q.full = match value {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad("full", "true, false, 1 or 0", value)),
+                };
+            }
+            "offset" => {
+                q.offset = value
+                    .parse()
+                    .map_err(|_| bad("offset", "a whole number of slices", value))?;
+            }
+            "limit" => {
+                q.limit = value
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=STATE_PAGE_MAX).contains(l))
+                    .ok_or_else(|| bad("limit", "a whole number from 1 to 1000", value))?;
+            }
+            other => {
+                return Err(ApiError::bad_field(
+                    "invalid_query",
+                    echo(other).into_owned(),
+                    format!(
+                    "unknown query parameter `{}`: the state route takes full, offset and limit",
+                    echo(other)
+                ),
+                ))
+            }
+        }
+    }
+    Ok(q)
+}
+
+/// The one full state dump a gateway builds at a time: taken before the dump is started,
+/// released when the blocking task that builds it ends (even if the client has gone).
+struct FullDump(Arc<AppState>);
+
+impl FullDump {
+    fn begin(state: &Arc<AppState>) -> Option<FullDump> {
+        state
+            .full_dump_busy
+            .compare_exchange(
+                false,
+                true,
+                std::sync::atomic::Ordering::Acquire,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+            .then(|| FullDump(state.clone()))
+    }
+}
+
+impl Drop for FullDump {
+    fn drop(&mut self) {
+        self.0
+            .full_dump_busy
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// The slices of a learning state (sliced policies only).
+fn slices_of(
+    learnt: &mut equiroute_core::policies::PolicyState,
+) -> Option<&mut Vec<equiroute_core::policies::SliceStats>> {
+    use equiroute_core::policies::PolicyState;
+    match learnt {
+        PolicyState::TsDeadline(risk) => Some(&mut risk.slices),
+        PolicyState::LqmTs(s) => Some(&mut s.risk.slices),
+        _ => None,
+    }
+}
+
+/// One page of an interface's learning state: everything but the latency slices, and the
+/// slices from `offset`, at most `limit` of them. Runs on a blocking thread.
+fn learning_page(iface: &InterfaceRuntime, offset: usize, limit: usize) -> Result<Value, ApiError> {
+    let mut learnt = iface
+        .policy
+        .read()
+        .map_err(|_| ApiError::internal())?
+        .export_state();
+    let page = slices_of(&mut learnt).map(|slices| {
+        let total = slices.len();
+        let end = offset.saturating_add(limit).min(total);
+        slices.truncate(end);
+        slices.drain(..offset.min(end));
+        json!({
+            "total": total,
+            "offset": offset,
+            "limit": limit,
+            "next_offset": (end < total).then_some(end),
+        })
+    });
+    let mut out = json!({"learning_state": learnt});
+    if let Some(page) = page {
+        out["slices_page"] = page;
+    }
+    Ok(out)
+}
+
+/// `GET /v1/interfaces/{name}/state`: each candidate's current estimates (from the policy's
+/// view of an empty query at the interface deadline), breaker state and traffic share.
+/// `?full=true` adds the policy's learning state, its latency slices paged by `offset` and
+/// `limit`; it is built on a blocking thread, one at a time per gateway (a second gets 429).
 async fn interface_state(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
-    axum::extract::Query(query): axum::extract::Query<StateQuery>,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
 ) -> Result<Json<Value>, ApiError> {
-    let iface = state.interfaces.get(&name).ok_or_else(|| {
-        ApiError::not_found("interface_not_found", format!("no interface `{name}`"))
+    let query = parse_state_query(raw.as_deref())?;
+    let iface = state.interfaces.get(&name).cloned().ok_or_else(|| {
+        ApiError::not_found(
+            "interface_not_found",
+            format!("no interface `{}`", echo(&name)),
+        )
     })?;
     let features = iface.featurizer.featurize("");
     let all: Vec<usize> = (0..iface.candidates.len()).collect();
     let ranking = {
         // The write side, so that observations deferred by busy requests are in the state shown.
-        let policy = state.policy_mut(iface).map_err(|_| ApiError::internal())?;
+        let policy = state.policy_mut(&iface).map_err(|_| ApiError::internal())?;
         let mut ctx = RankContext::new(&iface.candidates, &all, &features);
         ctx.deadline = iface.deadline;
         ctx.now = state.now();
@@ -762,12 +950,21 @@ async fn interface_state(
     let mut body =
         json!({"interface": name, "policy": iface.policy_name, "candidates": candidates});
     if query.full {
-        let learnt = iface
-            .policy
-            .read()
-            .map_err(|_| ApiError::internal())?
-            .export_state();
-        body["learning_state"] = serde_json::to_value(learnt).unwrap_or(Value::Null);
+        let Some(dump) = FullDump::begin(&state) else {
+            return Err(ApiError::busy(
+                "state_dump_in_progress",
+                "another full state dump is being built (one at a time): retry after a second, or leave out full=true for the summary",
+            ));
+        };
+        let page = tokio::task::spawn_blocking(move || {
+            let _dump = dump;
+            learning_page(&iface, query.offset, query.limit)
+        })
+        .await
+        .map_err(|_| ApiError::internal())??;
+        if let (Some(b), Value::Object(p)) = (body.as_object_mut(), page) {
+            b.extend(p);
+        }
     }
     Ok(Json(body))
 }
@@ -796,4 +993,60 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    const CONFIG: &str = r#"
+[interfaces.chat]
+kind = "chat"
+policy = { name = "ts-deadline" }
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "sim"
+sim = { latency = { p50_ms = 1, p95_ms = 2 } }
+"#;
+
+    async fn full_state(state: &Arc<AppState>) -> Response {
+        interface_state(
+            State(state.clone()),
+            Path("chat".to_owned()),
+            axum::extract::RawQuery(Some("full=true".to_owned())),
+        )
+        .await
+        .into_response()
+    }
+
+    #[tokio::test]
+    async fn one_full_state_dump_at_a_time_the_second_gets_429_with_retry_after() {
+        let cfg = crate::config::load(CONFIG, "t.toml", &|_| None).unwrap();
+        let state = Arc::new(AppState::new(&cfg, 1).unwrap());
+        let dump = FullDump::begin(&state).expect("free");
+        assert!(FullDump::begin(&state).is_none(), "a second dump waits");
+        let busy = full_state(&state).await;
+        assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(busy.headers().get("retry-after").unwrap(), "1");
+        let body = axum::body::to_bytes(busy.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let e: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(e["error"]["code"], "state_dump_in_progress");
+        // The summary is never refused.
+        let summary = interface_state(
+            State(state.clone()),
+            Path("chat".to_owned()),
+            axum::extract::RawQuery(None),
+        )
+        .await;
+        assert!(summary.is_ok());
+        drop(dump);
+        let done = full_state(&state).await;
+        assert_eq!(done.status(), StatusCode::OK);
+        // The dump released its turn when it ended.
+        assert!(FullDump::begin(&state).is_some());
+    }
 }

@@ -49,6 +49,8 @@ pub struct InterfaceRuntime {
     /// How often each candidate was the first choice.
     pub first_choices: Vec<AtomicU64>,
     pub policy_name: &'static str,
+    /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
+    pub task_classes: Option<Vec<String>>,
 }
 
 impl InterfaceRuntime {
@@ -82,6 +84,7 @@ impl InterfaceRuntime {
             breakers: Mutex::new(vec![Breaker::default(); candidates.len()]),
             breaker_config: cfg.breaker,
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
+            task_classes: cfg.task_classes.clone(),
             candidates,
         })
     }
@@ -111,6 +114,8 @@ pub struct AppState {
     started_unix_ms: f64,
     requests: AtomicU64,
     seed: u64,
+    /// A full state dump is being built (`?full=true`: one at a time).
+    pub full_dump_busy: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -146,6 +151,7 @@ impl AppState {
                 .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
             requests: AtomicU64::new(0),
             seed,
+            full_dump_busy: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -290,6 +296,10 @@ impl AppState {
                 self.apply_deferred(iface, policy.as_mut());
                 policy.observe_attempt(&obs);
                 self.journal_learn(iface, || Observation::attempt(&obs));
+                let evicted = policy.take_slice_evictions();
+                if evicted > 0 {
+                    self.metrics.slices_evicted(&iface.name, evicted);
+                }
             }
             Err(std::sync::TryLockError::WouldBlock) => {
                 let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
