@@ -54,6 +54,7 @@ use std::sync::{Arc, Mutex};
 pub enum Fault {
     RateLimited,
     RateLimitedNoRetryAfter,
+    #[serde(rename = "error_500_once")]
     Error500Once,
     Unavailable,
     Reset,
