@@ -249,20 +249,57 @@ async fn a_persistent_429_without_retry_after_opens_the_breaker_after_its_thresh
     assert_eq!(rig.attempts_metric("b", "ok").await, 4);
 }
 
+/// The audit record's attempts as `(provider, status, retry)`.
+fn tries(record: &Value) -> Vec<(String, String, Option<String>)> {
+    record["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["provider"].as_str().unwrap().to_owned(),
+                a["status"].as_str().unwrap().to_owned(),
+                a["retry"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+fn t(provider: &str, status: &str, retry: Option<&str>) -> (String, String, Option<String>) {
+    (
+        provider.to_owned(),
+        status.to_owned(),
+        retry.map(str::to_owned),
+    )
+}
+
 #[tokio::test]
-async fn a_500_once_falls_over_billed_then_the_provider_answers_again() {
+async fn a_500_once_is_retried_once_on_the_same_provider_billed() {
     let rig = rig("error_500_once", "", "").await;
     let first = rig.chat().await;
-    assert_fell_over(&first);
+    // One jittered retry of the best-ranked provider, not a fall over to a worse one.
+    assert_eq!(
+        (
+            first.status,
+            first.header("x-equiroute-provider"),
+            first.header("x-equiroute-attempts")
+        ),
+        (200, Some("a"), Some("2")),
+        "{}",
+        first.body
+    );
     let record = rig.audit_of(&first).await;
+    assert_eq!(
+        tries(&record),
+        [
+            t("a", "provider_error", None),
+            t("a", "ok", Some("server_error"))
+        ]
+    );
     // A 5xx is billed: the request's cost counts the failed attempt.
-    let tried = attempts(&record);
-    assert_eq!(tried.len(), 2);
-    assert!(close(tried[0].2, PRICE_A) && close(tried[1].2, PRICE_B));
-    assert!(close(
-        record["cost_usd"].as_f64().unwrap(),
-        PRICE_A + PRICE_B
-    ));
+    let costs: Vec<f64> = attempts(&record).iter().map(|a| a.2).collect();
+    assert_eq!(costs, [PRICE_A, PRICE_A]);
+    assert!(close(record["cost_usd"].as_f64().unwrap(), 2.0 * PRICE_A));
     let second = rig.chat().await;
     assert_eq!(
         (
@@ -272,28 +309,77 @@ async fn a_500_once_falls_over_billed_then_the_provider_answers_again() {
         ),
         (200, Some("a"), Some("1"))
     );
-    assert_eq!(rig.faulty_calls("error_500_once").await, 2);
+    assert_eq!(rig.faulty_calls("error_500_once").await, 3);
+    assert_eq!(rig.healthy_calls().await, 0);
     assert_eq!(
         rig.breaker("a").await,
         "closed",
         "one failure opens nothing"
     );
-    assert_eq!(rig.attempts_metric("a", "ok").await, 1);
+    assert_eq!(rig.attempts_metric("a", "ok").await, 2);
     assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
 }
 
 #[tokio::test]
-async fn a_persistent_503_falls_over_every_time_until_the_breaker_opens() {
+async fn a_persistent_503_is_retried_once_then_falls_over_until_the_breaker_opens() {
     let rig = rig("unavailable", "", "breaker = { consecutive_failures = 2 }").await;
-    for _ in 0..2 {
-        let r = rig.chat().await;
-        assert_fell_over(&r);
-        let record = rig.audit_of(&r).await;
-        assert_eq!(attempts(&record)[0].1, "provider_error");
-    }
+    let r = rig.chat().await;
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (200, Some("b"), Some("3")),
+        "{}",
+        r.body
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(
+        tries(&record),
+        [
+            t("a", "provider_error", None),
+            t("a", "provider_error", Some("server_error")),
+            t("b", "ok", None)
+        ]
+    );
+    // Two failures in a row: open; the next request goes straight to b.
     assert_eq!(rig.breaker("a").await, "open");
     assert_eq!(rig.chat().await.header("x-equiroute-attempts"), Some("1"));
     assert_eq!(rig.faulty_calls("unavailable").await, 2);
+}
+
+#[tokio::test]
+async fn a_short_retry_after_on_the_best_provider_is_waited_out_once() {
+    let rig = rig("rate_limited", "retry_after_s = 0.2", "").await;
+    let began = Instant::now();
+    let r = rig.chat().await;
+    assert!(
+        began.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        began.elapsed()
+    );
+    // The mock keeps refusing: after the one retry, b.
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (200, Some("b"), Some("3")),
+        "{}",
+        r.body
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(
+        tries(&record),
+        [
+            t("a", "provider_error", None),
+            t("a", "provider_error", Some("retry_after")),
+            t("b", "ok", None)
+        ]
+    );
+    assert_eq!(rig.faulty_calls("rate_limited").await, 2);
 }
 
 #[tokio::test]
@@ -474,26 +560,27 @@ async fn a_prefill_rejection_goes_back_to_the_caller_without_retry() {
 }
 
 #[tokio::test]
-async fn a_flapping_provider_fails_every_other_call_and_each_failure_falls_over() {
+async fn a_flapping_provider_is_retried_past_each_bad_call() {
     let rig = rig("flapping", "", "").await;
-    let mut providers = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..2 {
         let r = rig.chat().await;
-        assert_eq!(r.status, 200, "{}", r.body);
-        providers.push((
-            r.header("x-equiroute-provider").unwrap().to_owned(),
-            r.header("x-equiroute-attempts").unwrap().to_owned(),
-        ));
+        // Each request meets a bad call, then a good one on the retry.
+        assert_eq!(
+            (
+                r.status,
+                r.header("x-equiroute-provider"),
+                r.header("x-equiroute-attempts")
+            ),
+            (200, Some("a"), Some("2")),
+            "{}",
+            r.body
+        );
     }
-    let want: Vec<(String, String)> = [("b", "2"), ("a", "1"), ("b", "2"), ("a", "1")]
-        .iter()
-        .map(|(p, n)| ((*p).to_owned(), (*n).to_owned()))
-        .collect();
-    assert_eq!(providers, want);
     assert_eq!(rig.faulty_calls("flapping").await, 4);
-    assert_eq!(rig.healthy_calls().await, 2);
+    assert_eq!(rig.healthy_calls().await, 0);
     // Never 5 failures in a row: the breaker stays closed.
     assert_eq!(rig.breaker("a").await, "closed");
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 2);
 }
 
 #[tokio::test]

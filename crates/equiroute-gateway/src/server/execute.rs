@@ -57,16 +57,13 @@ pub async fn execute(
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     let mut refusals = ContextRefusals::default();
-    loop {
-        let now = state.now();
-        let Some(next) = run.next_attempt(now) else {
-            break;
-        };
+    while let Some(next) = run.next_attempt(state.now()) {
+        let now = pause(state, next).await;
         if !admit(state, iface, next.candidate, now)? {
             run.skip();
             continue;
         }
-        if next.number > 0 {
+        if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -182,7 +179,9 @@ fn begin(
         meta,
     )
     .map_err(|e| e.for_request(&request_id, 0))?;
-    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+    // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
+    let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
+    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits).with_jitter(jitter);
     Ok(Begun {
         n,
         request_id,
@@ -339,6 +338,7 @@ fn audit(
             .map(|a| super::audit::AuditAttempt {
                 provider: id(a.candidate),
                 status: a.outcome.status.as_str(),
+                retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
                 latency_ms: a.outcome.latency.0,
                 cost_usd: a.outcome.cost.0,
             })
@@ -419,6 +419,14 @@ impl ContextRefusals {
             }
         }
     }
+}
+
+/// Waits the pause the execution asked for before `next` (a retry's), then gives the time.
+async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core::Timestamp {
+    if next.wait.0 > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(next.wait.0 / 1000.0)).await;
+    }
+    state.now()
 }
 
 /// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
@@ -525,9 +533,10 @@ fn failure(
         .iter()
         .map(|a| {
             format!(
-                "{} {}",
+                "{} {}{}",
                 iface.candidates[a.candidate].id,
-                a.outcome.status.as_str()
+                a.outcome.status.as_str(),
+                if a.retry.is_some() { " (retry)" } else { "" }
             )
         })
         .collect();
@@ -620,16 +629,13 @@ pub async fn execute_stream(
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
     let mut refusals = ContextRefusals::default();
-    loop {
-        let now = state.now();
-        let Some(next) = run.next_attempt(now) else {
-            break;
-        };
+    while let Some(next) = run.next_attempt(state.now()) {
+        let now = pause(&state, next).await;
         if !admit(&state, &iface, next.candidate, now)? {
             run.skip();
             continue;
         }
-        if next.number > 0 {
+        if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
         let candidate = &iface.candidates[next.candidate];
