@@ -18,6 +18,15 @@
 //! attempt or an attempt timeout falls back to the next candidate; a client error ends the
 //! request (it is the caller's to fix, retrying elsewhere would fail the same way); reaching
 //! the deadline ends it.
+//!
+//! One exception to "at most once", at most once per request: a provider error that says it
+//! will pass retries the same candidate after a pause ([`NextAttempt::wait`]) instead of
+//! falling over, when the deadline leaves at least as long for the retry as the pause takes:
+//! - a `Retry-After` of at most [`ExecutionLimits::max_retry_after_wait`] on the candidate
+//!   the policy ranked best (falling over would mean a worse candidate) waits it out;
+//! - a 5xx without `Retry-After` waits [`ExecutionLimits::server_error_retry`] times a
+//!   jitter factor in [0.5, 1.5) (the jitter is passed in: [`Execution::with_jitter`]), on
+//!   the candidate's first 5xx of the request.
 
 use crate::decision::{AttemptOutcome, AttemptStatus, Millis, Timestamp, Usd};
 use serde::{Deserialize, Serialize};
@@ -32,6 +41,11 @@ pub struct ExecutionLimits {
     pub attempt_timeout: Option<Millis>,
     /// Do not start an attempt with less than this left of the deadline.
     pub min_attempt_budget: Millis,
+    /// Longest `Retry-After` waited out on the best-ranked candidate before retrying it
+    /// once (0: never wait, fall over).
+    pub max_retry_after_wait: Millis,
+    /// Mean pause before the one retry of a candidate after a 5xx (`None`: no retry).
+    pub server_error_retry: Option<Millis>,
 }
 
 impl Default for ExecutionLimits {
@@ -40,6 +54,8 @@ impl Default for ExecutionLimits {
             max_attempts: 3,
             attempt_timeout: None,
             min_attempt_budget: Millis(1.0),
+            max_retry_after_wait: Millis(1000.0),
+            server_error_retry: Some(Millis(50.0)),
         }
     }
 }
@@ -52,6 +68,39 @@ pub struct NextAttempt {
     pub timeout: Option<Millis>,
     /// 0 for the first attempt, 1 for the first fallback, …
     pub number: u32,
+    /// Wait this long before starting the attempt (a retry's pause; 0 otherwise).
+    pub wait: Millis,
+    /// Why the attempt retries the candidate just tried, if it does.
+    pub retry: Option<RetryReason>,
+}
+
+/// Why an attempt retries the same candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryReason {
+    /// The candidate said when to come back (`Retry-After`), soon enough.
+    RetryAfter,
+    /// A 5xx, the candidate's first of the request.
+    ServerError,
+}
+
+impl RetryReason {
+    /// The name in logs and the audit record.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryReason::RetryAfter => "retry_after",
+            RetryReason::ServerError => "server_error",
+        }
+    }
+}
+
+/// A retry decided by [`Execution::record`], made by the next attempt.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ScheduledRetry {
+    candidate: usize,
+    not_before: Timestamp,
+    reason: RetryReason,
 }
 
 /// One attempt as it happened.
@@ -60,6 +109,9 @@ pub struct AttemptRecord {
     pub candidate: usize,
     pub started: Timestamp,
     pub outcome: AttemptOutcome,
+    /// Set when the attempt retried the candidate tried just before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryReason>,
 }
 
 /// How a request ended.
@@ -108,6 +160,12 @@ pub struct Execution {
     limits: ExecutionLimits,
     attempts: Vec<AttemptRecord>,
     ended: Option<RequestStatus>,
+    /// The retry the next attempt makes, if one was decided.
+    retry: Option<ScheduledRetry>,
+    /// A retry was decided (at most one per request).
+    retried: bool,
+    /// Where in [0, 1) the 5xx retry's pause falls within its jitter range.
+    jitter: f64,
 }
 
 impl Execution {
@@ -127,7 +185,18 @@ impl Execution {
             limits,
             attempts: Vec::new(),
             ended: None,
+            retry: None,
+            retried: false,
+            jitter: 0.5,
         }
+    }
+
+    /// Sets where the 5xx retry's pause falls in its range: `u` in [0, 1) (from the caller's
+    /// random source; 0.5, the mean, by default) gives `server_error_retry × (0.5 + u)`.
+    #[must_use]
+    pub fn with_jitter(mut self, u: f64) -> Execution {
+        self.jitter = if (0.0..1.0).contains(&u) { u } else { 0.5 };
+        self
     }
 
     /// What is left of the deadline at `now`.
@@ -142,13 +211,28 @@ impl Execution {
         if self.ended.is_some() {
             return None;
         }
-        if self.attempts.len() >= self.limits.max_attempts as usize || self.next >= self.order.len()
+        let (candidate, wait, retry) = match self.retry {
+            Some(r) => (
+                r.candidate,
+                Millis((r.not_before.0 - now.0).max(0.0)),
+                Some(r.reason),
+            ),
+            None => (usize::MAX, Millis(0.0), None),
+        };
+        if self.attempts.len() >= self.limits.max_attempts as usize
+            || (retry.is_none() && self.next >= self.order.len())
         {
             self.ended = Some(RequestStatus::Exhausted);
             return None;
         }
-        let remaining = self.remaining(now);
+        // What is left once the pause is over.
+        let remaining = self.remaining(now).map(|r| Millis((r.0 - wait.0).max(0.0)));
         if remaining.is_some_and(|r| r.0 < self.limits.min_attempt_budget.0) {
+            if retry.is_some() {
+                // The pause no longer fits: fall over instead.
+                self.retry = None;
+                return self.next_attempt(now);
+            }
             self.ended = Some(RequestStatus::DeadlineExceeded);
             return None;
         }
@@ -157,9 +241,15 @@ impl Execution {
             (a, r) => a.or(r),
         };
         Some(NextAttempt {
-            candidate: self.order[self.next],
+            candidate: if retry.is_some() {
+                candidate
+            } else {
+                self.order[self.next]
+            },
             timeout,
             number: self.attempts.len() as u32,
+            wait,
+            retry,
         })
     }
 
@@ -183,17 +273,33 @@ impl Execution {
     /// Passes over the candidate [`Execution::next_attempt`] proposed without trying it (e.g. its
     /// circuit breaker refused the attempt at the last moment).
     pub fn skip(&mut self) {
-        self.next += 1;
+        // A refused retry is dropped; the ranking goes on where it was.
+        if self.retry.take().is_none() {
+            self.next += 1;
+        }
     }
 
     /// Records the outcome of the attempt on `candidate` that started at `started`.
     pub fn record(&mut self, candidate: usize, outcome: AttemptOutcome, started: Timestamp) {
+        let retry = self
+            .retry
+            .take()
+            .filter(|r| r.candidate == candidate)
+            .map(|r| r.reason);
         self.attempts.push(AttemptRecord {
             candidate,
             started,
             outcome,
+            retry,
         });
-        self.next += 1;
+        // A retry does not move on in the ranking: its candidate was passed already.
+        if retry.is_none() {
+            self.next += 1;
+        }
+        if let AttemptStatus::ProviderError(failure) = outcome.status {
+            self.retry = self.plan_retry(candidate, failure, &outcome, started);
+            self.retried |= self.retry.is_some();
+        }
         match outcome.status {
             AttemptStatus::Ok => self.ended = Some(RequestStatus::Succeeded { candidate }),
             AttemptStatus::ClientError => {
@@ -210,6 +316,49 @@ impl Execution {
             }
             AttemptStatus::ProviderError(_) | AttemptStatus::Cancelled => {}
         }
+    }
+
+    /// Whether the provider error of `candidate` is worth one retry of it rather than falling
+    /// over, and when: see the module doc.
+    fn plan_retry(
+        &self,
+        candidate: usize,
+        failure: crate::decision::ProviderFailure,
+        outcome: &AttemptOutcome,
+        started: Timestamp,
+    ) -> Option<ScheduledRetry> {
+        use crate::decision::ProviderFailure;
+        if self.retried {
+            return None;
+        }
+        let (wait, reason) = match (failure, outcome.retry_after) {
+            (ProviderFailure::RateLimited | ProviderFailure::Server, Some(after)) => {
+                let best = self.order.first() == Some(&candidate);
+                if !best || after.0 > self.limits.max_retry_after_wait.0 {
+                    return None;
+                }
+                (after, RetryReason::RetryAfter)
+            }
+            (ProviderFailure::Server, None) => {
+                let base = self.limits.server_error_retry?;
+                (
+                    Millis(base.0 * (0.5 + self.jitter)),
+                    RetryReason::ServerError,
+                )
+            }
+            _ => return None,
+        };
+        let end = started.plus(outcome.latency);
+        // The deadline must leave at least as long for the retry as the pause takes.
+        let room = wait.0.max(self.limits.min_attempt_budget.0);
+        if self.remaining(end).is_some_and(|r| r.0 - wait.0 < room) {
+            return None;
+        }
+        Some(ScheduledRetry {
+            candidate,
+            not_before: end.plus(wait),
+            reason,
+        })
     }
 
     /// The result at `now`, when the request is over (or abandoned).
@@ -239,7 +388,11 @@ mod tests {
 
     #[test]
     fn falls_back_on_provider_errors_and_counts_every_attempt() {
-        let limits = ExecutionLimits::default();
+        // Without the 5xx retry (tested below): straight to the next candidate.
+        let limits = ExecutionLimits {
+            server_error_retry: None,
+            ..ExecutionLimits::default()
+        };
         let mut run = Execution::new(vec![2, 0, 1], Timestamp(0.0), Some(Millis(1000.0)), limits);
         let a = run.next_attempt(Timestamp(0.0)).unwrap();
         assert_eq!(
@@ -381,5 +534,158 @@ mod tests {
             empty.finish(Timestamp(0.0)).status,
             RequestStatus::Exhausted
         );
+    }
+
+    fn failed(latency: f64, failure: ProviderFailure, retry_after: Option<f64>) -> AttemptOutcome {
+        AttemptOutcome {
+            retry_after: retry_after.map(Millis),
+            ..outcome(latency, AttemptStatus::ProviderError(failure), 0.0)
+        }
+    }
+
+    #[test]
+    fn a_short_retry_after_on_the_best_candidate_is_waited_out_once() {
+        let limits = ExecutionLimits::default();
+        let mut run = Execution::new(vec![2, 0, 1], Timestamp(0.0), Some(Millis(1000.0)), limits);
+        let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+        // 429 after 50 ms, back in 300 ms: 950 ms left, 300 to wait leaves 650 ≥ 300.
+        let limited = failed(50.0, ProviderFailure::RateLimited, Some(300.0));
+        run.record(2, limited, Timestamp(0.0));
+        let retry = run.next_attempt(Timestamp(50.0)).unwrap();
+        assert_eq!(
+            (
+                retry.candidate,
+                retry.wait,
+                retry.retry,
+                retry.timeout,
+                retry.number
+            ),
+            (
+                2,
+                Millis(300.0),
+                Some(RetryReason::RetryAfter),
+                Some(Millis(650.0)),
+                1
+            )
+        );
+        // The same 429 again: no second retry, on to the next candidate.
+        run.record(2, limited, Timestamp(350.0));
+        let next = run.next_attempt(Timestamp(400.0)).unwrap();
+        assert_eq!(
+            (next.candidate, next.wait, next.retry),
+            (0, Millis(0.0), None)
+        );
+        run.record(0, outcome(10.0, AttemptStatus::Ok, 0.0), Timestamp(400.0));
+        let r = run.finish(Timestamp(410.0));
+        assert_eq!(r.status, RequestStatus::Succeeded { candidate: 0 });
+        let retries: Vec<Option<RetryReason>> = r.attempts.iter().map(|a| a.retry).collect();
+        assert_eq!(retries, [None, Some(RetryReason::RetryAfter), None]);
+    }
+
+    #[test]
+    fn a_retry_after_too_long_for_the_limit_or_the_deadline_or_on_a_fallback_falls_over() {
+        let cases = [
+            // Longer than max_retry_after_wait (1 s).
+            (vec![2, 0], Some(1000.0), 1500.0, 0),
+            // 300 ms to wait, 450 ms left: not as long again for the retry.
+            (vec![2, 0], Some(500.0), 300.0, 0),
+        ];
+        for (order, deadline, after, want) in cases {
+            let mut run = Execution::new(
+                order,
+                Timestamp(0.0),
+                deadline.map(Millis),
+                ExecutionLimits::default(),
+            );
+            let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+            run.record(
+                2,
+                failed(50.0, ProviderFailure::RateLimited, Some(after)),
+                Timestamp(0.0),
+            );
+            let next = run.next_attempt(Timestamp(50.0)).unwrap();
+            assert_eq!((next.candidate, next.retry), (want, None), "{after} ms");
+        }
+        // A fallback that says come back later: a worse candidate is not waited for.
+        let mut run = Execution::new(
+            vec![0, 1, 2],
+            Timestamp(0.0),
+            None,
+            ExecutionLimits::default(),
+        );
+        let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+        run.record(
+            0,
+            failed(5.0, ProviderFailure::Connection, None),
+            Timestamp(0.0),
+        );
+        let _ = run.next_attempt(Timestamp(5.0)).unwrap();
+        run.record(
+            1,
+            failed(5.0, ProviderFailure::RateLimited, Some(10.0)),
+            Timestamp(5.0),
+        );
+        assert_eq!(run.next_attempt(Timestamp(10.0)).unwrap().candidate, 2);
+    }
+
+    #[test]
+    fn a_5xx_gets_one_jittered_retry_and_a_refused_retry_moves_on() {
+        for (u, pause) in [(0.0, 25.0), (0.5, 50.0), (0.9, 70.0)] {
+            let mut run = Execution::new(
+                vec![1, 0],
+                Timestamp(0.0),
+                Some(Millis(1000.0)),
+                ExecutionLimits::default(),
+            )
+            .with_jitter(u);
+            let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+            run.record(
+                1,
+                failed(20.0, ProviderFailure::Server, None),
+                Timestamp(0.0),
+            );
+            let retry = run.next_attempt(Timestamp(20.0)).unwrap();
+            assert_eq!(
+                (retry.candidate, retry.retry),
+                (1, Some(RetryReason::ServerError))
+            );
+            assert!(
+                (retry.wait.0 - pause).abs() < 1e-9,
+                "u = {u}: {:?}",
+                retry.wait
+            );
+            // Its second 5xx: on to the next candidate.
+            run.record(
+                1,
+                failed(20.0, ProviderFailure::Server, None),
+                Timestamp(20.0 + pause),
+            );
+            let next = run.next_attempt(Timestamp(40.0 + pause)).unwrap();
+            assert_eq!((next.candidate, next.retry), (0, None));
+        }
+        // A retry its breaker refuses is dropped; the ranking goes on.
+        let mut run = Execution::new(vec![1, 0], Timestamp(0.0), None, ExecutionLimits::default());
+        let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+        run.record(
+            1,
+            failed(20.0, ProviderFailure::Server, None),
+            Timestamp(0.0),
+        );
+        assert_eq!(run.next_attempt(Timestamp(20.0)).unwrap().candidate, 1);
+        run.skip();
+        assert_eq!(run.next_attempt(Timestamp(20.0)).unwrap().candidate, 0);
+        // The pause counts against max_attempts like any attempt: with 1, none is made.
+        let limits = ExecutionLimits {
+            max_attempts: 1,
+            ..ExecutionLimits::default()
+        };
+        let mut run = Execution::new(vec![1, 0], Timestamp(0.0), None, limits);
+        let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+        run.record(
+            1,
+            failed(20.0, ProviderFailure::Server, None),
+            Timestamp(0.0),
+        );
+        assert!(run.next_attempt(Timestamp(20.0)).is_none());
     }
 }

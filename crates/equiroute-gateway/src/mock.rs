@@ -1,23 +1,77 @@
 //! A mock upstream for tests, demos and benchmarks: a real HTTP server speaking the OpenAI
 //! chat API (`POST /v1/chat/completions`) and a search-style JSON API (`POST /search`), with
-//! per-route latency and error rates (500, 503, 429 with or without `Retry-After`, 400), and
-//! call counters at `GET /_stats`.
+//! per-route latency and error rates (500, 503, 429 with or without `Retry-After`, 400), a
+//! library of named faults, and call counters at `GET /_stats`.
+//!
+//! A fault is chosen per route (`[chat] fault = "..."`) or per model: a chat request whose
+//! `model` has a `[models."NAME"]` table is served by that table instead of `[chat]` (every
+//! field of it, with the defaults for those left out), so one mock plays every fault at once,
+//! one model name each. The faults ([`Fault`]):
+//!
+//! | `fault` | what the mock does |
+//! |---|---|
+//! | `rate_limited` | 429 with `Retry-After: retry_after_s` (1 s when unset), every call |
+//! | `rate_limited_no_retry_after` | 429 without `Retry-After`, every call |
+//! | `error_500_once` | 500 on the first call of each request `model` (`/search`: of the route), then healthy |
+//! | `unavailable` | 503, every call |
+//! | `reset` | reads the request, then resets the connection (TCP RST) before any header |
+//! | `no_answer` | reads the request and never answers (the connection stays open) |
+//! | `slow_first_token` | waits `first_token_delay_ms` (1000 when unset) before the first byte |
+//! | `stream_cut` | a streamed answer breaks off after `stream_cut_after` chunks (2 when unset) |
+//! | `stream_stall` | a streamed answer goes silent after `stream_stall_after` chunks (2 when unset) |
+//! | `malformed_chunk` | a streamed answer's third event is not JSON; the rest follows |
+//! | `no_done_finished` | a streamed answer with its `finish_reason` but no `[DONE]`, then a clean end |
+//! | `no_done_unfinished` | a streamed answer with neither `finish_reason` nor `[DONE]`, then a clean end |
+//! | `context_length_exceeded` | 400 with `error.code = "context_length_exceeded"` |
+//! | `content_filter` | 400 with `error.code = "content_filter"` (OpenAI's refusal of a prompt) |
+//! | `prefill_rejected` | 400: the conversation must end with a user message (no assistant prefill) |
+//! | `flapping` | odd-numbered calls answer 500, even-numbered ones answer normally |
+//!
+//! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
+//! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
+//! the error rates apply to calls it lets through. Calls are counted per route and per model
+//! (the first 1024 model names; later ones under `(other)`).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use bytes::Bytes;
 use equiroute_lab::scenario::LatencySpec;
 use equiroute_lab::world::latency::LogNormal;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// Behaviour of one route.
+/// A named fault the mock plays (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    RateLimited,
+    RateLimitedNoRetryAfter,
+    #[serde(rename = "error_500_once")]
+    Error500Once,
+    Unavailable,
+    Reset,
+    NoAnswer,
+    SlowFirstToken,
+    StreamCut,
+    StreamStall,
+    MalformedChunk,
+    NoDoneFinished,
+    NoDoneUnfinished,
+    ContextLengthExceeded,
+    ContentFilter,
+    PrefillRejected,
+    Flapping,
+}
+
+/// Behaviour of one route (or of one model's chat calls).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteProfile {
@@ -25,7 +79,7 @@ pub struct RouteProfile {
     pub error_500: f64,
     pub error_503: f64,
     pub error_429: f64,
-    /// `Retry-After` seconds sent with a 429 (none when unset).
+    /// `Retry-After` seconds sent with a 429 (none when unset; 1 for `fault = "rate_limited"`).
     pub retry_after_s: Option<f64>,
     pub error_400: f64,
     /// Streamed answers: milliseconds between chunks.
@@ -38,6 +92,10 @@ pub struct RouteProfile {
     pub content: String,
     /// `error.code` of the 400s (e.g. `context_length_exceeded`).
     pub error_400_code: Option<String>,
+    /// The fault this route plays on every call (none by default).
+    pub fault: Option<Fault>,
+    /// `slow_first_token`: milliseconds before the first byte (default 1000).
+    pub first_token_delay_ms: Option<f64>,
 }
 
 impl Default for RouteProfile {
@@ -57,6 +115,8 @@ impl Default for RouteProfile {
             stream_stall_after: None,
             content: "mock answer".to_owned(),
             error_400_code: None,
+            fault: None,
+            first_token_delay_ms: None,
         }
     }
 }
@@ -67,6 +127,9 @@ impl Default for RouteProfile {
 pub struct MockProfile {
     pub chat: RouteProfile,
     pub search: RouteProfile,
+    /// Chat calls whose request `model` is a key here are served by its profile instead of
+    /// `chat`.
+    pub models: BTreeMap<String, RouteProfile>,
 }
 
 impl MockProfile {
@@ -77,12 +140,25 @@ impl MockProfile {
     pub fn from_toml(text: &str, file: &str) -> Result<MockProfile, String> {
         let profile: MockProfile = equiroute_lab::toml_text::parse(text)
             .map_err(|p| format!("{file}: `{}`: {}", p.field, p.fix))?;
-        for (name, route) in [("chat", &profile.chat), ("search", &profile.search)] {
+        let routes = [
+            ("chat".to_owned(), &profile.chat),
+            ("search".to_owned(), &profile.search),
+        ];
+        let models = profile
+            .models
+            .iter()
+            .map(|(name, route)| (format!("models.{name}"), route));
+        for (name, route) in routes.into_iter().chain(models) {
             route
                 .check()
                 .map_err(|(field, fix)| format!("{file}: `{name}.{field}`: {fix}"))?;
         }
         Ok(profile)
+    }
+
+    /// The profile that serves a chat call for `model`.
+    fn chat_for(&self, model: Option<&str>) -> &RouteProfile {
+        model.and_then(|m| self.models.get(m)).unwrap_or(&self.chat)
     }
 }
 
@@ -128,15 +204,46 @@ impl RouteProfile {
         if let Some(s) = self.retry_after_s.filter(|s| !(*s >= 0.0 && s.is_finite())) {
             return Err(("retry_after_s", format!("seconds ≥ 0, got {s}")));
         }
+        if let Some(d) = self
+            .first_token_delay_ms
+            .filter(|d| !(*d >= 0.0 && d.is_finite()))
+        {
+            return Err(("first_token_delay_ms", format!("milliseconds ≥ 0, got {d}")));
+        }
         Ok(())
     }
 }
+
+/// Model names counted one by one in `/_stats`; later ones are counted together.
+const MAX_COUNTED_MODELS: usize = 1024;
+/// Where calls for models beyond [`MAX_COUNTED_MODELS`] are counted.
+const OTHER_MODELS: &str = "(other)";
 
 #[derive(Debug, Default)]
 struct Counters {
     chat: AtomicU64,
     search: AtomicU64,
     authorized: AtomicU64,
+    /// Chat calls per request `model`.
+    models: Mutex<BTreeMap<String, u64>>,
+}
+
+impl Counters {
+    /// Counts a chat call for `model`; returns its number among that model's calls (from 1),
+    /// which the faults that change over time (`error_500_once`, `flapping`) go by.
+    fn count_model(&self, model: &str) -> u64 {
+        let Ok(mut models) = self.models.lock() else {
+            return 1;
+        };
+        let key = if models.len() < MAX_COUNTED_MODELS || models.contains_key(model) {
+            model
+        } else {
+            OTHER_MODELS
+        };
+        let n = models.entry(key.to_owned()).or_insert(0);
+        *n += 1;
+        *n
+    }
 }
 
 #[derive(Debug)]
@@ -146,8 +253,12 @@ struct MockState {
     seq: AtomicU64,
 }
 
+/// The connection a request came on: the `reset` fault resets it.
+#[derive(Clone, Debug)]
+struct Connection(Arc<tokio::sync::Notify>);
+
 /// The mock's router.
-pub fn router(profile: MockProfile) -> Router {
+fn router(profile: MockProfile) -> Router {
     let state = Arc::new(MockState {
         profile,
         counters: Counters::default(),
@@ -160,7 +271,11 @@ pub fn router(profile: MockProfile) -> Router {
         .with_state(state)
 }
 
-/// Serves the mock on `listener` until `shutdown` resolves.
+/// Serves the mock on `listener` until `shutdown` resolves; open connections then get a
+/// second to finish (a `no_answer` call never does, and is dropped).
+///
+/// The mock runs its own accept loop (not `axum::serve`) so that the `reset` fault can reach
+/// the socket a request came on.
 ///
 /// # Errors
 /// The server fails.
@@ -169,9 +284,62 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(profile))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let app = router(profile);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        // Out of file descriptors and the like: pause rather than spin.
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        };
+        tokio::spawn(connection(app.clone(), stream, stopped.clone()));
+    }
+    let _ = stop.send(true);
+    Ok(())
+}
+
+/// Serves one connection until it closes, a request resets it, or the mock stops.
+async fn connection(
+    app: Router,
+    stream: tokio::net::TcpStream,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    // A second handle on the socket, kept to reset it: `SO_LINGER` 0, then the last close
+    // sends RST instead of FIN.
+    let Ok((stream, spare)) = stream.into_std().and_then(|s| {
+        let spare = s.try_clone()?;
+        Ok((tokio::net::TcpStream::from_std(s)?, spare))
+    }) else {
+        return;
+    };
+    let reset = Arc::new(tokio::sync::Notify::new());
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let handle = Connection(reset.clone());
+    let svc = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(handle.clone());
+        hyper::service::Service::call(&service, req)
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = reset.notified() => {
+            if let Ok(spare) = tokio::net::TcpStream::from_std(spare) {
+                let _ = spare.set_zero_linger();
+            }
+        }
+        () = async { drop(stop.wait_for(|s| *s).await) } => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), conn).await;
+        }
+    }
 }
 
 /// Waits `wait` to within tens of microseconds. Tokio's timer has millisecond granularity
@@ -192,46 +360,135 @@ async fn precise_sleep(wait: std::time::Duration) {
     }
 }
 
-/// Waits the route's latency, then decides the outcome: `Err` is an error response.
-async fn behave(state: &MockState, route: &RouteProfile) -> Result<(), Response> {
+/// An error answer in OpenAI's shape.
+fn error_answer(
+    status: StatusCode,
+    kind: &str,
+    code: &serde_json::Value,
+    message: &str,
+) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    (status, Json(body)).into_response()
+}
+
+/// The mock's own error (`type: mock_error`, the status as `code`).
+fn mock_error(status: StatusCode, message: &str) -> Response {
+    error_answer(status, "mock_error", &json!(status.as_u16()), message)
+}
+
+/// A 429, with `Retry-After` when given.
+fn rate_limited(retry_after_s: Option<f64>) -> Response {
+    let mut r = mock_error(StatusCode::TOO_MANY_REQUESTS, "mock rate limit");
+    if let Some(v) =
+        retry_after_s.and_then(|s| axum::http::HeaderValue::from_str(&format!("{s}")).ok())
+    {
+        r.headers_mut().insert("retry-after", v);
+    }
+    r
+}
+
+/// Waits the route's latency, then decides the outcome: `Err` is an error response (or a
+/// connection that is reset or left unanswered). `call` is the call's number for its model.
+async fn behave(
+    state: &MockState,
+    route: &RouteProfile,
+    call: u64,
+    conn: Option<&Connection>,
+) -> Result<(), Response> {
     let n = state.seq.fetch_add(1, Ordering::Relaxed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n);
     let latency =
         LogNormal::from_p50_p95(route.latency.p50_ms, route.latency.p95_ms).sample(&mut rng);
     precise_sleep(std::time::Duration::from_secs_f64(latency / 1000.0)).await;
-    let error = |status: StatusCode, message: &str| {
-        (status, Json(json!({"error": {"message": message, "type": "mock_error", "code": status.as_u16()}}))).into_response()
+    let invalid = |code: serde_json::Value, message: &str| {
+        error_answer(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &code,
+            message,
+        )
     };
+    match route.fault {
+        Some(Fault::RateLimited) => {
+            return Err(rate_limited(Some(route.retry_after_s.unwrap_or(1.0))))
+        }
+        Some(Fault::RateLimitedNoRetryAfter) => return Err(rate_limited(None)),
+        Some(Fault::Error500Once) if call == 1 => {
+            return Err(mock_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock internal error",
+            ));
+        }
+        Some(Fault::Flapping) if call % 2 == 1 => {
+            return Err(mock_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock flapping",
+            ));
+        }
+        Some(Fault::Unavailable) => {
+            return Err(mock_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "mock overloaded",
+            ));
+        }
+        Some(Fault::Reset) => {
+            if let Some(c) = conn {
+                c.0.notify_one();
+            }
+            // The connection task drops the connection, and this call with it.
+            return Err(std::future::pending().await);
+        }
+        Some(Fault::NoAnswer) => return Err(std::future::pending().await),
+        Some(Fault::ContextLengthExceeded) => {
+            return Err(invalid(
+                json!("context_length_exceeded"),
+                "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please reduce the length of the messages.",
+            ));
+        }
+        Some(Fault::ContentFilter) => {
+            return Err(invalid(
+                json!("content_filter"),
+                "The response was filtered due to the prompt triggering the content management policy.",
+            ));
+        }
+        Some(Fault::PrefillRejected) => {
+            return Err(invalid(
+                serde_json::Value::Null,
+                "This model does not support assistant message prefill. The conversation must end with a user message.",
+            ));
+        }
+        _ => {}
+    }
     let u: f64 = rng.random();
     let mut edge = route.error_500;
     if u < edge {
-        return Err(error(
+        return Err(mock_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "mock internal error",
         ));
     }
     edge += route.error_503;
     if u < edge {
-        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "mock overloaded"));
+        return Err(mock_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "mock overloaded",
+        ));
     }
     edge += route.error_429;
     if u < edge {
-        let mut r = error(StatusCode::TOO_MANY_REQUESTS, "mock rate limit");
-        if let Some(s) = route.retry_after_s {
-            if let Ok(v) = axum::http::HeaderValue::from_str(&format!("{s}")) {
-                r.headers_mut().insert("retry-after", v);
-            }
-        }
-        return Err(r);
+        return Err(rate_limited(route.retry_after_s));
     }
     edge += route.error_400;
     if u < edge {
-        let mut r = error(StatusCode::BAD_REQUEST, "mock rejects this request");
-        if let Some(code) = &route.error_400_code {
-            let body = json!({"error": {"message": "mock rejects this request", "type": "invalid_request_error", "code": code}});
-            r = (StatusCode::BAD_REQUEST, Json(body)).into_response();
-        }
-        return Err(r);
+        return Err(match &route.error_400_code {
+            Some(code) => error_answer(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &json!(code),
+                "mock rejects this request",
+            ),
+            None => mock_error(StatusCode::BAD_REQUEST, "mock rejects this request"),
+        });
     }
     Ok(())
 }
@@ -246,29 +503,56 @@ fn count_auth(state: &MockState, headers: &HeaderMap) {
     }
 }
 
+/// The request body as JSON, whatever its `Content-Type` (the gateway is as lenient).
+fn json_body(body: &Bytes) -> Result<serde_json::Value, Box<Response>> {
+    serde_json::from_slice(body).map_err(|e| {
+        Box::new(mock_error(
+            StatusCode::BAD_REQUEST,
+            &format!("the body is not JSON: {e}"),
+        ))
+    })
+}
+
+/// `slow_first_token`'s wait.
+fn first_token_delay(route: &RouteProfile) -> std::time::Duration {
+    if route.fault == Some(Fault::SlowFirstToken) {
+        std::time::Duration::from_secs_f64(route.first_token_delay_ms.unwrap_or(1000.0) / 1000.0)
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
 async fn chat(
     State(state): State<Arc<MockState>>,
+    conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
-    Json(body): Json<serde_json::Value>,
+    body: Bytes,
 ) -> Response {
     state.counters.chat.fetch_add(1, Ordering::Relaxed);
     count_auth(&state, &headers);
-    if let Err(r) = behave(&state, &state.profile.chat).await {
-        return r;
-    }
+    let body = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
     let model = body
         .get("model")
         .and_then(serde_json::Value::as_str)
         .unwrap_or("mock-model");
-    if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
-        return stream_answer(&state.profile.chat, model);
+    let call = state.counters.count_model(model);
+    let route = state.profile.chat_for(Some(model));
+    if let Err(r) = behave(&state, route, call, conn.as_deref()).await {
+        return r;
     }
+    if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
+        return stream_answer(route, model);
+    }
+    tokio::time::sleep(first_token_delay(route)).await;
     Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
         "created": 0,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.profile.chat.content}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": route.content}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     }))
     .into_response()
@@ -294,10 +578,32 @@ pub fn stream_chunks(model: &str) -> Vec<String> {
     out
 }
 
+/// The event `malformed_chunk` sends in place of the third: `data:` that is not JSON.
+pub const MALFORMED_CHUNK: &str = "data: {\"id\": \"chatcmpl-mock\", \"choices\": [\n\n";
+
+/// The chunks a route's stream sends, with its fault applied: [`stream_chunks`] but for the
+/// faults that change what is sent.
+#[must_use]
+pub fn faulty_stream_chunks(model: &str, fault: Option<Fault>) -> Vec<String> {
+    let mut chunks = stream_chunks(model);
+    match fault {
+        Some(Fault::MalformedChunk) => MALFORMED_CHUNK.clone_into(&mut chunks[2]),
+        Some(Fault::NoDoneFinished) => chunks.truncate(chunks.len() - 1),
+        Some(Fault::NoDoneUnfinished) => chunks.truncate(chunks.len() - 2),
+        _ => {}
+    }
+    chunks
+}
+
 fn stream_answer(route: &RouteProfile, model: &str) -> Response {
-    let chunks = stream_chunks(model);
+    let chunks = faulty_stream_chunks(model, route.fault);
     let gap = std::time::Duration::from_secs_f64(route.chunk_gap_ms / 1000.0);
-    let (cut, stall) = (route.stream_cut_after, route.stream_stall_after);
+    let first_delay = first_token_delay(route);
+    let (cut, stall) = match route.fault {
+        Some(Fault::StreamCut) => (Some(route.stream_cut_after.unwrap_or(2)), None),
+        Some(Fault::StreamStall) => (None, Some(route.stream_stall_after.unwrap_or(2))),
+        _ => (route.stream_cut_after, route.stream_stall_after),
+    };
     let stream = futures_util::stream::unfold((0usize, chunks), move |(i, chunks)| async move {
         if cut == Some(i) {
             // An error item makes the server drop the connection mid-body.
@@ -307,13 +613,8 @@ fn stream_answer(route: &RouteProfile, model: &str) -> Response {
             std::future::pending::<()>().await;
         }
         let next = chunks.get(i)?.clone();
-        if i > 0 {
-            tokio::time::sleep(gap).await;
-        }
-        Some((
-            Ok::<_, std::io::Error>(bytes::Bytes::from(next)),
-            (i + 1, chunks),
-        ))
+        tokio::time::sleep(if i > 0 { gap } else { first_delay }).await;
+        Some((Ok::<_, std::io::Error>(Bytes::from(next)), (i + 1, chunks)))
     });
     let mut r = axum::body::Body::from_stream(stream).into_response();
     r.headers_mut().insert(
@@ -325,28 +626,40 @@ fn stream_answer(route: &RouteProfile, model: &str) -> Response {
 
 async fn search(
     State(state): State<Arc<MockState>>,
+    conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
-    Json(body): Json<serde_json::Value>,
+    body: Bytes,
 ) -> Response {
-    state.counters.search.fetch_add(1, Ordering::Relaxed);
+    let call = state.counters.search.fetch_add(1, Ordering::Relaxed) + 1;
     count_auth(&state, &headers);
-    if let Err(r) = behave(&state, &state.profile.search).await {
+    let body = match json_body(&body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    if let Err(r) = behave(&state, &state.profile.search, call, conn.as_deref()).await {
         return r;
     }
+    tokio::time::sleep(first_token_delay(&state.profile.search)).await;
     Json(json!({"query": body.get("query"), "results": [{"title": "mock result", "url": "https://example.invalid/mock"}]})).into_response()
 }
 
 async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
+    let models = state
+        .counters
+        .models
+        .lock()
+        .map_or_else(|_| json!({}), |m| json!(*m));
     Json(json!({
         "chat": state.counters.chat.load(Ordering::Relaxed),
         "search": state.counters.search.load(Ordering::Relaxed),
         "authorized": state.counters.authorized.load(Ordering::Relaxed),
+        "models": models,
     }))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{LatencySpec, MockProfile};
+    use super::{Counters, Fault, LatencySpec, MockProfile, MAX_COUNTED_MODELS, OTHER_MODELS};
 
     #[test]
     fn a_profile_names_the_field_at_fault() {
@@ -373,6 +686,24 @@ mod tests {
         );
         let e = err("[chat]\nretry_after_s = -1\n");
         assert!(e.contains("`chat.retry_after_s`"), "{e}");
+        // A model's table is checked like a route, and names the model.
+        let e = err("[models.\"m-1\"]\nfault = \"exploding\"\n");
+        assert!(
+            e.contains("`models.m-1.fault`") && e.contains("unknown variant"),
+            "{e}"
+        );
+        let e = err("[models.m]\nfault = \"slow_first_token\"\nfirst_token_delay_ms = -5\n");
+        assert_eq!(
+            e,
+            "m.toml: `models.m.first_token_delay_ms`: milliseconds ≥ 0, got -5"
+        );
+        let p = MockProfile::from_toml(
+            "[chat]\nfault = \"unavailable\"\n[models.\"gpt-x\"]\nfault = \"flapping\"\n",
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(p.chat_for(Some("gpt-x")).fault, Some(Fault::Flapping));
+        assert_eq!(p.chat_for(Some("other")).fault, Some(Fault::Unavailable));
         // The throughput variant: no latency at all, and the defaults.
         let p = MockProfile::from_toml("[chat]\nlatency = { p50_ms = 0, p95_ms = 0 }\n", "m.toml")
             .unwrap();
@@ -389,5 +720,24 @@ mod tests {
                 }
             )
         );
+    }
+
+    #[test]
+    fn calls_are_counted_per_model_and_the_names_kept_are_bounded() {
+        let c = Counters::default();
+        for i in 0..MAX_COUNTED_MODELS + 10 {
+            let n = c.count_model(&format!("m{i}"));
+            // Past the bound, the calls share one count.
+            let want = i.saturating_sub(MAX_COUNTED_MODELS - 1).max(1) as u64;
+            assert_eq!(n, want, "m{i}");
+        }
+        assert_eq!(
+            c.count_model("m0"),
+            2,
+            "a model's calls are numbered from 1"
+        );
+        let models = c.models.lock().unwrap();
+        assert_eq!(models.len(), MAX_COUNTED_MODELS + 1);
+        assert_eq!(models[OTHER_MODELS], 10);
     }
 }

@@ -57,7 +57,8 @@ async fn falls_back_past_a_failing_provider_and_reports_it() {
     let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat("chat")).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.header("x-equiroute-provider"), Some("good"));
-    assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
+    // broken, its one retry after a 5xx, then good.
+    assert_eq!(r.header("x-equiroute-attempts"), Some("3"));
     assert!(r
         .header("x-equiroute-request-id")
         .unwrap()
@@ -69,7 +70,7 @@ async fn falls_back_past_a_failing_provider_and_reports_it() {
     );
     assert_eq!(v["object"], "chat.completion");
     let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
-    assert!(m.contains(r#"equiroute_attempts_total{interface="chat",provider="broken",status="provider_error"} 1"#), "{m}");
+    assert!(m.contains(r#"equiroute_attempts_total{interface="chat",provider="broken",status="provider_error"} 2"#), "{m}");
     assert!(
         m.contains(r#"equiroute_fallbacks_total{interface="chat"} 1"#),
         "{m}"
@@ -129,21 +130,22 @@ async fn a_pinned_provider_and_the_deadline_are_honoured() {
     assert_eq!(r.status, 502, "{}", r.body);
     let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(
-        message.contains("(1 attempt: broken provider_error)"),
+        message.contains("(2 attempts: broken provider_error, broken provider_error (retry))"),
         "{message}"
     );
-    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
     // The same before a stream commits.
     let streamed = json!({"model": "chat/broken", "stream": true,
         "messages": [{"role": "user", "content": "hi"}]});
     let r = post_chat(gw.addr, &streamed).await;
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(
-        r.body.contains("1 attempt: broken provider_error"),
+        r.body
+            .contains("2 attempts: broken provider_error, broken provider_error (retry)"),
         "{}",
         r.body
     );
-    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
     let r = http(
         gw.addr,
         "POST",

@@ -225,6 +225,8 @@ fn simulate(
         let mut run = Execution::new(order, t, deadline, limits);
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
+            // A retry's pause passes before the attempt.
+            clock = clock.plus(next.wait);
             // The breaker admits the attempt now: it moves open → half-open when the open
             // period is over and bounds the half-open probes.
             let (admission, _) = breakers[next.candidate].admit(clock, &breaker_cfg);

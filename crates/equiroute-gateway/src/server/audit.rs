@@ -36,6 +36,10 @@ fn default_keep() -> u32 {
 pub struct AuditAttempt {
     pub provider: String,
     pub status: &'static str,
+    /// Why the attempt retried the provider tried just before (`retry_after`,
+    /// `server_error`); absent for a first try or a fallback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<&'static str>,
     pub latency_ms: f64,
     pub cost_usd: f64,
 }

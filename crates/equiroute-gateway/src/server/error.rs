@@ -33,6 +33,9 @@ pub struct ApiError {
     /// The routed request this error ends, if it got that far: its id and attempts are sent
     /// as `x-equiroute-request-id` and `x-equiroute-attempts`, as on an answer.
     pub routed: Option<(String, usize)>,
+    /// Seconds after which a retry may succeed, sent as `Retry-After` (a `u16`, beside
+    /// `status`, keeps the error small).
+    pub retry_after_s: Option<u16>,
 }
 
 impl ApiError {
@@ -52,6 +55,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             routed: None,
+            retry_after_s: None,
         }
     }
     /// The caller's mistake, answered with `status`.
@@ -156,6 +160,10 @@ impl IntoResponse for ApiError {
         }
         if let Some((id, attempts)) = &self.routed {
             super::routing_headers(resp.headers_mut(), id, None, *attempts);
+        }
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from(s));
         }
         resp
     }

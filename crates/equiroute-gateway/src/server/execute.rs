@@ -56,16 +56,14 @@ pub async fn execute(
     let mut router = started.elapsed();
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
-    loop {
-        let now = state.now();
-        let Some(next) = run.next_attempt(now) else {
-            break;
-        };
+    let mut refusals = ContextRefusals::default();
+    while let Some(next) = run.next_attempt(state.now()) {
+        let now = pause(state, next).await;
         if !admit(state, iface, next.candidate, now)? {
             run.skip();
             continue;
         }
-        if next.number > 0 {
+        if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -85,7 +83,7 @@ pub async fn execute(
         .await?;
         tried.push(next.candidate);
         if reply.context_overflow {
-            reroute_larger(iface, &decided.order, &tried, next.candidate, &mut run);
+            refusals.reroute(iface, &decided.order, &tried, next.candidate, &mut run);
         }
         if outcome.status == AttemptStatus::Ok {
             answer = Some(reply);
@@ -181,7 +179,9 @@ fn begin(
         meta,
     )
     .map_err(|e| e.for_request(&request_id, 0))?;
-    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits);
+    // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
+    let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
+    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits).with_jitter(jitter);
     Ok(Begun {
         n,
         request_id,
@@ -249,15 +249,18 @@ fn decide(
                 )
             })
             .collect();
-        return Err(ApiError::upstream(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_eligible_provider",
-            format!(
-                "no provider of `{}` can take this request ({})",
-                iface.name,
-                reasons.join("; ")
-            ),
-        ));
+        return Err(ApiError {
+            retry_after_s: breaker_retry_after(&eligible.excluded, now),
+            ..ApiError::upstream(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_eligible_provider",
+                format!(
+                    "no provider of `{}` can take this request ({})",
+                    iface.name,
+                    reasons.join("; ")
+                ),
+            )
+        });
     }
     let ranking = {
         let policy = iface.policy.read().map_err(|_| poisoned())?;
@@ -282,6 +285,27 @@ fn decide(
         ranking,
         excluded: eligible.excluded,
     })
+}
+
+/// When a request that found no eligible provider may be retried: the seconds (rounded up,
+/// at least 1) until the earliest open breaker half-opens; 1 when a breaker is half-open with
+/// its probes in flight (they settle it soon). `None` when no breaker excluded anyone: the
+/// request itself does not fit, and waiting will not change that.
+fn breaker_retry_after(
+    excluded: &[equiroute_core::eligibility::Exclusion],
+    now: equiroute_core::Timestamp,
+) -> Option<u16> {
+    excluded
+        .iter()
+        .filter_map(|e| match e.reason {
+            equiroute_core::eligibility::ExclusionReason::CircuitOpen { until } => {
+                let wait_ms = until.map_or(0.0, |t| (t.0 - now.0).max(0.0));
+                // Saturating float-to-int cast (18 hours at most); the ceiling of the wait.
+                Some(((wait_ms / 1000.0).ceil() as u16).max(1))
+            }
+            _ => None,
+        })
+        .min()
 }
 
 /// Writes the audit record of a finished request, when an audit log is configured.
@@ -322,6 +346,7 @@ fn audit(
             .map(|a| super::audit::AuditAttempt {
                 provider: id(a.candidate),
                 status: a.outcome.status.as_str(),
+                retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
                 latency_ms: a.outcome.latency.0,
                 cost_usd: a.outcome.cost.0,
             })
@@ -372,24 +397,44 @@ fn outcome_label(status: RequestStatus) -> &'static str {
     }
 }
 
-/// After a provider refused the request as too long for its context window, continues with
-/// the untried candidates of the ranking whose window is larger, if there are any.
-fn reroute_larger(
-    iface: &InterfaceRuntime,
-    order: &[usize],
-    tried: &[usize],
-    failed: usize,
-    run: &mut Execution,
-) {
-    let window = |i: usize| iface.candidates[i].capabilities.context_tokens;
-    let larger: Vec<usize> = order
-        .iter()
-        .copied()
-        .filter(|&i| !tried.contains(&i) && window(i) > window(failed))
-        .collect();
-    if !larger.is_empty() {
-        run.continue_with(larger);
+/// The context-window refusals of one request so far.
+#[derive(Default)]
+struct ContextRefusals(u32);
+
+impl ContextRefusals {
+    /// After a provider refused the request as too long for its context window, continues
+    /// with the untried candidates of the ranking whose window is larger, if there are any.
+    /// When none is larger but one has the same window (windows not declared are all the
+    /// default: their real sizes are unknown), the first such candidate gets one attempt, on
+    /// the request's first refusal only; the refusing candidate is never tried again.
+    fn reroute(
+        &mut self,
+        iface: &InterfaceRuntime,
+        order: &[usize],
+        tried: &[usize],
+        failed: usize,
+        run: &mut Execution,
+    ) {
+        self.0 += 1;
+        let window = |i: usize| iface.candidates[i].capabilities.context_tokens;
+        let untried = || order.iter().copied().filter(|i| !tried.contains(i));
+        let larger: Vec<usize> = untried().filter(|&i| window(i) > window(failed)).collect();
+        if !larger.is_empty() {
+            run.continue_with(larger);
+        } else if self.0 == 1 {
+            if let Some(same) = untried().find(|&i| window(i) == window(failed)) {
+                run.continue_with(vec![same]);
+            }
+        }
     }
+}
+
+/// Waits the pause the execution asked for before `next` (a retry's), then gives the time.
+async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core::Timestamp {
+    if next.wait.0 > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(next.wait.0 / 1000.0)).await;
+    }
+    state.now()
 }
 
 /// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
@@ -489,15 +534,17 @@ fn failure(
     last: Option<UpstreamReply>,
     deadline: Option<Millis>,
 ) -> ApiError {
+    let refused = last.as_ref().is_some_and(|r| r.content_filter);
     let reason = last.and_then(|r| r.reason);
     // "2 attempts: a provider_error, b timeout": which providers were tried, and how each ended.
     let tried: Vec<String> = attempts
         .iter()
         .map(|a| {
             format!(
-                "{} {}",
+                "{} {}{}",
                 iface.candidates[a.candidate].id,
-                a.outcome.status.as_str()
+                a.outcome.status.as_str(),
+                if a.retry.is_some() { " (retry)" } else { "" }
             )
         })
         .collect();
@@ -507,6 +554,19 @@ fn failure(
         n => format!("{n} attempts: {}", tried.join(", ")),
     };
     let error = match status {
+        RequestStatus::ClientError { candidate } if refused => {
+            state.metrics.request(&iface.name, "client_error");
+            // The provider's own code, so that the caller can tell a refusal from a mistake.
+            ApiError::bad_request(
+                "content_filter",
+                None,
+                format!(
+                    "provider `{}` refused the request (content filter): {}",
+                    iface.candidates[candidate].id,
+                    reason.unwrap_or_else(|| "refused".into())
+                ),
+            )
+        }
         RequestStatus::ClientError { candidate } => {
             state.metrics.request(&iface.name, "client_error");
             ApiError::bad_request(
@@ -576,16 +636,14 @@ pub async fn execute_stream(
     } = begin(&state, &iface, &body, pinned, deadline, &meta)?;
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
-    loop {
-        let now = state.now();
-        let Some(next) = run.next_attempt(now) else {
-            break;
-        };
+    let mut refusals = ContextRefusals::default();
+    while let Some(next) = run.next_attempt(state.now()) {
+        let now = pause(&state, next).await;
         if !admit(&state, &iface, next.candidate, now)? {
             run.skip();
             continue;
         }
-        if next.number > 0 {
+        if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
         let candidate = &iface.candidates[next.candidate];
@@ -613,15 +671,13 @@ pub async fn execute_stream(
                 run.record(next.candidate, outcome, now);
                 tried.push(next.candidate);
                 if reply.context_overflow {
-                    reroute_larger(&iface, &decided.order, &tried, next.candidate, &mut run);
+                    refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
                 }
                 last = Some(reply);
             }
             StreamStart::Started { first, rest, ttfb } => {
-                let attempts = run.attempts() + 1;
                 let relay = Relay {
                     tokens,
-                    slice: decided.slice,
                     state: state.clone(),
                     iface: iface.clone(),
                     candidate: next.candidate,
@@ -629,12 +685,16 @@ pub async fn execute_stream(
                     request_id: request_id.clone(),
                     started,
                     ttfb,
+                    attempt_started: now,
+                    run,
+                    decided,
                 };
-                return Ok(relay.start(first, rest, attempts));
+                return Ok(relay.start(first, rest));
             }
         }
     }
     let result = run.finish(state.now());
+    record_request(&state, &iface, &request_id, &decided, &result);
     Err(failure(
         &state,
         &iface,
@@ -646,10 +706,10 @@ pub async fn execute_stream(
     ))
 }
 
-/// A committed stream being relayed to the client.
+/// A committed stream being relayed to the client: the request's execution goes on in the
+/// relay task, which records the streamed attempt and audits the request when it ends.
 struct Relay {
     tokens: TokenEstimate,
-    slice: SlicePath,
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
     candidate: usize,
@@ -657,11 +717,15 @@ struct Relay {
     request_id: String,
     started: Instant,
     ttfb: Millis,
+    /// When the streamed attempt began.
+    attempt_started: equiroute_core::Timestamp,
+    run: Execution,
+    decided: Decided,
 }
 
 impl Relay {
     /// Starts relaying in a task; returns the SSE response with the routing headers.
-    fn start(self, first: Bytes, rest: ChunkStream, attempts: usize) -> axum::response::Response {
+    fn start(self, first: Bytes, rest: ChunkStream) -> axum::response::Response {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
         let body =
             axum::body::Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
@@ -681,50 +745,78 @@ impl Relay {
             h,
             &self.request_id,
             Some(&self.iface.candidates[self.candidate].id.0),
-            attempts,
+            self.run.attempts() + 1,
         );
         // The task ends with the upstream stream, the idle limit, or a departed client.
         tokio::spawn(self.pump(first, rest, tx));
         resp
     }
 
-    async fn pump(
-        self,
+    /// Relays whole events until the stream ends; returns why it broke, if it did, and
+    /// whether the client left.
+    async fn relay(
+        &self,
         first: Bytes,
         mut rest: ChunkStream,
-        tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
-    ) {
+        tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    ) -> (Option<String>, bool) {
         use futures_util::StreamExt;
         let idle = Duration::from_secs_f64(self.iface.stream_idle.0 / 1000.0);
-        let mut done = DoneScan::default();
-        done.feed(&first);
-        let mut broken: Option<String> = None;
-        let mut client_gone = tx.send(Ok(first)).await.is_err();
-        while !client_gone {
-            match tokio::time::timeout(idle, rest.next()).await {
-                Err(_) => {
-                    broken = Some(format!(
-                        "the provider's stream stalled for more than {:.0} ms",
-                        idle.as_secs_f64() * 1000.0
-                    ));
-                    break;
-                }
-                Ok(None) => {
-                    if !done.seen {
-                        broken = Some("the provider's stream ended before [DONE]".into());
+        let mut events = SseScan::default();
+        let mut next = Some(first);
+        loop {
+            let Some(bytes) = next.take() else {
+                match tokio::time::timeout(idle, rest.next()).await {
+                    Err(_) => {
+                        let why = format!(
+                            "the provider's stream stalled for more than {:.0} ms",
+                            idle.as_secs_f64() * 1000.0
+                        );
+                        return (Some(why), false);
                     }
-                    break;
+                    Ok(Some(Err(reason))) => return (Some(reason), false),
+                    Ok(Some(Ok(bytes))) => next = Some(bytes),
+                    Ok(None) => {
+                        // A clean end: complete once the last event is read.
+                        let (whole, verdict) = events.end();
+                        if !whole.is_empty() && tx.send(Ok(whole)).await.is_err() {
+                            return (None, true);
+                        }
+                        return match verdict {
+                            Err(why) => (Some(why), false),
+                            Ok(()) if events.seen.done => (None, false),
+                            // The answer is whole (it has its finish_reason) and the body
+                            // ended cleanly: only the end marker is missing, so add it.
+                            Ok(()) if events.seen.finished => {
+                                let done = Bytes::from_static(b"data: [DONE]\n\n");
+                                (None, tx.send(Ok(done)).await.is_err())
+                            }
+                            Ok(()) => (
+                                Some("the provider's stream ended before [DONE]".into()),
+                                false,
+                            ),
+                        };
+                    }
                 }
-                Ok(Some(Err(reason))) => {
-                    broken = Some(reason);
-                    break;
-                }
-                Ok(Some(Ok(bytes))) => {
-                    done.feed(&bytes);
-                    client_gone = tx.send(Ok(bytes)).await.is_err();
-                }
+                continue;
+            };
+            let (whole, verdict) = events.feed(&bytes);
+            if !whole.is_empty() && tx.send(Ok(whole)).await.is_err() {
+                return (None, true);
+            }
+            if let Err(why) = verdict {
+                return (Some(why), false);
             }
         }
+    }
+
+    async fn pump(
+        mut self,
+        first: Bytes,
+        rest: ChunkStream,
+        tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    ) {
+        let (broken, client_gone) = self.relay(first, rest, &tx).await;
         if let Some(reason) = &broken {
             let event = serde_json::json!({"error": {"message": reason, "type": "api_error", "param": null, "code": "stream_broken"}});
             let _ = tx.send(Ok(Bytes::from(format!("data: {event}\n\n")))).await;
@@ -744,16 +836,24 @@ impl Relay {
             time_to_first_byte: Some(self.ttfb),
             retry_after: None,
         };
-        self.state
-            .metrics
-            .request_latency(&self.iface.name, latency.0);
         let _ = self.state.record_attempt(
             &self.iface,
             self.candidate,
             &self.features,
-            self.slice,
+            self.decided.slice,
             &outcome,
             None,
+        );
+        self.run
+            .record(self.candidate, outcome, self.attempt_started);
+        let end = self.state.now();
+        let result = self.run.clone().finish(end);
+        record_request(
+            &self.state,
+            &self.iface,
+            &self.request_id,
+            &self.decided,
+            &result,
         );
         let label = match status {
             AttemptStatus::Ok => "ok",
@@ -762,7 +862,6 @@ impl Relay {
         };
         self.state.metrics.request(&self.iface.name, label);
         if status == AttemptStatus::Ok {
-            let at = self.state.now();
             self.state.remember(
                 &self.request_id,
                 PendingContext {
@@ -770,28 +869,208 @@ impl Relay {
                     candidate: self.candidate,
                     features: Features::F64(&self.features),
                     latency,
-                    at,
+                    at: end,
                 },
             );
         }
     }
 }
 
-/// Finds `[DONE]` in a byte stream even when a chunk boundary splits it.
+/// The longest server-sent event the relay holds while it waits for the event's end.
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Splits a relayed stream into whole server-sent events and reads each: `[DONE]`, a chunk
+/// with a `finish_reason`, an error the provider sent mid-stream, or `data` that is not JSON
+/// (which no client could read: the stream is broken there, and that event is not relayed).
 #[derive(Default)]
-struct DoneScan {
-    tail: Vec<u8>,
-    seen: bool,
+struct SseScan {
+    /// Bytes of an event whose end has not arrived yet.
+    pending: Vec<u8>,
+    seen: Seen,
 }
 
-impl DoneScan {
-    fn feed(&mut self, bytes: &[u8]) {
-        const MARK: &[u8] = b"[DONE]";
-        self.tail.extend_from_slice(bytes);
-        if self.tail.windows(MARK.len()).any(|w| w == MARK) {
-            self.seen = true;
+/// What the events read so far said.
+#[derive(Default)]
+struct Seen {
+    /// `data: [DONE]` was seen.
+    done: bool,
+    /// A chunk carried a `finish_reason`.
+    finished: bool,
+}
+
+/// The parts of a chat chunk the relay reads; the rest is only checked to be JSON.
+#[derive(serde::Deserialize)]
+struct ChunkPeek {
+    #[serde(default)]
+    choices: Vec<ChoicePeek>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChoicePeek {
+    #[serde(default)]
+    finish_reason: Option<serde::de::IgnoredAny>,
+}
+
+impl SseScan {
+    /// Takes the next bytes; returns the whole events they complete (to relay) and whether
+    /// the stream is still sound (`Err`: why it is broken; the bad event is not returned).
+    fn feed(&mut self, bytes: &[u8]) -> (Bytes, Result<(), String>) {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some((end, next)) = event_end(&self.pending[start..]) {
+            if let Err(why) = self.seen.read(&self.pending[start..start + end]) {
+                self.pending.clear();
+                return (Bytes::from(out), Err(why));
+            }
+            out.extend_from_slice(&self.pending[start..start + next]);
+            start += next;
         }
-        let keep = self.tail.len().saturating_sub(MARK.len() - 1);
-        self.tail.drain(..keep);
+        self.pending.drain(..start);
+        if self.pending.len() > MAX_EVENT_BYTES {
+            let why = format!(
+                "the provider sent an event longer than {MAX_EVENT_BYTES} bytes without its end"
+            );
+            return (Bytes::from(out), Err(why));
+        }
+        (Bytes::from(out), Ok(()))
+    }
+
+    /// At a clean end of the body: what is left is the last event (e.g. `data: [DONE]\n`
+    /// without its blank line).
+    fn end(&mut self) -> (Bytes, Result<(), String>) {
+        let rest = std::mem::take(&mut self.pending);
+        if rest.iter().all(u8::is_ascii_whitespace) {
+            return (Bytes::new(), Ok(()));
+        }
+        match self.seen.read(&rest) {
+            Ok(()) => (Bytes::from(rest), Ok(())),
+            Err(why) => (Bytes::new(), Err(why)),
+        }
+    }
+}
+
+impl Seen {
+    /// Reads one event (without its blank line).
+    fn read(&mut self, event: &[u8]) -> Result<(), String> {
+        let mut data: Vec<u8> = Vec::new();
+        let mut lines = 0;
+        for line in event.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(d) = line.strip_prefix(b"data:") {
+                if lines > 0 {
+                    data.push(b'\n');
+                }
+                data.extend_from_slice(d.strip_prefix(b" ").unwrap_or(d));
+                lines += 1;
+            }
+        }
+        if lines == 0 || self.done {
+            // A comment or keep-alive, or whatever follows the end marker.
+            return Ok(());
+        }
+        if data.trim_ascii() == b"[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        match serde_json::from_slice::<ChunkPeek>(&data) {
+            Err(_) => Err("the provider sent an event that is not JSON".into()),
+            Ok(c) if c.error.is_some() => Err("the provider sent an error mid-stream".into()),
+            Ok(c) => {
+                if c.choices.iter().any(|ch| ch.finish_reason.is_some()) {
+                    self.finished = true;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Where the first event in `bytes` ends: the end of its text and the start of the next
+/// event (past the blank line, `\n\n` or `\r\n\r\n`).
+fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
+    let lf = memchr::memmem::find(bytes, b"\n\n").map(|i| (i, i + 2));
+    let crlf = memchr::memmem::find(bytes, b"\r\n\r\n").map(|i| (i, i + 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{breaker_retry_after, SseScan};
+    use equiroute_core::eligibility::{Exclusion, ExclusionReason};
+    use equiroute_core::Timestamp;
+
+    #[test]
+    fn retry_after_is_the_wait_to_the_earliest_half_open_rounded_up() {
+        let open = |candidate, until: Option<f64>| Exclusion {
+            candidate,
+            reason: ExclusionReason::CircuitOpen {
+                until: until.map(Timestamp),
+            },
+        };
+        let now = Timestamp(1_000.0);
+        // 29.001 s and 45 s away: the earlier, rounded up to 30.
+        let excluded = [open(0, Some(30_001.0)), open(1, Some(46_000.0))];
+        assert_eq!(breaker_retry_after(&excluded, now), Some(30));
+        // Already due, or half-open with its probes in flight: soon, 1 s.
+        assert_eq!(breaker_retry_after(&[open(0, Some(900.0))], now), Some(1));
+        assert_eq!(breaker_retry_after(&[open(0, None)], now), Some(1));
+        // Excluded for what the request needs: waiting changes nothing.
+        let unfit = Exclusion {
+            candidate: 0,
+            reason: ExclusionReason::MissingCapability {
+                capability: "tools".into(),
+            },
+        };
+        assert_eq!(breaker_retry_after(&[unfit], now), None);
+    }
+
+    #[test]
+    fn events_are_relayed_whole_across_chunk_boundaries() {
+        let mut scan = SseScan::default();
+        let (out, ok) = scan.feed(b"data: {\"choices\":[{\"finish_reason\":null}]}\n\nda");
+        assert_eq!(ok, Ok(()));
+        assert_eq!(
+            &out[..],
+            b"data: {\"choices\":[{\"finish_reason\":null}]}\n\n"
+        );
+        assert!(!scan.seen.finished);
+        let (out, ok) =
+            scan.feed(b"ta: {\"choices\":[{\"finish_reason\":\"stop\"}]}\r\n\r\ndata: [DO");
+        assert_eq!(ok, Ok(()));
+        assert!(out.starts_with(b"data: {") && out.ends_with(b"\r\n\r\n"));
+        assert!(scan.seen.finished && !scan.seen.done);
+        // The end marker without its blank line, at the end of the body.
+        let (out, ok) = scan.feed(b"NE]\n");
+        assert_eq!((out.len(), ok), (0, Ok(())));
+        let (out, ok) = scan.end();
+        assert_eq!((&out[..], ok), (&b"data: [DONE]\n"[..], Ok(())));
+        assert!(scan.seen.done);
+    }
+
+    #[test]
+    fn data_that_is_not_json_or_an_error_event_breaks_the_stream() {
+        let mut scan = SseScan::default();
+        let (out, ok) = scan.feed(b": keep-alive\n\ndata: {\"choices\": [\n\ndata: {}\n\n");
+        assert_eq!(
+            &out[..],
+            b": keep-alive\n\n",
+            "the bad event is not relayed"
+        );
+        assert!(ok.is_err());
+        let mut scan = SseScan::default();
+        let (_, ok) = scan.feed(b"data: {\"error\": {\"message\": \"overloaded\"}}\n\n");
+        assert_eq!(ok, Err("the provider sent an error mid-stream".into()));
+        let mut scan = SseScan::default();
+        let (_, ok) = scan.feed(&vec![b'x'; super::MAX_EVENT_BYTES + 1]);
+        assert!(
+            ok.is_err(),
+            "an event without an end is not held without bound"
+        );
     }
 }

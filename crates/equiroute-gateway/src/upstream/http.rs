@@ -235,6 +235,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: Bytes, latency: Millis
                 retry_after: None,
                 reason: None,
                 context_overflow: false,
+                content_filter: false,
             },
             None => reply(
                 AttemptStatus::ProviderError(ProviderFailure::Server),
@@ -261,6 +262,7 @@ fn classify(code: u16, retry_after: Option<Millis>, text: Bytes, latency: Millis
             r.context_overflow = code == 400
                 && (code_of == Some("context_length_exceeded")
                     || message.contains("maximum context length"));
+            r.content_filter = code_of == Some("content_filter");
             r
         }
     }

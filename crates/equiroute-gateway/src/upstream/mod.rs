@@ -54,6 +54,8 @@ pub struct UpstreamReply {
     pub reason: Option<String>,
     /// The provider refused the request as too long for its context window.
     pub context_overflow: bool,
+    /// The provider's content filter refused the request (`error.code = "content_filter"`).
+    pub content_filter: bool,
 }
 
 impl UpstreamReply {
@@ -73,6 +75,7 @@ impl UpstreamReply {
             retry_after: None,
             reason: Some(reason.into()),
             context_overflow: false,
+            content_filter: false,
         }
     }
 }

@@ -84,6 +84,7 @@ impl SimUpstream {
             retry_after: None,
             reason: None,
             context_overflow: false,
+            content_filter: false,
         }
     }
 

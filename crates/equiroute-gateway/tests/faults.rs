@@ -1,0 +1,749 @@
+//! Each fault of the mock upstream's library, played by a primary provider with a healthy
+//! fallback behind it (`static` policy: the primary is tried first), through the gateway:
+//! what the client sees, the attempts made (the routing header and the mock's per-model
+//! counts), the breaker and the provider statistics (the state route, the metrics) and the
+//! audit record.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{http, mock, start, Gateway, Reply};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The primary's price per call (billed attempts cost this much) and the fallback's.
+const PRICE_A: f64 = 0.01;
+const PRICE_B: f64 = 0.001;
+
+/// A gateway whose provider `a` (model `fault`, on a mock playing that fault) comes first and
+/// whose provider `b` (model `healthy`, on a healthy mock) is the fallback.
+struct Rig {
+    faulty: Gateway,
+    healthy: Gateway,
+    gw: Gateway,
+    audit: PathBuf,
+}
+
+/// `fault_lines` go into the fault's `[models."FAULT"]` table; `iface_lines` into the chat
+/// interface's table.
+async fn rig(fault: &str, fault_lines: &str, iface_lines: &str) -> Rig {
+    let faulty = mock(&format!(
+        "[models.\"{fault}\"]\nfault = \"{fault}\"\n{fault_lines}\n"
+    ))
+    .await;
+    let healthy = mock("").await;
+    let audit = std::env::temp_dir().join(format!(
+        "equiroute-faults-{}-{fault}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&audit);
+    let cfg = format!(
+        r#"
+[audit]
+path = {audit:?}
+
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "a" }}
+deadline_ms = 3000
+stream_idle_ms = 300
+{iface_lines}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "{fault}"
+base_url = "http://{}/v1"
+price = {{ per_call = {PRICE_A} }}
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "healthy"
+base_url = "http://{}/v1"
+price = {{ per_call = {PRICE_B} }}
+"#,
+        faulty.addr,
+        healthy.addr,
+        audit = audit.display().to_string(),
+    );
+    let gw = start(&cfg, &[]).await;
+    Rig {
+        faulty,
+        healthy,
+        gw,
+        audit,
+    }
+}
+
+fn chat_body(stream: bool) -> String {
+    json!({"model": "chat", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+}
+
+impl Rig {
+    async fn chat(&self) -> Reply {
+        http(
+            self.gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_body(false),
+        )
+        .await
+    }
+    async fn stream(&self) -> Reply {
+        http(
+            self.gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_body(true),
+        )
+        .await
+    }
+    /// Calls the faulty mock received for the fault's model.
+    async fn faulty_calls(&self, model: &str) -> u64 {
+        calls(self.faulty.addr, model).await
+    }
+    async fn healthy_calls(&self) -> u64 {
+        calls(self.healthy.addr, "healthy").await
+    }
+    /// The breaker state of provider `id` (`closed`, `open`, `half_open`).
+    async fn breaker(&self, id: &str) -> String {
+        let state = http(self.gw.addr, "GET", "/v1/interfaces/chat/state", &[], "")
+            .await
+            .json();
+        let c = state["candidates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()
+            .clone();
+        c["breaker"]["state"].as_str().unwrap().to_owned()
+    }
+    /// `equiroute_attempts_total` of provider `id` with `status`.
+    async fn attempts_metric(&self, id: &str, status: &str) -> u64 {
+        let m = http(self.gw.addr, "GET", "/metrics", &[], "").await.body;
+        let key = format!(
+            "equiroute_attempts_total{{interface=\"chat\",provider=\"{id}\",status=\"{status}\"}} "
+        );
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+    /// The audit record of the request `reply` answered (waits for the writer, bounded).
+    async fn audit_of(&self, reply: &Reply) -> Value {
+        let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
+        let until = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&self.audit).unwrap_or_default();
+            if let Some(r) = text
+                .lines()
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|r| r["request_id"] == id.as_str())
+            {
+                return r;
+            }
+            assert!(Instant::now() < until, "no audit record for {id}: {text}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.audit);
+    }
+}
+
+async fn calls(addr: SocketAddr, model: &str) -> u64 {
+    http(addr, "GET", "/_stats", &[], "").await.json()["models"][model]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// The audit record's attempts as `(provider, status, cost)`.
+fn attempts(record: &Value) -> Vec<(String, String, f64)> {
+    record["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["provider"].as_str().unwrap().to_owned(),
+                a["status"].as_str().unwrap().to_owned(),
+                a["cost_usd"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-12
+}
+
+/// Asserts an answer from `b` after a failed attempt on `a`, with the routing header.
+fn assert_fell_over(r: &Reply) {
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (Some("b"), Some("2")),
+        "{}",
+        r.body
+    );
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_falls_over_unbilled_and_rests_the_provider() {
+    let rig = rig("rate_limited", "retry_after_s = 30", "").await;
+    let r = rig.chat().await;
+    assert_fell_over(&r);
+    assert_eq!(r.json()["model"], "healthy");
+    let record = rig.audit_of(&r).await;
+    assert_eq!(
+        attempts(&record)
+            .iter()
+            .map(|(p, s, _)| (p.as_str(), s.as_str()))
+            .collect::<Vec<_>>(),
+        [("a", "provider_error"), ("b", "ok")]
+    );
+    // A 429 is not billed; the request costs the fallback's answer only.
+    assert!(close(attempts(&record)[0].2, 0.0));
+    assert!(close(record["cost_usd"].as_f64().unwrap(), PRICE_B));
+    assert_eq!(record["fallback_reason"], "provider_error");
+    assert_eq!(rig.breaker("a").await, "open", "open for the Retry-After");
+    // Resting: the next requests go straight to b, a is not called again.
+    let r = rig.chat().await;
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    assert_eq!(rig.faulty_calls("rate_limited").await, 1);
+    assert_eq!(rig.healthy_calls().await, 2);
+}
+
+#[tokio::test]
+async fn a_persistent_429_without_retry_after_opens_the_breaker_after_its_threshold() {
+    let rig = rig(
+        "rate_limited_no_retry_after",
+        "",
+        "breaker = { consecutive_failures = 3 }",
+    )
+    .await;
+    for n in 1..=3 {
+        let r = rig.chat().await;
+        assert_fell_over(&r);
+        // Closed until the third failure in a row.
+        let want = if n < 3 { "closed" } else { "open" };
+        assert_eq!(rig.breaker("a").await, want, "after {n} failures");
+    }
+    let r = rig.chat().await;
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    assert_eq!(rig.faulty_calls("rate_limited_no_retry_after").await, 3);
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 3);
+    assert_eq!(rig.attempts_metric("b", "ok").await, 4);
+}
+
+/// The audit record's attempts as `(provider, status, retry)`.
+fn tries(record: &Value) -> Vec<(String, String, Option<String>)> {
+    record["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["provider"].as_str().unwrap().to_owned(),
+                a["status"].as_str().unwrap().to_owned(),
+                a["retry"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+fn t(provider: &str, status: &str, retry: Option<&str>) -> (String, String, Option<String>) {
+    (
+        provider.to_owned(),
+        status.to_owned(),
+        retry.map(str::to_owned),
+    )
+}
+
+#[tokio::test]
+async fn a_500_once_is_retried_once_on_the_same_provider_billed() {
+    let rig = rig("error_500_once", "", "").await;
+    let first = rig.chat().await;
+    // One jittered retry of the best-ranked provider, not a fall over to a worse one.
+    assert_eq!(
+        (
+            first.status,
+            first.header("x-equiroute-provider"),
+            first.header("x-equiroute-attempts")
+        ),
+        (200, Some("a"), Some("2")),
+        "{}",
+        first.body
+    );
+    let record = rig.audit_of(&first).await;
+    assert_eq!(
+        tries(&record),
+        [
+            t("a", "provider_error", None),
+            t("a", "ok", Some("server_error"))
+        ]
+    );
+    // A 5xx is billed: the request's cost counts the failed attempt.
+    let costs: Vec<f64> = attempts(&record).iter().map(|a| a.2).collect();
+    assert_eq!(costs, [PRICE_A, PRICE_A]);
+    assert!(close(record["cost_usd"].as_f64().unwrap(), 2.0 * PRICE_A));
+    let second = rig.chat().await;
+    assert_eq!(
+        (
+            second.status,
+            second.header("x-equiroute-provider"),
+            second.header("x-equiroute-attempts")
+        ),
+        (200, Some("a"), Some("1"))
+    );
+    assert_eq!(rig.faulty_calls("error_500_once").await, 3);
+    assert_eq!(rig.healthy_calls().await, 0);
+    assert_eq!(
+        rig.breaker("a").await,
+        "closed",
+        "one failure opens nothing"
+    );
+    assert_eq!(rig.attempts_metric("a", "ok").await, 2);
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
+}
+
+#[tokio::test]
+async fn a_persistent_503_is_retried_once_then_falls_over_until_the_breaker_opens() {
+    let rig = rig("unavailable", "", "breaker = { consecutive_failures = 2 }").await;
+    let r = rig.chat().await;
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (200, Some("b"), Some("3")),
+        "{}",
+        r.body
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(
+        tries(&record),
+        [
+            t("a", "provider_error", None),
+            t("a", "provider_error", Some("server_error")),
+            t("b", "ok", None)
+        ]
+    );
+    // Two failures in a row: open; the next request goes straight to b.
+    assert_eq!(rig.breaker("a").await, "open");
+    assert_eq!(rig.chat().await.header("x-equiroute-attempts"), Some("1"));
+    assert_eq!(rig.faulty_calls("unavailable").await, 2);
+}
+
+#[tokio::test]
+async fn a_short_retry_after_on_the_best_provider_is_waited_out_once() {
+    let rig = rig("rate_limited", "retry_after_s = 0.2", "").await;
+    let began = Instant::now();
+    let r = rig.chat().await;
+    assert!(
+        began.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        began.elapsed()
+    );
+    // The mock keeps refusing: after the one retry, b.
+    assert_eq!(
+        (
+            r.status,
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (200, Some("b"), Some("3")),
+        "{}",
+        r.body
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(
+        tries(&record),
+        [
+            t("a", "provider_error", None),
+            t("a", "provider_error", Some("retry_after")),
+            t("b", "ok", None)
+        ]
+    );
+    assert_eq!(rig.faulty_calls("rate_limited").await, 2);
+}
+
+#[tokio::test]
+async fn a_connection_reset_before_headers_falls_over_unbilled() {
+    let rig = rig("reset", "", "").await;
+    let r = rig.chat().await;
+    assert_fell_over(&r);
+    let record = rig.audit_of(&r).await;
+    let tried = attempts(&record);
+    assert_eq!((tried[0].1.as_str(), tried[0].2), ("provider_error", 0.0));
+    // The mock received the request (it counts before it resets).
+    assert_eq!(rig.faulty_calls("reset").await, 1);
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
+    // Streamed, the same: nothing was sent before the reset.
+    let s = rig.stream().await;
+    assert_eq!(
+        (
+            s.status,
+            s.header("x-equiroute-provider"),
+            s.header("x-equiroute-attempts")
+        ),
+        (200, Some("b"), Some("2"))
+    );
+    assert_eq!(
+        s.body,
+        equiroute_gateway::mock::stream_chunks("healthy").concat()
+    );
+}
+
+#[tokio::test]
+async fn a_provider_that_never_answers_times_out_and_falls_over_within_the_deadline() {
+    let rig = rig("no_answer", "", "attempt_timeout_ms = 200").await;
+    let t = Instant::now();
+    let r = rig.chat().await;
+    assert_fell_over(&r);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    let record = rig.audit_of(&r).await;
+    let tried = attempts(&record);
+    assert_eq!(tried[0].1, "timeout");
+    assert_eq!(record["fallback_reason"], "timeout");
+    // A timeout is censored latency for the policy, not a health failure.
+    assert_eq!(rig.breaker("a").await, "closed");
+    assert_eq!(rig.faulty_calls("no_answer").await, 1);
+}
+
+#[tokio::test]
+async fn a_slow_first_token_falls_over_before_anything_is_sent() {
+    let rig = rig(
+        "slow_first_token",
+        "first_token_delay_ms = 3000",
+        "attempt_timeout_ms = 200",
+    )
+    .await;
+    let t = Instant::now();
+    let r = rig.stream().await;
+    assert_fell_over(&r);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    // Only the fallback's stream reached the client.
+    assert_eq!(
+        r.body,
+        equiroute_gateway::mock::stream_chunks("healthy").concat()
+    );
+    // The streamed request's audit record lists both attempts.
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "ok");
+    assert_eq!(
+        attempts(&record)
+            .iter()
+            .map(|(p, s, _)| (p.as_str(), s.as_str()))
+            .collect::<Vec<_>>(),
+        [("a", "timeout"), ("b", "ok")]
+    );
+    assert_eq!(rig.faulty_calls("slow_first_token").await, 1);
+}
+
+/// Asserts a stream committed to `a` that broke: what `a` sent first, then the error event,
+/// never `[DONE]`; counted against `a`; the audit says so.
+async fn assert_broken_stream(rig: &Rig, fault: &str, r: &Reply) {
+    assert_eq!(r.status, 200, "committed before it broke");
+    assert_eq!(
+        (
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (Some("a"), Some("1"))
+    );
+    let chunks = equiroute_gateway::mock::stream_chunks(fault);
+    assert!(r.body.starts_with(&chunks[0]), "{}", r.body);
+    assert!(r.body.contains("\"code\":\"stream_broken\""), "{}", r.body);
+    assert!(
+        !r.body.contains("data: [DONE]"),
+        "{fault}: must not look complete: {}",
+        r.body
+    );
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
+    assert_eq!(rig.attempts_metric("a", "ok").await, 0);
+    let record = rig.audit_of(r).await;
+    assert_eq!(record["outcome"], "failed", "{record}");
+    let tried = attempts(&record);
+    assert_eq!(tried.len(), 1);
+    // Bytes were produced: the broken attempt is billed.
+    assert_eq!(
+        (tried[0].1.as_str(), tried[0].2),
+        ("provider_error", PRICE_A)
+    );
+    assert_eq!(
+        rig.healthy_calls().await,
+        0,
+        "a committed stream is not retried"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_mid_answer_ends_in_an_error_event() {
+    let rig = rig("stream_cut", "", "").await;
+    let r = rig.stream().await;
+    assert_broken_stream(&rig, "stream_cut", &r).await;
+}
+
+#[tokio::test]
+async fn a_stalled_stream_ends_in_an_error_event_after_the_idle_limit() {
+    let rig = rig("stream_stall", "", "").await;
+    let t = Instant::now();
+    let r = rig.stream().await;
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_broken_stream(&rig, "stream_stall", &r).await;
+    assert!(r.body.contains("stalled"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_stream_without_done_or_finish_reason_ends_in_an_error_event() {
+    let rig = rig("no_done_unfinished", "", "").await;
+    let r = rig.stream().await;
+    assert_broken_stream(&rig, "no_done_unfinished", &r).await;
+    // Everything the provider sent was relayed before the error event.
+    let sent = equiroute_gateway::mock::faulty_stream_chunks(
+        "no_done_unfinished",
+        Some(equiroute_gateway::mock::Fault::NoDoneUnfinished),
+    )
+    .concat();
+    assert!(r.body.starts_with(&sent), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_content_length_error_without_declared_windows_tries_one_other_candidate() {
+    let rig = rig("context_length_exceeded", "", "").await;
+    let r = rig.chat().await;
+    assert_fell_over(&r);
+    let record = rig.audit_of(&r).await;
+    let tried = attempts(&record);
+    assert_eq!((tried[0].1.as_str(), tried[0].2), ("client_error", 0.0));
+    assert_eq!(
+        rig.faulty_calls("context_length_exceeded").await,
+        1,
+        "never resent to a"
+    );
+    assert_eq!(rig.breaker("a").await, "closed", "not counted against a");
+}
+
+#[tokio::test]
+async fn a_prefill_rejection_goes_back_to_the_caller_without_retry() {
+    let rig = rig("prefill_rejected", "", "").await;
+    let r = rig.chat().await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "upstream_rejected_request");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("prefill"),
+        "{e}"
+    );
+    assert_eq!(rig.healthy_calls().await, 0);
+    assert_eq!(rig.breaker("a").await, "closed");
+    assert_eq!(rig.attempts_metric("a", "client_error").await, 1);
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "client_error");
+    assert_eq!(attempts(&record).len(), 1);
+}
+
+#[tokio::test]
+async fn a_flapping_provider_is_retried_past_each_bad_call() {
+    let rig = rig("flapping", "", "").await;
+    for _ in 0..2 {
+        let r = rig.chat().await;
+        // Each request meets a bad call, then a good one on the retry.
+        assert_eq!(
+            (
+                r.status,
+                r.header("x-equiroute-provider"),
+                r.header("x-equiroute-attempts")
+            ),
+            (200, Some("a"), Some("2")),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(rig.faulty_calls("flapping").await, 4);
+    assert_eq!(rig.healthy_calls().await, 0);
+    // Never 5 failures in a row: the breaker stays closed.
+    assert_eq!(rig.breaker("a").await, "closed");
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 2);
+}
+
+#[tokio::test]
+async fn the_mock_reads_a_body_without_content_type_as_the_gateway_does() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let m = mock("").await;
+    for addr in [m.addr] {
+        let body = chat_body(false);
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.unwrap();
+        assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    }
+}
+
+#[tokio::test]
+async fn a_stream_with_its_finish_reason_but_no_done_is_completed_for_the_client() {
+    let rig = rig("no_done_finished", "", "").await;
+    let r = rig.stream().await;
+    assert_eq!(
+        (r.status, r.header("x-equiroute-provider")),
+        (200, Some("a"))
+    );
+    // Every byte the provider sent, then the end marker it left out; no error event.
+    let mut want = equiroute_gateway::mock::faulty_stream_chunks(
+        "no_done_finished",
+        Some(equiroute_gateway::mock::Fault::NoDoneFinished),
+    )
+    .concat();
+    want.push_str("data: [DONE]\n\n");
+    assert_eq!(r.body, want);
+    assert_eq!(rig.attempts_metric("a", "ok").await, 1);
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 0);
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "ok");
+    assert_eq!(
+        attempts(&record),
+        [("a".to_owned(), "ok".to_owned(), PRICE_A)]
+    );
+    assert_eq!(rig.breaker("a").await, "closed");
+}
+
+#[tokio::test]
+async fn a_malformed_chunk_is_not_relayed_and_ends_the_stream_in_an_error_event() {
+    let rig = rig("malformed_chunk", "", "").await;
+    let r = rig.stream().await;
+    assert_broken_stream(&rig, "malformed_chunk", &r).await;
+    let chunks = equiroute_gateway::mock::stream_chunks("malformed_chunk");
+    // The two good events before it went through, whole; the bad one did not.
+    assert!(r.body.starts_with(&chunks[..2].concat()), "{}", r.body);
+    assert!(
+        !r.body.contains(equiroute_gateway::mock::MALFORMED_CHUNK),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("not JSON"), "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_content_filter_refusal_goes_back_to_the_caller_as_such() {
+    let rig = rig("content_filter", "", "").await;
+    let r = rig.chat().await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "content_filter", "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("provider `a`"),
+        "{e}"
+    );
+    // Not retried elsewhere (another filter would refuse it too, or worse, not), not
+    // counted against the provider, not billed.
+    assert_eq!(rig.healthy_calls().await, 0);
+    assert_eq!(rig.faulty_calls("content_filter").await, 1);
+    assert_eq!(rig.breaker("a").await, "closed");
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "client_error");
+    assert_eq!(
+        attempts(&record),
+        [("a".to_owned(), "client_error".to_owned(), 0.0)]
+    );
+}
+
+#[tokio::test]
+async fn all_breakers_open_answers_503_with_the_time_to_the_first_half_open() {
+    let rig = rig("rate_limited", "retry_after_s = 30", "").await;
+    let pinned =
+        json!({"model": "chat/a", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let first = http(rig.gw.addr, "POST", "/v1/chat/completions", &[], &pinned).await;
+    assert_eq!(first.status, 502, "{}", first.body);
+    assert_eq!(first.header("x-equiroute-attempts"), Some("1"));
+    let r = http(rig.gw.addr, "POST", "/v1/chat/completions", &[], &pinned).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "no_eligible_provider");
+    // 30 s from the 429, less the few milliseconds since, rounded up.
+    assert_eq!(r.header("retry-after"), Some("30"), "{:?}", r.headers);
+    assert_eq!(r.header("x-equiroute-attempts"), Some("0"));
+    assert_eq!(rig.faulty_calls("rate_limited").await, 1);
+}
+
+#[tokio::test]
+async fn a_second_context_length_refusal_without_declared_windows_ends_the_request() {
+    let faulty = mock(
+        "[models.\"ctx-a\"]\nfault = \"context_length_exceeded\"\n[models.\"ctx-b\"]\nfault = \"context_length_exceeded\"\n",
+    )
+    .await;
+    let healthy = mock("").await;
+    let cfg = format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "a" }}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "ctx-a"
+base_url = "http://{f}/v1"
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "ctx-b"
+base_url = "http://{f}/v1"
+
+[[interfaces.chat.providers]]
+id = "c"
+kind = "openai"
+model = "healthy"
+base_url = "http://{h}/v1"
+"#,
+        f = faulty.addr,
+        h = healthy.addr
+    );
+    let gw = start(&cfg, &[]).await;
+    // Pin the order a, b, c: `static` puts a first, then the configuration's order.
+    let r = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat_body(false),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
+    assert_eq!(r.json()["error"]["code"], "upstream_rejected_request");
+    assert_eq!(
+        (
+            calls(faulty.addr, "ctx-a").await,
+            calls(faulty.addr, "ctx-b").await,
+            calls(healthy.addr, "healthy").await
+        ),
+        (1, 1, 0),
+        "one attempt elsewhere, none after it"
+    );
+}
