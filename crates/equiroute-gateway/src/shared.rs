@@ -1261,3 +1261,32 @@ pub async fn reset(cfg: &RedisStateConfig) -> Result<(), SharedError> {
     .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_feedback_ids_are_bounded_by_age_and_count_and_survive_a_snapshot() {
+        let mut seen = SeenFeedback::default();
+        // Horizon 100 ms, at most 3 ids.
+        assert!(seen.insert("r1", 0.0, 100.0, 3));
+        assert!(
+            !seen.insert("r1", 50.0, 100.0, 3),
+            "a second score is a duplicate"
+        );
+        assert!(seen.insert("r2", 60.0, 100.0, 3));
+        // r1 (scored at 0) is more than 100 ms older than the newest score (150): forgotten.
+        assert!(seen.insert("r3", 150.0, 100.0, 3));
+        assert!(!seen.contains("r1") && seen.contains("r2") && seen.contains("r3"));
+        // Count: a fourth id evicts the oldest beyond 3.
+        assert!(seen.insert("r4", 151.0, 100.0, 3));
+        assert!(seen.insert("r5", 152.0, 100.0, 3));
+        assert_eq!(seen.order.len(), 3);
+        assert!(!seen.contains("r2") && seen.contains("r5"));
+        let bytes = rmp_serde::to_vec_named(&seen).unwrap_or_default();
+        let back = SeenFeedback::from_bytes(Some(&bytes)).unwrap_or_default();
+        assert!(back.contains("r3") && back.contains("r4") && !back.contains("r2"));
+        assert!((back.newest - 152.0).abs() < 1e-12, "{}", back.newest);
+    }
+}

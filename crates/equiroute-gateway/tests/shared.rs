@@ -773,13 +773,10 @@ async fn a_redis_that_lost_the_stream_is_reseeded_from_the_instances() {
     let ra = sa.sync_once(&a).await.unwrap();
     let rb = sb.sync_once(&b).await.unwrap();
     sa.sync_once(&a).await.unwrap();
-    assert!(ra.reseeded && !ra.rebased, "A noticed first: {ra:?}");
-    assert!(rb.rebased && !rb.reseeded, "B re-based on A's: {rb:?}");
     // A new instance starts from everything A and B learnt, not from the backlog alone.
     let c = app(&text, 43);
     let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
     let rc = sc.sync_once(&c).await.unwrap();
-    assert!(rc.loaded_snapshot && !rc.reseeded, "{rc:?}");
     let total_quality = all
         .iter()
         .filter(|o| matches!(o, Observation::Quality { .. }))
@@ -802,6 +799,9 @@ async fn a_redis_that_lost_the_stream_is_reseeded_from_the_instances() {
     }
     assert_close(&live_state(&b), &live_state(&a), "B");
     assert_close(&live_state(&c), &live_state(&a), "C");
+    assert!(ra.reseeded && !ra.rebased, "A noticed first: {ra:?}");
+    assert!(rb.rebased && !rb.reseeded, "B re-based on A's: {rb:?}");
+    assert!(rc.loaded_snapshot && !rc.reseeded, "{rc:?}");
     for s in [&a, &b] {
         let mut metrics = String::new();
         s.shared.as_ref().unwrap().render_metrics(&mut metrics);
@@ -810,4 +810,90 @@ async fn a_redis_that_lost_the_stream_is_reseeded_from_the_instances() {
             "{metrics}"
         );
     }
+}
+
+/// p50 and p99 of `samples` (µs).
+fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// A measurement, not a check: the latency `POST /v1/feedback` gains from its claim in Redis.
+/// `cargo test -p equiroute-gateway --test shared feedback_latency -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn feedback_latency_with_and_without_the_claim() {
+    let Some(redis) = RedisServer::start("latency") else {
+        return;
+    };
+    let n = 1000;
+    // The claim alone, as the request path makes it.
+    let text = config(Some(&redis.url()), "latency");
+    let a = app(&text, 51);
+    let _sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let claims = &a.shared.as_ref().unwrap().claims;
+    let mut alone = Vec::with_capacity(n);
+    let mut won = 0;
+    for i in 0..n {
+        let started = Instant::now();
+        let c = claims
+            .claim(&format!("req-lat-{i}"), Millis(60_000.0))
+            .await;
+        alone.push(started.elapsed().as_secs_f64() * 1e6);
+        won += usize::from(c == equiroute_gateway::shared::Claim::Won);
+    }
+    // The others found no answer within claim_timeout_ms (20 ms): a loaded machine.
+    assert!(won > n / 2, "won {won} of {n}");
+    // feedback::apply, the claim included.
+    let mut applied = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("req-apply-{i}");
+        answered(&a, &id, i % 3);
+        let started = Instant::now();
+        equiroute_gateway::feedback::apply(&a, &id, 0.5)
+            .await
+            .unwrap();
+        applied.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    let applied = percentiles(applied);
+    // The whole route, on a gateway sharing state through Redis and on one that does not,
+    // in turns (so that the machine's load weighs on both alike).
+    let body = r#"{"model":"chat","messages":[{"role":"user","content":"how far is the moon"}]}"#;
+    let gateways = [
+        common::start(&config(None, ""), &[]).await,
+        common::start(&config(Some(&redis.url()), "latency-http"), &[]).await,
+    ];
+    let mut took = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    let mut chat = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    for _ in 0..n {
+        for ((g, took), chat) in gateways.iter().zip(&mut took).zip(&mut chat) {
+            let started = Instant::now();
+            let r = common::http(g.addr, "POST", "/v1/chat/completions", &[], body).await;
+            chat.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let id = r.header("x-equiroute-request-id").unwrap().to_owned();
+            let fb = format!(r#"{{"request_id":"{id}","quality":0.5}}"#);
+            let started = Instant::now();
+            let r = common::http(g.addr, "POST", "/v1/feedback", &[], &fb).await;
+            took.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(r.json()["status"], "accepted", "{}", r.body);
+        }
+    }
+    let routes = took.map(percentiles);
+    let chat = chat.map(percentiles);
+    let (p50, p99) = percentiles(alone);
+    println!("claim alone (SET NX PX on loopback), {n} calls: p50 {p50:.0} µs, p99 {p99:.0} µs, {won} won, the others timed out");
+    println!(
+        "feedback::apply with the claim, {n} calls: p50 {:.0} µs, p99 {:.0} µs",
+        applied.0, applied.1
+    );
+    println!(
+        "POST /v1/feedback, {n} calls, a new connection each: without Redis p50 {:.0} µs p99 {:.0} µs; with the claim p50 {:.0} µs p99 {:.0} µs",
+        routes[0].0, routes[0].1, routes[1].0, routes[1].1
+    );
+    println!(
+        "POST /v1/chat/completions (sim provider, 2 ms p50), for comparison: without Redis p50 {:.0} µs p99 {:.0} µs; with Redis p50 {:.0} µs p99 {:.0} µs",
+        chat[0].0, chat[0].1, chat[1].0, chat[1].1
+    );
 }
