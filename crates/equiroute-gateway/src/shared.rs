@@ -133,6 +133,14 @@ return {2, ARGV[2]}
 /// milliseconds), after a new instance's cursor (`0-0`), so that one loads it.
 const RESEED_ID: StreamId = StreamId(0, 1);
 
+/// Reads up to `ARGV[3]` entries after `ARGV[2]`, unless the epoch is no longer `ARGV[1]`
+/// (then nil): an instance never reads the entries of a stream that replaced the one it knew
+/// before it has recovered.
+const PULL_SCRIPT: &str = r"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return false end
+return redis.call('XRANGE', KEYS[1], ARGV[2], '+', 'COUNT', ARGV[3])
+";
+
 /// One learning event of an instance, as it travels through Redis.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Event {
@@ -612,6 +620,7 @@ pub struct Syncer {
     snapshot_script: redis::Script,
     epoch_script: redis::Script,
     recover_script: redis::Script,
+    pull_script: redis::Script,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -710,6 +719,7 @@ impl Syncer {
             snapshot_script: redis::Script::new(SNAPSHOT_SCRIPT),
             epoch_script: redis::Script::new(EPOCH_SCRIPT),
             recover_script: redis::Script::new(RECOVER_SCRIPT),
+            pull_script: redis::Script::new(PULL_SCRIPT),
         };
         match syncer.connection(state.shared.as_ref()).await {
             Ok(_) | Err(SharedError::Redis(_)) => Ok(syncer),
@@ -893,24 +903,11 @@ impl Syncer {
             )
             .await?;
         let mut snap_id = snap_id.as_deref().and_then(StreamId::parse);
-        match (self.known_epoch.clone(), epoch) {
-            (Some(known), current) if current.as_ref() != Some(&known) => {
-                shared.status.recoveries.fetch_add(1, Ordering::Relaxed);
-                self.recover(&mut conn, &known, &mut report).await?;
-                snap_id = None;
-            }
-            (None, Some(current)) => self.known_epoch = Some(current),
-            (None, None) => {
-                let epoch: String = timed(
-                    self.epoch_script
-                        .key(&self.keys.epoch)
-                        .arg(self.new_epoch("fresh"))
-                        .invoke_async(&mut conn),
-                )
-                .await?;
-                self.known_epoch = Some(epoch);
-            }
-            (Some(_), _) => {}
+        if self
+            .check_epoch(&mut conn, epoch, shared, &mut report)
+            .await?
+        {
+            snap_id = None;
         }
         let trimmed = trimmed.as_deref().and_then(StreamId::parse);
         if !report.reseeded && !report.rebased && trimmed.is_some_and(|t| self.cursor < t) {
@@ -918,16 +915,21 @@ impl Syncer {
             report.loaded_snapshot = true;
         }
         loop {
-            let entries: Vec<(String, Vec<Vec<u8>>)> = timed(
-                redis::cmd("XRANGE")
-                    .arg(&self.keys.log)
+            // Read only while the epoch is still the one checked above: entries of a stream
+            // that replaced it meanwhile wait for the next sync's recovery.
+            let entries: Option<Vec<(String, Vec<Vec<u8>>)>> = timed(
+                self.pull_script
+                    .key(&self.keys.log)
+                    .key(&self.keys.epoch)
+                    .arg(self.known_epoch.as_deref().unwrap_or_default())
                     .arg(format!("({}", self.cursor))
-                    .arg("+")
-                    .arg("COUNT")
                     .arg(READ_COUNT)
-                    .query_async(&mut conn),
+                    .invoke_async(&mut conn),
             )
             .await?;
+            let Some(entries) = entries else {
+                break;
+            };
             let n = entries.len();
             for (id, fields) in entries {
                 let Some(id) = StreamId::parse(&id) else {
@@ -971,6 +973,37 @@ impl Syncer {
             report.compacted = true;
         }
         Ok(report)
+    }
+
+    /// Compares the stream's `epoch` with the one this instance knew, and recovers when
+    /// Redis lost the stream; true when it did (the snapshot read before is stale then).
+    async fn check_epoch(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        epoch: Option<String>,
+        shared: &SharedHandle,
+        report: &mut SyncReport,
+    ) -> Result<bool, SharedError> {
+        match (self.known_epoch.clone(), epoch) {
+            (Some(known), current) if current.as_ref() != Some(&known) => {
+                shared.status.recoveries.fetch_add(1, Ordering::Relaxed);
+                self.recover(conn, &known, report).await?;
+                return Ok(true);
+            }
+            (None, Some(current)) => self.known_epoch = Some(current),
+            (None, None) => {
+                let epoch: String = timed(
+                    self.epoch_script
+                        .key(&self.keys.epoch)
+                        .arg(self.new_epoch("fresh"))
+                        .invoke_async(conn),
+                )
+                .await?;
+                self.known_epoch = Some(epoch);
+            }
+            (Some(_), _) => {}
+        }
+        Ok(false)
     }
 
     /// Pushes the journal's new events, one batch at a time; returns how many.
