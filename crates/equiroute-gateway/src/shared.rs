@@ -38,15 +38,31 @@
 //! journal (up to `max_unpushed`, oldest dropped and counted beyond that), logs one warning
 //! per outage, shows it in `/metrics` and `/readyz`, and pushes the backlog when Redis
 //! returns.
+//!
+//! Feedback exactly once: `POST /v1/feedback` on any instance first claims the request id
+//! in Redis ([`Claims`]: `SET NX` with the feedback window as expiry, waiting at most
+//! `claim_timeout_ms`); the instance that wins applies the score, any other answers
+//! `duplicate`. When Redis does not answer in time the score is applied locally and
+//! journaled, and the stream settles it: a feedback event carries its request id, and the
+//! confirmed state skips a second score for an id it holds already (`SeenFeedback`, part
+//! of the confirmed state and of snapshots), so every instance counts the first one in the
+//! stream's order, once.
+//!
+//! Redis that lost the stream (restarted without persistence, flushed): an epoch key is
+//! written with the stream. An instance that has synced before and finds the epoch missing
+//! or changed knows the stream is gone; the first to notice claims the re-seed atomically
+//! ([`RECOVER_SCRIPT`]) and stores its confirmed state as the snapshot the new stream starts
+//! from (its backlog follows in the stream as usual); the others re-base on that snapshot
+//! and push their own backlogs. A new instance then starts from everything.
 
 use crate::config::RedisStateConfig;
 use crate::server::state::{AppState, PendingFeedback};
 use equiroute_core::policies::{Observation, Policy, PolicyState};
 use equiroute_core::prelude::Featurizer;
-use equiroute_core::Timestamp;
+use equiroute_core::{Millis, Timestamp};
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -81,9 +97,48 @@ if cur then
   if am < bm or (am == bm and as <= bs) then return 0 end
 end
 local trimmed = cur or '0-0'
-redis.call('HSET', KEYS[1], 'id', ARGV[1], 'data', ARGV[2], 'trimmed', trimmed)
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'data', ARGV[2], 'seen', ARGV[3], 'trimmed', trimmed)
 redis.call('XTRIM', KEYS[2], 'MINID', trimmed)
 return 1
+";
+
+/// The epoch of the stream, read or created (`fresh:…`) by an instance's first sync.
+const EPOCH_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then return cur end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
+";
+
+/// Called by an instance that finds the epoch it knew missing or changed (Redis lost the
+/// stream). Unchanged after all: `{0}`. Re-seeded by another instance (`reseed:…`): `{1}`,
+/// re-base on its snapshot. Missing, or `fresh:…` (made by an instance that never saw the
+/// old stream): this instance claims the re-seed, `{2}`, and its confirmed state becomes
+/// the snapshot the new stream starts from (at [`RESEED_ID`], before any entry). Another
+/// configuration took the namespace meanwhile: `{3}`.
+pub const RECOVER_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then return {0, cur} end
+if cur and string.sub(cur, 1, 7) == 'reseed:' then return {1, cur} end
+local meta = redis.call('GET', KEYS[3])
+if meta and meta ~= ARGV[5] then return {3, meta} end
+redis.call('SET', KEYS[3], ARGV[5])
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'id', '0-1', 'trimmed', '0-1', 'data', ARGV[3], 'seen', ARGV[4])
+return {2, ARGV[2]}
+";
+
+/// Where a re-seeded stream's snapshot stands: before every entry (`XADD *` ids are
+/// milliseconds), after a new instance's cursor (`0-0`), so that one loads it.
+const RESEED_ID: StreamId = StreamId(0, 1);
+
+/// Reads up to `ARGV[3]` entries after `ARGV[2]`, unless the epoch is no longer `ARGV[1]`
+/// (then nil): an instance never reads the entries of a stream that replaced the one it knew
+/// before it has recovered.
+const PULL_SCRIPT: &str = r"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return false end
+return redis.call('XRANGE', KEYS[1], ARGV[2], '+', 'COUNT', ARGV[3])
 ";
 
 /// One learning event of an instance, as it travels through Redis.
@@ -163,18 +218,28 @@ impl Journal {
     }
 
     /// Applies to `policy`, in order and without copying them, the observations of interface
-    /// `iface` numbered after `seq`. Callers hold that interface's policy lock first (the
+    /// `iface` numbered after `seq`, but not the scores of requests `scored` says the
+    /// confirmed state holds already. Callers hold that interface's policy lock first (the
     /// order the request path takes them in).
-    fn replay_after(&self, seq: u64, iface: &str, policy: &mut dyn Policy) {
+    fn replay_after(
+        &self,
+        seq: u64,
+        iface: &str,
+        policy: &mut dyn Policy,
+        scored: &dyn Fn(&str) -> bool,
+    ) {
         if let Ok(j) = self.inner.lock() {
             for (_, event) in j.events.iter().filter(|(s, _)| *s > seq) {
-                if let Event::Learn { iface: i, obs } | Event::Feedback { iface: i, obs, .. } =
-                    event
-                {
-                    if i == iface {
-                        obs.apply(policy);
-                    }
-                }
+                let obs = match event {
+                    Event::Learn { iface: i, obs } if i == iface => obs,
+                    Event::Feedback {
+                        iface: i,
+                        request_id,
+                        obs,
+                    } if i == iface && !scored(request_id) => obs,
+                    _ => continue,
+                };
+                obs.apply(policy);
             }
         }
     }
@@ -209,16 +274,117 @@ pub struct SyncStatus {
     pub entries_applied: AtomicU64,
     /// Duration of the last successful sync, µs.
     pub last_sync_us: AtomicU64,
+    /// Second scores for one request (accepted by two instances without Redis) that the
+    /// stream settled by counting the first.
+    pub duplicates_skipped: AtomicU64,
+    /// Times Redis was found to have lost the stream (re-seeded by this instance or
+    /// re-based on another's).
+    pub recoveries: AtomicU64,
 }
 
-/// The shared-state hooks of a gateway instance: its journal and the sync status.
+/// The shared-state hooks of a gateway instance: its journal, the sync status and the
+/// feedback claims.
 #[derive(Debug)]
 pub struct SharedHandle {
     pub journal: Journal,
     pub status: SyncStatus,
+    pub claims: Claims,
+}
+
+/// What became of a claim of a request's feedback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// This instance holds the claim: it applies the score.
+    Won,
+    /// Another instance claimed it first: a duplicate.
+    Lost,
+    /// Redis did not answer within `claim_timeout_ms` (or is unreachable): the score is
+    /// applied locally, and counted once when the instances sync.
+    Unavailable,
+}
+
+/// The request path's claims of feedback in Redis: `{namespace}:fb:{request_id}`, set if
+/// absent and expiring with the feedback window. The connection is opened by the sync task
+/// (a second one, so that a large pull or snapshot never delays a claim): the request path
+/// never connects, and waits at most `claim_timeout`.
+pub struct Claims {
+    conn: Mutex<Option<MultiplexedConnection>>,
+    prefix: String,
+    timeout: Duration,
+    /// Claims won, lost, and unavailable (applied locally).
+    outcomes: [AtomicU64; 3],
+}
+
+impl std::fmt::Debug for Claims {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claims")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Claims {
+    fn new(prefix: String, timeout: Duration) -> Claims {
+        Claims {
+            conn: Mutex::new(None),
+            prefix,
+            timeout,
+            outcomes: Default::default(),
+        }
+    }
+
+    fn publish(&self, conn: Option<MultiplexedConnection>) {
+        if let Ok(mut c) = self.conn.lock() {
+            *c = conn;
+        }
+    }
+
+    /// Claims the feedback of `request_id` for `window` (the feedback TTL).
+    pub async fn claim(&self, request_id: &str, window: Millis) -> Claim {
+        let conn = self.conn.lock().ok().and_then(|c| c.clone());
+        let outcome = match conn {
+            None => Claim::Unavailable,
+            Some(mut conn) => {
+                let mut set = redis::cmd("SET");
+                set.arg(format!("{}{request_id}", self.prefix))
+                    .arg(1)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(window.0.ceil().max(1.0) as u64);
+                match tokio::time::timeout(
+                    self.timeout,
+                    set.query_async::<Option<String>>(&mut conn),
+                )
+                .await
+                {
+                    Ok(Ok(Some(_))) => Claim::Won,
+                    Ok(Ok(None)) => Claim::Lost,
+                    Ok(Err(_)) | Err(_) => Claim::Unavailable,
+                }
+            }
+        };
+        let slot = match outcome {
+            Claim::Won => 0,
+            Claim::Lost => 1,
+            Claim::Unavailable => 2,
+        };
+        self.outcomes[slot].fetch_add(1, Ordering::Relaxed);
+        outcome
+    }
 }
 
 impl SharedHandle {
+    /// The hooks of an instance configured by `cfg`.
+    #[must_use]
+    pub fn new(cfg: &RedisStateConfig) -> SharedHandle {
+        SharedHandle {
+            journal: Journal::new(cfg.max_unpushed),
+            status: SyncStatus::default(),
+            claims: Claims::new(Keys::new(&cfg.namespace).claims, cfg.claim_timeout),
+        }
+    }
+
     /// Appends the sync metrics to a Prometheus exposition.
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
@@ -251,6 +417,26 @@ impl SharedHandle {
             let _ = writeln!(out, "{name} {value}");
         }
         let _ = writeln!(out, "equiroute_state_dropped_events_total {dropped}");
+        for (label, n) in ["won", "lost", "unavailable"]
+            .iter()
+            .zip(&self.claims.outcomes)
+        {
+            let _ = writeln!(
+                out,
+                "equiroute_state_feedback_claims_total{{outcome=\"{label}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "equiroute_state_duplicate_feedback_skipped_total {}",
+            s.duplicates_skipped.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "equiroute_state_recoveries_total {}",
+            s.recoveries.load(Ordering::Relaxed)
+        );
     }
 
     /// The `/readyz` detail.
@@ -310,6 +496,9 @@ struct Keys {
     acks: String,
     snapshot: String,
     meta: String,
+    epoch: String,
+    /// Prefix of the feedback claims (`{ns}:fb:` and the request id).
+    claims: String,
 }
 
 impl Keys {
@@ -319,7 +508,65 @@ impl Keys {
             acks: format!("{{{ns}}}:acks"),
             snapshot: format!("{{{ns}}}:snapshot"),
             meta: format!("{{{ns}}}:meta"),
+            epoch: format!("{{{ns}}}:epoch"),
+            claims: format!("{{{ns}}}:fb:"),
         }
+    }
+}
+
+/// Request ids whose score the confirmed state holds, oldest first. A second score for one
+/// (two instances that each accepted it while Redis was unreachable) is skipped in the
+/// stream's order, so every instance counts the first one only; snapshots carry the set,
+/// since it is part of the confirmed state. Bounded the same way on every instance: ids are
+/// kept while scored within `horizon` (twice the feedback window) of the newest score — a
+/// request's scores all arrive within one window of its answer — and at most `cap` of them
+/// (the pending store's size: no instance holds more contexts that could still be scored).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct SeenFeedback {
+    order: VecDeque<(String, f64)>,
+    newest: f64,
+    #[serde(skip)]
+    ids: HashSet<String>,
+}
+
+impl SeenFeedback {
+    /// Records `id`, scored at `at` (ms); false when it is recorded already.
+    fn insert(&mut self, id: &str, at: f64, horizon: f64, cap: usize) -> bool {
+        if self.ids.contains(id) {
+            return false;
+        }
+        self.ids.insert(id.to_owned());
+        self.order.push_back((id.to_owned(), at));
+        self.newest = self.newest.max(at);
+        while self.order.len() > cap.max(1)
+            || self
+                .order
+                .front()
+                .is_some_and(|(_, t)| *t < self.newest - horizon)
+        {
+            if let Some((old, _)) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+        true
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.ids.contains(id)
+    }
+
+    /// The set stored with a snapshot (empty when the snapshot has none: older releases).
+    fn from_bytes(bytes: Option<&[u8]>) -> Result<SeenFeedback, SharedError> {
+        let Some(bytes) = bytes else {
+            return Ok(SeenFeedback::default());
+        };
+        let mut seen: SeenFeedback = rmp_serde::from_slice(bytes).map_err(|e| {
+            SharedError::Redis(format!(
+                "the shared snapshot's feedback ids cannot be read ({e})"
+            ))
+        })?;
+        seen.ids = seen.order.iter().map(|(id, _)| id.clone()).collect();
+        Ok(seen)
     }
 }
 
@@ -331,6 +578,12 @@ pub struct SyncReport {
     pub applied_observations: usize,
     pub loaded_snapshot: bool,
     pub compacted: bool,
+    /// Second scores for one request skipped (the first counts).
+    pub duplicate_feedback: usize,
+    /// Redis had lost the stream and this instance re-seeded it.
+    pub reseeded: bool,
+    /// Redis had lost the stream and this instance re-based on another's re-seed.
+    pub rebased: bool,
 }
 
 /// The background side of one instance: its confirmed copy of the policies and its place
@@ -357,8 +610,17 @@ pub struct Syncer {
     since_snapshot: u64,
     /// Remote observations were applied: the live policies need a rebuild.
     stale_live: bool,
+    /// The stream's epoch when this instance last synced (`None`: never synced).
+    known_epoch: Option<String>,
+    /// Request ids whose score the confirmed state holds, and how long they are kept.
+    seen: SeenFeedback,
+    seen_horizon: f64,
+    seen_cap: usize,
     push_script: redis::Script,
     snapshot_script: redis::Script,
+    epoch_script: redis::Script,
+    recover_script: redis::Script,
+    pull_script: redis::Script,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -445,10 +707,21 @@ impl Syncer {
             batches: 0,
             since_snapshot: 0,
             stale_live: false,
+            known_epoch: None,
+            seen: SeenFeedback::default(),
+            seen_horizon: 2.0 * state.feedback_ttl.0,
+            seen_cap: state
+                .pending
+                .lock()
+                .map_err(|_| SharedError::Redis("pending store lock poisoned".into()))?
+                .capacity(),
             push_script: redis::Script::new(PUSH_SCRIPT),
             snapshot_script: redis::Script::new(SNAPSHOT_SCRIPT),
+            epoch_script: redis::Script::new(EPOCH_SCRIPT),
+            recover_script: redis::Script::new(RECOVER_SCRIPT),
+            pull_script: redis::Script::new(PULL_SCRIPT),
         };
-        match syncer.connection().await {
+        match syncer.connection(state.shared.as_ref()).await {
             Ok(_) | Err(SharedError::Redis(_)) => Ok(syncer),
             Err(e) => Err(e),
         }
@@ -478,8 +751,12 @@ impl Syncer {
             .collect()
     }
 
-    /// The connection, opened (and the namespace checked) if needed.
-    async fn connection(&mut self) -> Result<MultiplexedConnection, SharedError> {
+    /// The connection, opened (and the namespace checked) if needed; a second one is
+    /// handed to the request path's feedback claims.
+    async fn connection(
+        &mut self,
+        shared: Option<&SharedHandle>,
+    ) -> Result<MultiplexedConnection, SharedError> {
         if let Some(c) = &self.conn {
             return Ok(c.clone());
         }
@@ -511,8 +788,78 @@ impl Syncer {
                 });
             }
         }
+        if let Some(shared) = shared {
+            let claims = timed(self.client.get_multiplexed_async_connection()).await?;
+            shared.claims.publish(Some(claims));
+        }
         self.conn = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// A new epoch value of `kind` (`fresh` or `reseed`), unique to this instance and time.
+    fn new_epoch(&self, kind: &str) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{kind}:{}:{nanos}", self.instance)
+    }
+
+    /// Redis lost the stream this instance knew (epoch `known`): re-seed it from the
+    /// confirmed state, or re-base on another instance's re-seed.
+    async fn recover(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        known: &str,
+        report: &mut SyncReport,
+    ) -> Result<(), SharedError> {
+        let data = rmp_serde::to_vec_named(&self.confirmed_states()).map_err(|e| redis_err(&e))?;
+        let seen = rmp_serde::to_vec_named(&self.seen).map_err(|e| redis_err(&e))?;
+        let (code, epoch): (i64, String) = timed(
+            self.recover_script
+                .key(&self.keys.epoch)
+                .key(&self.keys.snapshot)
+                .key(&self.keys.meta)
+                .arg(known)
+                .arg(self.new_epoch("reseed"))
+                .arg(data)
+                .arg(seen)
+                .arg(&self.fingerprint)
+                .invoke_async(conn),
+        )
+        .await?;
+        match code {
+            0 => {}
+            1 => {
+                self.load_snapshot(conn).await?;
+                eprintln!(
+                    "equiroute: Redis lost the shared state of namespace `{}`; re-based on the state another instance re-seeded",
+                    self.cfg.namespace
+                );
+                report.loaded_snapshot = true;
+                report.rebased = true;
+            }
+            2 => {
+                // The confirmed state is the snapshot now; the new stream's entries follow.
+                self.cursor = RESEED_ID;
+                self.since_snapshot = 0;
+                self.stale_live = true;
+                eprintln!(
+                    "equiroute: Redis lost the shared state of namespace `{}`; re-seeded it from this instance's state",
+                    self.cfg.namespace
+                );
+                report.reseeded = true;
+            }
+            _ => {
+                return Err(SharedError::Mismatch {
+                    namespace: self.cfg.namespace.clone(),
+                    reason: format!("stored: {epoch}; this configuration: {}", self.fingerprint),
+                })
+            }
+        }
+        if code != 3 {
+            self.known_epoch = Some(epoch);
+        }
+        Ok(())
     }
 
     /// One push and pull. On a Redis error the connection is dropped (the next sync
@@ -525,6 +872,9 @@ impl Syncer {
         let result = self.sync_inner(state).await;
         if matches!(result, Err(SharedError::Redis(_))) {
             self.conn = None;
+            if let Some(shared) = &state.shared {
+                shared.claims.publish(None);
+            }
         }
         result
     }
@@ -533,43 +883,60 @@ impl Syncer {
         let Some(shared) = &state.shared else {
             return Ok(SyncReport::default());
         };
-        let mut conn = self.connection().await?;
+        let mut conn = self.connection(Some(shared)).await?;
         let mut report = SyncReport {
             pushed: self.push(&mut conn, &shared.journal).await?,
             ..SyncReport::default()
         };
-        // 2. Pull: from the snapshot if the entries after the cursor were trimmed.
-        let (snap_id, trimmed): (Option<String>, Option<String>) = timed(
-            redis::cmd("HMGET")
-                .arg(&self.keys.snapshot)
-                .arg("id")
-                .arg("trimmed")
-                .query_async(&mut conn),
-        )
-        .await?;
-        let trimmed = trimmed.as_deref().and_then(StreamId::parse);
-        if trimmed.is_some_and(|t| self.cursor < t) {
-            self.load_snapshot(&mut conn).await?;
-            report.loaded_snapshot = true;
-        }
-        let snap_id = snap_id.as_deref().and_then(StreamId::parse);
-        loop {
-            let entries: Vec<(String, Vec<Vec<u8>>)> = timed(
-                redis::cmd("XRANGE")
-                    .arg(&self.keys.log)
-                    .arg(format!("({}", self.cursor))
-                    .arg("+")
-                    .arg("COUNT")
-                    .arg(READ_COUNT)
+        // 2. Pull: from the snapshot if the entries after the cursor were trimmed, or if
+        // Redis lost the stream this instance knew (then re-seeded from here or elsewhere).
+        let ((snap_id, trimmed), epoch): ((Option<String>, Option<String>), Option<String>) =
+            timed(
+                redis::pipe()
+                    .cmd("HMGET")
+                    .arg(&self.keys.snapshot)
+                    .arg("id")
+                    .arg("trimmed")
+                    .cmd("GET")
+                    .arg(&self.keys.epoch)
                     .query_async(&mut conn),
             )
             .await?;
+        let mut snap_id = snap_id.as_deref().and_then(StreamId::parse);
+        if self
+            .check_epoch(&mut conn, epoch, shared, &mut report)
+            .await?
+        {
+            snap_id = None;
+        }
+        let trimmed = trimmed.as_deref().and_then(StreamId::parse);
+        if !report.reseeded && !report.rebased && trimmed.is_some_and(|t| self.cursor < t) {
+            self.load_snapshot(&mut conn).await?;
+            report.loaded_snapshot = true;
+        }
+        loop {
+            // Read only while the epoch is still the one checked above: entries of a stream
+            // that replaced it meanwhile wait for the next sync's recovery.
+            let entries: Option<Vec<(String, Vec<Vec<u8>>)>> = timed(
+                self.pull_script
+                    .key(&self.keys.log)
+                    .key(&self.keys.epoch)
+                    .arg(self.known_epoch.as_deref().unwrap_or_default())
+                    .arg(format!("({}", self.cursor))
+                    .arg(READ_COUNT)
+                    .invoke_async(&mut conn),
+            )
+            .await?;
+            let Some(entries) = entries else {
+                break;
+            };
             let n = entries.len();
             for (id, fields) in entries {
                 let Some(id) = StreamId::parse(&id) else {
                     continue;
                 };
-                report.applied_observations += self.apply_entry(state, &fields);
+                let applied = self.apply_entry(state, &fields, &mut report);
+                report.applied_observations += applied;
                 self.cursor = id;
                 self.since_snapshot += 1;
                 report.applied_entries += 1;
@@ -591,12 +958,14 @@ impl Syncer {
         if self.since_snapshot >= self.cfg.compact_every {
             let states = self.confirmed_states();
             let bytes = rmp_serde::to_vec_named(&states).map_err(|e| redis_err(&e))?;
+            let seen = rmp_serde::to_vec_named(&self.seen).map_err(|e| redis_err(&e))?;
             let _: i64 = timed(
                 self.snapshot_script
                     .key(&self.keys.snapshot)
                     .key(&self.keys.log)
                     .arg(self.cursor.to_string())
                     .arg(bytes)
+                    .arg(seen)
                     .invoke_async(&mut conn),
             )
             .await?;
@@ -604,6 +973,37 @@ impl Syncer {
             report.compacted = true;
         }
         Ok(report)
+    }
+
+    /// Compares the stream's `epoch` with the one this instance knew, and recovers when
+    /// Redis lost the stream; true when it did (the snapshot read before is stale then).
+    async fn check_epoch(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        epoch: Option<String>,
+        shared: &SharedHandle,
+        report: &mut SyncReport,
+    ) -> Result<bool, SharedError> {
+        match (self.known_epoch.clone(), epoch) {
+            (Some(known), current) if current.as_ref() != Some(&known) => {
+                shared.status.recoveries.fetch_add(1, Ordering::Relaxed);
+                self.recover(conn, &known, report).await?;
+                return Ok(true);
+            }
+            (None, Some(current)) => self.known_epoch = Some(current),
+            (None, None) => {
+                let epoch: String = timed(
+                    self.epoch_script
+                        .key(&self.keys.epoch)
+                        .arg(self.new_epoch("fresh"))
+                        .invoke_async(conn),
+                )
+                .await?;
+                self.known_epoch = Some(epoch);
+            }
+            (Some(_), _) => {}
+        }
+        Ok(false)
     }
 
     /// Pushes the journal's new events, one batch at a time; returns how many.
@@ -650,11 +1050,12 @@ impl Syncer {
 
     /// Replaces the confirmed policies with the stored snapshot.
     async fn load_snapshot(&mut self, conn: &mut MultiplexedConnection) -> Result<(), SharedError> {
-        let (id, data): (Option<String>, Option<Vec<u8>>) = timed(
+        let (id, data, seen): (Option<String>, Option<Vec<u8>>, Option<Vec<u8>>) = timed(
             redis::cmd("HMGET")
                 .arg(&self.keys.snapshot)
                 .arg("id")
                 .arg("data")
+                .arg("seen")
                 .query_async(conn),
         )
         .await?;
@@ -665,6 +1066,7 @@ impl Syncer {
         };
         let states: BTreeMap<String, PolicyState> = rmp_serde::from_slice(&data)
             .map_err(|e| SharedError::Redis(format!("the shared snapshot cannot be read ({e})")))?;
+        self.seen = SeenFeedback::from_bytes(seen.as_deref())?;
         for (name, empty) in &self.empty {
             let mut fresh = empty.clone_box();
             if let Some(s) = states.get(name) {
@@ -681,8 +1083,35 @@ impl Syncer {
         Ok(())
     }
 
+    /// Applies one observation of the stream to the confirmed policies; 1 if applied.
+    fn apply_observation(
+        &mut self,
+        state: &AppState,
+        iface: &str,
+        obs: &Observation,
+        own: bool,
+    ) -> usize {
+        let candidates = state
+            .interfaces
+            .get(iface)
+            .map_or(0, |i| i.candidates.len());
+        match self.confirmed.get_mut(iface) {
+            Some(p) if obs.candidate() < candidates => {
+                obs.apply(p.as_mut());
+                self.stale_live |= !own;
+                1
+            }
+            _ => 0,
+        }
+    }
+
     /// Applies one stream entry; returns the number of policy observations in it.
-    fn apply_entry(&mut self, state: &AppState, fields: &[Vec<u8>]) -> usize {
+    fn apply_entry(
+        &mut self,
+        state: &AppState,
+        fields: &[Vec<u8>],
+        report: &mut SyncReport,
+    ) -> usize {
         let mut instance = None;
         let mut last_seq = 0;
         let mut batch: Vec<Event> = Vec::new();
@@ -706,20 +1135,31 @@ impl Syncer {
         let mut observations = 0;
         for event in &batch {
             match event {
-                Event::Learn { iface, obs } | Event::Feedback { iface, obs, .. } => {
-                    if let Some(p) = self.confirmed.get_mut(iface) {
-                        if obs.candidate()
-                            < state
-                                .interfaces
-                                .get(iface)
-                                .map_or(0, |i| i.candidates.len())
-                        {
-                            obs.apply(p.as_mut());
-                            observations += 1;
-                            self.stale_live |= !own;
+                Event::Learn { iface, obs } => {
+                    observations += self.apply_observation(state, iface, obs, own);
+                }
+                Event::Feedback {
+                    iface,
+                    request_id,
+                    obs,
+                } => {
+                    let at = match obs {
+                        Observation::Quality { now, .. } | Observation::Attempt { now, .. } => {
+                            now.0
                         }
+                    };
+                    if self
+                        .seen
+                        .insert(request_id, at, self.seen_horizon, self.seen_cap)
+                    {
+                        observations += self.apply_observation(state, iface, obs, own);
+                    } else {
+                        // Scored on two instances without Redis: the first in the stream
+                        // counts. This instance's live policies hold its own: rebuild them.
+                        self.stale_live |= own;
+                        report.duplicate_feedback += 1;
                     }
-                    if let (false, Event::Feedback { request_id, .. }) = (own, event) {
+                    if !own {
                         if let Ok(mut pending) = state.pending.lock() {
                             pending.consume(request_id);
                         }
@@ -758,7 +1198,9 @@ impl Syncer {
             };
             shared
                 .journal
-                .replay_after(self.own_confirmed, name, fresh.as_mut());
+                .replay_after(self.own_confirmed, name, fresh.as_mut(), &|id| {
+                    self.seen.contains(id)
+                });
             *live = fresh;
         }
     }
@@ -801,6 +1243,9 @@ impl Syncer {
                 status
                     .entries_applied
                     .fetch_add(report.applied_entries as u64, Ordering::Relaxed);
+                status
+                    .duplicates_skipped
+                    .fetch_add(report.duplicate_feedback as u64, Ordering::Relaxed);
                 if !status.connected.swap(true, Ordering::Relaxed)
                     && status.syncs.load(Ordering::Relaxed) > 1
                 {
@@ -843,8 +1288,38 @@ pub async fn reset(cfg: &RedisStateConfig) -> Result<(), SharedError> {
             .arg(&keys.acks)
             .arg(&keys.snapshot)
             .arg(&keys.meta)
+            .arg(&keys.epoch)
             .query_async(&mut conn),
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seen_feedback_ids_are_bounded_by_age_and_count_and_survive_a_snapshot() {
+        let mut seen = SeenFeedback::default();
+        // Horizon 100 ms, at most 3 ids.
+        assert!(seen.insert("r1", 0.0, 100.0, 3));
+        assert!(
+            !seen.insert("r1", 50.0, 100.0, 3),
+            "a second score is a duplicate"
+        );
+        assert!(seen.insert("r2", 60.0, 100.0, 3));
+        // r1 (scored at 0) is more than 100 ms older than the newest score (150): forgotten.
+        assert!(seen.insert("r3", 150.0, 100.0, 3));
+        assert!(!seen.contains("r1") && seen.contains("r2") && seen.contains("r3"));
+        // Count: a fourth id evicts the oldest beyond 3.
+        assert!(seen.insert("r4", 151.0, 100.0, 3));
+        assert!(seen.insert("r5", 152.0, 100.0, 3));
+        assert_eq!(seen.order.len(), 3);
+        assert!(!seen.contains("r2") && seen.contains("r5"));
+        let bytes = rmp_serde::to_vec_named(&seen).unwrap_or_default();
+        let back = SeenFeedback::from_bytes(Some(&bytes)).unwrap_or_default();
+        assert!(back.contains("r3") && back.contains("r4") && !back.contains("r2"));
+        assert!((back.newest - 152.0).abs() < 1e-12, "{}", back.newest);
+    }
 }

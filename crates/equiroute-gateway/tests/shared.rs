@@ -110,6 +110,17 @@ impl RedisServer {
         }
     }
 
+    /// Sends one inline command (e.g. `FLUSHALL`) and returns the first line of the reply.
+    fn command(&self, command: &str) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(format!("{command}\r\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        line.trim_end().to_owned()
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -435,13 +446,17 @@ async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instance
     );
     // Feedback for A's request, posted to B, is accepted there and counted once everywhere.
     assert_eq!(
-        equiroute_gateway::feedback::apply(&b, "req-1", 0.9).unwrap(),
+        equiroute_gateway::feedback::apply(&b, "req-1", 0.9)
+            .await
+            .unwrap(),
         equiroute_gateway::feedback::Applied::Accepted
     );
     sb.sync_once(&b).await.unwrap();
     sa.sync_once(&a).await.unwrap();
     assert_eq!(
-        equiroute_gateway::feedback::apply(&a, "req-1", 0.9).unwrap(),
+        equiroute_gateway::feedback::apply(&a, "req-1", 0.9)
+            .await
+            .unwrap(),
         equiroute_gateway::feedback::Applied::Duplicate
     );
     for s in [&a, &b] {
@@ -616,5 +631,269 @@ async fn two_gateways_under_load_keep_exact_totals_across_a_redis_restart() {
         counted,
         vec![total, total],
         "each instance counts every attempt of both once"
+    );
+}
+
+/// Quality scores counted per candidate, in an exported state.
+fn quality_counts(v: &Value) -> Vec<u64> {
+    v["quality"]["heads"]["heads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["count"].as_u64().unwrap())
+        .collect()
+}
+
+/// An answered request on `app`, served by `candidate`, waiting for feedback.
+fn answered(app: &AppState, id: &str, candidate: usize) {
+    app.remember(
+        id,
+        equiroute_gateway::server::state::PendingContext {
+            interface: "chat",
+            candidate,
+            features: equiroute_gateway::server::state::Features::F32(&[0.25; 16]),
+            latency: Millis(10.0),
+            at: app.now(),
+        },
+    );
+}
+
+fn status_of(
+    r: &Result<equiroute_gateway::feedback::Applied, impl std::fmt::Debug>,
+) -> &'static str {
+    match r {
+        Ok(equiroute_gateway::feedback::Applied::Accepted) => "accepted",
+        Ok(equiroute_gateway::feedback::Applied::Duplicate) => "duplicate",
+        Err(_) => "error",
+    }
+}
+
+#[tokio::test]
+async fn feedback_posted_to_two_instances_counts_once_even_without_redis() {
+    let Some(mut redis) = RedisServer::start("feedback") else {
+        return;
+    };
+    // A claim waits up to a second here: this test is about who wins, not about timing.
+    let text = config(Some(&redis.url()), "feedback").replace(
+        "sync_interval_ms = 50",
+        "sync_interval_ms = 50\nclaim_timeout_ms = 1000",
+    );
+    let a = app(&text, 31);
+    let b = app(&text, 32);
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    // Three requests answered on A, each by another candidate; B learns their contexts.
+    for (id, candidate) in [("req-con", 0), ("req-seq", 1), ("req-out", 2)] {
+        answered(&a, id, candidate);
+    }
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    let apply = equiroute_gateway::feedback::apply;
+
+    // 1. Posted to both at once: one accepted, one duplicate.
+    let (ra, rb) = tokio::join!(apply(&a, "req-con", 0.9), apply(&b, "req-con", 0.2));
+    let mut got = [status_of(&ra), status_of(&rb)];
+    got.sort_unstable();
+    assert_eq!(got, ["accepted", "duplicate"], "concurrent: {ra:?} {rb:?}");
+    // 2. Posted to A, then to B before any sync.
+    assert_eq!(status_of(&apply(&a, "req-seq", 0.7).await), "accepted");
+    assert_eq!(status_of(&apply(&b, "req-seq", 0.7).await), "duplicate");
+    for _ in 0..2 {
+        sa.sync_once(&a).await.unwrap();
+        sb.sync_once(&b).await.unwrap();
+    }
+    for (name, s, syncer) in [("A", &a, &sa), ("B", &b, &sb)] {
+        assert_eq!(quality_counts(&live_state(s)), [1, 1, 0], "{name} live");
+        let confirmed = serde_json::to_value(&syncer.confirmed_states()["chat"]).unwrap();
+        assert_eq!(quality_counts(&confirmed), [1, 1, 0], "{name} confirmed");
+    }
+
+    // 3. Redis down: both instances accept the score on their own...
+    redis.kill();
+    assert_eq!(status_of(&apply(&a, "req-out", 0.8).await), "accepted");
+    assert_eq!(status_of(&apply(&b, "req-out", 0.3).await), "accepted");
+    sa.tick(&a).await;
+    sb.tick(&b).await;
+    assert_eq!(quality_counts(&live_state(&a)), [1, 1, 1]);
+    // ...and when Redis returns the stream counts it once, everywhere.
+    redis.spawn();
+    for _ in 0..2 {
+        sa.tick(&a).await;
+        sb.tick(&b).await;
+    }
+    for (name, s, syncer) in [("A", &a, &sa), ("B", &b, &sb)] {
+        let shared = s.shared.as_ref().unwrap();
+        assert!(shared
+            .status
+            .connected
+            .load(std::sync::atomic::Ordering::Relaxed));
+        assert_eq!(quality_counts(&live_state(s)), [1, 1, 1], "{name} live");
+        let confirmed = serde_json::to_value(&syncer.confirmed_states()["chat"]).unwrap();
+        assert_eq!(quality_counts(&confirmed), [1, 1, 1], "{name} confirmed");
+        let mut metrics = String::new();
+        shared.render_metrics(&mut metrics);
+        assert!(
+            metrics.contains("equiroute_state_duplicate_feedback_skipped_total 1\n"),
+            "{name}: {metrics}"
+        );
+    }
+    assert_close(&live_state(&a), &live_state(&b), "instances agree");
+    // The first score in the stream is the one that counts, on both: the same b vector.
+    let later = app(&text, 33);
+    let mut sl = Syncer::start(&redis_cfg(&text), &later).await.unwrap();
+    sl.sync_once(&later).await.unwrap();
+    assert_close(
+        &live_state(&later),
+        &live_state(&a),
+        "a new instance agrees",
+    );
+}
+
+#[tokio::test]
+async fn a_redis_that_lost_the_stream_is_reseeded_from_the_instances() {
+    let Some(redis) = RedisServer::start("flushed") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "flushed");
+    let a = app(&text, 41);
+    let b = app(&text, 42);
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let all = workload(300);
+    feed(&a, &all[..100]);
+    feed(&b, &all[100..200]);
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    assert_close(&live_state(&a), &live_state(&b), "synced before the loss");
+    // Redis loses everything (as a restart without persistence would); both go on.
+    assert_eq!(redis.command("FLUSHALL"), "+OK");
+    feed(&a, &all[200..250]);
+    feed(&b, &all[250..]);
+    let ra = sa.sync_once(&a).await.unwrap();
+    let rb = sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    // A new instance starts from everything A and B learnt, not from the backlog alone.
+    let c = app(&text, 43);
+    let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
+    let rc = sc.sync_once(&c).await.unwrap();
+    let total_quality = all
+        .iter()
+        .filter(|o| matches!(o, Observation::Quality { .. }))
+        .count() as u64;
+    let total_attempts = all.len() as u64 - total_quality;
+    for (name, s) in [("A", &a), ("B", &b), ("C", &c)] {
+        let v = live_state(s);
+        assert_eq!(
+            quality_counts(&v).iter().sum::<u64>(),
+            total_quality,
+            "{name}: quality scores"
+        );
+        let attempts: u64 = v["risk"]["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(attempts, total_attempts, "{name}: attempts");
+    }
+    assert_close(&live_state(&b), &live_state(&a), "B");
+    assert_close(&live_state(&c), &live_state(&a), "C");
+    assert!(ra.reseeded && !ra.rebased, "A noticed first: {ra:?}");
+    assert!(rb.rebased && !rb.reseeded, "B re-based on A's: {rb:?}");
+    assert!(rc.loaded_snapshot && !rc.reseeded, "{rc:?}");
+    for s in [&a, &b] {
+        let mut metrics = String::new();
+        s.shared.as_ref().unwrap().render_metrics(&mut metrics);
+        assert!(
+            metrics.contains("equiroute_state_recoveries_total 1\n"),
+            "{metrics}"
+        );
+    }
+}
+
+/// p50 and p99 of `samples` (µs).
+fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// A measurement, not a check: the latency `POST /v1/feedback` gains from its claim in Redis.
+/// `cargo test -p equiroute-gateway --test shared feedback_latency -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn feedback_latency_with_and_without_the_claim() {
+    let Some(redis) = RedisServer::start("latency") else {
+        return;
+    };
+    let n = 1000;
+    // The claim alone, as the request path makes it.
+    let text = config(Some(&redis.url()), "latency");
+    let a = app(&text, 51);
+    let _sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let claims = &a.shared.as_ref().unwrap().claims;
+    let mut alone = Vec::with_capacity(n);
+    let mut won = 0;
+    for i in 0..n {
+        let started = Instant::now();
+        let c = claims
+            .claim(&format!("req-lat-{i}"), Millis(60_000.0))
+            .await;
+        alone.push(started.elapsed().as_secs_f64() * 1e6);
+        won += usize::from(c == equiroute_gateway::shared::Claim::Won);
+    }
+    // The others found no answer within claim_timeout_ms (20 ms): a loaded machine.
+    assert!(won > n / 2, "won {won} of {n}");
+    // feedback::apply, the claim included.
+    let mut applied = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("req-apply-{i}");
+        answered(&a, &id, i % 3);
+        let started = Instant::now();
+        equiroute_gateway::feedback::apply(&a, &id, 0.5)
+            .await
+            .unwrap();
+        applied.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    let applied = percentiles(applied);
+    // The whole route, on a gateway sharing state through Redis and on one that does not,
+    // in turns (so that the machine's load weighs on both alike).
+    let body = r#"{"model":"chat","messages":[{"role":"user","content":"how far is the moon"}]}"#;
+    let gateways = [
+        common::start(&config(None, ""), &[]).await,
+        common::start(&config(Some(&redis.url()), "latency-http"), &[]).await,
+    ];
+    let mut took = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    let mut chat = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    for _ in 0..n {
+        for ((g, took), chat) in gateways.iter().zip(&mut took).zip(&mut chat) {
+            let started = Instant::now();
+            let r = common::http(g.addr, "POST", "/v1/chat/completions", &[], body).await;
+            chat.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let id = r.header("x-equiroute-request-id").unwrap().to_owned();
+            let fb = format!(r#"{{"request_id":"{id}","quality":0.5}}"#);
+            let started = Instant::now();
+            let r = common::http(g.addr, "POST", "/v1/feedback", &[], &fb).await;
+            took.push(started.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(r.json()["status"], "accepted", "{}", r.body);
+        }
+    }
+    let routes = took.map(percentiles);
+    let chat = chat.map(percentiles);
+    let (p50, p99) = percentiles(alone);
+    println!("claim alone (SET NX PX on loopback), {n} calls: p50 {p50:.0} µs, p99 {p99:.0} µs, {won} won, the others timed out");
+    println!(
+        "feedback::apply with the claim, {n} calls: p50 {:.0} µs, p99 {:.0} µs",
+        applied.0, applied.1
+    );
+    println!(
+        "POST /v1/feedback, {n} calls, a new connection each: without Redis p50 {:.0} µs p99 {:.0} µs; with the claim p50 {:.0} µs p99 {:.0} µs",
+        routes[0].0, routes[0].1, routes[1].0, routes[1].1
+    );
+    println!(
+        "POST /v1/chat/completions (sim provider, 2 ms p50), for comparison: without Redis p50 {:.0} µs p99 {:.0} µs; with Redis p50 {:.0} µs p99 {:.0} µs",
+        chat[0].0, chat[0].1, chat[1].0, chat[1].1
     );
 }

@@ -20,6 +20,7 @@ pub(super) struct RawState {
     sync_interval_ms: Option<f64>,
     compact_every: Option<u64>,
     max_unpushed: Option<usize>,
+    claim_timeout_ms: Option<f64>,
 }
 
 /// Where learning state lives, validated.
@@ -46,6 +47,9 @@ pub struct RedisStateConfig {
     /// Most observations kept for Redis while it is unreachable; beyond, the oldest are
     /// dropped and counted.
     pub max_unpushed: usize,
+    /// Longest wait of `POST /v1/feedback` for its claim of the request id in Redis; beyond,
+    /// the score is applied locally (and counted once when the instances sync).
+    pub claim_timeout: Duration,
 }
 
 /// Validates `[state]`; problems are (field, fix) pairs.
@@ -94,6 +98,12 @@ fn file(raw: RawState, bad: &mut dyn FnMut(&str, String)) -> Option<StateConfig>
     );
     misplaced("file", "compact_every", raw.compact_every.is_some(), bad);
     misplaced("file", "max_unpushed", raw.max_unpushed.is_some(), bad);
+    misplaced(
+        "file",
+        "claim_timeout_ms",
+        raw.claim_timeout_ms.is_some(),
+        bad,
+    );
     let interval = raw.snapshot_interval_s.unwrap_or(5.0);
     if !(interval.is_finite() && interval > 0.0) {
         bad(
@@ -201,6 +211,13 @@ fn redis(
             "must be at least 1000 observations (default 200000)".into(),
         );
     }
+    let claim_ms = raw.claim_timeout_ms.unwrap_or(20.0);
+    if !(claim_ms.is_finite() && (1.0..=1000.0).contains(&claim_ms)) {
+        bad(
+            "claim_timeout_ms",
+            "must be between 1 and 1000 milliseconds (default 20)".into(),
+        );
+    }
     url.map(|url| {
         StateConfig::Redis(RedisStateConfig {
             url: Secret(url),
@@ -208,6 +225,7 @@ fn redis(
             sync_interval: Duration::from_secs_f64(sync_ms / 1000.0),
             compact_every,
             max_unpushed,
+            claim_timeout: Duration::from_secs_f64(claim_ms / 1000.0),
         })
     })
 }
@@ -242,6 +260,7 @@ mod tests {
         };
         assert_eq!(r.namespace, "equiroute");
         assert_eq!(r.sync_interval, Duration::from_millis(500));
+        assert_eq!(r.claim_timeout, Duration::from_millis(20));
         let e = parse("backend = \"redis\"\nurl = \"redis://:hunter2@h:1\"", &env).unwrap_err();
         assert_eq!(e[0].0, "state.url");
         assert!(e[0].1.contains("url_env") && !e[0].1.contains("hunter2"));
@@ -253,15 +272,22 @@ mod tests {
     fn every_misplaced_or_out_of_range_field_is_named() {
         let none = |_: &str| None;
         let e = parse(
-            "backend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\npath = \"x\"\nsync_interval_ms = 5\nnamespace = \"a b\"",
+            "backend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\npath = \"x\"\nsync_interval_ms = 5\nnamespace = \"a b\"\nclaim_timeout_ms = 0",
             &none,
         )
         .unwrap_err();
         let fields: Vec<&str> = e.iter().map(|(f, _)| f.as_str()).collect();
         assert_eq!(
             fields,
-            ["state.path", "state.namespace", "state.sync_interval_ms"]
+            [
+                "state.path",
+                "state.namespace",
+                "state.sync_interval_ms",
+                "state.claim_timeout_ms"
+            ]
         );
+        let e = parse("path = \"s.redb\"\nclaim_timeout_ms = 20", &none).unwrap_err();
+        assert_eq!(e[0].0, "state.claim_timeout_ms");
         let e = parse("backend = \"memcached\"", &none).unwrap_err();
         assert!(e[0].0 == "state.backend" && e[0].1.contains("\"redis\""));
         let e = parse("url = \"redis://h:1\"", &none).unwrap_err();

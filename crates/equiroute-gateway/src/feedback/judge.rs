@@ -66,7 +66,7 @@ impl Judge {
             let _permit = permit;
             match judge.score(&question, &answer).await {
                 Some(q) => {
-                    let label = match crate::feedback::apply(&state, &request_id, q) {
+                    let label = match crate::feedback::apply(&state, &request_id, q).await {
                         Ok(_) => "judge_accepted",
                         Err(_) => "judge_unmatched",
                     };

@@ -1,6 +1,7 @@
 //! Quality feedback: from the API (`POST /v1/feedback`) and from an optional LLM-as-judge.
 //! Both end in [`apply`], which hands the score to the policy with the context of the
-//! request it is about. The judge runs beside the request path: a bounded number of judge
+//! request it is about, once: with state shared through Redis, once across instances (see
+//! [`crate::shared::Claims`]). The judge runs beside the request path: a bounded number of judge
 //! calls run at once, anything beyond is skipped, and a judge failure never touches the
 //! request it was judging.
 
@@ -8,6 +9,7 @@ pub mod judge;
 
 use crate::server::error::ApiError;
 use crate::server::state::AppState;
+use crate::shared::Claim;
 use axum::http::StatusCode;
 use equiroute_core::policies::QualityObservation;
 
@@ -18,11 +20,14 @@ pub enum Applied {
     Duplicate,
 }
 
-/// Hands `quality` for `request_id` to its interface's policy, once.
+/// Hands `quality` for `request_id` to its interface's policy, once. With shared state the
+/// request id is claimed in Redis first: the instance that claims it applies the score, the
+/// others answer `Duplicate`. A claim that gets no answer within `claim_timeout_ms` falls
+/// back to this instance's local check (the stream then counts the score once).
 ///
 /// # Errors
 /// Unknown id (404), or older than the feedback window (410).
-pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied, ApiError> {
+pub async fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied, ApiError> {
     let now = state.now();
     state.prune_pending(now);
     let entry = {
@@ -43,9 +48,16 @@ pub fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied
                 format!("request `{request_id}` is older than the feedback window (server.feedback_ttl_s)"),
             ));
         }
+        // Consumed before the claim, so that a second score posted here meanwhile is a
+        // duplicate without asking Redis.
         pending.consume(request_id);
         e
     };
+    if let Some(shared) = &state.shared {
+        if shared.claims.claim(request_id, state.feedback_ttl).await == Claim::Lost {
+            return Ok(Applied::Duplicate);
+        }
+    }
     if let Some(iface) = state.interfaces.get(&entry.interface) {
         state
             .record_quality(

@@ -651,7 +651,7 @@ async fn feedback(
             "`quality` must be between 0 and 1",
         ));
     }
-    match crate::feedback::apply(&state, &b.request_id, b.quality) {
+    match crate::feedback::apply(&state, &b.request_id, b.quality).await {
         Ok(crate::feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((

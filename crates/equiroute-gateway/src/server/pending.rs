@@ -299,6 +299,12 @@ impl PendingStore {
         self.len == 0
     }
 
+    /// The most contexts kept.
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
     /// Contexts evicted because the store was full.
     #[must_use]
     pub fn evicted(&self) -> u64 {

@@ -139,10 +139,9 @@ impl AppState {
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
             shared: match &cfg.state {
-                Some(crate::config::StateConfig::Redis(r)) => Some(crate::shared::SharedHandle {
-                    journal: crate::shared::Journal::new(r.max_unpushed),
-                    status: crate::shared::SyncStatus::default(),
-                }),
+                Some(crate::config::StateConfig::Redis(r)) => {
+                    Some(crate::shared::SharedHandle::new(r))
+                }
                 _ => None,
             },
             epoch: Instant::now(),
