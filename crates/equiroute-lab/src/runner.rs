@@ -43,6 +43,8 @@ pub struct RunResult {
     pub share_over_time: Vec<Vec<f64>>,
     /// Cumulative regret at the end of each time bin.
     pub regret_over_time: Vec<f64>,
+    /// Share of requests without an answer in each of [`BINS`] time bins.
+    pub request_failure_rate_over_time: Vec<f64>,
 }
 
 /// A run that could not start.
@@ -161,6 +163,7 @@ fn simulate(
     let mut share_over_time = vec![vec![0.0; k]; BINS];
     let mut bin_counts = vec![0usize; BINS];
     let mut regret_over_time = vec![0.0; BINS];
+    let mut failures_over_time = vec![0.0; BINS];
     let mut values = vec![0.0; k];
 
     for round in 0..rounds {
@@ -289,6 +292,7 @@ fn simulate(
             });
         } else {
             failures += 1;
+            failures_over_time[bin] += 1.0;
         }
     }
 
@@ -298,6 +302,9 @@ fn simulate(
         for c in counts.iter_mut() {
             *c /= total;
         }
+    }
+    for (f, count) in failures_over_time.iter_mut().zip(&bin_counts) {
+        *f /= (*count).max(1) as f64;
     }
     // Bins without rounds (tiny runs) carry the last regret forward.
     for b in 1..BINS {
@@ -326,5 +333,6 @@ fn simulate(
         share: share.iter().map(|s| s / n).collect(),
         share_over_time,
         regret_over_time,
+        request_failure_rate_over_time: failures_over_time,
     })
 }

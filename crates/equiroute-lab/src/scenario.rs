@@ -139,6 +139,145 @@ pub struct LatencySpec {
     pub p95_ms: f64,
 }
 
+/// The latency of a simulated provider as written: a log-normal by `p50_ms` and `p95_ms`,
+/// optionally with a Pareto `tail`; or a `mixture` of log-normal components instead.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyShapeSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_ms: Option<f64>,
+    /// Beyond the body's `from_quantile` quantile, a Pareto tail of this `shape`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<ParetoTailSpec>,
+    /// Log-normal components with weights summing to 1; replaces `p50_ms`/`p95_ms`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mixture: Vec<LatencyComponentSpec>,
+}
+
+/// A Pareto tail on a log-normal body: `P(L > x) = (1 − from_quantile)·(x₀/x)^shape` beyond the
+/// body's `from_quantile` quantile `x₀`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParetoTailSpec {
+    /// The tail index `α` (> 1, so the mean is finite): 1.1 is very heavy, 3 is mild.
+    pub shape: f64,
+    /// Where the tail starts, as a quantile of the body (default 0.95: p50 and p95 stay exact).
+    #[serde(default = "default_tail_quantile")]
+    pub from_quantile: f64,
+}
+
+fn default_tail_quantile() -> f64 {
+    0.95
+}
+
+/// One component of a latency mixture.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyComponentSpec {
+    pub weight: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+}
+
+impl LatencyShapeSpec {
+    /// A plain log-normal.
+    #[must_use]
+    pub fn log_normal(p50_ms: f64, p95_ms: f64) -> LatencyShapeSpec {
+        LatencyShapeSpec {
+            p50_ms: Some(p50_ms),
+            p95_ms: Some(p95_ms),
+            ..LatencyShapeSpec::default()
+        }
+    }
+
+    /// Checks the shape; returns the sub-field (after `latency`) and the fix.
+    fn check(&self) -> Result<(), (String, String)> {
+        let fix = |f: &str, m: &str| Err((f.to_owned(), m.to_owned()));
+        if !self.mixture.is_empty() {
+            if self.p50_ms.is_some() || self.p95_ms.is_some() || self.tail.is_some() {
+                return fix(
+                    "",
+                    "give either `mixture` or `p50_ms`/`p95_ms` (with an optional `tail`), not both",
+                );
+            }
+            for (n, c) in self.mixture.iter().enumerate() {
+                if !(c.weight.is_finite() && c.weight > 0.0) {
+                    return fix(
+                        &format!(".mixture[{n}].weight"),
+                        "must be a positive number",
+                    );
+                }
+                if let Err(m) = check_latency(&LatencySpec {
+                    p50_ms: c.p50_ms,
+                    p95_ms: c.p95_ms,
+                }) {
+                    return fix(&format!(".mixture[{n}]"), m);
+                }
+            }
+            let total: f64 = self.mixture.iter().map(|c| c.weight).sum();
+            if (total - 1.0).abs() > 1e-6 {
+                return Err((
+                    ".mixture".to_owned(),
+                    format!("the weights must sum to 1 (they sum to {total}); they are not normalised for you"),
+                ));
+            }
+            return Ok(());
+        }
+        let (Some(p50_ms), Some(p95_ms)) = (self.p50_ms, self.p95_ms) else {
+            return fix(
+                "",
+                "give `p50_ms` and `p95_ms` (a log-normal), or `mixture = [{ weight, p50_ms, p95_ms }, ...]`",
+            );
+        };
+        check_latency(&LatencySpec { p50_ms, p95_ms }).or_else(|m| fix("", m))?;
+        if let Some(t) = self.tail {
+            if !(t.shape.is_finite() && t.shape > 1.0) {
+                return fix(
+                    ".tail.shape",
+                    "must be a number above 1 (a finite mean); 1.1 is very heavy, 3 is mild",
+                );
+            }
+            if !(0.5..=0.999).contains(&t.from_quantile) {
+                return fix(
+                    ".tail.from_quantile",
+                    "must be between 0.5 and 0.999 (0.95 keeps p50_ms and p95_ms exact)",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The distribution (for a validated spec; a missing median or 95th percentile counts as 1 ms
+    /// and mixture weights are normalised).
+    #[must_use]
+    pub fn model(&self) -> crate::world::latency::LatencyModel {
+        use crate::world::latency::{LatencyModel, LogNormal, ParetoTail};
+        if !self.mixture.is_empty() {
+            let total: f64 = self.mixture.iter().map(|c| c.weight).sum();
+            return LatencyModel::Mixture(
+                self.mixture
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.weight / total,
+                            LogNormal::from_p50_p95(c.p50_ms, c.p95_ms),
+                        )
+                    })
+                    .collect(),
+            );
+        }
+        let (p50, p95) = (self.p50_ms.unwrap_or(1.0), self.p95_ms.unwrap_or(1.0));
+        match self.tail {
+            Some(t) => {
+                LatencyModel::ParetoTail(ParetoTail::new(p50, p95, t.shape, t.from_quantile))
+            }
+            None => LatencyModel::LogNormal(LogNormal::from_p50_p95(p50, p95)),
+        }
+    }
+}
+
 /// A provider of the simulated world.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,7 +291,7 @@ pub struct ProviderSpec {
     pub price: Price,
     /// Mean quality per query cluster, in [0, 1].
     pub quality: Vec<f64>,
-    pub latency: LatencySpec,
+    pub latency: LatencyShapeSpec,
     /// A call after `idle_ms` without traffic draws from this slower distribution.
     #[serde(default)]
     pub cold_start: Option<ColdStartSpec>,
@@ -206,26 +345,97 @@ pub struct EventSpec {
     pub end_round: usize,
 }
 
-/// What goes wrong during an event.
+/// What goes wrong during an event. Every kind is time-limited by the event's rounds, except
+/// a `degrade` without `recover_round`, which stays after its ramp.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum EventKind {
     /// A share `rate` of calls get 429, with a `Retry-After` when given.
     RateLimit {
         rate: f64,
+        #[serde(default)]
         retry_after_ms: Option<f64>,
     },
-    /// Every call fails to connect.
-    Outage,
-    /// Latency and failure rate ramp linearly up to these values over the event, then stay.
+    /// A share `rate` of calls get a billed 5xx (an error burst).
+    ErrorBurst { rate: f64 },
+    /// Every call fails to connect. (A struct variant, so that stray fields are rejected.)
+    Outage {},
+    /// Latency and failure rate ramp linearly up to these values over the event, then stay
+    /// until `recover_round` (exclusive), or to the end without it.
     Degrade {
         latency_factor: f64,
         failure_rate: f64,
+        #[serde(default)]
+        recover_round: Option<usize>,
     },
     /// Latency multiplied by `latency_factor`.
     Spike { latency_factor: f64 },
     /// Quality multiplied by `factor` (a silent regression).
     QualityDrop { factor: f64 },
+}
+
+impl EventKind {
+    /// Checks the kind's own fields against `end_round`; returns the field (under `kind`) and
+    /// the fix.
+    fn check(&self, end_round: usize) -> Result<(), (&'static str, String)> {
+        let share = |field: &'static str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err((field, format!("is {v}; it must be between 0 and 1")))
+            }
+        };
+        match *self {
+            EventKind::RateLimit {
+                rate,
+                retry_after_ms,
+            } => {
+                share("rate", rate)?;
+                if retry_after_ms.is_some_and(|r| !(r.is_finite() && r >= 0.0)) {
+                    return Err((
+                        "retry_after_ms",
+                        "must be a number of ms ≥ 0, or left out for no Retry-After".to_owned(),
+                    ));
+                }
+                Ok(())
+            }
+            EventKind::ErrorBurst { rate } => share("rate", rate),
+            EventKind::Outage {} => Ok(()),
+            EventKind::Degrade {
+                latency_factor,
+                failure_rate,
+                recover_round,
+            } => {
+                if !(latency_factor.is_finite() && latency_factor >= 1.0) {
+                    return Err((
+                        "latency_factor",
+                        format!("is {latency_factor}; a degradation needs a factor ≥ 1 (use `spike` to speed up)"),
+                    ));
+                }
+                share("failure_rate", failure_rate)?;
+                if recover_round.is_some_and(|r| r < end_round) {
+                    return Err((
+                        "recover_round",
+                        "must be at or after end_round (the end of the ramp)".to_owned(),
+                    ));
+                }
+                Ok(())
+            }
+            EventKind::Spike { latency_factor } => {
+                if latency_factor.is_finite() && latency_factor > 0.0 {
+                    Ok(())
+                } else {
+                    Err((
+                        "latency_factor",
+                        format!(
+                            "is {latency_factor}; it must be a positive number (below 1 speeds up)"
+                        ),
+                    ))
+                }
+            }
+            EventKind::QualityDrop { factor } => share("factor", factor),
+        }
+    }
 }
 
 /// A scenario that cannot be used, with the field and the fix.
@@ -347,13 +557,24 @@ impl ScenarioSpec {
                 ));
             }
         }
+        self.validate_policies()
+            .map_err(|(field, fix)| bad(field, &fix))
+    }
+
+    /// Checks the policy list and the variants; returns the field path and the fix.
+    fn validate_policies(&self) -> Result<(), (String, String)> {
         let labels: BTreeSet<&str> = self.variants.iter().map(|v| v.label.as_str()).collect();
         for p in &self.policies {
             if !labels.contains(p.as_str()) && PolicyConfig::from_name(p).is_err() {
-                return Err(bad(
+                return Err((
                     "policies".into(),
-                    &format!("`{p}` is neither a policy name (see `equiroute policies`) nor the label of a [[variants]] entry"),
+                    format!("`{p}` is neither a policy name (see `equiroute policies`) nor the label of a [[variants]] entry"),
                 ));
+            }
+        }
+        for p in &self.policies {
+            if let Some(fix) = self.assumption(p) {
+                return Err(("policies".into(), fix));
             }
         }
         for v in &self.variants {
@@ -364,7 +585,7 @@ impl ScenarioSpec {
                 .collect();
             v.policy
                 .build(&candidates, self.feature_dim)
-                .map_err(|e| bad(format!("variants ({}).policy", v.label), &e.to_string()))?;
+                .map_err(|e| (format!("variants ({}).policy", v.label), e.to_string()))?;
         }
         Ok(())
     }
@@ -381,7 +602,9 @@ impl ScenarioSpec {
         if p.quality.iter().any(|q| !(0.0..=1.0).contains(q)) {
             return Err((at("quality"), "values must be between 0 and 1".to_owned()));
         }
-        check_latency(&p.latency).map_err(|fix| (at("latency"), fix.to_owned()))?;
+        p.latency
+            .check()
+            .map_err(|(sub, fix)| (at(&format!("latency{sub}")), fix))?;
         p.price
             .validate()
             .map_err(|e| (at("price"), e.to_string()))?;
@@ -417,24 +640,40 @@ impl ScenarioSpec {
             if e.end_round <= e.start_round {
                 return Err((field, "end_round must be after start_round".to_owned()));
             }
-            let ok = match e.kind {
-                EventKind::RateLimit {
-                    rate,
-                    retry_after_ms,
-                } => (0.0..=1.0).contains(&rate) && retry_after_ms.is_none_or(|r| r >= 0.0),
-                EventKind::Outage => true,
-                EventKind::Degrade {
-                    latency_factor,
-                    failure_rate,
-                } => latency_factor >= 1.0 && (0.0..=1.0).contains(&failure_rate),
-                EventKind::Spike { latency_factor } => latency_factor > 0.0,
-                EventKind::QualityDrop { factor } => (0.0..=1.0).contains(&factor),
-            };
-            if !ok {
-                return Err((field, "rates and factors out of range: rate/failure_rate/factor in [0,1], latency_factor ≥ 1 for degrade and > 0 for spike".to_owned()));
-            }
+            e.kind
+                .check(e.end_round)
+                .map_err(|(f, fix)| (format!("{field}.kind.{f}"), fix))?;
         }
         Ok(())
+    }
+
+    /// What the policy `label` would silently assume in this world, as an error message with
+    /// the fix: `static` without a `candidate` among several providers (it would take the
+    /// first), or `cheapest` where every provider costs the same per call (it would rank by
+    /// file order). `None` when the policy is fully specified or `label` is unknown.
+    #[must_use]
+    pub fn assumption(&self, label: &str) -> Option<String> {
+        match self.policy(label).ok()? {
+            PolicyConfig::Static(c) if c.candidate.is_none() && self.providers.len() > 1 => {
+                let first = self.providers.first().map_or("", |p| p.id.as_str());
+                Some(format!(
+                    "`{label}` is `static` without a `candidate`, so it would always pick the first provider (`{first}`): name the provider with a variant, [[variants]] label = \"{label}\", policy = {{ name = \"static\", candidate = \"{first}\" }}"
+                ))
+            }
+            PolicyConfig::Cheapest(_) if self.providers.len() > 1 => {
+                let costs: Vec<f64> = self
+                    .providers
+                    .iter()
+                    .map(|p| p.price.cost(self.tokens).0)
+                    .collect();
+                let same = costs.iter().all(|c| (c - costs[0]).abs() < 1e-15);
+                same.then(|| format!(
+                    "`{label}` ranks by price, but every provider costs the same per call (${} with the scenario's `tokens`), so it would rank by file order: give the providers a `price` (per-token prices need `tokens`), or drop `{label}`",
+                    costs[0]
+                ))
+            }
+            _ => None,
+        }
     }
 
     /// `L_ref`: explicit, else the deadline, else 1 s.
@@ -539,6 +778,19 @@ pub const BUILTIN: &[(&str, &str)] = &[
     (
         "mixed-sla-cost",
         include_str!("../scenarios/mixed-sla-cost.toml"),
+    ),
+    (
+        "bimodal-latency",
+        include_str!("../scenarios/bimodal-latency.toml"),
+    ),
+    ("heavy-tail", include_str!("../scenarios/heavy-tail.toml")),
+    (
+        "flaky-flex-peaks",
+        include_str!("../scenarios/flaky-flex-peaks.toml"),
+    ),
+    (
+        "error-burst-recovery",
+        include_str!("../scenarios/error-burst-recovery.toml"),
     ),
 ];
 

@@ -110,3 +110,112 @@ token_bucket = { rate_per_s = 1.0, burst = 2.0 }
         AttemptStatus::Ok
     );
 }
+
+/// The JSON's `per_seed` carries each seed's share of first choices and request-failure rate
+/// per time bin, on the share plots' bins, so recovery can be measured without the plots.
+#[test]
+fn per_seed_json_carries_the_share_and_the_failure_rate_over_time() {
+    use equiroute_lab::report::ScenarioReport;
+    use equiroute_lab::runner::BINS;
+    use equiroute_lab::scenario::ScenarioSpec;
+    // One provider, down for the second half, one attempt per request: every request of the
+    // first 20 bins (10 rounds each) is answered, none of the last 20.
+    let spec = ScenarioSpec::from_toml(
+        r#"
+name = "down"
+description = "one provider, down for the second half"
+rounds = 400
+metric = "f1"
+clusters = 1
+max_attempts = 1
+policies = ["static"]
+
+[[providers]]
+id = "a"
+quality = [0.5]
+latency = { p50_ms = 10, p95_ms = 20 }
+events = [{ kind = { type = "outage" }, start_round = 200, end_round = 400 }]
+"#,
+        "down.toml",
+    )
+    .unwrap();
+    let runs: Vec<_> = [1, 2]
+        .iter()
+        .map(|&seed| run(&spec, "static", seed, 400).unwrap())
+        .collect();
+    let report = ScenarioReport::new("down", vec!["a".into()], &["static".into()], &runs);
+    let json = serde_json::to_value(&report).unwrap();
+    let starts: Vec<u64> = json["bin_start_rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(starts.len(), BINS);
+    assert_eq!((starts[0], starts[1], starts[20]), (0, 10, 200));
+    for (k, seed) in json["policies"]["static"]["per_seed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let fails: Vec<f64> = seed["request_failure_rate_over_time"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(fails.len(), BINS);
+        assert!(fails[..20].iter().all(|f| *f == 0.0), "{fails:?}");
+        assert!(fails[20..].iter().all(|f| *f == 1.0), "{fails:?}");
+        assert_eq!(seed["request_failure_rate"], 0.5);
+        let share = seed["share_over_time"]["a"].as_array().unwrap();
+        assert_eq!(share.len(), BINS);
+        assert!(share.iter().all(|s| s.as_f64() == Some(1.0)));
+        assert_eq!(seed["seed"], runs[k].seed);
+    }
+    // With two providers, each bin's shares sum to 1 and match the run's own series.
+    let spec = builtin("error-burst-recovery").unwrap();
+    let r = run(&spec, "round-robin", 3, 400).unwrap();
+    let providers: Vec<String> = spec.providers.iter().map(|p| p.id.clone()).collect();
+    let report = ScenarioReport::new(
+        &spec.name,
+        providers.clone(),
+        &["round-robin".into()],
+        std::slice::from_ref(&r),
+    );
+    let seed = &report.policies["round-robin"].per_seed[0];
+    for b in 0..BINS {
+        let total: f64 = providers.iter().map(|p| seed.share_over_time[p][b]).sum();
+        assert!((total - 1.0).abs() < 1e-9, "bin {b}: {total}");
+        assert_eq!(seed.share_over_time["beta"][b], r.share_over_time[b][1]);
+    }
+}
+
+/// An error burst fails a share of calls while it lasts, billed, and only then.
+#[test]
+fn an_error_burst_is_time_limited() {
+    use equiroute_core::{AttemptStatus, ProviderFailure};
+    use equiroute_lab::world::World;
+    use rand::SeedableRng;
+    let spec = builtin("error-burst-recovery").unwrap();
+    let mut world = World::new(&spec);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    let mut count = |round: usize, world: &mut World| {
+        (0..2000)
+            .filter(|_| {
+                world.attempt(0, round, 0.0, None, &mut rng).status
+                    == AttemptStatus::ProviderError(ProviderFailure::Server)
+            })
+            .count() as f64
+            / 2000.0
+    };
+    let (before, during, after) = (
+        count(799, &mut world),
+        count(800, &mut world),
+        count(1400, &mut world),
+    );
+    assert!(before == 0.0 && after == 0.0, "{before} {after}");
+    assert!((during - 0.6).abs() < 0.04, "{during}");
+    assert!(world.true_value(0, 1000, 0.0, 0, None) < 0.45 * world.true_value(0, 0, 0.0, 0, None));
+}

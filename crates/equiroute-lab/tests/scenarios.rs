@@ -11,7 +11,7 @@ rounds = 100
 metric = "accuracy"
 clusters = 2
 deadline_ms = 1000
-policies = ["lqm", "static"]
+policies = ["lqm", "round-robin"]
 
 [[providers]]
 id = "a"
@@ -34,7 +34,7 @@ fn error_of(text: &str) -> String {
 fn every_builtin_loads_and_lists_valid_policies() {
     let all = all_builtin().unwrap();
     assert_eq!(all.len(), BUILTIN.len());
-    assert!(all.len() >= 14);
+    assert!(all.len() >= 18);
     for s in &all {
         for p in &s.policies {
             assert!(s.policy(p).is_ok(), "{}: {p}", s.name);
@@ -64,7 +64,7 @@ fn bad_scenarios_name_the_field_and_the_fix() {
     let cases = [
         (MINIMAL.replace("quality = [0.5, 0.6]", "quality = [0.5]"), "providers[0] (a).quality", "one value per cluster"),
         (MINIMAL.replace("p95_ms = 200", "p95_ms = 50"), "providers[0] (a).latency", "p50_ms ≤ p95_ms"),
-        (MINIMAL.replace("\"lqm\", \"static\"", "\"lqm\", \"fastest\""), "policies", "`fastest`"),
+        (MINIMAL.replace("\"lqm\", \"round-robin\"", "\"lqm\", \"fastest\""), "policies", "`fastest`"),
         (MINIMAL.replace("id = \"b\"", "id = \"a\""), "providers[1] (a).id", "unique"),
         (MINIMAL.replace("rounds = 100", "rounds = 0"), "rounds", "at least 1"),
         (MINIMAL.replace("p95_ms = 200 }", "p95_ms = 200 }\nprice = { per_call = -0.01 }"), "providers[0] (a).price", "per_call"),
@@ -96,4 +96,212 @@ fn bad_scenarios_name_the_field_and_the_fix() {
         ScenarioSpec::from_toml("rounds = ", "x.toml"),
         Err(ScenarioError::Parse { .. })
     ));
+}
+
+/// `MINIMAL` with provider b's latency replaced by `latency`.
+fn with_b_latency(latency: &str) -> String {
+    MINIMAL.replace("latency = { p50_ms = 300, p95_ms = 500 }", latency)
+}
+
+/// `MINIMAL` with provider b given the events `events` (an inline array).
+fn with_b_events(events: &str) -> String {
+    MINIMAL.replace(
+        "latency = { p50_ms = 300, p95_ms = 500 }",
+        &format!("latency = {{ p50_ms = 300, p95_ms = 500 }}\nevents = {events}"),
+    )
+}
+
+#[test]
+fn latency_mixtures_and_pareto_tails_load_and_bad_ones_name_the_field() {
+    use equiroute_lab::world::latency::LatencyModel;
+    let mix = "latency = { mixture = [{ weight = 0.7, p50_ms = 80, p95_ms = 150 }, { weight = 0.3, p50_ms = 2500, p95_ms = 4000 }] }";
+    let s = ScenarioSpec::from_toml(&with_b_latency(mix), "m.toml").unwrap();
+    let LatencyModel::Mixture(parts) = s.providers[1].latency.model() else {
+        panic!("not a mixture")
+    };
+    assert_eq!(parts.len(), 2);
+    assert!((parts[0].0 - 0.7).abs() < 1e-12 && (parts[1].0 - 0.3).abs() < 1e-12);
+    let tail =
+        "latency = { p50_ms = 300, p95_ms = 700, tail = { shape = 1.3, from_quantile = 0.8 } }";
+    let s = ScenarioSpec::from_toml(&with_b_latency(tail), "t.toml").unwrap();
+    assert!(matches!(
+        s.providers[1].latency.model(),
+        LatencyModel::ParetoTail(_)
+    ));
+    // The plain form is unchanged.
+    let s = ScenarioSpec::from_toml(MINIMAL, "p.toml").unwrap();
+    assert!(matches!(
+        s.providers[1].latency.model(),
+        LatencyModel::LogNormal(_)
+    ));
+
+    let cases = [
+        (
+            "latency = { mixture = [{ weight = 0.7, p50_ms = 80, p95_ms = 150 }, { weight = 0.4, p50_ms = 2500, p95_ms = 4000 }] }",
+            "providers[1] (b).latency.mixture`",
+            "sum to 1 (they sum to 1.1",
+        ),
+        (
+            "latency = { mixture = [{ weight = 0, p50_ms = 80, p95_ms = 150 }, { weight = 1, p50_ms = 2500, p95_ms = 4000 }] }",
+            "providers[1] (b).latency.mixture[0].weight",
+            "positive",
+        ),
+        (
+            "latency = { mixture = [{ weight = 0.5, p50_ms = 80, p95_ms = 150 }, { weight = 0.5, p50_ms = 2500, p95_ms = 400 }] }",
+            "providers[1] (b).latency.mixture[1]",
+            "p50_ms ≤ p95_ms",
+        ),
+        (
+            "latency = { p50_ms = 300, p95_ms = 500, mixture = [{ weight = 1, p50_ms = 80, p95_ms = 150 }] }",
+            "providers[1] (b).latency`",
+            "not both",
+        ),
+        (
+            "latency = { p50_ms = 300 }",
+            "providers[1] (b).latency`",
+            "give `p50_ms` and `p95_ms`",
+        ),
+        (
+            "latency = { p50_ms = 300, p95_ms = 700, tail = { shape = 0.9 } }",
+            "providers[1] (b).latency.tail.shape",
+            "above 1",
+        ),
+        (
+            "latency = { p50_ms = 300, p95_ms = 700, tail = { shape = 2, from_quantile = 0.3 } }",
+            "providers[1] (b).latency.tail.from_quantile",
+            "between 0.5 and 0.999",
+        ),
+    ];
+    for (latency, field, fix) in cases {
+        let err = error_of(&with_b_latency(latency));
+        assert!(err.contains(field) && err.contains(fix), "{latency}: {err}");
+    }
+    let err = error_of(&with_b_latency(
+        "latency = { mixture = [{ weight = 1, p50_ms = 80, p59_ms = 150 }] }",
+    ));
+    assert!(
+        err.contains("providers[1].latency.mixture[0].p59_ms"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_event_kind_checks_its_own_fields_and_rejects_others() {
+    // Each kind loads with its fields, start and end.
+    for kind in [
+        "{ type = \"rate-limit\", rate = 0.5, retry_after_ms = 1000 }",
+        "{ type = \"error-burst\", rate = 0.6 }",
+        "{ type = \"outage\" }",
+        "{ type = \"degrade\", latency_factor = 3.0, failure_rate = 0.2, recover_round = 80 }",
+        "{ type = \"spike\", latency_factor = 4.0 }",
+        "{ type = \"quality-drop\", factor = 0.5 }",
+    ] {
+        let text = with_b_events(&format!(
+            "[{{ kind = {kind}, start_round = 10, end_round = 50 }}]"
+        ));
+        ScenarioSpec::from_toml(&text, "ok.toml").unwrap_or_else(|e| panic!("{kind}: {e}"));
+    }
+    // A field of another kind, or none at all, is an error naming it.
+    for (kind, stray) in [
+        ("{ type = \"outage\", rate = 1.0 }", "rate"),
+        (
+            "{ type = \"outage\", latency_factor = 3.0 }",
+            "latency_factor",
+        ),
+        (
+            "{ type = \"spike\", latency_factor = 2.0, factor = 0.5 }",
+            "factor",
+        ),
+        (
+            "{ type = \"error-burst\", rate = 0.5, retry_after_ms = 10 }",
+            "retry_after_ms",
+        ),
+        (
+            "{ type = \"rate-limit\", rate = 0.5, failure_rate = 0.1 }",
+            "failure_rate",
+        ),
+    ] {
+        let err = error_of(&with_b_events(&format!(
+            "[{{ kind = {kind}, start_round = 10, end_round = 50 }}]"
+        )));
+        assert!(
+            err.contains("providers[1].events[0].kind")
+                && err.contains(&format!("unknown field `{stray}`")),
+            "{kind}: {err}"
+        );
+    }
+    // Values out of range name the kind's field.
+    for (kind, field, fix) in [
+        (
+            "{ type = \"rate-limit\", rate = 1.5 }",
+            "kind.rate",
+            "between 0 and 1",
+        ),
+        (
+            "{ type = \"rate-limit\", rate = 0.5, retry_after_ms = -1 }",
+            "kind.retry_after_ms",
+            "≥ 0",
+        ),
+        (
+            "{ type = \"error-burst\", rate = -0.1 }",
+            "kind.rate",
+            "between 0 and 1",
+        ),
+        (
+            "{ type = \"degrade\", latency_factor = 0.5, failure_rate = 0.1 }",
+            "kind.latency_factor",
+            "≥ 1",
+        ),
+        (
+            "{ type = \"degrade\", latency_factor = 2, failure_rate = 0.1, recover_round = 20 }",
+            "kind.recover_round",
+            "after end_round",
+        ),
+        (
+            "{ type = \"spike\", latency_factor = 0 }",
+            "kind.latency_factor",
+            "positive",
+        ),
+        (
+            "{ type = \"quality-drop\", factor = 2 }",
+            "kind.factor",
+            "between 0 and 1",
+        ),
+    ] {
+        let err = error_of(&with_b_events(&format!(
+            "[{{ kind = {kind}, start_round = 10, end_round = 50 }}]"
+        )));
+        assert!(
+            err.contains(&format!("providers[1] (b).events[0].{field}")) && err.contains(fix),
+            "{kind}: {err}"
+        );
+    }
+}
+
+#[test]
+fn silent_policy_assumptions_are_errors_that_say_what_was_assumed() {
+    // `static` without a candidate among two providers would pick the first.
+    let err = error_of(&MINIMAL.replace("\"round-robin\"", "\"static\""));
+    assert!(
+        err.contains("`policies`")
+            && err.contains("first provider (`a`)")
+            && err.contains("candidate = \"a\""),
+        "{err}"
+    );
+    // Named in a variant, it loads.
+    let named = MINIMAL.replace("\"round-robin\"", "\"static\"")
+        + "\n[[variants]]\nlabel = \"static\"\npolicy = { name = \"static\", candidate = \"b\" }\n";
+    let s = ScenarioSpec::from_toml(&named, "v.toml").unwrap();
+    assert!(s.assumption("static").is_none());
+    // `cheapest` where no provider has a price would rank by file order.
+    let err = error_of(&MINIMAL.replace("\"round-robin\"", "\"cheapest\""));
+    assert!(
+        err.contains("`policies`") && err.contains("costs the same") && err.contains("file order"),
+        "{err}"
+    );
+    // With prices it loads.
+    let priced = MINIMAL
+        .replace("\"round-robin\"", "\"cheapest\"")
+        .replace("id = \"b\"", "id = \"b\"\nprice = { per_call = 0.001 }");
+    assert!(ScenarioSpec::from_toml(&priced, "c.toml").is_ok());
 }

@@ -135,6 +135,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             spec.policy(p).with_context(|| {
                 format!("--policies: `{p}` in scenario {}: use a policy from `equiroute policies` or a variant label of the scenario", spec.name)
             })?;
+            if let Some(fix) = spec.assumption(p) {
+                bail!("--policies: scenario {}: {fix}", spec.name);
+            }
         }
         let rounds = args.rounds.unwrap_or(spec.rounds);
         plans.push((spec, policies, rounds));

@@ -5,16 +5,22 @@
 //!
 //! ```text
 //! {"scenario": str, "seeds": N, "rounds": T, "seed_list": [u64],
-//!  "providers": [str],
+//!  "providers": [str], "bin_start_rounds": [usize; 40],
 //!  "policies": {"<name>": {"quality": {"mean": f, "ci95": f}, "latency_mean_ms": {..},
 //!     "latency_p95_ms": {..}, "deadline_miss_rate": {..}, "request_failure_rate": {..},
 //!     "attempt_failure_rate": {..}, "cost_per_request": {..}, "regret": {..},
 //!     "share": {"<provider>": f},
 //!     "per_seed": [{"seed": u64, "quality": f, "regret": f, "cost_per_request": f,
-//!                   "deadline_miss_rate": f}]}}}
+//!                   "deadline_miss_rate": f, "request_failure_rate": f,
+//!                   "share_over_time": {"<provider>": [f; 40]},
+//!                   "request_failure_rate_over_time": [f; 40]}]}}}
 //! ```
 //! `ci95` is the half-width of the Student-t 95% interval of the mean over seeds; `per_seed`
-//! (in seed order) shows which seeds a mean and its interval come from.
+//! (in seed order) shows which seeds a mean and its interval come from. The series over time
+//! use the share plots' 40 bins: bin `b` holds the rounds `t` with `t·40/T = b` (integer
+//! division) and starts at round `bin_start_rounds[b]`; `share_over_time[p][b]` is the share
+//! of that bin's requests that ranked `p` first, `request_failure_rate_over_time[b]` the share
+//! that got no answer.
 
 pub mod plot;
 
@@ -89,14 +95,23 @@ pub struct PolicyReport {
     pub regret_over_time: Vec<f64>,
 }
 
-/// One seed's run of a policy, in brief.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// One seed's run of a policy, in brief, with its series over time (to measure how fast
+/// traffic leaves a provider and comes back without reading the plots).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeedResult {
     pub seed: u64,
     pub quality: f64,
     pub regret: f64,
     pub cost_per_request: f64,
     pub deadline_miss_rate: f64,
+    #[serde(default)]
+    pub request_failure_rate: f64,
+    /// Per provider, its share of first choices in each time bin.
+    #[serde(default)]
+    pub share_over_time: BTreeMap<String, Vec<f64>>,
+    /// Requests without an answer / requests, in each time bin.
+    #[serde(default)]
+    pub request_failure_rate_over_time: Vec<f64>,
 }
 
 /// One scenario's results.
@@ -107,6 +122,9 @@ pub struct ScenarioReport {
     pub rounds: usize,
     pub seed_list: Vec<u64>,
     pub providers: Vec<String>,
+    /// The first round of each of the [`BINS`] time bins of the series over time.
+    #[serde(default)]
+    pub bin_start_rounds: Vec<usize>,
     pub policies: BTreeMap<String, PolicyReport>,
     /// Policies in the order they were asked for (for tables and plots).
     #[serde(skip)]
@@ -168,6 +186,20 @@ impl ScenarioReport {
                             regret: r.regret,
                             cost_per_request: r.cost_per_request,
                             deadline_miss_rate: r.deadline_miss_rate,
+                            request_failure_rate: r.request_failure_rate,
+                            share_over_time: providers
+                                .iter()
+                                .enumerate()
+                                .map(|(i, p)| {
+                                    (
+                                        p.clone(),
+                                        r.share_over_time.iter().map(|bin| bin[i]).collect(),
+                                    )
+                                })
+                                .collect(),
+                            request_failure_rate_over_time: r
+                                .request_failure_rate_over_time
+                                .clone(),
                         })
                         .collect(),
                     share_over_time,
@@ -175,12 +207,15 @@ impl ScenarioReport {
                 },
             );
         }
+        let rounds = runs.first().map_or(0, |r| r.rounds);
         ScenarioReport {
             scenario: scenario.to_owned(),
             seeds: seed_list.len(),
-            rounds: runs.first().map_or(0, |r| r.rounds),
+            rounds,
             seed_list,
             providers,
+            // The smallest t with t·BINS/rounds = b.
+            bin_start_rounds: (0..BINS).map(|b| (b * rounds).div_ceil(BINS)).collect(),
             policies: out,
             order: policies.to_vec(),
         }
@@ -342,6 +377,7 @@ mod tests {
             share: vec![1.0],
             share_over_time: vec![vec![1.0]; BINS],
             regret_over_time: vec![0.0; BINS],
+            request_failure_rate_over_time: vec![0.0; BINS],
         };
         let runs = [
             run("a", 1, 0.60),

@@ -1,7 +1,8 @@
-//! Latency distributions: log-normal given a median and a 95th percentile.
+//! Latency distributions: log-normal given a median and a 95th percentile, a log-normal body
+//! with a Pareto tail, and mixtures of log-normals.
 
 use equiroute_core::estimators::dist::normal_cdf;
-use rand::RngCore;
+use rand::{Rng, RngCore};
 use rand_distr::{Distribution, StandardNormal};
 
 /// `z` of the 95th percentile of the standard normal.
@@ -56,6 +57,122 @@ impl LogNormal {
     }
 }
 
+/// The standard normal quantile `Φ⁻¹(p)` for `p` in (0, 1), by bisection on the CDF (computed
+/// once per distribution, so speed does not matter).
+fn normal_quantile(p: f64) -> f64 {
+    let (mut lo, mut hi) = (-40.0f64, 40.0f64);
+    for _ in 0..200 {
+        let mid = f64::midpoint(lo, hi);
+        if normal_cdf(mid) < p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    f64::midpoint(lo, hi)
+}
+
+/// A log-normal body with a Pareto tail: below the body's `from_quantile` quantile `x₀` the
+/// distribution is the log-normal; beyond it, `P(L > x) = (1 − q₀)·(x₀/x)^shape`. With
+/// `q₀ ≥ 0.95` the median and the 95th percentile are the body's; the tail only makes rare
+/// latencies far longer than a log-normal would.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParetoTail {
+    pub body: LogNormal,
+    /// `q₀`: the share of calls drawn from the body.
+    pub from_quantile: f64,
+    /// `x₀`: where the tail starts, in ms.
+    pub threshold_ms: f64,
+    /// The Pareto shape (tail index) `α`: smaller is heavier; the mean is finite for `α > 1`.
+    pub shape: f64,
+}
+
+impl ParetoTail {
+    /// The body `LogNormal::from_p50_p95(p50, p95)` with a tail of `shape` beyond its
+    /// `from_quantile` quantile.
+    #[must_use]
+    pub fn new(p50: f64, p95: f64, shape: f64, from_quantile: f64) -> ParetoTail {
+        let body = LogNormal::from_p50_p95(p50, p95);
+        ParetoTail {
+            body,
+            from_quantile,
+            threshold_ms: (body.mu + body.sigma * normal_quantile(from_quantile)).exp(),
+            shape,
+        }
+    }
+}
+
+/// The latency distribution of a simulated provider.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LatencyModel {
+    LogNormal(LogNormal),
+    ParetoTail(ParetoTail),
+    /// Components with weights summing to 1 (e.g. fast cache hits and slow misses).
+    Mixture(Vec<(f64, LogNormal)>),
+}
+
+impl LatencyModel {
+    /// The same distribution with every latency multiplied by `factor`.
+    #[must_use]
+    pub fn scaled(&self, factor: f64) -> LatencyModel {
+        match self {
+            LatencyModel::LogNormal(d) => LatencyModel::LogNormal(d.scaled(factor)),
+            LatencyModel::ParetoTail(t) => LatencyModel::ParetoTail(ParetoTail {
+                body: t.body.scaled(factor),
+                threshold_ms: t.threshold_ms * factor,
+                ..*t
+            }),
+            LatencyModel::Mixture(parts) => {
+                LatencyModel::Mixture(parts.iter().map(|(w, d)| (*w, d.scaled(factor))).collect())
+            }
+        }
+    }
+
+    /// One latency in ms.
+    pub fn sample(&self, rng: &mut dyn RngCore) -> f64 {
+        match self {
+            LatencyModel::LogNormal(d) => d.sample(rng),
+            LatencyModel::ParetoTail(t) => {
+                // A body draw beyond x₀ happens with probability exactly 1 − q₀; it is replaced
+                // by a draw from the tail's conditional law, x₀·V^(−1/α) with V uniform on (0, 1].
+                let x = t.body.sample(rng);
+                if x <= t.threshold_ms {
+                    x
+                } else {
+                    let v = 1.0 - rng.random::<f64>();
+                    t.threshold_ms * v.powf(-1.0 / t.shape)
+                }
+            }
+            LatencyModel::Mixture(parts) => {
+                let mut u = rng.random::<f64>();
+                for (w, d) in parts {
+                    if u < *w {
+                        return d.sample(rng);
+                    }
+                    u -= w;
+                }
+                parts.last().map_or(0.0, |(_, d)| d.sample(rng))
+            }
+        }
+    }
+
+    /// `P(L ≤ x)`.
+    #[must_use]
+    pub fn cdf(&self, x: f64) -> f64 {
+        match self {
+            LatencyModel::LogNormal(d) => d.cdf(x),
+            LatencyModel::ParetoTail(t) => {
+                if x <= t.threshold_ms {
+                    t.body.cdf(x)
+                } else {
+                    1.0 - (1.0 - t.from_quantile) * (t.threshold_ms / x).powf(t.shape)
+                }
+            }
+            LatencyModel::Mixture(parts) => parts.iter().map(|(w, d)| w * d.cdf(x)).sum(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +196,47 @@ mod tests {
             "p95 {}",
             xs[19_000]
         );
+    }
+
+    /// Share of `n` samples at or below `x`.
+    fn share_below(d: &LatencyModel, x: f64, n: usize, seed: u64) -> f64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        (0..n).filter(|_| d.sample(&mut rng) <= x).count() as f64 / n as f64
+    }
+
+    #[test]
+    fn a_pareto_tail_keeps_p50_and_p95_and_decays_as_a_power_law() {
+        // Tail from the 95th percentile with shape 1.5: P(L > x) = 0.05·(400/x)^1.5 beyond
+        // p95 = 400 ms, so P(L > 1600) = 0.05·(1/4)^1.5 = 0.00625 (a log-normal: 1.7e-10).
+        let d = LatencyModel::ParetoTail(ParetoTail::new(316.0, 400.0, 1.5, 0.95));
+        assert!((d.cdf(316.0) - 0.5).abs() < 1e-9);
+        assert!((d.cdf(400.0) - 0.95).abs() < 1e-9);
+        assert!((1.0 - d.cdf(1600.0) - 0.00625).abs() < 1e-9);
+        let n = 200_000;
+        assert!((share_below(&d, 316.0, n, 2) - 0.5).abs() < 0.005);
+        assert!((1.0 - share_below(&d, 1600.0, n, 3) - 0.00625).abs() < 0.001);
+        // From the 80th percentile x₀ = exp(μ + σ·0.8416): P(L > 2·x₀) = 0.2·2^−1.3 = 0.0812.
+        let t = ParetoTail::new(300.0, 700.0, 1.3, 0.8);
+        let sigma = (700.0f64 / 300.0).ln() / Z95;
+        assert!((t.threshold_ms - 300.0 * (sigma * 0.841_621).exp()).abs() < 0.01);
+        let d = LatencyModel::ParetoTail(t);
+        assert!((1.0 - d.cdf(2.0 * t.threshold_ms) - 0.2 * 2f64.powf(-1.3)).abs() < 1e-9);
+        let scaled = d.scaled(2.0);
+        assert!((scaled.cdf(4.0 * t.threshold_ms) - d.cdf(2.0 * t.threshold_ms)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_mixture_draws_each_component_by_its_weight() {
+        // 70% around 80 ms, 30% around 2500 ms: 70% of calls under 1000 ms (each component has
+        // under 0.1% of its mass on the other side of 1000 ms).
+        let d = LatencyModel::Mixture(vec![
+            (0.7, LogNormal::from_p50_p95(80.0, 150.0)),
+            (0.3, LogNormal::from_p50_p95(2500.0, 4000.0)),
+        ]);
+        assert!((d.cdf(1000.0) - 0.7).abs() < 1e-3);
+        // The overall median is in the fast mode: P(L ≤ 80) = 0.7·0.5 = 0.35.
+        assert!((d.cdf(80.0) - 0.35).abs() < 1e-6);
+        assert!((share_below(&d, 1000.0, 100_000, 4) - 0.7).abs() < 0.005);
+        assert!((share_below(&d.scaled(2.0), 2000.0, 100_000, 5) - 0.7).abs() < 0.005);
     }
 }

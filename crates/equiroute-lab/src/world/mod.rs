@@ -9,7 +9,7 @@ use crate::scenario::{EventKind, Metric, ProviderSpec, ScenarioSpec};
 use equiroute_core::{
     AttemptOutcome, AttemptStatus, Candidate, CandidateId, Millis, ProviderFailure, Usd,
 };
-use latency::LogNormal;
+use latency::{LatencyModel, LogNormal};
 use rand::{Rng, RngCore, SeedableRng};
 use std::collections::BTreeMap;
 
@@ -35,7 +35,7 @@ pub struct Conditions {
 #[derive(Clone, Debug)]
 pub struct SimProvider {
     pub spec: ProviderSpec,
-    warm: LogNormal,
+    warm: LatencyModel,
     cold: Option<(f64, LogNormal)>,
     last_call_ms: Option<f64>,
     /// Tokens in the bucket and when they were counted.
@@ -45,7 +45,7 @@ pub struct SimProvider {
 impl SimProvider {
     fn new(spec: &ProviderSpec) -> SimProvider {
         SimProvider {
-            warm: LogNormal::from_p50_p95(spec.latency.p50_ms, spec.latency.p95_ms),
+            warm: spec.latency.model(),
             cold: spec
                 .cold_start
                 .map(|c| (c.idle_ms, LogNormal::from_p50_p95(c.p50_ms, c.p95_ms))),
@@ -87,14 +87,18 @@ impl SimProvider {
                     c.rate_limit = c.rate_limit.max(rate);
                     c.retry_after_ms = retry_after_ms;
                 }
-                EventKind::Outage if active => c.outage = true,
+                EventKind::ErrorBurst { rate } if active => {
+                    c.failure_rate = c.failure_rate.max(rate);
+                }
+                EventKind::Outage {} if active => c.outage = true,
                 EventKind::Spike { latency_factor } if active => c.latency_factor *= latency_factor,
                 EventKind::QualityDrop { factor } if active => c.quality_factor *= factor,
                 EventKind::Degrade {
                     latency_factor,
                     failure_rate,
-                } => {
-                    // Ramps over the event, then stays degraded.
+                    recover_round,
+                } if recover_round.is_none_or(|r| round < r) => {
+                    // Ramps over the event, then stays degraded until it recovers.
                     let span = (e.end_round - e.start_round) as f64;
                     let progress = (((round - e.start_round) as f64) / span).min(1.0);
                     c.latency_factor *= 1.0 + (latency_factor - 1.0) * progress;
@@ -340,11 +344,11 @@ impl World {
             o.retry_after = cond.retry_after_ms.map(Millis);
             return o;
         }
-        let dist = match p.cold {
-            Some((idle_ms, cold)) if idle > idle_ms => cold,
-            _ => p.warm,
+        let drawn = match p.cold {
+            Some((idle_ms, cold)) if idle > idle_ms => cold.sample(rng),
+            _ => p.warm.sample(rng),
         };
-        let latency = dist.sample(rng) * cond.latency_factor * load;
+        let latency = drawn * cond.latency_factor * load;
         if rng.random::<f64>() < cond.failure_rate {
             // A 5xx usually comes back faster than an answer, and is billed.
             return fail(latency * 0.3, ProviderFailure::Server, true);
