@@ -1,6 +1,6 @@
 //! Runs are reproducible, and their metrics mean what they say.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::float_cmp)]
 
 use equiroute_lab::runner::run;
 use equiroute_lab::scenario::builtin;

@@ -102,6 +102,10 @@ fn meaning(path: &str) -> &'static str {
 /// Meanings, most specific suffix first.
 const DESCRIPTIONS: &[(&str, &str)] = &[
     (
+        "max_slices",
+        "latency slices kept per interface beyond the roots (least useful evicted)",
+    ),
+    (
         "head.lambda_r",
         "ridge of each quality head (A starts as lambda_r·I), > 0",
     ),

@@ -537,14 +537,7 @@ fn load_interface(
     let policy = raw
         .policy
         .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
-    if policy.kind() == equiroute_core::policies::PolicyKind::Oracle {
-        return Err(vec![(
-            at("policy"),
-            "`oracle` exists only in the laboratory (it reads the simulated world's true \
-             means, which a gateway cannot know): choose another policy, e.g. \"lqm-ts\""
-                .into(),
-        )]);
-    }
+    refuse_laboratory_policies(&policy).map_err(|fix| vec![(at("policy"), fix)])?;
     let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
     policy
         .build(&candidates, feature_dim)
@@ -600,6 +593,19 @@ fn load_interface(
 }
 
 /// The fields set on a provider that its kind does not read, each with why.
+/// Policies that exist only in the laboratory are refused by the gateway, with the reason.
+fn refuse_laboratory_policies(policy: &PolicyConfig) -> Result<(), String> {
+    if policy.kind() == equiroute_core::policies::PolicyKind::Oracle {
+        return Err(
+            "`oracle` exists only in the laboratory (it reads the simulated world's \
+                    true means, which a gateway cannot know): choose another policy, e.g. \
+                    \"lqm-ts\""
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
     let kind = match p.kind {
         ProviderKind::Sim => "sim",
