@@ -18,7 +18,12 @@ pub struct BreakerConfig {
     /// Attempts remembered for the failure rate (at most 64).
     pub window: u32,
     pub min_attempts: u32,
+    /// The first open period after a trip.
     pub open_ms: f64,
+    /// Each failed half-open probe in a row multiplies the open period by this (≥ 1).
+    pub backoff_factor: f64,
+    /// The longest open period the back-off reaches (≥ `open_ms`).
+    pub max_open_ms: f64,
     pub half_open_probes: u32,
     pub successes_to_close: u32,
 }
@@ -30,7 +35,9 @@ impl Default for BreakerConfig {
             failure_rate: 0.5,
             window: 20,
             min_attempts: 10,
-            open_ms: 30_000.0,
+            open_ms: 5_000.0,
+            backoff_factor: 2.0,
+            max_open_ms: 30_000.0,
             half_open_probes: 2,
             successes_to_close: 2,
         }
@@ -67,6 +74,20 @@ impl BreakerConfig {
             ));
         }
         crate::error::non_negative("breaker.open_ms", self.open_ms)?;
+        if !(self.backoff_factor.is_finite() && self.backoff_factor >= 1.0) {
+            return Err(out_of_range(
+                "breaker.backoff_factor",
+                self.backoff_factor,
+                "must be a finite number of at least 1 (1: every failed probe re-opens for open_ms)",
+            ));
+        }
+        if !(self.max_open_ms.is_finite() && self.max_open_ms >= self.open_ms) {
+            return Err(out_of_range(
+                "breaker.max_open_ms",
+                self.max_open_ms,
+                "must be finite and at least breaker.open_ms",
+            ));
+        }
         if self.half_open_probes == 0 || self.successes_to_close == 0 {
             return Err(out_of_range(
                 "breaker.half_open_probes / successes_to_close",
@@ -82,6 +103,14 @@ impl BreakerConfig {
             ));
         }
         Ok(())
+    }
+
+    /// How long the breaker stays open after `failed_probes` half-open probes failed in a
+    /// row: `open_ms × backoff_factor^failed_probes`, at most `max_open_ms`.
+    #[must_use]
+    pub fn open_period(&self, failed_probes: u32) -> Millis {
+        let k = i32::try_from(failed_probes).unwrap_or(i32::MAX);
+        Millis((self.open_ms * self.backoff_factor.powi(k)).min(self.max_open_ms.max(self.open_ms)))
     }
 }
 
@@ -147,6 +176,9 @@ pub struct Breaker {
     /// Last `len` outcomes, newest in bit 0, 1 = failure.
     recent: u64,
     len: u32,
+    /// Half-open probes that failed in a row since the breaker last closed: the back-off.
+    #[serde(default)]
+    failed_probes: u32,
 }
 
 impl Default for Breaker {
@@ -156,6 +188,7 @@ impl Default for Breaker {
             consecutive: 0,
             recent: 0,
             len: 0,
+            failed_probes: 0,
         }
     }
 }
@@ -218,7 +251,8 @@ impl Breaker {
             BreakerState::HalfOpen { probes, successes } => {
                 *probes = probes.saturating_sub(1);
                 if failed {
-                    return self.open(now.plus(Millis(cfg.open_ms)));
+                    self.failed_probes = self.failed_probes.saturating_add(1);
+                    return self.open(now.plus(cfg.open_period(self.failed_probes)));
                 }
                 *successes += 1;
                 if *successes >= cfg.successes_to_close {
@@ -242,7 +276,7 @@ impl Breaker {
                 let rate_trip = self.len >= cfg.min_attempts
                     && f64::from(failures) >= cfg.failure_rate * f64::from(self.len);
                 if failed && (self.consecutive >= cfg.consecutive_failures || rate_trip) {
-                    return self.open(now.plus(Millis(cfg.open_ms)));
+                    return self.open(now.plus(cfg.open_period(self.failed_probes)));
                 }
                 None
             }
@@ -260,6 +294,12 @@ impl Breaker {
         let verdict = self.record(now, BreakerOutcome::of(outcome.status), cfg);
         let retry = outcome.retry_after.and_then(|r| self.open(now.plus(r)));
         [verdict, retry]
+    }
+
+    /// Half-open probes failed in a row since the breaker last closed.
+    #[must_use]
+    pub fn failed_probes(&self) -> u32 {
+        self.failed_probes
     }
 
     /// Opens until `until` (e.g. a `Retry-After`), unless already open for longer.
@@ -347,13 +387,79 @@ mod tests {
             b.record(t(1000.0), BreakerOutcome::Failure, &cfg),
             Some(Transition::Opened)
         );
+        // The first failed probe backs off: open_ms × backoff_factor.
         assert_eq!(
             b.state,
             BreakerState::Open {
-                until: t(1000.0 + cfg.open_ms)
+                until: t(1000.0 + cfg.open_ms * cfg.backoff_factor)
             }
         );
         // Client errors are ignored whatever the state.
         assert_eq!(b.record(t(1.0), BreakerOutcome::Ignored, &cfg), None);
+    }
+
+    #[test]
+    fn failed_probes_back_off_exponentially_up_to_the_maximum_and_a_close_resets_it() {
+        let cfg = BreakerConfig {
+            consecutive_failures: 1,
+            open_ms: 1000.0,
+            backoff_factor: 2.0,
+            max_open_ms: 5000.0,
+            ..BreakerConfig::default()
+        };
+        let mut b = Breaker::default();
+        let mut now = 0.0;
+        assert_eq!(
+            b.record(t(now), BreakerOutcome::Failure, &cfg),
+            Some(Transition::Opened)
+        );
+        // Each failed probe re-opens for twice as long: 2 s, 4 s, then the 5 s ceiling.
+        let mut periods = vec![];
+        let mut until = 1000.0;
+        for _ in 0..4 {
+            now = until;
+            assert_eq!(b.admit(t(now), &cfg).0, Admission::Probe);
+            let _ = b.record(t(now), BreakerOutcome::Failure, &cfg);
+            let BreakerState::Open { until: u } = b.state else {
+                panic!("{:?}", b.state)
+            };
+            periods.push(u.0 - now);
+            until = u.0;
+        }
+        assert_eq!(periods, [2000.0, 4000.0, 5000.0, 5000.0]);
+        assert_eq!(b.failed_probes(), 4);
+        // Probes succeed: closed, and the next trip opens for open_ms again.
+        now = until;
+        for _ in 0..cfg.successes_to_close {
+            assert_eq!(b.admit(t(now), &cfg).0, Admission::Probe);
+            let _ = b.record(t(now), BreakerOutcome::Success, &cfg);
+        }
+        assert_eq!((b.state, b.failed_probes()), (BreakerState::Closed, 0));
+        let _ = b.record(t(now), BreakerOutcome::Failure, &cfg);
+        assert_eq!(
+            b.state,
+            BreakerState::Open {
+                until: t(now + 1000.0)
+            }
+        );
+        // Limits are checked.
+        let bad = BreakerConfig {
+            max_open_ms: 10.0,
+            ..cfg
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_open_ms"));
+        let bad = BreakerConfig {
+            backoff_factor: 0.5,
+            ..cfg
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("backoff_factor"));
     }
 }

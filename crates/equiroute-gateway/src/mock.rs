@@ -26,6 +26,7 @@
 //! | `content_filter` | 400 with `error.code = "content_filter"` (OpenAI's refusal of a prompt) |
 //! | `prefill_rejected` | 400: the conversation must end with a user message (no assistant prefill) |
 //! | `flapping` | odd-numbered calls answer 500, even-numbered ones answer normally |
+//! | `outage` | 503 on every call for the first `outage_ms` (1000 when unset) after the mock started, then healthy |
 //!
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
@@ -69,6 +70,7 @@ pub enum Fault {
     ContentFilter,
     PrefillRejected,
     Flapping,
+    Outage,
 }
 
 /// Behaviour of one route (or of one model's chat calls).
@@ -96,6 +98,9 @@ pub struct RouteProfile {
     pub fault: Option<Fault>,
     /// `slow_first_token`: milliseconds before the first byte (default 1000).
     pub first_token_delay_ms: Option<f64>,
+    /// `outage`: milliseconds after the mock's start during which every call gets a 503
+    /// (default 1000).
+    pub outage_ms: Option<f64>,
 }
 
 impl Default for RouteProfile {
@@ -117,6 +122,7 @@ impl Default for RouteProfile {
             error_400_code: None,
             fault: None,
             first_token_delay_ms: None,
+            outage_ms: None,
         }
     }
 }
@@ -210,6 +216,9 @@ impl RouteProfile {
         {
             return Err(("first_token_delay_ms", format!("milliseconds ≥ 0, got {d}")));
         }
+        if let Some(d) = self.outage_ms.filter(|d| !(*d >= 0.0 && d.is_finite())) {
+            return Err(("outage_ms", format!("milliseconds ≥ 0, got {d}")));
+        }
         Ok(())
     }
 }
@@ -251,6 +260,8 @@ struct MockState {
     profile: MockProfile,
     counters: Counters,
     seq: AtomicU64,
+    /// When the mock started (the `outage` fault's clock).
+    started: std::time::Instant,
 }
 
 /// The connection a request came on: the `reset` fault resets it.
@@ -263,6 +274,7 @@ fn router(profile: MockProfile) -> Router {
         profile,
         counters: Counters::default(),
         seq: AtomicU64::new(1),
+        started: std::time::Instant::now(),
     });
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -424,6 +436,12 @@ async fn behave(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "mock flapping",
             ));
+        }
+        Some(Fault::Outage)
+            if state.started.elapsed().as_secs_f64() * 1000.0
+                < route.outage_ms.unwrap_or(1000.0) =>
+        {
+            return Err(mock_error(StatusCode::SERVICE_UNAVAILABLE, "mock outage"));
         }
         Some(Fault::Unavailable) => {
             return Err(mock_error(

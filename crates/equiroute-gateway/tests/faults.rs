@@ -747,3 +747,50 @@ base_url = "http://{h}/v1"
         "one attempt elsewhere, none after it"
     );
 }
+
+#[tokio::test]
+async fn a_provider_down_then_recovered_is_probed_with_back_off_and_gets_traffic_back_promptly() {
+    // `a` answers 503 for its first 1.5 s, then recovers. Its breaker trips at the first
+    // failure, opens for 100 ms, and each failed probe doubles that, up to 400 ms.
+    let outage = Duration::from_millis(1500);
+    let began = Instant::now();
+    let rig = rig(
+        "outage",
+        &format!("outage_ms = {}", outage.as_millis()),
+        "breaker = { consecutive_failures = 1, open_ms = 100, backoff_factor = 2, max_open_ms = 400 }",
+    )
+    .await;
+    let recovered = began + outage;
+    let mut back = None;
+    let mut during = 0;
+    while began.elapsed() < Duration::from_secs(8) {
+        let r = rig.chat().await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        if Instant::now() < recovered {
+            during = rig.faulty_calls("outage").await;
+        }
+        if r.header("x-equiroute-provider") == Some("a") {
+            back = Some(Instant::now());
+            break;
+        }
+        // Steady traffic, one request every 20 ms.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let back = back.expect("a never got traffic back");
+    // Within the back-off ceiling (400 ms) of recovering, with a wide margin for a loaded
+    // machine; with the old fixed 30 s default period it could be 30 s.
+    let late = back.saturating_duration_since(recovered);
+    assert!(late < Duration::from_millis(1500), "{late:?}");
+    // Backed off while down: the trip plus probes at about 0.1, 0.3, 0.7, 1.1 and 1.5 s
+    // (about 6 calls), where a fixed 100 ms period would have made about 15.
+    assert!((2..=9).contains(&during), "{during} calls to a while down");
+    assert_eq!(
+        rig.breaker("a").await,
+        "half_open",
+        "one probe succeeded so far"
+    );
+    // The next request is the second probe success: closed, traffic back for good.
+    let r = rig.chat().await;
+    assert_eq!(r.header("x-equiroute-provider"), Some("a"));
+    assert_eq!(rig.breaker("a").await, "closed");
+}
