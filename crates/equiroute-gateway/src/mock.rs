@@ -28,7 +28,8 @@
 //! | `flapping` | odd-numbered calls answer 500, even-numbered ones answer normally |
 //! | `outage` | 503 on every call for the first `outage_ms` (1000 when unset) after the mock started, then healthy |
 //!
-//! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
+//! `healthy_calls = N` spares a model's first N chat calls from its fault. Stream faults
+//! apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
 //! the error rates apply to calls it lets through. Calls are counted per route and per model
 //! (the first 1024 model names; later ones under `(other)`).
@@ -101,6 +102,9 @@ pub struct RouteProfile {
     /// `outage`: milliseconds after the mock's start during which every call gets a 503
     /// (default 1000).
     pub outage_ms: Option<f64>,
+    /// Chat calls: the first this many calls of the model are answered without the fault
+    /// (a provider that works, then fails). Default 0.
+    pub healthy_calls: u64,
 }
 
 impl Default for RouteProfile {
@@ -123,6 +127,7 @@ impl Default for RouteProfile {
             fault: None,
             first_token_delay_ms: None,
             outage_ms: None,
+            healthy_calls: 0,
         }
     }
 }
@@ -557,7 +562,15 @@ async fn chat(
         .and_then(serde_json::Value::as_str)
         .unwrap_or("mock-model");
     let call = state.counters.count_model(model);
-    let route = state.profile.chat_for(Some(model));
+    let mut route = state.profile.chat_for(Some(model));
+    let healthy;
+    if call <= route.healthy_calls {
+        healthy = RouteProfile {
+            fault: None,
+            ..route.clone()
+        };
+        route = &healthy;
+    }
     if let Err(r) = behave(&state, route, call, conn.as_deref()).await {
         return r;
     }

@@ -35,9 +35,12 @@ async fn rig(fault: &str, fault_lines: &str, iface_lines: &str) -> Rig {
     ))
     .await;
     let healthy = mock("").await;
+    // One file per rig: tests run at once, and several play the same fault.
+    static RIGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let audit = std::env::temp_dir().join(format!(
-        "equiroute-faults-{}-{fault}.jsonl",
-        std::process::id()
+        "equiroute-faults-{}-{fault}-{}.jsonl",
+        std::process::id(),
+        RIGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let _ = std::fs::remove_file(&audit);
     let cfg = format!(
@@ -793,4 +796,46 @@ async fn a_provider_down_then_recovered_is_probed_with_back_off_and_gets_traffic
     let r = rig.chat().await;
     assert_eq!(r.header("x-equiroute-provider"), Some("a"));
     assert_eq!(rig.breaker("a").await, "closed");
+}
+
+#[tokio::test]
+async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_from_its_first_bytes(
+) {
+    // `a` streams normally (first byte in about 20 ms) for 6 calls, then never answers.
+    let rig = rig(
+        "no_answer",
+        "healthy_calls = 6",
+        "first_byte = { floor_ms = 200 }",
+    )
+    .await;
+    let limit_of = |record: &Value, n: usize| record["attempts"][n]["first_byte_limit_ms"].as_f64();
+    for n in 0..6 {
+        let r = rig.stream().await;
+        assert_eq!(r.header("x-equiroute-provider"), Some("a"), "{}", r.body);
+        if n == 0 {
+            // Nothing learnt yet: the attempt's timeout, here the 3 s deadline.
+            let limit = limit_of(&rig.audit_of(&r).await, 0).unwrap();
+            assert!(limit > 2000.0, "{limit}");
+        }
+    }
+    let t = Instant::now();
+    let r = rig.stream().await;
+    // Cut off after a few of its usual first-byte times (floored at 200 ms), not at the
+    // 3 s deadline, which would have left no time for b.
+    assert_fell_over(&r);
+    assert!(
+        t.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        r.body,
+        equiroute_gateway::mock::stream_chunks("healthy").concat()
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(attempts(&record)[0].1, "timeout");
+    let limit = limit_of(&record, 0).unwrap();
+    assert!((200.0..1500.0).contains(&limit), "{limit}");
+    // The audit shows b's limit too: nothing learnt of b, its timeout (what is left).
+    assert!(limit_of(&record, 1).unwrap() > limit);
 }

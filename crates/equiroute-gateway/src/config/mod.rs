@@ -105,6 +105,8 @@ struct RawInterface {
     attempt_timeout_ms: Option<f64>,
     /// Longest silence between chunks of a streamed answer before it is ended as broken.
     stream_idle_ms: Option<f64>,
+    /// How a streamed attempt's first-byte limit is learnt from the provider.
+    first_byte: Option<crate::server::ttfb::FirstByteLimit>,
     /// An LLM-as-judge that scores a sample of answers.
     judge: Option<RawJudge>,
     feature_dim: Option<usize>,
@@ -213,6 +215,8 @@ pub struct InterfaceConfig {
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
     pub stream_idle: Millis,
+    /// How a streamed attempt's first-byte limit is learnt (at most the attempt's timeout).
+    pub first_byte: crate::server::ttfb::FirstByteLimit,
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub feature_max_words: usize,
@@ -558,6 +562,10 @@ fn load_interface(
     let attempt_timeout =
         positive(raw.attempt_timeout_ms, "attempt_timeout_ms")?.or(Some(Millis(60_000.0)));
     let stream_idle = positive(raw.stream_idle_ms, "stream_idle_ms")?.unwrap_or(Millis(30_000.0));
+    let first_byte = raw.first_byte.unwrap_or_default();
+    first_byte
+        .check()
+        .map_err(|(f, fix)| vec![(at(&format!("first_byte.{f}")), fix)])?;
     let breaker = raw.breaker.unwrap_or_default();
     breaker
         .validate()
@@ -575,6 +583,7 @@ fn load_interface(
     Ok(InterfaceConfig {
         name: name.to_owned(),
         stream_idle,
+        first_byte,
         judge,
         kind: raw.kind,
         policy,

@@ -40,6 +40,9 @@ pub struct AuditAttempt {
     /// `server_error`); absent for a first try or a fallback.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<&'static str>,
+    /// A streamed attempt's time-to-first-byte limit (see `first_byte`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_byte_limit_ms: Option<f64>,
     pub latency_ms: f64,
     pub cost_usd: f64,
 }

@@ -200,6 +200,8 @@ struct Decided {
     slice: SlicePath,
     ranking: equiroute_core::policies::Ranking,
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
+    /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
+    first_byte_limits: Vec<Option<f64>>,
 }
 
 /// Eligibility then ranking: the router's share of the request, timed for `/metrics`.
@@ -284,6 +286,7 @@ fn decide(
         slice,
         ranking,
         excluded: eligible.excluded,
+        first_byte_limits: Vec::new(),
     })
 }
 
@@ -343,10 +346,12 @@ fn audit(
         propensity: decided.ranking.first_choice_probability,
         attempts: attempts
             .iter()
-            .map(|a| super::audit::AuditAttempt {
+            .enumerate()
+            .map(|(n, a)| super::audit::AuditAttempt {
                 provider: id(a.candidate),
                 status: a.outcome.status.as_str(),
                 retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
+                first_byte_limit_ms: decided.first_byte_limits.get(n).copied().flatten(),
                 latency_ms: a.outcome.latency.0,
                 cost_usd: a.outcome.cost.0,
             })
@@ -631,7 +636,7 @@ pub async fn execute_stream(
         started,
         features,
         tokens,
-        decided,
+        mut decided,
         mut run,
     } = begin(&state, &iface, &body, pinned, deadline, &meta)?;
     let mut tried: Vec<usize> = Vec::new();
@@ -653,11 +658,16 @@ pub async fn execute_stream(
             model: &candidate.model,
             seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
         };
-        let limit = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-        match iface.upstreams[next.candidate]
+        let first_byte_limit = first_byte_limit(&iface, next.candidate, now, next.timeout)?;
+        decided
+            .first_byte_limits
+            .push(first_byte_limit.map(|l| l.0));
+        let limit = first_byte_limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
+        let start = iface.upstreams[next.candidate]
             .open_stream(req, limit)
-            .await
-        {
+            .await;
+        learn_first_byte(&state, &iface, next.candidate, &start, first_byte_limit)?;
+        match start {
             StreamStart::Failed(reply) => {
                 let outcome = outcome_of(&reply, candidate, tokens);
                 state.record_attempt(
@@ -704,6 +714,40 @@ pub async fn execute_stream(
         last,
         deadline,
     ))
+}
+
+/// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
+/// from the provider's first-byte times (see [`super::ttfb`]), at most `max`.
+fn first_byte_limit(
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    now: equiroute_core::Timestamp,
+    max: Option<Millis>,
+) -> Result<Option<Millis>, ApiError> {
+    let Some(max) = max else { return Ok(None) };
+    let stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
+    Ok(Some(iface.first_byte.limit(&stats[candidate], now, max)))
+}
+
+/// Feeds a streamed attempt's start to its provider's first-byte statistics: the first
+/// byte's time, or at least the limit when none came within it.
+fn learn_first_byte(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    start: &StreamStart,
+    limit: Option<Millis>,
+) -> Result<(), ApiError> {
+    let mut stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
+    let stats = &mut stats[candidate];
+    match (start, limit) {
+        (StreamStart::Started { ttfb, .. }, _) => super::ttfb::observe(stats, state.now(), *ttfb),
+        (StreamStart::Failed(reply), Some(limit)) if reply.status == AttemptStatus::Timeout => {
+            super::ttfb::observe_cut_off(stats, state.now(), limit);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// A committed stream being relayed to the client: the request's execution goes on in the

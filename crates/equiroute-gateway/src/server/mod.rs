@@ -19,6 +19,7 @@ mod execute;
 pub mod metrics;
 pub mod pending;
 pub mod state;
+pub mod ttfb;
 
 use crate::config::InterfaceKind;
 use crate::upstream::ClientBody;

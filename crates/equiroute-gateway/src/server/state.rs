@@ -32,6 +32,10 @@ pub struct InterfaceRuntime {
     pub limits: ExecutionLimits,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
+    /// How a streamed attempt's first-byte limit is derived from `first_bytes`.
+    pub first_byte: super::ttfb::FirstByteLimit,
+    /// Each candidate's first-byte times (streamed attempts), for its first-byte limit.
+    pub first_bytes: Mutex<Vec<equiroute_core::estimators::nig::LogLatencyStats>>,
     /// The LLM-as-judge, when configured.
     pub judge: Option<Arc<crate::feedback::judge::Judge>>,
     /// Ranks take the read side (they run in parallel); observations the write side. The
@@ -73,6 +77,11 @@ impl InterfaceRuntime {
             deadline: cfg.deadline,
             limits: cfg.limits,
             stream_idle: cfg.stream_idle,
+            first_byte: cfg.first_byte,
+            first_bytes: Mutex::new(vec![
+                equiroute_core::estimators::nig::LogLatencyStats::default();
+                candidates.len()
+            ]),
             judge: cfg
                 .judge
                 .as_ref()

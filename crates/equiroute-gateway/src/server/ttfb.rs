@@ -1,0 +1,181 @@
+//! The time-to-first-byte limit of a streamed attempt, from what the gateway has learnt of
+//! the provider: a posterior (normal-inverse-gamma over the log of its first-byte times,
+//! decayed with a 10-minute half-life, timeouts recorded as censored observations) whose
+//! predictive `quantile` times `factor`, clamped to `[floor_ms, the attempt's timeout]`,
+//! cuts off a provider that stops sending first bytes in a few of its usual first-byte
+//! times rather than at the configured maximum. With fewer than `min_observations`
+//! first bytes seen, the limit is the attempt's timeout.
+
+use equiroute_core::estimators::dist::normal_cdf;
+use equiroute_core::estimators::nig::{LogLatencyStats, NigPrior};
+use equiroute_core::{Millis, Timestamp};
+use serde::Deserialize;
+
+/// Half-life of the first-byte statistics: a provider's last ten minutes count most.
+const HALF_LIFE_MS: f64 = 600_000.0;
+
+/// A weak prior: its location (1 s) is forgotten after one observation; its spread (a
+/// factor of two either way) keeps a few identical observations from a zero-width limit.
+const PRIOR: NigPrior = NigPrior {
+    mu0: 6.907_755_278_982_137,
+    kappa0: 0.01,
+    alpha0: 2.0,
+    beta0: 0.5,
+};
+
+/// How the limit is derived (`first_byte` of an interface).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FirstByteLimit {
+    /// Derive the limit at all (false: the attempt's timeout, as before).
+    pub learned: bool,
+    /// The predictive quantile of the provider's first-byte time that is multiplied.
+    pub quantile: f64,
+    pub factor: f64,
+    /// The shortest limit ever derived.
+    pub floor_ms: f64,
+    /// First bytes seen before the limit is derived.
+    pub min_observations: u64,
+}
+
+impl Default for FirstByteLimit {
+    fn default() -> Self {
+        FirstByteLimit {
+            learned: true,
+            quantile: 0.99,
+            factor: 3.0,
+            floor_ms: 1000.0,
+            min_observations: 5,
+        }
+    }
+}
+
+impl FirstByteLimit {
+    /// The first field out of range, and its fix.
+    ///
+    /// # Errors
+    /// `(field, fix)`.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if !(self.quantile > 0.5 && self.quantile < 1.0) {
+            return Err((
+                "quantile",
+                format!(
+                    "must be above 0.5 and below 1 (default 0.99), got {}",
+                    self.quantile
+                ),
+            ));
+        }
+        if !(self.factor.is_finite() && self.factor >= 1.0) {
+            return Err((
+                "factor",
+                format!(
+                    "must be a finite number of at least 1 (default 3), got {}",
+                    self.factor
+                ),
+            ));
+        }
+        if !(self.floor_ms.is_finite() && self.floor_ms > 0.0) {
+            return Err((
+                "floor_ms",
+                format!(
+                    "must be a positive number of ms (default 1000), got {}",
+                    self.floor_ms
+                ),
+            ));
+        }
+        if self.min_observations == 0 {
+            return Err(("min_observations", "must be at least 1 (default 5)".into()));
+        }
+        Ok(())
+    }
+
+    /// The limit for an attempt whose timeout is `max`, given the provider's statistics at
+    /// `now`: `clamp(factor × exp(μ + z_q·σ), floor_ms, max)`, with (μ, σ²) the posterior
+    /// mean of the log first-byte time and its predictive variance `E[σ²]·(1 + 1/κ)`.
+    #[must_use]
+    pub fn limit(&self, stats: &LogLatencyStats, now: Timestamp, max: Millis) -> Millis {
+        if !self.learned || stats.count < self.min_observations {
+            return max;
+        }
+        let mut s = *stats;
+        s.decay_to(now, Some(HALF_LIFE_MS));
+        let post = s.posterior(&PRIOR);
+        let sigma = (post.mean_sigma2() * (1.0 + 1.0 / post.kappa_n)).sqrt();
+        let quantile = (post.mu_n + z_of(self.quantile) * sigma).exp();
+        Millis((self.factor * quantile).max(self.floor_ms).min(max.0))
+    }
+}
+
+/// Records a first byte after `ttfb`.
+pub fn observe(stats: &mut LogLatencyStats, now: Timestamp, ttfb: Millis) {
+    stats.observe(now, ttfb.0, Some(HALF_LIFE_MS));
+}
+
+/// Records an attempt that had no first byte within `cutoff`: at least that long.
+pub fn observe_cut_off(stats: &mut LogLatencyStats, now: Timestamp, cutoff: Millis) {
+    let mut at_now = *stats;
+    at_now.decay_to(now, Some(HALF_LIFE_MS));
+    let belief = at_now.posterior(&PRIOR);
+    stats.observe_censored(now, cutoff.0, &belief, Some(HALF_LIFE_MS));
+}
+
+/// The standard normal quantile `Φ⁻¹(p)`, by bisection (p in (0.5, 1), checked at loading).
+fn z_of(p: f64) -> f64 {
+    let (mut lo, mut hi) = (0.0, 10.0);
+    for _ in 0..80 {
+        let mid = 0.5 * (lo + hi);
+        if normal_cdf(mid) < p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_a_multiple_of_a_high_quantile_clamped_between_the_floor_and_the_max() {
+        assert!((z_of(0.99) - 2.326_347_874).abs() < 1e-6);
+        let cfg = FirstByteLimit {
+            floor_ms: 10.0,
+            ..FirstByteLimit::default()
+        };
+        let now = Timestamp(0.0);
+        let max = Millis(30_000.0);
+        let mut stats = LogLatencyStats::default();
+        // Four first bytes at 100 ms: not enough yet, the max.
+        for _ in 0..4 {
+            observe(&mut stats, now, Millis(100.0));
+        }
+        assert_eq!(cfg.limit(&stats, now, max), max);
+        observe(&mut stats, now, Millis(100.0));
+        // n = 5 at ln 100: κ = 5.01, μ ≈ ln 100 (the prior weighs 0.01), α = 4.5,
+        // β ≈ 0.5 + 0.01·5·(ln 1000 − ln 100)²/(2·5.01) = 0.526, E[σ²] = 0.526/3.5 = 0.150,
+        // σ = sqrt(0.150 × (1 + 1/5.01)) = 0.425: 3 × 100·e^(0.0046 + 2.326 × 0.425) ≈ 807 ms.
+        let limit = cfg.limit(&stats, now, max).0;
+        assert!((limit - 807.0).abs() < 10.0, "{limit}");
+        // The floor and the max clamp it.
+        let floored = FirstByteLimit::default().limit(&stats, now, max).0;
+        assert!((floored - 1000.0).abs() < 1e-9);
+        assert!((cfg.limit(&stats, now, Millis(500.0)).0 - 500.0).abs() < 1e-9);
+        // A cut-off at the limit raises it: it is censored, not dropped.
+        observe_cut_off(&mut stats, now, Millis(limit));
+        assert!(cfg.limit(&stats, now, max).0 > limit);
+        // Switched off: the max.
+        let off = FirstByteLimit {
+            learned: false,
+            ..cfg
+        };
+        assert_eq!(off.limit(&stats, now, max), max);
+        assert!(FirstByteLimit {
+            quantile: 1.0,
+            ..cfg
+        }
+        .check()
+        .is_err());
+    }
+}
