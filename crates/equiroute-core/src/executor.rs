@@ -25,8 +25,9 @@
 //! - a `Retry-After` of at most [`ExecutionLimits::max_retry_after_wait`] on the candidate
 //!   the policy ranked best (falling over would mean a worse candidate) waits it out;
 //! - a 5xx without `Retry-After` waits [`ExecutionLimits::server_error_retry`] times a
-//!   jitter factor in [0.5, 1.5) (the jitter is passed in: [`Execution::with_jitter`]), on
-//!   the candidate's first 5xx of the request.
+//!   jitter factor in [1 − j, 1 + j) with j = [`ExecutionLimits::server_error_jitter`] (the
+//!   random draw is passed in: [`Execution::with_jitter`]), on the candidate's first 5xx of
+//!   the request.
 
 use crate::decision::{AttemptOutcome, AttemptStatus, Millis, Timestamp, Usd};
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,9 @@ pub struct ExecutionLimits {
     pub max_retry_after_wait: Millis,
     /// Mean pause before the one retry of a candidate after a 5xx (`None`: no retry).
     pub server_error_retry: Option<Millis>,
+    /// How far the 5xx retry's pause spreads around its mean, as a fraction j in [0, 1]:
+    /// the pause is `server_error_retry × (1 − j + 2j·u)`, u uniform in [0, 1).
+    pub server_error_jitter: f64,
 }
 
 impl Default for ExecutionLimits {
@@ -56,6 +60,7 @@ impl Default for ExecutionLimits {
             min_attempt_budget: Millis(1.0),
             max_retry_after_wait: Millis(1000.0),
             server_error_retry: Some(Millis(50.0)),
+            server_error_jitter: 0.5,
         }
     }
 }
@@ -192,7 +197,8 @@ impl Execution {
     }
 
     /// Sets where the 5xx retry's pause falls in its range: `u` in [0, 1) (from the caller's
-    /// random source; 0.5, the mean, by default) gives `server_error_retry × (0.5 + u)`.
+    /// random source; 0.5, the mean, by default) gives `server_error_retry × (1 − j + 2j·u)`
+    /// with j the limits' `server_error_jitter` (0.5: `× (0.5 + u)`).
     #[must_use]
     pub fn with_jitter(mut self, u: f64) -> Execution {
         self.jitter = if (0.0..1.0).contains(&u) { u } else { 0.5 };
@@ -341,8 +347,9 @@ impl Execution {
             }
             (ProviderFailure::Server, None) => {
                 let base = self.limits.server_error_retry?;
+                let j = self.limits.server_error_jitter.clamp(0.0, 1.0);
                 (
-                    Millis(base.0 * (0.5 + self.jitter)),
+                    Millis(base.0 * (1.0 - j + 2.0 * j * self.jitter)),
                     RetryReason::ServerError,
                 )
             }
@@ -663,6 +670,22 @@ mod tests {
             let next = run.next_attempt(Timestamp(40.0 + pause)).unwrap();
             assert_eq!((next.candidate, next.retry), (0, None));
         }
+        // Without jitter the pause is the mean, whatever the draw.
+        let limits = ExecutionLimits {
+            server_error_jitter: 0.0,
+            ..ExecutionLimits::default()
+        };
+        let mut run = Execution::new(vec![1, 0], Timestamp(0.0), None, limits).with_jitter(0.9);
+        let _ = run.next_attempt(Timestamp(0.0)).unwrap();
+        run.record(
+            1,
+            failed(20.0, ProviderFailure::Server, None),
+            Timestamp(0.0),
+        );
+        assert_eq!(
+            run.next_attempt(Timestamp(20.0)).unwrap().wait,
+            Millis(50.0)
+        );
         // A retry its breaker refuses is dropped; the ranking goes on.
         let mut run = Execution::new(vec![1, 0], Timestamp(0.0), None, ExecutionLimits::default());
         let _ = run.next_attempt(Timestamp(0.0)).unwrap();

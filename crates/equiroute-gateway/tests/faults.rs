@@ -839,3 +839,74 @@ async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_
     // The audit shows b's limit too: nothing learnt of b, its timeout (what is left).
     assert!(limit_of(&record, 1).unwrap() > limit);
 }
+
+#[tokio::test]
+async fn the_retry_rule_follows_its_knobs_and_the_audit_shows_each_choice() {
+    // No 5xx retry: a's 500 falls over to b at once.
+    let no_retry = rig("error_500_once", "", "retry = { server_error = false }").await;
+    let r = no_retry.chat().await;
+    assert_fell_over(&r);
+    assert_eq!(
+        tries(&no_retry.audit_of(&r).await),
+        [t("a", "provider_error", None), t("b", "ok", None)]
+    );
+    // Never wait for a Retry-After: a short one falls over too, a called once.
+    let no_wait = rig(
+        "rate_limited",
+        "retry_after_s = 0.2",
+        "retry = { max_retry_after_wait_ms = 0 }",
+    )
+    .await;
+    let r = no_wait.chat().await;
+    assert_fell_over(&r);
+    assert_eq!(no_wait.faulty_calls("rate_limited").await, 1);
+    // A longer pause without jitter: the retry of a waits the whole 400 ms.
+    let slow = rig(
+        "flapping",
+        "",
+        "retry = { server_error_pause_ms = 400, jitter = 0 }",
+    )
+    .await;
+    let began = Instant::now();
+    let r = slow.chat().await;
+    assert!(
+        began.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(
+        (
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (Some("a"), Some("2"))
+    );
+    assert_eq!(
+        tries(&slow.audit_of(&r).await),
+        [
+            t("a", "provider_error", None),
+            t("a", "ok", Some("server_error"))
+        ]
+    );
+}
+
+#[test]
+fn retry_knobs_out_of_range_are_refused_naming_the_field() {
+    let cfg = |retry: &str| {
+        format!(
+            "[interfaces.chat]\nkind = \"chat\"\nretry = {retry}\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n"
+        )
+    };
+    let err = |retry: &str| {
+        equiroute_gateway::config::load(&cfg(retry), "t.toml", &|_| None)
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(err("{ jitter = 2 }").contains("retry.jitter"));
+    assert!(err("{ server_error_pause_ms = -1 }").contains("retry.server_error_pause_ms"));
+    assert!(err("{ retries = 2 }").contains("retries"));
+    assert!(
+        equiroute_gateway::config::load(&cfg("{ server_error = false }"), "t.toml", &|_| None)
+            .is_ok()
+    );
+}

@@ -105,6 +105,8 @@ struct RawInterface {
     attempt_timeout_ms: Option<f64>,
     /// Longest silence between chunks of a streamed answer before it is ended as broken.
     stream_idle_ms: Option<f64>,
+    /// When a provider error retries the same provider instead of falling over.
+    retry: Option<RawRetry>,
     /// How a streamed attempt's first-byte limit is learnt from the provider.
     first_byte: Option<crate::server::ttfb::FirstByteLimit>,
     /// An LLM-as-judge that scores a sample of answers.
@@ -118,6 +120,66 @@ struct RawInterface {
     task_classes: Option<Vec<String>>,
     #[serde(default)]
     providers: Vec<RawProvider>,
+}
+
+/// The retry rule's knobs (`retry = { … }` on an interface); absent fields keep their
+/// defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    /// Longest `Retry-After` waited out on the best-ranked provider (0: never wait).
+    max_retry_after_wait_ms: Option<f64>,
+    /// Whether a 5xx without `Retry-After` is retried once on the same provider.
+    server_error: Option<bool>,
+    /// Mean pause before that retry.
+    server_error_pause_ms: Option<f64>,
+    /// Spread of the pause around its mean, a fraction in [0, 1].
+    jitter: Option<f64>,
+}
+
+/// The execution limits of an interface's retry knobs, or the problem as (field, fix).
+fn retry_limits(
+    raw: &RawRetry,
+    limits: ExecutionLimits,
+) -> Result<ExecutionLimits, (String, String)> {
+    let ms = |v: Option<f64>, field: &str, default: Millis| match v {
+        None => Ok(default),
+        Some(t) if t.is_finite() && (0.0..=MAX_CONNECTION_TIMEOUT_MS).contains(&t) => Ok(Millis(t)),
+        Some(t) => Err((
+            format!("retry.{field}"),
+            format!(
+                "`{t}` is not a wait: write milliseconds from 0 to 86400000 (default {})",
+                default.0
+            ),
+        )),
+    };
+    let defaults = ExecutionLimits::default();
+    let max_retry_after_wait = ms(
+        raw.max_retry_after_wait_ms,
+        "max_retry_after_wait_ms",
+        defaults.max_retry_after_wait,
+    )?;
+    let pause = ms(
+        raw.server_error_pause_ms,
+        "server_error_pause_ms",
+        defaults.server_error_retry.unwrap_or(Millis(50.0)),
+    )?;
+    let jitter = raw.jitter.unwrap_or(defaults.server_error_jitter);
+    if !(0.0..=1.0).contains(&jitter) {
+        return Err((
+            "retry.jitter".into(),
+            format!(
+                "must be a fraction from 0 to 1 (default {}), got {jitter}",
+                defaults.server_error_jitter
+            ),
+        ));
+    }
+    Ok(ExecutionLimits {
+        max_retry_after_wait,
+        server_error_retry: raw.server_error.unwrap_or(true).then_some(pause),
+        server_error_jitter: jitter,
+        ..limits
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -562,6 +624,15 @@ fn load_interface(
     let attempt_timeout =
         positive(raw.attempt_timeout_ms, "attempt_timeout_ms")?.or(Some(Millis(60_000.0)));
     let stream_idle = positive(raw.stream_idle_ms, "stream_idle_ms")?.unwrap_or(Millis(30_000.0));
+    let limits = retry_limits(
+        &raw.retry.unwrap_or_default(),
+        ExecutionLimits {
+            max_attempts,
+            attempt_timeout,
+            ..ExecutionLimits::default()
+        },
+    )
+    .map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let first_byte = raw.first_byte.unwrap_or_default();
     first_byte
         .check()
@@ -588,11 +659,7 @@ fn load_interface(
         kind: raw.kind,
         policy,
         deadline,
-        limits: ExecutionLimits {
-            max_attempts,
-            attempt_timeout,
-            ..ExecutionLimits::default()
-        },
+        limits,
         feature_dim,
         feature_max_words,
         breaker,
