@@ -26,6 +26,7 @@
 //! | `content_filter` | 400 with `error.code = "content_filter"` (OpenAI's refusal of a prompt) |
 //! | `prefill_rejected` | 400: the conversation must end with a user message (no assistant prefill) |
 //! | `flapping` | odd-numbered calls answer 500, even-numbered ones answer normally |
+//! | `endless_stream` | a streamed answer of 16 KiB content chunks that never ends |
 //! | `outage` | 503 on every call for the first `outage_ms` (1000 when unset) after the mock started, then healthy |
 //!
 //! `healthy_calls = N` spares a model's first N chat calls from its fault. Stream faults
@@ -72,6 +73,7 @@ pub enum Fault {
     PrefillRejected,
     Flapping,
     Outage,
+    EndlessStream,
 }
 
 /// Behaviour of one route (or of one model's chat calls).
@@ -265,6 +267,8 @@ struct MockState {
     profile: MockProfile,
     counters: Counters,
     seq: AtomicU64,
+    /// Streamed answers being sent (their upstream connection still open).
+    streams_open: Arc<AtomicU64>,
     /// When the mock started (the `outage` fault's clock).
     started: std::time::Instant,
 }
@@ -279,6 +283,7 @@ fn router(profile: MockProfile) -> Router {
         profile,
         counters: Counters::default(),
         seq: AtomicU64::new(1),
+        streams_open: Arc::new(AtomicU64::new(0)),
         started: std::time::Instant::now(),
     });
     Router::new()
@@ -575,6 +580,9 @@ async fn chat(
         return r;
     }
     if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
+        if route.fault == Some(Fault::EndlessStream) {
+            return endless_stream(route, model, &state.streams_open);
+        }
         return stream_answer(route, model);
     }
     tokio::time::sleep(first_token_delay(route)).await;
@@ -655,6 +663,38 @@ fn stream_answer(route: &RouteProfile, model: &str) -> Response {
     r
 }
 
+/// Counts a streamed answer as open until it is dropped (sent whole, or its connection gone).
+struct OpenStream(Arc<AtomicU64>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A streamed answer that never ends: 16 KiB content chunks every `chunk_gap_ms`.
+fn endless_stream(route: &RouteProfile, model: &str, open: &Arc<AtomicU64>) -> Response {
+    open.fetch_add(1, Ordering::Relaxed);
+    let guard = OpenStream(open.clone());
+    let c = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
+        "choices": [{"index": 0, "delta": {"content": "x".repeat(16 * 1024)}, "finish_reason": null}]});
+    let chunk = Bytes::from(format!("data: {c}\n\n"));
+    let gap = std::time::Duration::from_secs_f64(route.chunk_gap_ms / 1000.0);
+    let stream = futures_util::stream::unfold(guard, move |guard| {
+        let chunk = chunk.clone();
+        async move {
+            tokio::time::sleep(gap).await;
+            Some((Ok::<_, std::io::Error>(chunk), guard))
+        }
+    });
+    let mut r = axum::body::Body::from_stream(stream).into_response();
+    r.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
 async fn search(
     State(state): State<Arc<MockState>>,
     conn: Option<axum::Extension<Connection>>,
@@ -684,6 +724,7 @@ async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
         "chat": state.counters.chat.load(Ordering::Relaxed),
         "search": state.counters.search.load(Ordering::Relaxed),
         "authorized": state.counters.authorized.load(Ordering::Relaxed),
+        "streams_open": state.streams_open.load(Ordering::Relaxed),
         "models": models,
     }))
 }

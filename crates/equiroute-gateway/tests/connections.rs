@@ -427,6 +427,7 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(30),
             max_connections: 1024,
         }
     );
@@ -466,6 +467,11 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
             "idle_timeout_ms = 1e12",
             "server.idle_timeout_ms",
             "at most 86400000",
+        ),
+        (
+            "send_timeout_ms = 0",
+            "server.send_timeout_ms",
+            "greater than 0",
         ),
         (
             "idle_timeout_ms = nan",

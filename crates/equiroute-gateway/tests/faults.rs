@@ -910,3 +910,60 @@ fn retry_knobs_out_of_range_are_refused_naming_the_field() {
             .is_ok()
     );
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_a_stream_is_cut_off_and_the_upstream_released() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // `a` streams 16 KiB chunks for ever; the client reads the first bytes, then stops.
+    let rig = rig(
+        "endless_stream",
+        "chunk_gap_ms = 0",
+        "[server]\nsend_timeout_ms = 300",
+    )
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(rig.gw.addr).await.unwrap();
+    let body = chat_body(true);
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &head[..n]);
+    let open = || async {
+        http(rig.faulty.addr, "GET", "/_stats", &[], "")
+            .await
+            .json()["streams_open"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(open().await, 1, "a is streaming");
+    // Within the send timeout (300 ms) of the buffers filling up, with a wide margin: the
+    // gateway gives up on the client and drops a's stream. Without the timeout it would
+    // stream into the full socket for ever.
+    let until = Instant::now() + Duration::from_secs(8);
+    while open().await > 0 {
+        assert!(Instant::now() < until, "a's stream is still held open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The client's connection was closed: what was buffered, then the end.
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await;
+    assert!(end.is_ok(), "the gateway kept the connection open");
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("data: [DONE]"),
+        "an abandoned stream never looks complete"
+    );
+    let record = loop {
+        let text = std::fs::read_to_string(&rig.audit).unwrap_or_default();
+        if let Some(line) = text.lines().next() {
+            break serde_json::from_str::<Value>(line).unwrap();
+        }
+        assert!(Instant::now() < until, "no audit record");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(attempts(&record)[0].1, "cancelled", "{record}");
+}

@@ -90,6 +90,8 @@ struct RawServer {
     body_read_timeout_ms: Option<f64>,
     /// Longest a keep-alive connection stays open with no request in flight.
     idle_timeout_ms: Option<f64>,
+    /// Longest a response write may wait for a client that does not read.
+    send_timeout_ms: Option<f64>,
     /// Most client connections open at once, across every event loop.
     max_connections: Option<usize>,
 }
@@ -325,6 +327,9 @@ pub struct ConnectionLimits {
     pub body_read_timeout: Duration,
     /// A keep-alive connection with no request in flight is closed after this.
     pub idle_timeout: Duration,
+    /// A response write that makes no progress for this long (a client that stopped
+    /// reading) closes the connection, which ends the upstream call behind it.
+    pub send_timeout: Duration,
     /// Most connections open at once over every event loop; further ones get a 503.
     pub max_connections: usize,
 }
@@ -335,6 +340,7 @@ impl Default for ConnectionLimits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(30),
             max_connections: 1024,
         }
     }
@@ -379,6 +385,11 @@ fn connection_limits(raw: &RawServer) -> Result<ConnectionLimits, Vec<(String, S
             raw.idle_timeout_ms,
             "idle_timeout_ms",
             defaults.idle_timeout,
+        ),
+        send_timeout: timeout(
+            raw.send_timeout_ms,
+            "send_timeout_ms",
+            defaults.send_timeout,
         ),
         max_connections: raw.max_connections.unwrap_or(defaults.max_connections),
     };

@@ -10,6 +10,10 @@
 //! event loop; beyond, a new connection gets a raw 503 with `Retry-After: 1` and is closed
 //! without being served.
 //!
+//! A write to a client that does not read (its socket stays full) fails after `send_timeout`
+//! without progress: the connection closes, and with it the response (a relayed stream
+//! ends, which cancels its upstream call).
+//!
 //! Hyper's own `header_read_timeout` is not used: it also runs while a keep-alive connection
 //! waits for its next request, so it would close idle connections at the header timeout
 //! instead of the idle one.
@@ -204,6 +208,8 @@ async fn connection(
     let io = TokioIo::new(WatchedIo {
         io: stream,
         activity: activity.clone(),
+        send_timeout: limits.send_timeout,
+        stalled: None,
     });
     let handler = Handler {
         app,
@@ -329,10 +335,40 @@ impl Activity {
     }
 }
 
-/// The socket, telling its connection's [`Activity`] when bytes arrive.
+/// The socket, telling its connection's [`Activity`] when bytes arrive, and failing a write
+/// that has waited `send_timeout` for a client that does not read.
 struct WatchedIo {
     io: TcpStream,
     activity: Arc<Activity>,
+    send_timeout: Duration,
+    /// Runs while writes wait (the socket is full); reset by any progress.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WatchedIo {
+    /// Tracks a write's result: progress resets the send timer; a wait starts it (the timer
+    /// wakes the connection when it runs out, so the next poll fails the write).
+    fn watch_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.send_timeout;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client did not read the response in time",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl AsyncRead for WatchedIo {
@@ -357,14 +393,18 @@ impl AsyncWrite for WatchedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.watch_write(cx, polled)
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.watch_write(cx, polled)
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
