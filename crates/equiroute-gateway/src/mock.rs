@@ -487,28 +487,33 @@ async fn behave(
         }
         _ => {}
     }
-    let u: f64 = rng.random();
+    error_band(route, rng.random()).map_or(Ok(()), Err)
+}
+
+/// The error answer of the band `u` (uniform in [0, 1)) falls in, if it falls in one: 500,
+/// 503, 429, 400, in that order.
+fn error_band(route: &RouteProfile, u: f64) -> Option<Response> {
     let mut edge = route.error_500;
     if u < edge {
-        return Err(mock_error(
+        return Some(mock_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "mock internal error",
         ));
     }
     edge += route.error_503;
     if u < edge {
-        return Err(mock_error(
+        return Some(mock_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "mock overloaded",
         ));
     }
     edge += route.error_429;
     if u < edge {
-        return Err(rate_limited(route.retry_after_s));
+        return Some(rate_limited(route.retry_after_s));
     }
     edge += route.error_400;
     if u < edge {
-        return Err(match &route.error_400_code {
+        return Some(match &route.error_400_code {
             Some(code) => error_answer(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
@@ -518,7 +523,7 @@ async fn behave(
             None => mock_error(StatusCode::BAD_REQUEST, "mock rejects this request"),
         });
     }
-    Ok(())
+    None
 }
 
 fn count_auth(state: &MockState, headers: &HeaderMap) {

@@ -27,6 +27,9 @@ struct Rig {
     audit: PathBuf,
 }
 
+/// Rigs made so far: one audit file each (tests run at once, several play the same fault).
+static RIGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// `fault_lines` go into the fault's `[models."FAULT"]` table; `iface_lines` into the chat
 /// interface's table.
 async fn rig(fault: &str, fault_lines: &str, iface_lines: &str) -> Rig {
@@ -35,8 +38,6 @@ async fn rig(fault: &str, fault_lines: &str, iface_lines: &str) -> Rig {
     ))
     .await;
     let healthy = mock("").await;
-    // One file per rig: tests run at once, and several play the same fault.
-    static RIGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let audit = std::env::temp_dir().join(format!(
         "equiroute-faults-{}-{fault}-{}.jsonl",
         std::process::id(),

@@ -139,6 +139,38 @@ struct RawRetry {
     jitter: Option<f64>,
 }
 
+/// An interface's limits on its attempts, or the problem as (field, fix).
+fn execution_limits(
+    max_attempts: Option<u32>,
+    attempt_timeout_ms: Option<f64>,
+    retry: Option<&RawRetry>,
+) -> Result<ExecutionLimits, (String, String)> {
+    let max_attempts = max_attempts.unwrap_or(3);
+    if max_attempts == 0 {
+        return Err(("max_attempts".into(), "must be at least 1".into()));
+    }
+    // Never wait forever on one provider, even without a deadline.
+    let attempt_timeout = match attempt_timeout_ms {
+        Some(t) if t.is_finite() && t > 0.0 => Millis(t),
+        Some(_) => {
+            return Err((
+                "attempt_timeout_ms".into(),
+                "must be a positive number of ms".into(),
+            ))
+        }
+        None => Millis(60_000.0),
+    };
+    let limits = ExecutionLimits {
+        max_attempts,
+        attempt_timeout: Some(attempt_timeout),
+        ..ExecutionLimits::default()
+    };
+    match retry {
+        Some(retry) => retry_limits(retry, limits),
+        None => Ok(limits),
+    }
+}
+
 /// The execution limits of an interface's retry knobs, or the problem as (field, fix).
 fn retry_limits(
     raw: &RawRetry,
@@ -627,23 +659,9 @@ fn load_interface(
         }
     };
     let deadline = positive(raw.deadline_ms, "deadline_ms")?;
-    let max_attempts = raw.max_attempts.unwrap_or(3);
-    if max_attempts == 0 {
-        return Err(vec![(at("max_attempts"), "must be at least 1".into())]);
-    }
-    // Never wait forever on one provider, even without a deadline.
-    let attempt_timeout =
-        positive(raw.attempt_timeout_ms, "attempt_timeout_ms")?.or(Some(Millis(60_000.0)));
     let stream_idle = positive(raw.stream_idle_ms, "stream_idle_ms")?.unwrap_or(Millis(30_000.0));
-    let limits = retry_limits(
-        &raw.retry.unwrap_or_default(),
-        ExecutionLimits {
-            max_attempts,
-            attempt_timeout,
-            ..ExecutionLimits::default()
-        },
-    )
-    .map_err(|(f, fix)| vec![(at(&f), fix)])?;
+    let limits = execution_limits(raw.max_attempts, raw.attempt_timeout_ms, raw.retry.as_ref())
+        .map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let first_byte = raw.first_byte.unwrap_or_default();
     first_byte
         .check()
