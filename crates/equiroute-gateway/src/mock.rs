@@ -26,6 +26,7 @@
 //! | `content_filter` | 400 with `error.code = "content_filter"` (OpenAI's refusal of a prompt) |
 //! | `prefill_rejected` | 400: the conversation must end with a user message (no assistant prefill) |
 //! | `flapping` | odd-numbered calls answer 500, even-numbered ones answer normally |
+//! | `outage_then_recovers` | 503 on calls `outage_calls = [from, to)` of the model (from 1; `[1, 6)` when unset), healthy before and after |
 //!
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
@@ -69,6 +70,7 @@ pub enum Fault {
     ContentFilter,
     PrefillRejected,
     Flapping,
+    OutageThenRecovers,
 }
 
 /// Behaviour of one route (or of one model's chat calls).
@@ -96,6 +98,8 @@ pub struct RouteProfile {
     pub fault: Option<Fault>,
     /// `slow_first_token`: milliseconds before the first byte (default 1000).
     pub first_token_delay_ms: Option<f64>,
+    /// `outage_then_recovers`: the calls `[from, to)` that answer 503 (default `[1, 6)`).
+    pub outage_calls: Option<[u64; 2]>,
 }
 
 impl Default for RouteProfile {
@@ -117,6 +121,7 @@ impl Default for RouteProfile {
             error_400_code: None,
             fault: None,
             first_token_delay_ms: None,
+            outage_calls: None,
         }
     }
 }
@@ -424,6 +429,12 @@ async fn behave(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "mock flapping",
             ));
+        }
+        Some(Fault::OutageThenRecovers)
+            if (route.outage_calls.map_or(1, |c| c[0])..route.outage_calls.map_or(6, |c| c[1]))
+                .contains(&call) =>
+        {
+            return Err(mock_error(StatusCode::SERVICE_UNAVAILABLE, "mock outage"));
         }
         Some(Fault::Unavailable) => {
             return Err(mock_error(
