@@ -28,6 +28,7 @@
 //! | `flapping` | odd-numbered calls answer 500, even-numbered ones answer normally |
 //! | `endless_stream` | a streamed answer of 16 KiB content chunks that never ends |
 //! | `outage` | 503 on every call for the first `outage_ms` (1000 when unset) after the mock started, then healthy |
+//! | `outage_then_recovers` | 503 on calls `outage_calls = [from, to)` of the model (from 1; `[1, 6)` when unset), healthy before and after |
 //!
 //! `healthy_calls = N` spares a model's first N chat calls from its fault. Stream faults
 //! apply to streamed answers only (an unstreamed one is answered normally);
@@ -74,6 +75,7 @@ pub enum Fault {
     Flapping,
     Outage,
     EndlessStream,
+    OutageThenRecovers,
 }
 
 /// Behaviour of one route (or of one model's chat calls).
@@ -107,6 +109,8 @@ pub struct RouteProfile {
     /// Chat calls: the first this many calls of the model are answered without the fault
     /// (a provider that works, then fails). Default 0.
     pub healthy_calls: u64,
+    /// `outage_then_recovers`: the calls `[from, to)` that answer 503 (default `[1, 6)`).
+    pub outage_calls: Option<[u64; 2]>,
 }
 
 impl Default for RouteProfile {
@@ -130,6 +134,7 @@ impl Default for RouteProfile {
             first_token_delay_ms: None,
             outage_ms: None,
             healthy_calls: 0,
+            outage_calls: None,
         }
     }
 }
@@ -450,6 +455,12 @@ async fn behave(
         Some(Fault::Outage)
             if state.started.elapsed().as_secs_f64() * 1000.0
                 < route.outage_ms.unwrap_or(1000.0) =>
+        {
+            return Err(mock_error(StatusCode::SERVICE_UNAVAILABLE, "mock outage"));
+        }
+        Some(Fault::OutageThenRecovers)
+            if (route.outage_calls.map_or(1, |c| c[0])..route.outage_calls.map_or(6, |c| c[1]))
+                .contains(&call) =>
         {
             return Err(mock_error(StatusCode::SERVICE_UNAVAILABLE, "mock outage"));
         }

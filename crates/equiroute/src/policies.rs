@@ -176,6 +176,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "weight of the fast latency level (0 = off), in [0, 1]",
     ),
     (
+        "stale_half_life_ms",
+        "an untried provider's evidence halves after this long (null = off), > 0",
+    ),
+    (
         "level_half_life_ms",
         "the fast level's weight halves after this long without a call",
     ),

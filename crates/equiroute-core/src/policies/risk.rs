@@ -24,6 +24,7 @@ use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPoster
 use crate::hash::KeyHasher;
 use crate::StateError;
 use rand::RngCore;
+use rand_distr::Distribution;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -91,6 +92,11 @@ pub struct RiskConfig {
     /// Most (candidate, slice) latency statistics kept beyond each candidate's root; the
     /// least useful are evicted to make room (see the module doc).
     pub max_slices: usize,
+    /// Half-life in ms of a candidate's evidence while it goes untried (`None`: off). See
+    /// [`RiskModel::freshness`]: a belief formed during an outage or a spike fades toward the
+    /// prior, and the failure rate is drawn from its widening Beta posterior, so the candidate
+    /// is tried again. Attempts of every kind (breaker half-open probes too) refresh it.
+    pub stale_half_life_ms: Option<f64>,
 }
 
 impl Default for RiskConfig {
@@ -105,6 +111,7 @@ impl Default for RiskConfig {
             level_beta: 0.0,
             level_half_life_ms: 30_000.0,
             max_slices: RiskConfig::DEFAULT_MAX_SLICES,
+            stale_half_life_ms: Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS),
         }
     }
 }
@@ -112,11 +119,17 @@ impl Default for RiskConfig {
 impl RiskConfig {
     /// The default of [`RiskConfig::max_slices`].
     pub const DEFAULT_MAX_SLICES: usize = 4096;
+    /// The default of [`RiskConfig::stale_half_life_ms`] (docs/policies.md, "Beliefs that go
+    /// stale").
+    pub const DEFAULT_STALE_HALF_LIFE_MS: f64 = 120_000.0;
 
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
         self.latency_prior.validate()?;
         if let Some(h) = self.latency_half_life_ms {
             crate::error::positive("latency_half_life_ms", h)?;
+        }
+        if let Some(h) = self.stale_half_life_ms {
+            crate::error::positive("stale_half_life_ms", h)?;
         }
         self.failure.validate()?;
         if !(1..=SlicePath::MAX_DEPTH).contains(&self.slice_depth) {
@@ -340,7 +353,7 @@ impl RiskModel {
     /// [`Self::posterior`] with the fast level's location shift: what the ranking uses.
     #[must_use]
     pub fn current(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
-        let mut post = self.posterior(i, slice, now);
+        let mut post = self.stale_posterior(i, self.posterior(i, slice, now), now);
         post.mu_n += self.levels[i].shift(now, &self.cfg);
         post
     }
@@ -348,7 +361,17 @@ impl RiskModel {
     /// Smoothed failure probability of candidate `i` at `now`.
     #[must_use]
     pub fn failure_rate(&self, i: usize, now: Timestamp) -> f64 {
-        self.failures[i].rate(now, &self.cfg.failure)
+        if self.cfg.stale_half_life_ms.is_none() {
+            return self.failures[i].rate(now, &self.cfg.failure);
+        }
+        let (failed, succeeded) = self.stale_failure_counts(i, now);
+        let prior = &self.cfg.failure;
+        let den = failed + succeeded + prior.prior_weight;
+        if den > 0.0 {
+            (failed + prior.prior_rate * prior.prior_weight) / den
+        } else {
+            prior.prior_rate
+        }
     }
 
     /// Point estimates (no sampling): failure rate and deadline-miss probability.
@@ -364,18 +387,19 @@ impl RiskModel {
     /// A Thompson draw of candidate `i`'s risk for this request. Draws from `rng` only when
     /// the request has a deadline and the candidate is not guarded.
     pub fn sample(&self, i: usize, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> RiskSample {
-        let failure = self.failure_rate(i, ctx.now);
+        let point_failure = self.failure_rate(i, ctx.now);
+        let failure = self.sampled_failure(i, ctx.now, point_failure, rng);
         let post = self.current(i, ctx.slice, ctx.now);
         let Some(deadline) = ctx.deadline else {
             return RiskSample {
                 failure,
                 exceedance: 0.0,
                 bad: failure,
-                guarded: failure > self.cfg.exploration_guard,
+                guarded: point_failure > self.cfg.exploration_guard,
                 median_ms: post.median_ms(),
             };
         };
-        if self.over_guard(failure, &post, deadline.0) {
+        if self.over_guard(point_failure, &post, deadline.0) {
             let exceedance = post.point_exceedance(deadline.0);
             return RiskSample {
                 failure,
@@ -408,6 +432,54 @@ impl RiskModel {
             return false;
         }
         bad_outcome_probability(failure, post.point_exceedance(deadline_ms)) > guard
+    }
+
+    /// How much of candidate `i`'s evidence still counts at `now`: `2^(−age/h)`, where `age`
+    /// is the time since its last attempt and `h` is `stale_half_life_ms` (1 when off). A
+    /// candidate in use is refreshed by every call and keeps its belief; one the ranking left
+    /// (after an outage, a spike or an open breaker) drifts back to the prior, so its draws
+    /// widen and it is tried again within a few half-lives. No state of its own: the age is
+    /// read from the failure counts' and the fast level's timestamps, so saved states load.
+    #[must_use]
+    pub fn freshness(&self, i: usize, now: Timestamp) -> f64 {
+        let last = self.failures[i].at.0.max(self.levels[i].at.0);
+        decay_factor(self.cfg.stale_half_life_ms, now.0 - last)
+    }
+
+    /// Candidate `i`'s (failed, succeeded) attempt counts at `now`, decayed by the failure
+    /// half-life and by [`Self::freshness`].
+    fn stale_failure_counts(&self, i: usize, now: Timestamp) -> (f64, f64) {
+        let f = &self.failures[i];
+        let decay = decay_factor(self.cfg.failure.half_life_ms, now.0 - f.at.0);
+        let weight = decay * self.freshness(i, now);
+        let failed = f.failures * weight;
+        (failed, (f.attempts * weight - failed).max(0.0))
+    }
+
+    /// The failure probability used in a draw: with staleness on, a draw from the Beta
+    /// posterior of the stale-decayed counts and the prior (mean `point`), so that a
+    /// candidate with few recent attempts has a wide draw; off, the point estimate (no draw).
+    fn sampled_failure(&self, i: usize, now: Timestamp, point: f64, rng: &mut dyn RngCore) -> f64 {
+        if self.cfg.stale_half_life_ms.is_none() {
+            return point;
+        }
+        let (failed, succeeded) = self.stale_failure_counts(i, now);
+        let prior = &self.cfg.failure;
+        let a = failed + prior.prior_rate * prior.prior_weight;
+        let b = succeeded + (1.0 - prior.prior_rate) * prior.prior_weight;
+        beta_draw(a, b, rng).unwrap_or(point)
+    }
+
+    /// `post` with candidate `i`'s data weighted by [`Self::freshness`]: the data's
+    /// pseudo-count, its share of the mean and its spread shrink by the same factor, so a
+    /// stale posterior moves back toward the prior (exactly the posterior of the data with
+    /// every weight scaled).
+    fn stale_posterior(&self, i: usize, post: NigPosterior, now: Timestamp) -> NigPosterior {
+        let fresh = self.freshness(i, now);
+        if fresh >= 1.0 {
+            return post;
+        }
+        shrink_toward_prior(&post, &self.cfg.latency_prior, fresh)
     }
 
     /// Learns from one attempt: provider failures and successes feed the failure EWMA
@@ -508,6 +580,40 @@ impl RiskModel {
     }
 }
 
+/// A draw from `Beta(a, b)` (via two Gamma draws); `None` when a parameter is not positive.
+/// A zero `a` (no failure and a zero prior rate) is the point mass at 0.
+fn beta_draw(a: f64, b: f64, rng: &mut dyn RngCore) -> Option<f64> {
+    if a <= 0.0 {
+        return (b > 0.0).then_some(0.0);
+    }
+    if b <= 0.0 {
+        return Some(1.0);
+    }
+    let x = rand_distr::Gamma::new(a, 1.0).ok()?.sample(rng);
+    let y = rand_distr::Gamma::new(b, 1.0).ok()?.sample(rng);
+    (x + y > 0.0).then(|| x / (x + y))
+}
+
+/// The NIG posterior of the same data with every weight multiplied by `fresh` (0–1).
+fn shrink_toward_prior(post: &NigPosterior, prior: &NigPrior, fresh: f64) -> NigPosterior {
+    let n = post.kappa_n - prior.kappa0;
+    if n <= 0.0 {
+        return *post;
+    }
+    let mean = (post.kappa_n * post.mu_n - prior.kappa0 * prior.mu0) / n;
+    let gap = (mean - prior.mu0).powi(2);
+    let half_deviations =
+        (post.beta_n - prior.beta0 - prior.kappa0 * n * gap / (2.0 * post.kappa_n)).max(0.0);
+    let kept = n * fresh;
+    let kappa = prior.kappa0 + kept;
+    NigPosterior {
+        mu_n: (prior.kappa0 * prior.mu0 + kept * mean) / kappa,
+        kappa_n: kappa,
+        alpha_n: prior.alpha0 + (post.alpha_n - prior.alpha0) * fresh,
+        beta_n: prior.beta0 + half_deviations * fresh + prior.kappa0 * kept * gap / (2.0 * kappa),
+    }
+}
+
 /// `C_ref` for a request: configured, or the mean expected cost of the eligible candidates.
 pub(crate) fn cost_reference(configured: Option<f64>, ctx: &RankContext<'_>) -> f64 {
     configured.unwrap_or_else(|| {
@@ -536,6 +642,7 @@ pub(crate) fn cost_factor(cost: f64, cost_ref: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::decision::{AttemptOutcome, Millis};
+    use rand::SeedableRng;
 
     fn ok(model: &mut RiskModel, latency_ms: f64, now_ms: f64) {
         model.observe(&AttemptObservation {
@@ -750,6 +857,139 @@ mod tests {
         for &key in &code.levels()[1..] {
             assert!(busy.latency.contains_key(&(0, key)));
         }
+    }
+
+    fn attempt(model: &mut RiskModel, status: AttemptStatus, now_ms: f64) {
+        model.observe(&AttemptObservation {
+            candidate: 0,
+            features: &[],
+            slice: SlicePath::root(),
+            deadline: None,
+            outcome: &AttemptOutcome::with_status(20.0, status),
+            now: Timestamp(now_ms),
+        });
+    }
+
+    /// 400 calls, one every 250 ms: healthy for 50 s, then 50 s of outage (connection
+    /// failures); nothing after t = 100 s.
+    fn after_outage(stale_half_life_ms: Option<f64>) -> RiskModel {
+        let mut m = RiskModel::new(
+            1,
+            RiskConfig {
+                stale_half_life_ms,
+                ..RiskConfig::default()
+            },
+        );
+        for t in 0..400 {
+            let status = if t < 200 {
+                AttemptStatus::Ok
+            } else {
+                AttemptStatus::ProviderError(crate::decision::ProviderFailure::Connection)
+            };
+            attempt(&mut m, status, f64::from(t) * 250.0);
+        }
+        m
+    }
+
+    #[test]
+    fn an_untried_candidates_failure_belief_fades_to_the_prior_and_its_draw_widens() {
+        let end = 99_750.0;
+        let off = after_outage(None);
+        let on = after_outage(Some(10_000.0));
+        // At the end of the outage both see it failing: about 94 decayed failures against 20
+        // decayed successes (from before the outage) and 2 prior pseudo-attempts, 0.81.
+        assert!(off.failure_rate(0, Timestamp(end)) > 0.75);
+        assert!(
+            (on.failure_rate(0, Timestamp(end)) - off.failure_rate(0, Timestamp(end))).abs()
+                < 1e-12
+        );
+        // 60 s later without an attempt. Off: 2^-3 of both counts, 11.8 failures in 14.3
+        // attempts against 2 prior pseudo-attempts, still 0.72. On: the evidence also halves
+        // every 10 s (2^-6 more), leaving 0.18 failures in 0.22 attempts: 0.18/2.22 ≈ 0.08.
+        let later = Timestamp(end + 60_000.0);
+        let stale_off = off.failure_rate(0, later);
+        let stale_on = on.failure_rate(0, later);
+        assert!(stale_off > 0.65, "{stale_off}");
+        assert!(stale_on < 0.15, "{stale_on}");
+        // Its draws are spread around that mean: a share of them reach below 2%, which is
+        // what lets a healthy fallback's 0 be challenged.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let draws: Vec<f64> = (0..4000)
+            .map(|_| on.sampled_failure(0, later, stale_on, &mut rng))
+            .collect();
+        let low = draws.iter().filter(|&&d| d < 0.02).count() as f64 / 4000.0;
+        let mean = draws.iter().sum::<f64>() / 4000.0;
+        // (0.58 with this seed.)
+        assert!(low > 0.4, "share of draws below 2%: {low}");
+        assert!(
+            (mean - stale_on).abs() < 0.02,
+            "draw mean {mean} vs {stale_on}"
+        );
+        // Off, the draw is the point estimate.
+        assert!((off.sampled_failure(0, later, stale_off, &mut rng) - stale_off).abs() < 1e-15);
+    }
+
+    #[test]
+    fn a_candidate_in_use_keeps_its_belief() {
+        let on = after_outage(Some(10_000.0));
+        let off = after_outage(None);
+        let now = Timestamp(99_750.0);
+        // Attempted at `now`: fully fresh, same rate and posterior as without staleness.
+        assert!((on.freshness(0, now) - 1.0).abs() < 1e-15);
+        assert_eq!(
+            on.current(0, SlicePath::root(), now),
+            off.current(0, SlicePath::root(), now)
+        );
+        // A healthy candidate's draw is the point mass at 0 (no failures, prior rate 0).
+        let mut healthy = RiskModel::new(1, RiskConfig::default());
+        for t in 0..100 {
+            attempt(&mut healthy, AttemptStatus::Ok, f64::from(t) * 250.0);
+        }
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let t = Timestamp(30_000.0);
+        assert!(healthy.sampled_failure(0, t, healthy.failure_rate(0, t), &mut rng) == 0.0);
+    }
+
+    #[test]
+    fn a_stale_posterior_is_the_posterior_of_the_data_weighted_by_freshness() {
+        let prior = NigPrior::default();
+        let data = LogLatencyStats::from_latencies(&[300.0, 450.0, 280.0, 900.0, 350.0, 610.0]);
+        for fresh in [1.0, 0.5, 0.1, 0.0] {
+            let mut scaled = data;
+            scaled.scale(fresh);
+            let want = scaled.posterior(&prior);
+            let got = shrink_toward_prior(&data.posterior(&prior), &prior, fresh);
+            for (a, b) in [
+                (got.mu_n, want.mu_n),
+                (got.kappa_n, want.kappa_n),
+                (got.alpha_n, want.alpha_n),
+                (got.beta_n, want.beta_n),
+            ] {
+                assert!((a - b).abs() < 1e-9, "fresh {fresh}: {got:?} vs {want:?}");
+            }
+        }
+        // Fully stale is the prior itself.
+        assert!(
+            (shrink_toward_prior(&data.posterior(&prior), &prior, 0.0).mu_n - prior.mu0).abs()
+                < 1e-12
+        );
+    }
+
+    #[test]
+    fn the_stale_half_life_is_optional_and_defaults_when_absent() {
+        let absent: RiskConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(
+            absent.stale_half_life_ms,
+            Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS)
+        );
+        let off: RiskConfig = serde_json::from_str(r#"{"stale_half_life_ms": null}"#).unwrap();
+        assert_eq!(off.stale_half_life_ms, None);
+        let zero = RiskConfig {
+            stale_half_life_ms: Some(0.0),
+            ..RiskConfig::default()
+        };
+        let e = zero.validate().unwrap_err().to_string();
+        assert!(e.contains("stale_half_life_ms"), "{e}");
     }
 
     #[test]

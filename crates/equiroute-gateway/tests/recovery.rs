@@ -1,0 +1,106 @@
+//! A primary that answered 503 for a while is tried again once it recovers, while the
+//! fallback answers well: `lqm-ts`'s failure belief goes stale without new attempts
+//! (`risk.stale_half_life_ms`, docs/policies.md "Beliefs that go stale"), its draw widens and
+//! the primary is re-tested at a bounded rate. With the staleness off, the belief formed by
+//! the 503s lasts about the failure half-life times log2 of the failures (tens of seconds),
+//! and the primary is not tried again within this test's bound.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{http, mock, start};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+async fn calls(addr: SocketAddr, model: &str) -> u64 {
+    http(addr, "GET", "/_stats", &[], "").await.json()["models"][model]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn lqm_ts_sends_traffic_back_to_a_recovered_primary_within_a_bounded_time() {
+    // Calls 4–7 of the primary answer 503 (two requests' worth: each 503 is retried once),
+    // then it is healthy again.
+    let faulty =
+        mock("[models.down]\nfault = \"outage_then_recovers\"\noutage_calls = [4, 8]\n").await;
+    let healthy = mock("").await;
+    // The primary is cheaper, so good outcomes per unit of spend put it first while healthy.
+    let cfg = format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "lqm-ts", risk = {{ stale_half_life_ms = 250 }} }}
+deadline_ms = 3000
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "down"
+base_url = "http://{}/v1"
+price = {{ per_call = 0.001 }}
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "healthy"
+base_url = "http://{}/v1"
+price = {{ per_call = 0.002 }}
+"#,
+        faulty.addr, healthy.addr
+    );
+    let gw = start(&cfg, &[]).await;
+    let body =
+        json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+
+    let started = Instant::now();
+    let bound = Duration::from_secs(6);
+    // Per request: who answered, and the primary's call count after it.
+    let mut answered: Vec<(String, u64)> = Vec::new();
+    let mut outage_over: Option<(usize, Instant)> = None;
+    let mut recovered: Option<(usize, Instant)> = None;
+    while started.elapsed() < bound {
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &body).await;
+        assert_eq!(r.status, 200, "every request is answered: {}", r.body);
+        let provider = r.header("x-equiroute-provider").unwrap().to_owned();
+        let a_calls = calls(faulty.addr, "down").await;
+        if a_calls >= 7 && outage_over.is_none() {
+            outage_over = Some((answered.len(), Instant::now()));
+        }
+        if outage_over.is_some() && recovered.is_none() && provider == "a" {
+            recovered = Some((answered.len(), Instant::now()));
+        }
+        answered.push((provider, a_calls));
+        if let Some((at, _)) = recovered {
+            if answered.len() >= at + 40 {
+                break;
+            }
+        }
+    }
+    let (over_at, over_time) = outage_over.expect("the primary was tried through its outage");
+    let (back_at, back_time) = recovered.unwrap_or_else(|| {
+        panic!(
+            "the recovered primary was not tried again within {bound:?} ({} requests after \
+             its outage, all answered by b)",
+            answered.len() - over_at
+        )
+    });
+    // The re-test came within a bounded number of requests and seconds of the last 503.
+    let wait = back_time - over_time;
+    assert!(wait < Duration::from_secs(4), "{wait:?}");
+    assert!(back_at - over_at <= 300, "{} requests", back_at - over_at);
+    // And traffic came back: the primary answers at least 60% of the next 40 requests.
+    let next: Vec<&(String, u64)> = answered[back_at..].iter().take(40).collect();
+    assert!(
+        next.len() == 40,
+        "only {} requests after the recovery",
+        next.len()
+    );
+    let on_a = next.iter().filter(|(p, _)| p == "a").count();
+    assert!(
+        on_a >= 24,
+        "the primary answered {on_a} of the 40 requests after its recovery"
+    );
+}
