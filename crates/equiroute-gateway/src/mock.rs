@@ -481,6 +481,21 @@ async fn behave(
     } else {
         mixed_fault(&route.fault_mix, rng.random())
     };
+    play_fault(route, fault, call, conn).await?;
+    if let Some(r) = error_rates(route, rng.random()) {
+        return Err(r);
+    }
+    Ok(fault)
+}
+
+/// The answer of a fault that answers (or resets, or hangs) in place of the route:
+/// `Err` with it, `Ok` for no fault or one that changes the answer itself (the stream faults).
+async fn play_fault(
+    route: &RouteProfile,
+    fault: Option<Fault>,
+    call: u64,
+    conn: Option<&Connection>,
+) -> Result<(), Response> {
     let invalid = |code: serde_json::Value, message: &str| {
         error_answer(
             StatusCode::BAD_REQUEST,
@@ -547,28 +562,33 @@ async fn behave(
         }
         _ => {}
     }
-    let u: f64 = rng.random();
+    Ok(())
+}
+
+/// The route's error rates, for a call the fault let through: the error answer when `u`
+/// (uniform in [0, 1)) falls in one of the bands 500, 503, 429, 400, in this order.
+fn error_rates(route: &RouteProfile, u: f64) -> Option<Response> {
     let mut edge = route.error_500;
     if u < edge {
-        return Err(mock_error(
+        return Some(mock_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "mock internal error",
         ));
     }
     edge += route.error_503;
     if u < edge {
-        return Err(mock_error(
+        return Some(mock_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "mock overloaded",
         ));
     }
     edge += route.error_429;
     if u < edge {
-        return Err(rate_limited(route.retry_after_s));
+        return Some(rate_limited(route.retry_after_s));
     }
     edge += route.error_400;
     if u < edge {
-        return Err(match &route.error_400_code {
+        return Some(match &route.error_400_code {
             Some(code) => error_answer(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
@@ -578,7 +598,7 @@ async fn behave(
             None => mock_error(StatusCode::BAD_REQUEST, "mock rejects this request"),
         });
     }
-    Ok(fault)
+    None
 }
 
 fn count_auth(state: &MockState, headers: &HeaderMap) {
