@@ -30,8 +30,16 @@
 //! | `outage` | 503 on every call for the first `outage_ms` (1000 when unset) after the mock started, then healthy |
 //! | `outage_then_recovers` | 503 on calls `outage_calls = [from, to)` of the model (from 1; `[1, 6)` when unset), healthy before and after |
 //!
-//! `healthy_calls = N` spares a model's first N chat calls from its fault. Stream faults
-//! apply to streamed answers only (an unstreamed one is answered normally);
+//! A route can instead mix faults at random: `fault_mix = { reset = 0.02, stream_cut = 0.05 }`
+//! plays each fault on that share of the calls, one draw per call from the call's seeded
+//! random sequence (the faults that depend on the call history or the clock,
+//! `error_500_once`, `flapping`, `outage` and `outage_then_recovers`, are not mixed; `error_500` is the random 500). `hang_ms` bounds how long
+//! `no_answer` and `stream_stall` hold a connection (for ever when unset), so a long run
+//! does not pile them up.
+//!
+//! `healthy_calls = N` spares a model's first N chat calls from its fault.
+//!
+//! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
 //! the error rates apply to calls it lets through. Calls are counted per route and per model
 //! (the first 1024 model names; later ones under `(other)`).
@@ -53,7 +61,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A named fault the mock plays (see the module doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
     RateLimited,
@@ -111,6 +119,11 @@ pub struct RouteProfile {
     pub healthy_calls: u64,
     /// `outage_then_recovers`: the calls `[from, to)` that answer 503 (default `[1, 6)`).
     pub outage_calls: Option<[u64; 2]>,
+    /// Faults played at random: each on this share of the calls (shares add up to at most 1).
+    pub fault_mix: BTreeMap<Fault, f64>,
+    /// `no_answer` and `stream_stall`: milliseconds before the mock closes the connection
+    /// (for ever when unset).
+    pub hang_ms: Option<f64>,
 }
 
 impl Default for RouteProfile {
@@ -135,6 +148,8 @@ impl Default for RouteProfile {
             outage_ms: None,
             healthy_calls: 0,
             outage_calls: None,
+            fault_mix: BTreeMap::new(),
+            hang_ms: None,
         }
     }
 }
@@ -227,6 +242,45 @@ impl RouteProfile {
             .filter(|d| !(*d >= 0.0 && d.is_finite()))
         {
             return Err(("first_token_delay_ms", format!("milliseconds ≥ 0, got {d}")));
+        }
+        if let Some(h) = self.hang_ms.filter(|h| !(*h >= 0.0 && h.is_finite())) {
+            return Err(("hang_ms", format!("milliseconds ≥ 0, got {h}")));
+        }
+        self.check_fault_mix()
+    }
+
+    /// `fault_mix`: shares in [0, 1] adding up to at most 1, no history-dependent fault, and
+    /// not together with `fault`.
+    fn check_fault_mix(&self) -> Result<(), (&'static str, String)> {
+        if self.fault_mix.is_empty() {
+            return Ok(());
+        }
+        if let Some(f) = self.fault {
+            return Err((
+                "fault_mix",
+                format!("cannot be combined with `fault = {f:?}`: keep one of the two"),
+            ));
+        }
+        for (fault, share) in &self.fault_mix {
+            if matches!(fault, Fault::Error500Once | Fault::Flapping | Fault::Outage | Fault::OutageThenRecovers) {
+                return Err((
+                    "fault_mix",
+                    format!("{fault:?} depends on the call history, which a random mix has not: use error_500 for random 500s"),
+                ));
+            }
+            if !(0.0..=1.0).contains(share) {
+                return Err((
+                    "fault_mix",
+                    format!("{fault:?}: a share from 0 to 1, got {share}"),
+                ));
+            }
+        }
+        let total: f64 = self.fault_mix.values().sum();
+        if total > 1.0 + 1e-9 {
+            return Err((
+                "fault_mix",
+                format!("the shares must add up to at most 1, got {total}"),
+            ));
         }
         if let Some(d) = self.outage_ms.filter(|d| !(*d >= 0.0 && d.is_finite())) {
             return Err(("outage_ms", format!("milliseconds ≥ 0, got {d}")));
@@ -414,19 +468,63 @@ fn rate_limited(retry_after_s: Option<f64>) -> Response {
     r
 }
 
-/// Waits the route's latency, then decides the outcome: `Err` is an error response (or a
-/// connection that is reset or left unanswered). `call` is the call's number for its model.
+/// The fault of `fault_mix` that `u` (uniform in [0, 1)) falls on, if any.
+fn mixed_fault(mix: &BTreeMap<Fault, f64>, u: f64) -> Option<Fault> {
+    let mut edge = 0.0;
+    for (fault, share) in mix {
+        edge += share;
+        if u < edge {
+            return Some(*fault);
+        }
+    }
+    None
+}
+
+/// Never resolves, or resolves after `hang_ms` when set: what `no_answer` and `stream_stall`
+/// wait on.
+async fn hang(route: &RouteProfile) {
+    match route.hang_ms {
+        Some(ms) => tokio::time::sleep(std::time::Duration::from_secs_f64(ms / 1000.0)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits the route's latency, then decides the outcome: `Ok` with the fault that plays on
+/// this call (the route's `fault`, or one drawn from its `fault_mix`), or `Err` with an error
+/// response (or a connection that is reset or left unanswered). `call` is the call's number
+/// for its model.
 async fn behave(
     state: &MockState,
     route: &RouteProfile,
     call: u64,
     conn: Option<&Connection>,
-) -> Result<(), Response> {
+) -> Result<Option<Fault>, Response> {
     let n = state.seq.fetch_add(1, Ordering::Relaxed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n);
     let latency =
         LogNormal::from_p50_p95(route.latency.p50_ms, route.latency.p95_ms).sample(&mut rng);
     precise_sleep(std::time::Duration::from_secs_f64(latency / 1000.0)).await;
+    let fault = if route.fault_mix.is_empty() {
+        route.fault
+    } else {
+        mixed_fault(&route.fault_mix, rng.random())
+    };
+    play_fault(state, route, fault, call, conn).await?;
+    if let Some(r) = error_rates(route, rng.random()) {
+        return Err(r);
+    }
+    Ok(fault)
+}
+
+/// The answer of a fault that answers (or resets, or hangs) in place of the route:
+/// `Err` with it, `Ok` for no fault or one that changes the answer itself (the stream faults).
+async fn play_fault(
+    state: &MockState,
+    route: &RouteProfile,
+    fault: Option<Fault>,
+    call: u64,
+    conn: Option<&Connection>,
+) -> Result<(), Response> {
     let invalid = |code: serde_json::Value, message: &str| {
         error_answer(
             StatusCode::BAD_REQUEST,
@@ -435,7 +533,7 @@ async fn behave(
             message,
         )
     };
-    match route.fault {
+    match fault {
         Some(Fault::RateLimited) => {
             return Err(rate_limited(Some(route.retry_after_s.unwrap_or(1.0))))
         }
@@ -477,7 +575,14 @@ async fn behave(
             // The connection task drops the connection, and this call with it.
             return Err(std::future::pending().await);
         }
-        Some(Fault::NoAnswer) => return Err(std::future::pending().await),
+        Some(Fault::NoAnswer) => {
+            hang(route).await;
+            // Closes the connection without an answer.
+            if let Some(c) = conn {
+                c.0.notify_one();
+            }
+            return Err(std::future::pending().await);
+        }
         Some(Fault::ContextLengthExceeded) => {
             return Err(invalid(
                 json!("context_length_exceeded"),
@@ -498,12 +603,12 @@ async fn behave(
         }
         _ => {}
     }
-    error_band(route, rng.random()).map_or(Ok(()), Err)
+    None
 }
 
-/// The error answer of the band `u` (uniform in [0, 1)) falls in, if it falls in one: 500,
-/// 503, 429, 400, in that order.
-fn error_band(route: &RouteProfile, u: f64) -> Option<Response> {
+/// The route's error rates, for a call the fault let through: the error answer when `u`
+/// (uniform in [0, 1)) falls in one of the bands 500, 503, 429, 400, in this order.
+fn error_rates(route: &RouteProfile, u: f64) -> Option<Response> {
     let mut edge = route.error_500;
     if u < edge {
         return Some(mock_error(
@@ -558,8 +663,8 @@ fn json_body(body: &Bytes) -> Result<serde_json::Value, Box<Response>> {
 }
 
 /// `slow_first_token`'s wait.
-fn first_token_delay(route: &RouteProfile) -> std::time::Duration {
-    if route.fault == Some(Fault::SlowFirstToken) {
+fn first_token_delay(route: &RouteProfile, fault: Option<Fault>) -> std::time::Duration {
+    if fault == Some(Fault::SlowFirstToken) {
         std::time::Duration::from_secs_f64(route.first_token_delay_ms.unwrap_or(1000.0) / 1000.0)
     } else {
         std::time::Duration::ZERO
@@ -588,20 +693,22 @@ async fn chat(
     if call <= route.healthy_calls {
         healthy = RouteProfile {
             fault: None,
+            fault_mix: BTreeMap::new(),
             ..route.clone()
         };
         route = &healthy;
     }
-    if let Err(r) = behave(&state, route, call, conn.as_deref()).await {
-        return r;
-    }
+    let fault = match behave(&state, route, call, conn.as_deref()).await {
+        Ok(fault) => fault,
+        Err(r) => return r,
+    };
     if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
-        if route.fault == Some(Fault::EndlessStream) {
+        if fault == Some(Fault::EndlessStream) {
             return endless_stream(route, model, &state.streams_open);
         }
-        return stream_answer(route, model);
+        return stream_answer(route, model, fault);
     }
-    tokio::time::sleep(first_token_delay(route)).await;
+    tokio::time::sleep(first_token_delay(route, fault)).await;
     Json(json!({
         "id": "chatcmpl-mock",
         "object": "chat.completion",
@@ -650,11 +757,12 @@ pub fn faulty_stream_chunks(model: &str, fault: Option<Fault>) -> Vec<String> {
     chunks
 }
 
-fn stream_answer(route: &RouteProfile, model: &str) -> Response {
-    let chunks = faulty_stream_chunks(model, route.fault);
+fn stream_answer(route: &RouteProfile, model: &str, fault: Option<Fault>) -> Response {
+    let chunks = faulty_stream_chunks(model, fault);
     let gap = std::time::Duration::from_secs_f64(route.chunk_gap_ms / 1000.0);
-    let first_delay = first_token_delay(route);
-    let (cut, stall) = match route.fault {
+    let first_delay = first_token_delay(route, fault);
+    let hang_ms = route.hang_ms;
+    let (cut, stall) = match fault {
         Some(Fault::StreamCut) => (Some(route.stream_cut_after.unwrap_or(2)), None),
         Some(Fault::StreamStall) => (None, Some(route.stream_stall_after.unwrap_or(2))),
         _ => (route.stream_cut_after, route.stream_stall_after),
@@ -665,7 +773,14 @@ fn stream_answer(route: &RouteProfile, model: &str) -> Response {
             return Some((Err(std::io::Error::other("cut")), (usize::MAX, chunks)));
         }
         if stall == Some(i) {
-            std::future::pending::<()>().await;
+            match hang_ms {
+                // Then the connection breaks, as a cut stream.
+                Some(ms) => {
+                    tokio::time::sleep(std::time::Duration::from_secs_f64(ms / 1000.0)).await;
+                    return Some((Err(std::io::Error::other("stalled")), (usize::MAX, chunks)));
+                }
+                None => std::future::pending::<()>().await,
+            }
         }
         let next = chunks.get(i)?.clone();
         tokio::time::sleep(if i > 0 { gap } else { first_delay }).await;
@@ -723,10 +838,11 @@ async fn search(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    if let Err(r) = behave(&state, &state.profile.search, call, conn.as_deref()).await {
-        return r;
-    }
-    tokio::time::sleep(first_token_delay(&state.profile.search)).await;
+    let fault = match behave(&state, &state.profile.search, call, conn.as_deref()).await {
+        Ok(fault) => fault,
+        Err(r) => return r,
+    };
+    tokio::time::sleep(first_token_delay(&state.profile.search, fault)).await;
     Json(json!({"query": body.get("query"), "results": [{"title": "mock result", "url": "https://example.invalid/mock"}]})).into_response()
 }
 
@@ -747,7 +863,9 @@ async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Counters, Fault, LatencySpec, MockProfile, MAX_COUNTED_MODELS, OTHER_MODELS};
+    use super::{
+        mixed_fault, Counters, Fault, LatencySpec, MockProfile, MAX_COUNTED_MODELS, OTHER_MODELS,
+    };
 
     #[test]
     fn a_profile_names_the_field_at_fault() {
@@ -808,6 +926,37 @@ mod tests {
                 }
             )
         );
+    }
+
+    #[test]
+    fn a_fault_mix_is_checked_and_drawn_by_share() {
+        let err = |text: &str| MockProfile::from_toml(text, "m.toml").unwrap_err();
+        let e = err("[chat]\nfault_mix = { reset = 0.7, no_answer = 0.4 }\n");
+        assert_eq!(
+            e,
+            "m.toml: `chat.fault_mix`: the shares must add up to at most 1, got 1.1"
+        );
+        let e = err("[chat]\nfault_mix = { flapping = 0.1 }\n");
+        assert!(e.contains("depends on the call history"), "{e}");
+        let e = err("[chat]\nfault = \"reset\"\nfault_mix = { no_answer = 0.1 }\n");
+        assert!(e.contains("cannot be combined with `fault"), "{e}");
+        let e = err("[chat]\nfault_mix = { exploding = 0.1 }\n");
+        assert!(e.contains("`chat.fault_mix"), "{e}");
+        let e = err("[models.m]\nhang_ms = -1\n");
+        assert_eq!(e, "m.toml: `models.m.hang_ms`: milliseconds ≥ 0, got -1");
+        let p = MockProfile::from_toml(
+            "[chat]\nfault_mix = { reset = 0.1, stream_cut = 0.2 }\nhang_ms = 500\n",
+            "m.toml",
+        )
+        .unwrap();
+        // Faults in their declared order (Fault's order): reset on [0, 0.1), stream_cut on
+        // [0.1, 0.3), none above (0.31: the float sum 0.1 + 0.2 is a hair over 0.3).
+        let mix = &p.chat.fault_mix;
+        assert_eq!(mixed_fault(mix, 0.05), Some(Fault::Reset));
+        assert_eq!(mixed_fault(mix, 0.1), Some(Fault::StreamCut));
+        assert_eq!(mixed_fault(mix, 0.29), Some(Fault::StreamCut));
+        assert_eq!(mixed_fault(mix, 0.31), None);
+        assert_eq!(mixed_fault(&std::collections::BTreeMap::new(), 0.0), None);
     }
 
     #[test]

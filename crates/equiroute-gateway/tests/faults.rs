@@ -967,4 +967,41 @@ async fn a_client_that_stops_reading_a_stream_is_cut_off_and_the_upstream_releas
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(attempts(&record)[0].1, "cancelled", "{record}");
+/// The mock's random mix (what the soak uses): each fault on about its share of the calls,
+/// the same calls on every run (the draw is seeded by the call number), and a `stream_stall`
+/// with `hang_ms` that ends instead of holding the connection for ever.
+#[tokio::test]
+async fn the_mocks_fault_mix_plays_each_fault_on_its_share_of_the_calls() {
+    let profile = "[chat]\nlatency = { p50_ms = 0, p95_ms = 0 }\nfault_mix = { unavailable = 0.3, content_filter = 0.2 }\n[models.stall]\nlatency = { p50_ms = 0, p95_ms = 0 }\nfault_mix = { stream_stall = 1.0 }\nhang_ms = 50\n";
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let m = mock(profile).await;
+        let mut statuses = Vec::new();
+        for _ in 0..400 {
+            statuses.push(
+                http(m.addr, "POST", "/v1/chat/completions", &[], body)
+                    .await
+                    .status,
+            );
+        }
+        runs.push(statuses);
+    }
+    assert_eq!(runs[0], runs[1], "the same calls fail on every run");
+    let count = |s: u16| runs[0].iter().filter(|x| **x == s).count();
+    // 400 calls: 120 and 80 expected; ±4 standard deviations.
+    assert!((84..=156).contains(&count(503)), "503s: {}", count(503));
+    assert!((50..=110).contains(&count(400)), "400s: {}", count(400));
+    assert_eq!(count(200) + count(503) + count(400), 400);
+    let m = mock(profile).await;
+    let stream = r#"{"model":"stall","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        http(m.addr, "POST", "/v1/chat/completions", &[], stream),
+    )
+    .await
+    .expect("a stall with hang_ms ends");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.matches("data: ").count(), 2, "{}", r.body);
+    assert!(!r.body.contains("[DONE]"), "{}", r.body);
 }
