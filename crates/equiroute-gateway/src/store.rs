@@ -53,7 +53,7 @@ pub enum StoreError {
     Unusable { path: String, reason: String },
     /// Another open of the file holds its lock: the file is fine, and deleting it would split
     /// the learning between the holder and this process.
-    #[error("state file {path} is in use by {holder}: a gateway holds its state file while it runs. Stop that one first, or give each gateway a `[state] path` of its own; the file is not damaged, do not delete it")]
+    #[error("state file {path} is in use by {holder}: a gateway holds its state file while it runs. Stop that one first, give each gateway a `[state] path` of its own, or start this one with `equiroute serve --in-memory`; the file is not damaged, do not delete it")]
     Locked { path: String, holder: String },
     /// `state export` of a file that does not exist or holds no snapshot yet.
     #[error("no state saved yet at {path}")]

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 mod state;
-pub use state::{RedisStateConfig, StateConfig};
+pub use state::{default_state_file, RedisStateConfig, StateConfig};
 
 /// The embedded default: two interfaces of in-process simulated providers, so that
 /// `equiroute serve` routes for real on a fresh machine with no keys and no services.
