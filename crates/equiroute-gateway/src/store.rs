@@ -23,7 +23,7 @@ use redb::{Builder, Database, DatabaseError, ReadableDatabase, StorageBackend, T
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 /// Version of the snapshot format.
@@ -32,19 +32,7 @@ pub const SCHEMA: u32 = 1;
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 const KEY: &str = "gateway";
 
-/// Where state is kept and how often it is saved.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreConfig {
-    pub path: PathBuf,
-    /// Seconds between snapshots (also saved on shutdown).
-    #[serde(default = "default_interval")]
-    pub snapshot_interval_s: f64,
-}
-
-fn default_interval() -> f64 {
-    5.0
-}
+pub use crate::config::StoreConfig;
 
 /// A state file that cannot be used, and what to do about it.
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use equiroute_gateway::config::load;
 use equiroute_gateway::mock::MockProfile;
 
@@ -136,26 +138,13 @@ fn families(exposition: &str) -> std::collections::BTreeSet<String> {
 /// family added anywhere shows up here even if nothing below records it.
 fn metric_names_in_source() -> std::collections::BTreeSet<String> {
     let mut names = std::collections::BTreeSet::new();
-    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap().map(Result::unwrap) {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap_or("");
-            for (at, _) in code.match_indices("\"equiroute_") {
-                let name: String = code[at + 1..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                names.insert(name);
-            }
+    for (_, code) in common::sources() {
+        for (at, _) in code.match_indices("\"equiroute_") {
+            let name: String = code[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            names.insert(name);
         }
     }
     names

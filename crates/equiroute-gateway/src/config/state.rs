@@ -2,10 +2,23 @@
 //! Redis (several gateway instances sharing their statistics).
 
 use super::Secret;
-use crate::store::StoreConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Where state is kept and how often it is saved.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    /// Seconds between snapshots (also saved on shutdown).
+    #[serde(default = "default_interval")]
+    pub snapshot_interval_s: f64,
+}
+
+fn default_interval() -> f64 {
+    5.0
+}
 
 /// `[state]` as written.
 #[derive(Debug, Default, Deserialize)]

@@ -34,7 +34,6 @@ use equiroute_core::{Millis, QualityFeedback};
 use error::{echo, ApiError};
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
-use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The router of a gateway with `state`.
@@ -65,32 +64,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// The text a request is about, for the featurizer: the last user message of a chat, the
-/// `query` (or whole body) of a tool call.
-/// Borrowed from the body when it is a string (a long prompt is not copied).
-#[must_use]
-pub fn query_text(kind: InterfaceKind, body: &Value) -> Cow<'_, str> {
-    match kind {
-        InterfaceKind::Chat => body
-            .get("messages")
-            .and_then(Value::as_array)
-            .and_then(|m| {
-                m.iter()
-                    .rev()
-                    .find(|msg| msg.get("role").and_then(Value::as_str) == Some("user"))
-                    .or_else(|| m.last())
-            })
-            .and_then(|msg| msg.get("content"))
-            .map_or(Cow::Borrowed(""), |c| match c {
-                Value::String(s) => Cow::Borrowed(s.as_str()),
-                other => Cow::Owned(other.to_string()),
-            }),
-        InterfaceKind::Tool => body
-            .get("query")
-            .and_then(Value::as_str)
-            .map_or_else(|| Cow::Owned(body.to_string()), Cow::Borrowed),
-    }
-}
+pub use crate::request::query_text;
 
 /// What a request needs from a provider, and its expected size in tokens: `tools` present
 /// → tool support; `response_format` json → JSON mode; `stream` → streaming; image parts →
