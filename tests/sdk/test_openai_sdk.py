@@ -1,12 +1,18 @@
 """The official OpenAI Python SDK against `equiroute serve` with its embedded defaults.
 
+Its learning is kept in a temporary XDG_STATE_HOME (the default state file), never in the
+runner's home.
+
 Run by `.ci/run` (which installs `openai` into a virtualenv):
     python tests/sdk/test_openai_sdk.py target/debug/equiroute
 """
 
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import openai
 
@@ -74,12 +80,16 @@ def check_models(client):
 
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/debug/equiroute"
-    proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    state_home = tempfile.mkdtemp(prefix="equiroute-sdk-state-")
+    env = dict(os.environ, XDG_STATE_HOME=state_home)
+    proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True, env=env)
     passed = failed = 0
     try:
         line = proc.stdout.readline()
         match = re.search(r"http://([0-9.]+:[0-9]+)", line)
         assert match, f"no address in {line!r}"
+        learning = proc.stdout.readline()
+        assert learning.startswith("learning: persists in " + state_home), learning
         client = openai.OpenAI(base_url=f"http://{match.group(1)}/v1", api_key="unused", max_retries=0)
         for check in (check_completion, check_stream, check_not_found, check_bad_request, check_bad_field, check_models):
             try:
@@ -92,6 +102,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        shutil.rmtree(state_home, ignore_errors=True)
     print(f"sdk: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -1094,3 +1094,51 @@ fn the_warm_up_release_is_written_out_only_when_on_and_rejects_a_negative_z() {
         .to_string();
     assert!(err.contains("warmup_exit_z"), "{err}");
 }
+
+#[test]
+fn quality_observations_count_the_scores_an_estimate_rests_on() {
+    let cands = candidates(2);
+    let x = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    for kind in [
+        PolicyKind::Lqm,
+        PolicyKind::LqmTs,
+        PolicyKind::Linucb,
+        PolicyKind::Additive,
+        PolicyKind::SwUcb,
+    ] {
+        let mut p = PolicyConfig::default_for(kind).build(&cands, 8).unwrap();
+        assert_eq!(p.quality_observations(), Some(vec![0, 0]), "{kind:?}");
+        // An answer teaches nothing about quality until its score arrives.
+        attempt(p.as_mut(), 0, &x, AttemptStatus::Ok, 100.0, 1.0);
+        assert_eq!(p.quality_observations(), Some(vec![0, 0]), "{kind:?}");
+        answered(p.as_mut(), 0, &x, 100.0, 0.9, 2.0);
+        // A failure is taught as a score of 0 (`failure_quality`, on by default), except by
+        // `lqm-ts`, whose risk model learns failures instead.
+        attempt(
+            p.as_mut(),
+            1,
+            &x,
+            AttemptStatus::ProviderError(ProviderFailure::Server),
+            100.0,
+            3.0,
+        );
+        let failure_scored = u64::from(kind != PolicyKind::LqmTs);
+        assert_eq!(
+            p.quality_observations(),
+            Some(vec![1, failure_scored]),
+            "{kind:?}"
+        );
+    }
+    for kind in [
+        PolicyKind::TsDeadline,
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLatency,
+    ] {
+        let p = PolicyConfig::default_for(kind).build(&cands, 8).unwrap();
+        assert_eq!(
+            p.quality_observations(),
+            None,
+            "{kind:?}: no quality estimate"
+        );
+    }
+}

@@ -23,7 +23,7 @@ use redb::{Builder, Database, DatabaseError, ReadableDatabase, StorageBackend, T
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 /// Version of the snapshot format.
@@ -32,19 +32,7 @@ pub const SCHEMA: u32 = 1;
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 const KEY: &str = "gateway";
 
-/// Where state is kept and how often it is saved.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreConfig {
-    pub path: PathBuf,
-    /// Seconds between snapshots (also saved on shutdown).
-    #[serde(default = "default_interval")]
-    pub snapshot_interval_s: f64,
-}
-
-fn default_interval() -> f64 {
-    5.0
-}
+pub use crate::config::StoreConfig;
 
 /// A state file that cannot be used, and what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +41,7 @@ pub enum StoreError {
     Unusable { path: String, reason: String },
     /// Another open of the file holds its lock: the file is fine, and deleting it would split
     /// the learning between the holder and this process.
-    #[error("state file {path} is in use by {holder}: a gateway holds its state file while it runs. Stop that one first, or give each gateway a `[state] path` of its own; the file is not damaged, do not delete it")]
+    #[error("state file {path} is in use by {holder}: a gateway holds its state file while it runs. Stop that one first, give each gateway a `[state] path` of its own, or start this one with `equiroute serve --in-memory`; the file is not damaged, do not delete it")]
     Locked { path: String, holder: String },
     /// `state export` of a file that does not exist or holds no snapshot yet.
     #[error("no state saved yet at {path}")]

@@ -3,6 +3,10 @@
 //! policy, and the mock-upstream profile example parses. A renamed or removed field fails here,
 //! so the docs cannot drift from the code.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
 use equiroute_gateway::config::load;
 use equiroute_gateway::mock::MockProfile;
 
@@ -103,4 +107,114 @@ fn the_block_reader_finds_blocks_and_only_them() {
     let md = "text\n```toml\na = 1\n```\n```sh\nls\n```\n```toml\nb = 2\nc = 3\n```\n";
     assert_eq!(blocks(md, "toml"), vec!["a = 1\n", "b = 2\nc = 3\n"]);
     assert_eq!(blocks(md, "sh"), vec!["ls\n"]);
+}
+
+/// The metric families in a Prometheus exposition: sample names, with a histogram's
+/// `_bucket`, `_sum` and `_count` series folded into its family (named by its `# TYPE` line).
+fn families(exposition: &str) -> std::collections::BTreeSet<String> {
+    let histograms: Vec<&str> = exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" histogram"))
+        .collect();
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap_or(l))
+        .map(|name| {
+            histograms
+                .iter()
+                .find(|h| {
+                    name.strip_prefix(**h)
+                        .is_some_and(|rest| ["_bucket", "_sum", "_count"].contains(&rest))
+                })
+                .map_or(name, |h| *h)
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Every metric name written as a string literal in the crate's code (tests excluded): a
+/// family added anywhere shows up here even if nothing below records it.
+fn metric_names_in_source() -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (_, code) in common::sources() {
+        for (at, _) in code.match_indices("\"equiroute_") {
+            let name: String = code[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// The metric families `docs/configuration.md` documents: every `equiroute_…` name in
+/// backticks in its `/metrics` section.
+fn documented_metrics() -> std::collections::BTreeSet<String> {
+    let docs = read("docs/configuration.md");
+    let start = docs
+        .find("### `GET /metrics`")
+        .expect("docs/configuration.md has a /metrics section");
+    let section = &docs[start + 3..];
+    let section = &section[..section.find("\n#").unwrap_or(section.len())];
+    section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|code| code.starts_with("equiroute_"))
+        .map(|code| code.split('{').next().unwrap_or(code).to_owned())
+        .collect()
+}
+
+#[test]
+fn the_documented_metrics_are_the_exposed_metrics() {
+    use equiroute_gateway::server::state::AppState;
+    // Shared state (never connected here) so that its metrics are rendered too.
+    let text = "[state]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\
+        [interfaces.chat]\nkind = \"chat\"\n\
+        [[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\n\
+        sim = { latency = { p50_ms = 1, p95_ms = 2 } }\n";
+    let cfg = load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+    let state = AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"));
+    // Every recorder once: counters appear once counted.
+    let m = &state.metrics;
+    m.request("chat", "ok");
+    m.attempt("chat", "a", "ok");
+    m.fallback("chat");
+    m.breaker("a", "open");
+    m.task_class_unlisted("chat");
+    m.slices_evicted("chat", 1);
+    m.feedback("accepted");
+    m.decision_time(3.0);
+    m.router_time(5.0);
+    m.request_latency("chat", 40.0);
+    let mut exposition = m.render();
+    state
+        .shared
+        .as_ref()
+        .expect("redis backend")
+        .render_metrics(&mut exposition);
+    let exposed = families(&exposition);
+    assert_eq!(
+        exposed,
+        metric_names_in_source(),
+        "a metric family in the code is not recorded by this test: record it above"
+    );
+    let documented = documented_metrics();
+    let undocumented: Vec<&String> = exposed.difference(&documented).collect();
+    let not_exposed: Vec<&String> = documented.difference(&exposed).collect();
+    assert!(
+        undocumented.is_empty() && not_exposed.is_empty(),
+        "exposed but not in docs/configuration.md's /metrics section: {undocumented:?}; \
+         documented there but never exposed: {not_exposed:?}"
+    );
+}
+
+#[test]
+fn metric_families_fold_a_histograms_series_and_keep_counters() {
+    let text = "a_total{x=\"1\"} 2\n# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\nh_other 3\n";
+    let got: Vec<String> = families(text).into_iter().collect();
+    assert_eq!(got, ["a_total", "h", "h_other"]);
 }

@@ -345,15 +345,31 @@ async fn feedback_reaches_the_policy_once() {
     assert_eq!(r.status, 200, "{}", r.body);
     let id = r.header("x-equiroute-request-id").unwrap().to_owned();
     let quality = |state: &Value| {
-        state["candidates"][0]["estimates"]["quality"]
-            .as_f64()
-            .unwrap()
+        let estimates = &state["candidates"][0]["estimates"];
+        (
+            estimates["quality"].as_f64().unwrap(),
+            estimates["quality_observations"].as_u64().unwrap(),
+        )
     };
-    let before = quality(
-        &http(gw.addr, "GET", "/v1/interfaces/search/state", &[], "")
-            .await
-            .json(),
-    );
+    let state = http(gw.addr, "GET", "/v1/interfaces/search/state", &[], "")
+        .await
+        .json();
+    // Before any score there is no quality estimate, only the prior: null, from 0 scores.
+    let estimates = &state["candidates"][0]["estimates"];
+    assert_eq!(estimates["quality"], Value::Null, "{state}");
+    assert_eq!(estimates["quality_observations"], 0, "{state}");
+    // The traffic counts say what they cover: this process since it started.
+    assert_eq!(state["candidates"][0]["first_choices"], 1, "{state}");
+    assert_eq!(state["candidates"][0]["traffic_share"], 1.0, "{state}");
+    assert_eq!(state["traffic_window"]["scope"], "process", "{state}");
+    assert_eq!(state["traffic_window"]["requests"], 1, "{state}");
+    let since = state["traffic_window"]["since_unix_ms"].as_f64().unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        * 1000.0;
+    assert!(since > 0.0 && since <= now_ms, "{state}");
     let fb = json!({"request_id": id, "quality": 1.0, "source": "user"}).to_string();
     let r = http(gw.addr, "POST", "/v1/feedback", &[], &fb).await;
     assert_eq!(
@@ -365,7 +381,11 @@ async fn feedback_reaches_the_policy_once() {
             .await
             .json(),
     );
-    assert!(after > before + 0.01, "quality estimate {before} → {after}");
+    assert!(
+        after.0 > 0.01,
+        "quality estimate after a score of 1: {after:?}"
+    );
+    assert_eq!(after.1, 1, "one score behind the estimate");
     let r = http(gw.addr, "POST", "/v1/feedback", &[], &fb).await;
     assert_eq!(
         (r.status, r.json()["status"].clone()),
@@ -376,7 +396,7 @@ async fn feedback_reaches_the_policy_once() {
             .await
             .json(),
     );
-    assert!((again - after).abs() < 1e-12, "a duplicate changes nothing");
+    assert_eq!(again, after, "a duplicate changes nothing");
     let r = http(
         gw.addr,
         "POST",

@@ -205,8 +205,13 @@ sim = {{ latency = {{ p50_ms = 2, p95_ms = 4 }} }}
 async fn an_llm_judge_scores_answers_in_the_background() {
     let judge = common::mock("[chat]\ncontent = \"Score: 0.9\"\n").await;
     let gw = start(&judged(judge.addr), &[]).await;
-    let quality =
-        |v: &serde_json::Value| v["candidates"][0]["estimates"]["quality"].as_f64().unwrap();
+    let quality = |v: &serde_json::Value| {
+        let estimates = &v["candidates"][0]["estimates"];
+        (
+            estimates["quality"].as_f64(),
+            estimates["quality_observations"].as_u64(),
+        )
+    };
     let before = quality(
         &http(gw.addr, "GET", "/v1/interfaces/chat/state", &[], "")
             .await
@@ -235,9 +240,10 @@ async fn an_llm_judge_scores_answers_in_the_background() {
             .await
             .json(),
     );
+    assert_eq!(before, (None, Some(0)), "no score yet: no estimate");
     assert!(
-        after > before + 0.01,
-        "judge score reached the policy: {before} → {after}"
+        after.0.unwrap() > 0.01 && after.1 == Some(1),
+        "judge score reached the policy: {before:?} → {after:?}"
     );
     assert_eq!(
         http(judge.addr, "GET", "/_stats", &[], "").await.json()["chat"],

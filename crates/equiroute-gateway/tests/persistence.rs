@@ -6,7 +6,7 @@ mod common;
 
 use common::http;
 use equiroute_gateway::config::load;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::fmt::Write as _;
 
 fn config(path: &std::path::Path, providers: &[&str]) -> String {
@@ -91,6 +91,19 @@ async fn learned_state_and_pending_feedback_survive_a_restart() {
             (restored - learned).abs() < 1e-9,
             "restored {restored} vs learned {learned}"
         );
+        // The estimate and the scores behind it are restored; the traffic counts cover this
+        // process only, and say so.
+        let state = http(addr, "GET", "/v1/interfaces/search/state", &[], "")
+            .await
+            .json();
+        assert_eq!(
+            state["candidates"][0]["estimates"]["quality_observations"],
+            1
+        );
+        assert_eq!(state["candidates"][0]["first_choices"], 0);
+        assert_eq!(state["candidates"][0]["traffic_share"], Value::Null);
+        assert_eq!(state["traffic_window"]["requests"], 0);
+        assert_eq!(state["traffic_window"]["scope"], "process");
         let fb = json!({"request_id": pending_id, "quality": 1.0}).to_string();
         let r = http(addr, "POST", "/v1/feedback", &[], &fb).await;
         assert_eq!(

@@ -1,8 +1,9 @@
 //! `equiroute serve`: the gateway, with the embedded default configuration when no
-//! `--config` is given (in-process simulated providers: no keys, no services).
+//! `--config` is given (in-process simulated providers: no keys, no services), its learning
+//! kept in a state file in the user's state directory unless `--in-memory`.
 
 use anyhow::Context;
-use equiroute_gateway::config::{load, StateConfig, DEFAULT_CONFIG};
+use equiroute_gateway::config::{default_state_file, load, StateConfig, DEFAULT_CONFIG};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -17,6 +18,34 @@ pub struct Args {
     /// incompatible or corrupt state file). Refused while another process holds the file.
     #[arg(long)]
     reset_state: bool,
+    /// Keep learning in memory only, forgotten at exit: no state file (not even the default
+    /// one used without --config) and no Redis, whatever the configuration says.
+    #[arg(long)]
+    in_memory: bool,
+}
+
+/// Where learning lives for this run, and why: the start-up line says it.
+fn choose_state(args: &Args, config: &mut equiroute_gateway::config::GatewayConfig) -> String {
+    if args.in_memory {
+        config.state = None;
+        return "learning: in memory only (--in-memory), forgotten at exit".to_owned();
+    }
+    if args.config.is_none() {
+        config.state = default_state_file(&|name| std::env::var(name).ok());
+    }
+    match &config.state {
+        Some(StateConfig::File(f)) => format!(
+            "learning: persists in {} (saved every {} s and at exit; --in-memory to forget it at exit)",
+            f.path.display(),
+            f.snapshot_interval_s
+        ),
+        Some(StateConfig::Redis(r)) => format!(
+            "learning: persists in Redis, shared by the instances of namespace `{}`",
+            r.namespace
+        ),
+        None if args.config.is_none() => "learning: in memory only, forgotten at exit (neither XDG_STATE_HOME nor HOME is set: there is no state directory)".to_owned(),
+        None => "learning: in memory only, forgotten at exit (add a [state] section to keep it)".to_owned(),
+    }
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -34,6 +63,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut config = load(&text, &file, &|name| std::env::var(name).ok())?;
     for w in &config.warnings {
         eprintln!("warning: {w}");
+    }
+    let learning = choose_state(args, &mut config);
+    // The default state directory may not exist yet; a configured path's directory must.
+    if let (None, Some(StateConfig::File(f))) = (&args.config, &config.state) {
+        if let Some(dir) = f.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!(
+                    "cannot create the state directory {}: set XDG_STATE_HOME, or start with --in-memory",
+                    dir.display()
+                )
+            })?;
+        }
     }
     if let Some(listen) = &args.listen {
         config.listen = listen.parse().with_context(|| {
@@ -63,6 +104,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .find(|i| i.kind == equiroute_gateway::config::InterfaceKind::Chat)
             .map_or("chat", |i| i.name.as_str());
         println!("equiroute listening on http://{addr} ({} interfaces from {file})", config.interfaces.len());
+        println!("{learning}");
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         );

@@ -19,36 +19,54 @@ fn serve(config: &std::path::Path) -> (Child, String) {
 
 /// `serve` with more arguments (`--reset-state`).
 fn serve_with(config: &std::path::Path, extra: &[&str]) -> (Child, String) {
-    let mut child = Command::new(bin())
-        .args([
-            "serve",
-            "--config",
-            config.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
+    let mut cmd = Command::new(bin());
+    cmd.args([
+        "serve",
+        "--config",
+        config.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .args(extra);
+    let (child, lines) = start(&mut cmd, |line| line.contains("http://"));
+    (child, address(&lines))
+}
+
+/// Spawns `cmd` (a `serve`) and reads its output up to the first line `last` accepts; the
+/// lines read, that one included.
+fn start(cmd: &mut Command, last: impl Fn(&str) -> bool) -> (Child, Vec<String>) {
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut seen = String::new();
-    let start = loop {
+    let mut lines = Vec::new();
+    loop {
         let mut line = String::new();
         if stdout.read_line(&mut line).unwrap() == 0 {
             let mut err = String::new();
             let _ = child.stderr.as_mut().unwrap().read_to_string(&mut err);
-            panic!("serve did not start: {seen} {err}");
+            panic!("serve did not start: {lines:?} {err}");
         }
-        if let Some(at) = line.find("http://") {
-            break line[at + 7..].to_owned();
+        let done = last(&line);
+        lines.push(line.trim_end().to_owned());
+        if done {
+            break;
         }
-        seen.push_str(&line);
-    };
+    }
     child.stdout = Some(stdout.into_inner());
-    let addr = start.split_whitespace().next().unwrap().to_owned();
-    (child, addr)
+    (child, lines)
+}
+
+/// The address in the line that says where the gateway listens.
+fn address(lines: &[String]) -> String {
+    let line = lines
+        .iter()
+        .find_map(|l| l.split_once("http://"))
+        .unwrap()
+        .1;
+    line.split_whitespace().next().unwrap().to_owned()
 }
 
 /// Runs the binary to completion, without `RUST_BACKTRACE` (whatever the test runner has).
@@ -423,5 +441,110 @@ fn serve_prints_its_banner_only_once_the_state_file_is_open() {
         !stdout.contains("listening on"),
         "the banner came before the failure: {stdout}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `serve` without a configuration, with `XDG_STATE_HOME` (when given) and `HOME` in
+/// `dir`, so that it never writes to the real home; returns it with its address and the
+/// start-up line that says where learning lives.
+fn serve_default(
+    dir: &std::path::Path,
+    xdg: Option<&std::path::Path>,
+    extra: &[&str],
+) -> (Child, String, String) {
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("HOME", dir.join("home"))
+        .env_remove("XDG_STATE_HOME");
+    if let Some(xdg) = xdg {
+        cmd.env("XDG_STATE_HOME", xdg);
+    }
+    let (child, lines) = start(&mut cmd, |line| line.starts_with("learning: "));
+    let learning = lines.last().unwrap().clone();
+    (child, address(&lines), learning)
+}
+
+fn get(addr: &str, path: &str) -> serde_json::Value {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The quality scores the default `web_search` interface has learnt, over its providers.
+fn scores_learnt(addr: &str) -> u64 {
+    let state = get(addr, "/v1/interfaces/web_search/state");
+    state["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["estimates"]["quality_observations"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn without_a_configuration_learning_persists_in_the_users_state_directory() {
+    let dir = fresh_dir("zero-config");
+    let xdg = dir.join("xdg-state");
+    let file = xdg.join("equiroute").join("default.redb");
+    let (mut child, addr, learning) = serve_default(&dir, Some(&xdg), &[]);
+    assert!(
+        learning.starts_with("learning: persists in ")
+            && learning.contains(&file.display().to_string()),
+        "{learning}"
+    );
+    assert!(
+        learning.contains("--in-memory"),
+        "says how to turn it off: {learning}"
+    );
+    let reply = post(&addr, "/v1/tools/web_search", r#"{"query":"rust"}"#);
+    let id = reply
+        .lines()
+        .find_map(|l| l.strip_prefix("x-equiroute-request-id: "))
+        .unwrap_or_else(|| panic!("{reply}"))
+        .trim()
+        .to_owned();
+    let fb = post(
+        &addr,
+        "/v1/feedback",
+        &format!(r#"{{"request_id":"{id}","quality":1.0}}"#),
+    );
+    assert!(fb.starts_with("HTTP/1.1 200"), "{fb}");
+    assert_eq!(scores_learnt(&addr), 1);
+    assert!(terminate(&mut child).success());
+    assert!(file.exists(), "saved at exit in {}", file.display());
+
+    // The next start restores it.
+    let (mut child, addr, _) = serve_default(&dir, Some(&xdg), &[]);
+    assert_eq!(scores_learnt(&addr), 1, "learning survived the restart");
+    assert!(terminate(&mut child).success());
+
+    // The opt-out: nothing restored, and it says so.
+    let (mut child, addr, learning) = serve_default(&dir, Some(&xdg), &["--in-memory"]);
+    assert!(
+        learning.contains("in memory only (--in-memory)"),
+        "{learning}"
+    );
+    assert_eq!(scores_learnt(&addr), 0);
+    assert!(terminate(&mut child).success());
+
+    // Without XDG_STATE_HOME: under $HOME/.local/state.
+    let (mut child, addr, learning) = serve_default(&dir, None, &[]);
+    let home_file = dir.join("home/.local/state/equiroute/default.redb");
+    assert!(
+        learning.contains(&home_file.display().to_string()),
+        "{learning}"
+    );
+    // A file of its own: nothing learnt yet (and, answered, the gateway is up to a SIGTERM).
+    assert_eq!(scores_learnt(&addr), 0);
+    assert!(terminate(&mut child).success());
+    assert!(home_file.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -135,4 +135,8 @@ impl Policy for Additive {
             _ => Err(wrong_policy(PolicyKind::Additive, other)),
         }
     }
+
+    fn quality_observations(&self) -> Option<Vec<u64>> {
+        Some(self.heads.quality_observations())
+    }
 }

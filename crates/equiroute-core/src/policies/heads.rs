@@ -39,6 +39,12 @@ impl HeadsState {
         }
     }
 
+    /// Quality scores each head has learnt (every score ever folded in).
+    #[must_use]
+    pub fn quality_observations(&self) -> Vec<u64> {
+        self.heads.iter().map(LinUcbHead::count).collect()
+    }
+
     /// Folds score `u` for context `x` into candidate `i`'s head (and its moments).
     pub(crate) fn learn(&mut self, i: usize, x: &[f64], u: f64, now: crate::Timestamp) {
         self.heads[i].update(x, u, now);
@@ -321,6 +327,10 @@ impl Policy for LinUcbPolicy {
             PolicyState::Linucb(h) => self.heads.merge(h),
             _ => Err(wrong_policy(PolicyKind::Linucb, other)),
         }
+    }
+
+    fn quality_observations(&self) -> Option<Vec<u64>> {
+        Some(self.heads.quality_observations())
     }
 }
 

@@ -243,4 +243,8 @@ impl Policy for Lqm {
             _ => Err(wrong_policy(PolicyKind::Lqm, other)),
         }
     }
+
+    fn quality_observations(&self) -> Option<Vec<u64>> {
+        Some(self.state.heads.quality_observations())
+    }
 }

@@ -284,6 +284,10 @@ impl Policy for LqmTs {
         }
     }
 
+    fn quality_observations(&self) -> Option<Vec<u64>> {
+        Some(self.quality.heads.quality_observations())
+    }
+
     fn take_slice_evictions(&mut self) -> u64 {
         self.risk.take_evictions()
     }

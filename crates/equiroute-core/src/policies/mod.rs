@@ -224,6 +224,14 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     fn take_slice_evictions(&mut self) -> u64 {
         0
     }
+
+    /// How many quality scores each candidate's quality estimate rests on (delayed scores,
+    /// and failures when the policy teaches them as a score), indexed like the candidates;
+    /// `None` for policies without a learnt quality estimate. Before any score, the
+    /// estimate in [`ScoreBreakdown::quality`] is only the prior.
+    fn quality_observations(&self) -> Option<Vec<u64>> {
+        None
+    }
 }
 
 /// Exported learning state of any policy.

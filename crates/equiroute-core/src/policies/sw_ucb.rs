@@ -207,4 +207,9 @@ impl Policy for SwUcb {
         self.recount();
         Ok(())
     }
+
+    /// The rewards in the window: the mean rests on nothing older.
+    fn quality_observations(&self) -> Option<Vec<u64>> {
+        Some(self.plays.iter().map(|&n| u64::from(n)).collect())
+    }
 }

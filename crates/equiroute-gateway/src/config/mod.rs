@@ -14,11 +14,35 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 mod state;
-pub use state::{RedisStateConfig, StateConfig};
+pub use state::{default_state_file, RedisStateConfig, StateConfig, StoreConfig};
 
 /// The embedded default: two interfaces of in-process simulated providers, so that
 /// `equiroute serve` routes for real on a fresh machine with no keys and no services.
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// The judge's default prompt (`{question}` and `{answer}` are filled in); the judge reads it
+/// from here so that the configuration needs nothing of the judge.
+pub const DEFAULT_JUDGE_PROMPT: &str = "You grade answers. Reply with one number between 0 and 1: how well the answer serves the question (1 = fully correct and useful, 0 = useless).\n\nQuestion:\n{question}\n\nAnswer:\n{answer}\n\nScore:";
+
+/// Where and how much to log.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    pub path: std::path::PathBuf,
+    /// Rotate when the file grows past this many bytes.
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
+    /// Rotated files kept (`path.1` … `path.N`).
+    #[serde(default = "default_keep")]
+    pub keep: u32,
+}
+
+fn default_max_bytes() -> u64 {
+    64 << 20
+}
+fn default_keep() -> u32 {
+    3
+}
 
 /// What an interface serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,7 +83,7 @@ struct RawConfig {
     server: RawServer,
     /// The decision audit log (JSON lines, size-rotated); none when absent.
     #[serde(default)]
-    audit: Option<crate::server::audit::AuditConfig>,
+    audit: Option<AuditConfig>,
     /// Where learning state is saved across restarts; none: in memory only.
     #[serde(default)]
     state: Option<state::RawState>,
@@ -339,7 +363,7 @@ pub struct GatewayConfig {
     pub worker_threads: Option<usize>,
     /// How long a client may hold a connection, and how many it may hold.
     pub connections: ConnectionLimits,
-    pub audit: Option<crate::server::audit::AuditConfig>,
+    pub audit: Option<AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
     pub interfaces: Vec<InterfaceConfig>,
@@ -841,9 +865,7 @@ fn load_judge(
     if !(0.0..=1.0).contains(&sample_rate) {
         return Err(("sample_rate", "must be between 0 and 1".into()));
     }
-    let prompt = j
-        .prompt
-        .unwrap_or_else(|| crate::feedback::judge::DEFAULT_PROMPT.to_owned());
+    let prompt = j.prompt.unwrap_or_else(|| DEFAULT_JUDGE_PROMPT.to_owned());
     if !prompt.contains("{answer}") {
         return Err((
             "prompt",

@@ -2,10 +2,23 @@
 //! Redis (several gateway instances sharing their statistics).
 
 use super::Secret;
-use crate::store::StoreConfig;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
+
+/// Where state is kept and how often it is saved.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    /// Seconds between snapshots (also saved on shutdown).
+    #[serde(default = "default_interval")]
+    pub snapshot_interval_s: f64,
+}
+
+fn default_interval() -> f64 {
+    5.0
+}
 
 /// `[state]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -230,6 +243,21 @@ fn redis(
     })
 }
 
+/// The state file of a gateway started without a configuration: `equiroute/default.redb` in
+/// the user's state directory, `$XDG_STATE_HOME` (when set to an absolute path, as the XDG
+/// base directory specification asks) or else `$HOME/.local/state`. `None` when neither is
+/// set: learning then stays in memory.
+#[must_use]
+pub fn default_state_file(env: &dyn Fn(&str) -> Option<String>) -> Option<StateConfig> {
+    let absolute = |name: &str| env(name).map(PathBuf::from).filter(|p| p.is_absolute());
+    let dir = absolute("XDG_STATE_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".local").join("state")))?;
+    Some(StateConfig::File(StoreConfig {
+        path: dir.join("equiroute").join("default.redb"),
+        snapshot_interval_s: 5.0,
+    }))
+}
+
 /// Whether a redis:// URL carries a password (`redis://user:pass@host` or `redis://:pass@host`).
 fn has_password(url: &str) -> bool {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -296,6 +324,36 @@ mod tests {
             parse("path = \"s.redb\"", &none),
             Ok(StateConfig::File(_))
         ));
+    }
+
+    #[test]
+    fn the_default_state_file_is_in_the_users_state_directory() {
+        let path = |vars: &[(&str, &str)]| {
+            let env = |k: &str| {
+                vars.iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| (*v).to_owned())
+            };
+            match default_state_file(&env) {
+                Some(StateConfig::File(f)) => Some(f.path),
+                _ => None,
+            }
+        };
+        assert_eq!(
+            path(&[("XDG_STATE_HOME", "/x/state"), ("HOME", "/home/u")]),
+            Some(PathBuf::from("/x/state/equiroute/default.redb"))
+        );
+        assert_eq!(
+            path(&[("HOME", "/home/u")]),
+            Some(PathBuf::from("/home/u/.local/state/equiroute/default.redb"))
+        );
+        // A relative or empty XDG_STATE_HOME is ignored, as the specification asks.
+        assert_eq!(
+            path(&[("XDG_STATE_HOME", "rel"), ("HOME", "/home/u")]),
+            Some(PathBuf::from("/home/u/.local/state/equiroute/default.redb"))
+        );
+        assert_eq!(path(&[("XDG_STATE_HOME", ""), ("HOME", "")]), None);
+        assert_eq!(path(&[]), None);
     }
 
     #[test]

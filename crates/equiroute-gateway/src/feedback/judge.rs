@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The default prompt; `{question}` and `{answer}` are replaced.
-pub const DEFAULT_PROMPT: &str = "You grade answers. Reply with one number between 0 and 1: how well the answer serves the question (1 = fully correct and useful, 0 = useless).\n\nQuestion:\n{question}\n\nAnswer:\n{answer}\n\nScore:";
+pub use crate::config::DEFAULT_JUDGE_PROMPT as DEFAULT_PROMPT;
 
 /// A judge attached to an interface.
 #[derive(Debug)]

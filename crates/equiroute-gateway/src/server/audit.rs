@@ -11,25 +11,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Where and how much to log.
-#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuditConfig {
-    pub path: PathBuf,
-    /// Rotate when the file grows past this many bytes.
-    #[serde(default = "default_max_bytes")]
-    pub max_bytes: u64,
-    /// Rotated files kept (`path.1` … `path.N`).
-    #[serde(default = "default_keep")]
-    pub keep: u32,
-}
-
-fn default_max_bytes() -> u64 {
-    64 << 20
-}
-fn default_keep() -> u32 {
-    3
-}
+pub use crate::config::AuditConfig;
 
 /// One attempt in a record.
 #[derive(Debug, Serialize)]

@@ -35,7 +35,6 @@ use equiroute_core::{Millis, QualityFeedback};
 use error::{echo, ApiError};
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
-use std::borrow::Cow;
 use std::sync::Arc;
 
 /// The router of a gateway with `state`.
@@ -66,32 +65,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
-/// The text a request is about, for the featurizer: the last user message of a chat, the
-/// `query` (or whole body) of a tool call.
-/// Borrowed from the body when it is a string (a long prompt is not copied).
-#[must_use]
-pub fn query_text(kind: InterfaceKind, body: &Value) -> Cow<'_, str> {
-    match kind {
-        InterfaceKind::Chat => body
-            .get("messages")
-            .and_then(Value::as_array)
-            .and_then(|m| {
-                m.iter()
-                    .rev()
-                    .find(|msg| msg.get("role").and_then(Value::as_str) == Some("user"))
-                    .or_else(|| m.last())
-            })
-            .and_then(|msg| msg.get("content"))
-            .map_or(Cow::Borrowed(""), |c| match c {
-                Value::String(s) => Cow::Borrowed(s.as_str()),
-                other => Cow::Owned(other.to_string()),
-            }),
-        InterfaceKind::Tool => body
-            .get("query")
-            .and_then(Value::as_str)
-            .map_or_else(|| Cow::Owned(body.to_string()), Cow::Borrowed),
-    }
-}
+pub use crate::request::query_text;
 
 /// What a request needs from a provider, and its expected size in tokens: `tools` present
 /// → tool support; `response_format` json → JSON mode; `stream` → streaming; image parts →
@@ -899,8 +873,28 @@ fn learning_page(iface: &InterfaceRuntime, offset: usize, limit: usize) -> Resul
     Ok(out)
 }
 
+/// A candidate's estimates for the state route: its score breakdown, with the number of
+/// quality scores behind the quality estimate (for policies that learn one) and the estimate
+/// itself `null` while that number is 0, since it is then only the policy's prior.
+fn estimates_json(
+    breakdown: &equiroute_core::policies::ScoreBreakdown,
+    quality_observations: Option<u64>,
+) -> Value {
+    let mut estimates = json!(breakdown);
+    if let (Some(n), Some(map)) = (quality_observations, estimates.as_object_mut()) {
+        if n == 0 && map.contains_key("quality") {
+            map.insert("quality".to_owned(), Value::Null);
+        }
+        map.insert("quality_observations".to_owned(), json!(n));
+    }
+    estimates
+}
+
 /// `GET /v1/interfaces/{name}/state`: each candidate's current estimates (from the policy's
 /// view of an empty query at the interface deadline), breaker state and traffic share.
+/// A quality estimate that rests on no score yet is `null` (the policy ranks by its prior
+/// meanwhile), next to the count of scores behind it; the traffic counts cover this process
+/// since it started (`traffic_window`), as they are neither saved nor shared.
 /// `?full=true` adds the policy's learning state, its latency slices paged by `offset` and
 /// `limit`; it is built on a blocking thread, one at a time per gateway (a second gets 429).
 async fn interface_state(
@@ -917,14 +911,14 @@ async fn interface_state(
     })?;
     let features = iface.featurizer.featurize("");
     let all: Vec<usize> = (0..iface.candidates.len()).collect();
-    let ranking = {
+    let (ranking, quality_observations) = {
         // The write side, so that observations deferred by busy requests are in the state shown.
         let policy = state.policy_mut(&iface).map_err(|_| ApiError::internal())?;
         let mut ctx = RankContext::new(&iface.candidates, &all, &features);
         ctx.deadline = iface.deadline;
         ctx.now = state.now();
         let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
-        policy.rank(&ctx, &mut rng)
+        (policy.rank(&ctx, &mut rng), policy.quality_observations())
     };
     let breakers = iface.breakers.lock().map(|b| b.clone()).unwrap_or_default();
     let total: u64 = iface
@@ -941,15 +935,23 @@ async fn interface_state(
             json!({
                 "id": c.id,
                 "score": s.score,
-                "estimates": s.breakdown,
+                "estimates": estimates_json(&s.breakdown, quality_observations.as_ref().and_then(|n| n.get(s.index).copied())),
                 "breaker": breakers.get(s.index).map(|b| b.state),
                 "first_choices": first,
-                "traffic_share": if total > 0 { first as f64 / total as f64 } else { 0.0 },
+                "traffic_share": (total > 0).then(|| first as f64 / total as f64),
             })
         })
         .collect();
-    let mut body =
-        json!({"interface": name, "policy": iface.policy_name, "candidates": candidates});
+    let mut body = json!({
+        "interface": name,
+        "policy": iface.policy_name,
+        "candidates": candidates,
+        "traffic_window": {
+            "scope": "process",
+            "since_unix_ms": state.started_unix_ms(),
+            "requests": total,
+        },
+    });
     if query.full {
         let Some(dump) = FullDump::begin(&state) else {
             return Err(ApiError::busy(

@@ -172,6 +172,13 @@ impl AppState {
         Timestamp(self.started_unix_ms + since_start)
     }
 
+    /// Wall-clock milliseconds since the Unix epoch when this gateway started: the start of
+    /// the window of its in-memory counters (first choices, metrics).
+    #[must_use]
+    pub fn started_unix_ms(&self) -> f64 {
+        self.started_unix_ms
+    }
+
     /// A new request number and id.
     pub fn next_request(&self) -> (u64, String) {
         let n = self.requests.fetch_add(1, Ordering::Relaxed);

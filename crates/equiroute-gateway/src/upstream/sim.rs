@@ -139,7 +139,7 @@ impl SimUpstream {
     }
 
     fn answer(&self, req: UpstreamRequest<'_>) -> serde_json::Value {
-        let question = crate::server::query_text(req.kind, req.body);
+        let question = crate::request::query_text(req.kind, req.body);
         match req.kind {
             InterfaceKind::Chat => {
                 let content = format!(

@@ -152,3 +152,24 @@ pub async fn mock(profile: &str) -> Gateway {
         stop: Some(tx),
     }
 }
+
+/// The crate's Rust sources, each with its path under `src/` and its code without the unit
+/// tests (everything from the first `#[cfg(test)]` on).
+pub fn sources() -> Vec<(std::path::PathBuf, String)> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut out = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().map(Result::unwrap) {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let code = text.split("#[cfg(test)]").next().unwrap_or("").to_owned();
+                out.push((path.strip_prefix(&src).unwrap().to_path_buf(), code));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,83 @@
+//! The gateway crate's modules read in one direction (docs/architecture.md): each top-level
+//! module uses only modules of its own layer or below. `config` and `request` need nothing
+//! of the crate, `upstream` and `mock` only those, and the runtime (`server`, `feedback`,
+//! `shared`, `store`, which meet in the server's state) sits on top.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The layer of each top-level module, lowest first.
+const LAYERS: &[(&str, u8)] = &[
+    ("config", 0),
+    ("request", 0),
+    ("upstream", 1),
+    ("mock", 1),
+    ("server", 2),
+    ("feedback", 2),
+    ("shared", 2),
+    ("store", 2),
+];
+
+fn layer(module: &str) -> u8 {
+    LAYERS
+        .iter()
+        .find(|(m, _)| *m == module)
+        .unwrap_or_else(|| {
+            panic!("module `{module}` has no layer: add it to LAYERS and docs/architecture.md")
+        })
+        .1
+}
+
+/// `(module, the crate modules its code names)` for every file under `src/` (tests excluded).
+fn uses() -> Vec<(String, String, BTreeSet<String>)> {
+    common::sources()
+        .into_iter()
+        .filter(|(rel, _)| rel != Path::new("lib.rs"))
+        .map(|(rel, code)| {
+            let top = rel.iter().next().unwrap().to_string_lossy();
+            let module = top.trim_end_matches(".rs").to_owned();
+            let named: BTreeSet<String> = code
+                .match_indices("crate::")
+                .map(|(at, _)| {
+                    code[at + 7..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect()
+                })
+                .collect();
+            (rel.display().to_string(), module, named)
+        })
+        .collect()
+}
+
+#[test]
+fn every_module_uses_only_its_layer_or_below() {
+    let mut upward = Vec::new();
+    for (file, module, named) in uses() {
+        for dep in named.iter().filter(|d| **d != module) {
+            if layer(dep) > layer(&module) {
+                upward.push(format!("{file} ({module}) uses {dep}"));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "imports against the layering: {upward:?}"
+    );
+}
+
+#[test]
+fn the_scan_sees_the_crate_paths_of_a_file() {
+    let all = uses();
+    let sim = all.iter().find(|(f, _, _)| f == "upstream/sim.rs").unwrap();
+    assert_eq!(sim.1, "upstream");
+    assert!(
+        sim.2.contains("request") && sim.2.contains("config"),
+        "{:?}",
+        sim.2
+    );
+}
