@@ -603,7 +603,7 @@ async fn play_fault(
         }
         _ => {}
     }
-    None
+    Ok(())
 }
 
 /// The route's error rates, for a call the fault let through: the error answer when `u`
