@@ -90,8 +90,26 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Str
         body.len()
     )
     .unwrap();
+    // Read to the end of the body by its length: chromedriver keeps the connection open.
     let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
+    let mut buf = [0u8; 65536];
+    loop {
+        let text = String::from_utf8_lossy(&raw);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().ok())?
+            });
+            if length.is_some_and(|n| body.len() >= n) {
+                break;
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let status = text
         .split_whitespace()

@@ -574,7 +574,7 @@ mod tests {
         assert_eq!(s["requests"].as_array().unwrap().len(), BINS);
         assert_eq!(s["requests"][BINS - 1], 2);
         assert_eq!(s["fallbacks"][BINS - 1], 1);
-        assert_eq!(s["cost_usd"][BINS - 1], 1.5, "three attempts at $0.5");
+        assert_eq!(s["cost_usd"][BINS - 1], 2.0, "four attempts at $0.5");
         assert_eq!(s["providers"]["a"]["first"][BINS - 1], 2);
         assert_eq!(s["providers"]["a"]["attempts"][BINS - 1], 3);
         assert_eq!(s["providers"]["a"]["failures"][BINS - 1], 2);
