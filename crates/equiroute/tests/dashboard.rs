@@ -1,4 +1,4 @@
-//! The dashboard in a real headless Chromium, driven through chromedriver's WebDriver protocol:
+//! The dashboard in a real headless Chromium, driven through chromedriver's `WebDriver` protocol:
 //! `equiroute serve` routes traffic between two `equiroute mock-upstream` processes, the page
 //! renders its charts and tables, then the preferred provider goes down and the page shows its
 //! traffic share falling and its breaker open, without a console error. Screenshots go to
@@ -56,6 +56,8 @@ impl Drop for Procs {
 }
 
 /// Starts the binary with `args` and returns it with the address it prints after `http://`.
+// Every child goes into `Procs`, which kills and waits for it.
+#[allow(clippy::zombie_processes)]
 fn start(args: &[&str]) -> (Child, String) {
     let mut child = Command::new(bin())
         .args(args)
@@ -92,7 +94,7 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Str
     .unwrap();
     // Read to the end of the body by its length: chromedriver keeps the connection open.
     let mut raw = Vec::new();
-    let mut buf = [0u8; 65536];
+    let mut buf = vec![0u8; 65536];
     loop {
         let text = String::from_utf8_lossy(&raw);
         if let Some((head, body)) = text.split_once("\r\n\r\n") {
@@ -122,7 +124,7 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&Value>) -> (u16, Str
     (status, body)
 }
 
-/// A WebDriver session on chromedriver at `addr`.
+/// A `WebDriver` session on chromedriver at `addr`.
 struct Browser {
     addr: String,
     session: String,
@@ -241,6 +243,7 @@ fn free_port() -> u16 {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
 fn the_dashboard_renders_in_chromium_and_shows_a_failing_providers_share_fall() {
     let (Some(chromium), Some(driver)) = (
         find(&["chromium", "chromium-browser", "google-chrome"]),

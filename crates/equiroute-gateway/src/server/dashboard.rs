@@ -412,7 +412,7 @@ fn explain(
             if let (Some(x), Some(y)) = (a.deadline_miss_probability, b.deadline_miss_probability)
             {
                 if x + 0.005 < y {
-                    let d = deadline_ms.map_or(String::new(), |d| format!(" the {:.0} ms", d));
+                    let d = deadline_ms.map_or(String::new(), |d| format!(" the {d:.0} ms"));
                     better.push(format!(
                         "less likely to miss{d} deadline ({:.1}% vs {:.1}%)",
                         100.0 * x,
@@ -446,10 +446,10 @@ fn explain(
         }
     };
     if !open.is_empty() {
-        why.push_str(&format!(
-            "; circuit open (resting after failures): {}",
+        why = format!(
+            "{why}; circuit open (resting after failures): {}",
             open.join(", ")
-        ));
+        );
     }
     Some((lead.id.clone(), why))
 }
