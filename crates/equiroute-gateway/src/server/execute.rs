@@ -311,7 +311,8 @@ fn breaker_retry_after(
         .min()
 }
 
-/// Writes the audit record of a finished request, when an audit log is configured.
+/// Writes the audit record of a finished request, when an audit log is configured, and keeps
+/// it for the dashboard when the dashboard wants it.
 #[allow(clippy::too_many_arguments)]
 fn audit(
     state: &AppState,
@@ -323,9 +324,12 @@ fn audit(
     fallback_reason: Option<String>,
     latency: Millis,
 ) {
-    let Some(log) = &state.audit else { return };
+    let wanted = iface.history.wants_record(state.now(), attempts);
+    if state.audit.is_none() && !wanted {
+        return;
+    }
     let id = |i: usize| iface.candidates[i].id.0.clone();
-    log.record(super::audit::AuditRecord {
+    let record = super::audit::AuditRecord {
         ts_ms: state.now().0,
         request_id: request_id.to_owned(),
         interface: iface.name.clone(),
@@ -360,10 +364,16 @@ fn audit(
         fallback_reason,
         latency_ms: latency.0,
         cost_usd: attempts.iter().map(|a| a.outcome.cost.0).sum(),
-    });
+    };
+    if wanted {
+        iface.history.keep(&record, attempts);
+    }
+    if let Some(log) = &state.audit {
+        log.record(record);
+    }
 }
 
-/// The latency metric and the audit record of a finished request.
+/// The latency metric, the dashboard's counts and the audit record of a finished request.
 fn record_request(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -372,6 +382,12 @@ fn record_request(
     result: &equiroute_core::executor::RequestResult,
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
+    iface.history.count(
+        state.now(),
+        decided.order.first().copied(),
+        &result.attempts,
+        result.status,
+    );
     audit(
         state,
         iface,

@@ -9,11 +9,13 @@
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time); the state routes
 //!    (`/v1/interfaces…`) take the admin keys when those are configured, else the gateway
-//!    keys: they are open only when no key at all is configured (local use);
+//!    keys: they are open only when no key at all is configured (local use); the dashboard
+//!    (`/dashboard…`) takes the same keys, also as HTTP Basic (see [`dashboard`]);
 //! 3. the routes below.
 
 pub mod audit;
 pub mod conn;
+pub mod dashboard;
 pub mod error;
 mod execute;
 pub mod metrics;
@@ -56,6 +58,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .merge(v1)
         .merge(admin)
+        .merge(dashboard::routes(state.clone()))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -656,7 +659,7 @@ async fn feedback(
 
 /// The routes, for the answer to a request that matches none.
 const ROUTES: &str = "POST /v1/chat/completions, POST /v1/tools/{interface}, POST /v1/feedback, \
-GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /metrics, GET /healthz, GET /readyz";
+GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
 
 /// A path the gateway does not serve: an OpenAI-style 404 (SDKs show its message) instead of
 /// an empty body.

@@ -55,6 +55,8 @@ pub struct InterfaceRuntime {
     pub policy_name: &'static str,
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
     pub task_classes: Option<Vec<String>>,
+    /// Recent traffic, for the dashboard (fixed size).
+    pub history: super::dashboard::History,
 }
 
 impl InterfaceRuntime {
@@ -94,6 +96,7 @@ impl InterfaceRuntime {
             breaker_config: cfg.breaker,
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
             task_classes: cfg.task_classes.clone(),
+            history: super::dashboard::History::new(candidates.len()),
             candidates,
         })
     }
