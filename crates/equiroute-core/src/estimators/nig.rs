@@ -23,7 +23,7 @@
 //! deadline-miss probability converges to the true one.
 
 use super::decay_factor;
-use super::dist::{lognormal_exceedance, truncated_normal_moments};
+use super::dist::{lognormal_exceedance, student_t_sf, truncated_normal_moments};
 use crate::decision::Timestamp;
 use rand::RngCore;
 use rand_distr::{Distribution, Gamma, StandardNormal};
@@ -272,7 +272,28 @@ impl NigPosterior {
         lognormal_exceedance(mu, sigma, deadline_ms)
     }
 
-    /// Plug-in `P(L > d)` at the point estimate (no sampling), for guardrails and display.
+    /// Posterior predictive `P(L > d)`: `ln L` is Student-t with `2αn` degrees of freedom,
+    /// location `μn` and scale² `βn(κn+1)/(αn·κn)`. What the Thompson draws average to, and
+    /// the point estimate the policies use (exploration guard, guarded candidates, display):
+    /// unlike [`Self::point_exceedance`] it keeps the uncertainty of σ², which fattens the tail
+    /// while observations are few.
+    #[must_use]
+    pub fn predictive_exceedance(&self, deadline_ms: f64) -> f64 {
+        if deadline_ms <= 0.0 {
+            return 1.0;
+        }
+        let scale2 = self.beta_n * (self.kappa_n + 1.0) / (self.alpha_n * self.kappa_n);
+        if scale2.is_nan() || scale2 <= 0.0 {
+            return lognormal_exceedance(self.mu_n, 0.0, deadline_ms);
+        }
+        student_t_sf(
+            (deadline_ms.ln() - self.mu_n) / scale2.sqrt(),
+            2.0 * self.alpha_n,
+        )
+    }
+
+    /// Plug-in `P(L > d)` at the point estimate (μn, sqrt(E[σ²])): a log-normal that ignores
+    /// the posterior's uncertainty and underestimates far tails when data are few.
     #[must_use]
     pub fn point_exceedance(&self, deadline_ms: f64) -> f64 {
         let (mu, sigma) = self.point();
@@ -345,6 +366,42 @@ mod tests {
         assert!((shuffled.weight - in_order.weight).abs() < 1e-12);
         assert!((shuffled.mean_log - in_order.mean_log).abs() < 1e-12);
         assert!((shuffled.deviation_sum - in_order.deviation_sum).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_predictive_tail_is_fatter_than_the_plug_in_with_few_observations() {
+        // Seven latencies around 1 s (log-deviations ±0.9, ±0.6, ±0.34, 0) under the default
+        // prior: κn = 8, αn = 5.5, βn = 0.5 + 0.5·2.5712 = 1.7856, μn = ln 1000.
+        let s = LogLatencyStats::from_latencies(
+            &[-0.9, -0.6, -0.34, 0.0, 0.34, 0.6, 0.9].map(|d: f64| 1000.0 * d.exp()),
+        );
+        let p = s.posterior(&NigPrior::default());
+        assert!((p.alpha_n - 5.5).abs() < 1e-12 && (p.beta_n - 1.7856).abs() < 1e-12);
+        let five_medians = 5.0 * p.median_ms();
+        // Plug-in: σ² = βn/(αn−1) = 0.3968, P(Z > ln 5/0.6299) = 0.0053.
+        let plug_in = p.point_exceedance(five_medians);
+        // Predictive: t with 11 degrees of freedom, scale² = 1.7856·9/(5.5·8) = 0.3652,
+        // P(T > ln 5/0.6044) = 0.0110: about twice the plug-in. (Issue 23 quotes 0.0103 for
+        // the same plug-in; with this prior the predictive is 0.0110, and 0.0103 would take
+        // κ0 ≈ 4.)
+        let predictive = p.predictive_exceedance(five_medians);
+        assert!((plug_in - 0.0053).abs() < 5e-5, "{plug_in}");
+        assert!((predictive - 0.0110).abs() < 5e-5, "{predictive}");
+        // The Thompson draws average to the predictive, not to the plug-in.
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(7);
+        let n = 200_000;
+        let mean = (0..n)
+            .map(|_| p.sampled_exceedance(five_medians, &mut rng))
+            .sum::<f64>()
+            / f64::from(n);
+        assert!((mean - predictive).abs() < 4e-4, "{mean} vs {predictive}");
+        // With many observations the two agree.
+        let many: Vec<f64> = (0..2000)
+            .map(|i| 1000.0 * (0.6 * ((f64::from(i) + 0.5) / 2000.0 - 0.5)).exp())
+            .collect();
+        let p = LogLatencyStats::from_latencies(&many).posterior(&NigPrior::default());
+        let d = 1.4 * p.median_ms();
+        assert!((p.point_exceedance(d) / p.predictive_exceedance(d) - 1.0).abs() < 0.01);
     }
 
     #[test]

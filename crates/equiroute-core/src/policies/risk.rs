@@ -351,12 +351,14 @@ impl RiskModel {
         self.failures[i].rate(now, &self.cfg.failure)
     }
 
-    /// Point estimates (no sampling): failure rate and deadline-miss probability.
+    /// Point estimates (no sampling): failure rate and the posterior predictive deadline-miss
+    /// probability.
     #[must_use]
     pub fn point(&self, i: usize, ctx: &RankContext<'_>) -> (f64, f64) {
         let failure = self.failure_rate(i, ctx.now);
         let exceed = ctx.deadline.map_or(0.0, |d| {
-            self.current(i, ctx.slice, ctx.now).point_exceedance(d.0)
+            self.current(i, ctx.slice, ctx.now)
+                .predictive_exceedance(d.0)
         });
         (failure, exceed)
     }
@@ -376,7 +378,7 @@ impl RiskModel {
             };
         };
         if self.over_guard(failure, &post, deadline.0) {
-            let exceedance = post.point_exceedance(deadline.0);
+            let exceedance = post.predictive_exceedance(deadline.0);
             return RiskSample {
                 failure,
                 exceedance,
@@ -407,7 +409,7 @@ impl RiskModel {
         if threshold >= 0.5 && deadline_ms.ln() >= post.mu_n {
             return false;
         }
-        bad_outcome_probability(failure, post.point_exceedance(deadline_ms)) > guard
+        bad_outcome_probability(failure, post.predictive_exceedance(deadline_ms)) > guard
     }
 
     /// Learns from one attempt: provider failures and successes feed the failure EWMA
@@ -549,7 +551,7 @@ mod tests {
     }
 
     fn exceedance(post: &NigPosterior) -> f64 {
-        post.point_exceedance(1000.0)
+        post.predictive_exceedance(1000.0)
     }
 
     /// 500 calls at 250–350 ms, one every 100 ms, then five at 1.5 s (load).
@@ -660,6 +662,36 @@ mod tests {
         let mut wrong = newer;
         wrong.levels.push(Level::default());
         assert!(c.merge(&wrong).is_err());
+    }
+
+    #[test]
+    fn point_estimates_and_guarded_candidates_use_the_posterior_predictive() {
+        // The seven latencies of the nig test: plug-in P(L > 5 medians) 0.0053, predictive 0.0110.
+        let mut m = RiskModel::new(
+            1,
+            RiskConfig {
+                latency_half_life_ms: None,
+                exploration_guard: 0.0,
+                ..RiskConfig::default()
+            },
+        );
+        for (t, d) in [-0.9, -0.6, -0.34, 0.0, 0.34, 0.6, 0.9]
+            .into_iter()
+            .enumerate()
+        {
+            ok(&mut m, 1000.0 * f64::exp(d), t as f64);
+        }
+        let candidates = [crate::Candidate::new("a", "a", "a")];
+        let mut ctx = RankContext::new(&candidates, &[0], &[]);
+        ctx.deadline = Some(Millis(5000.0));
+        ctx.now = Timestamp(7.0);
+        let (_, exceed) = m.point(0, &ctx);
+        assert!((exceed - 0.0110).abs() < 5e-5, "{exceed}");
+        // A guard of 0 holds the candidate back; its P(bad) is the predictive, not a draw.
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+        let r = m.sample(0, &ctx, &mut rng);
+        assert!(r.guarded);
+        assert!((r.exceedance - exceed).abs() < 1e-15, "{}", r.exceedance);
     }
 
     fn in_task(model: &mut RiskModel, candidate: usize, task: &str, latency_ms: f64, now_ms: f64) {
