@@ -24,6 +24,7 @@
 
 use super::decay_factor;
 use super::dist::{lognormal_exceedance, student_t_sf, truncated_normal_moments};
+use super::shape::LatencyHistogram;
 use crate::decision::Timestamp;
 use rand::RngCore;
 use rand_distr::{Distribution, Gamma, StandardNormal};
@@ -101,6 +102,10 @@ pub struct LogLatencyStats {
     pub censored: u64,
     /// The time the decayed sums refer to.
     pub at: Timestamp,
+    /// The same observations binned by log-latency, decayed and merged with the sums (empty in
+    /// states saved before it existed).
+    #[serde(default, skip_serializing_if = "LatencyHistogram::is_empty")]
+    pub shape: LatencyHistogram,
 }
 
 impl LogLatencyStats {
@@ -110,6 +115,7 @@ impl LogLatencyStats {
         let mut s = LogLatencyStats::default();
         for &l in latencies_ms {
             s.add_log(l.ln(), 1.0, 0.0);
+            s.shape.add(l.ln(), 1.0);
         }
         s.count = latencies_ms.len() as u64;
         s
@@ -127,6 +133,7 @@ impl LogLatencyStats {
     pub fn scale(&mut self, factor: f64) {
         self.weight *= factor;
         self.deviation_sum *= factor;
+        self.shape.scale(factor);
     }
 
     /// Adds a log-latency `y` with weight `w` and extra spread `extra_var` (the conditional
@@ -145,7 +152,9 @@ impl LogLatencyStats {
     pub fn observe(&mut self, now: Timestamp, latency_ms: f64, half_life_ms: Option<f64>) {
         self.decay_to(now, half_life_ms);
         let w = decay_factor(half_life_ms, self.at.0 - now.0);
-        self.add_log(latency_ms.max(1e-3).ln(), w, 0.0);
+        let y = latency_ms.max(1e-3).ln();
+        self.add_log(y, w, 0.0);
+        self.shape.add(y, w);
         self.count += 1;
     }
 
@@ -178,6 +187,21 @@ impl LogLatencyStats {
         self.censored += 1;
     }
 
+    /// Adds a censored attempt's mass to the histogram only: spread above `ln cutoff` as
+    /// `N(mu, sigma²)` truncated there (the point estimate the sums imputed it from). Call it
+    /// with [`Self::observe_imputed`], which updates the sums and the counts.
+    pub fn observe_tail_shape(
+        &mut self,
+        now: Timestamp,
+        cutoff_ms: f64,
+        (mu, sigma): (f64, f64),
+        half_life_ms: Option<f64>,
+    ) {
+        self.decay_to(now, half_life_ms);
+        let w = decay_factor(half_life_ms, self.at.0 - now.0);
+        self.shape.add_above(cutoff_ms.max(1e-3).ln(), mu, sigma, w);
+    }
+
     /// Adds another instance's statistics (Chan's parallel formula after decaying both to the
     /// later of their two times): the statistics of the union of the two streams.
     pub fn merge(&mut self, other: &LogLatencyStats, half_life_ms: Option<f64>) {
@@ -197,6 +221,7 @@ impl LogLatencyStats {
                 other.deviation_sum + delta * delta * self.weight * other.weight / total;
         }
         self.weight = total;
+        self.shape.add_all(&other.shape);
         self.count += other.count;
         self.censored += other.censored;
     }
@@ -210,6 +235,7 @@ impl LogLatencyStats {
             let f = max_weight / s.weight;
             s.weight = max_weight;
             s.deviation_sum *= f;
+            s.shape.scale(f);
         }
         s
     }
