@@ -11,6 +11,7 @@
 //! assert!((0.0..=1.0).contains(&run.quality));
 //! ```
 
+pub mod calibration;
 pub mod report;
 pub mod runner;
 pub mod scenario;

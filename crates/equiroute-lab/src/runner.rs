@@ -1,6 +1,7 @@
 //! Runs one policy through one scenario with one seed, in virtual time, with the same
 //! eligibility, breakers, executor and policies as the gateway.
 
+use crate::calibration::Calibration;
 use crate::scenario::ScenarioSpec;
 use crate::world::World;
 use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
@@ -45,6 +46,10 @@ pub struct RunResult {
     pub regret_over_time: Vec<f64>,
     /// Share of requests without an answer in each of [`BINS`] time bins.
     pub request_failure_rate_over_time: Vec<f64>,
+    /// The policy's deadline-miss estimate for its first choice against the first attempt's
+    /// outcome (policies with a latency model, scenarios with a deadline).
+    #[serde(default)]
+    pub calibration: Option<Calibration>,
 }
 
 /// A run that could not start.
@@ -165,6 +170,7 @@ fn simulate(
     let mut regret_over_time = vec![0.0; BINS];
     let mut failures_over_time = vec![0.0; BINS];
     let mut values = vec![0.0; k];
+    let mut predictions: Vec<(f64, bool)> = Vec::new();
 
     for round in 0..rounds {
         let concurrency = world.concurrency(round);
@@ -216,6 +222,7 @@ fn simulate(
         let Some(&first) = order.first() else {
             continue;
         };
+        let mut predicted = policy.deadline_miss_estimate(first, &ctx);
         world.note_choice(first);
         let best = eligible.iter().map(|&i| values[i]).fold(0.0, f64::max);
         regret += (best - values[first]).max(0.0);
@@ -245,6 +252,15 @@ fn simulate(
                 &mut outcome_rng,
             );
             attempts += 1;
+            // The first attempt, on the first choice, with the whole deadline: scored when
+            // it answered or ran out of time (a failure says nothing about its latency).
+            if let Some(p) = predicted.take().filter(|_| next.candidate == first) {
+                match outcome.status {
+                    AttemptStatus::Ok => predictions.push((p, false)),
+                    AttemptStatus::Timeout => predictions.push((p, true)),
+                    _ => {}
+                }
+            }
             if outcome.status != AttemptStatus::Ok {
                 failed_attempts += 1;
             }
@@ -334,5 +350,6 @@ fn simulate(
         share_over_time,
         regret_over_time,
         request_failure_rate_over_time: failures_over_time,
+        calibration: Calibration::of(&mut predictions),
     })
 }

@@ -168,6 +168,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "pseudo-observations a slice borrows from its parent, >= 0",
     ),
     (
+        "shape_prior_weight",
+        "weight of the log-normal against the latency histogram (null = log-normal only), > 0",
+    ),
+    (
         "exploration_guard",
         "a candidate whose point P(bad) exceeds this is only a last fallback",
     ),

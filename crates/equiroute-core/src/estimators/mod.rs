@@ -5,6 +5,8 @@
 //!   latency EMA of LQM-ContextRoute.
 //! - [`nig`]: Normal-Inverse-Gamma posterior over ln(latency) from decayed sufficient
 //!   statistics, with censored observations and deadline-miss probabilities.
+//! - [`shape`]: a bounded log-latency histogram per slice, blended with the NIG posterior
+//!   so that `P(latency > deadline)` stays calibrated on mixtures and heavy tails.
 //! - [`linucb`]: a LinUCB quality head kept as `A⁻¹` with Sherman–Morrison updates and
 //!   sliding-window downdates.
 //! - [`linalg`] and [`dist`]: the small numerical kernels those need.
@@ -14,6 +16,7 @@ pub mod ewma;
 pub mod linalg;
 pub mod linucb;
 pub mod nig;
+pub mod shape;
 
 /// The factor by which a statistic with half-life `half_life_ms` decays over `elapsed_ms`.
 /// A half-life of `None` (or not positive) means no decay.

@@ -23,7 +23,8 @@
 //! deadline-miss probability converges to the true one.
 
 use super::decay_factor;
-use super::dist::{lognormal_exceedance, truncated_normal_moments};
+use super::dist::{lognormal_exceedance, student_t_sf, truncated_normal_moments};
+use super::shape::LatencyHistogram;
 use crate::decision::Timestamp;
 use rand::RngCore;
 use rand_distr::{Distribution, Gamma, StandardNormal};
@@ -101,6 +102,10 @@ pub struct LogLatencyStats {
     pub censored: u64,
     /// The time the decayed sums refer to.
     pub at: Timestamp,
+    /// The same observations binned by log-latency, decayed and merged with the sums (empty in
+    /// states saved before it existed).
+    #[serde(default, skip_serializing_if = "LatencyHistogram::is_empty")]
+    pub shape: LatencyHistogram,
 }
 
 impl LogLatencyStats {
@@ -110,6 +115,7 @@ impl LogLatencyStats {
         let mut s = LogLatencyStats::default();
         for &l in latencies_ms {
             s.add_log(l.ln(), 1.0, 0.0);
+            s.shape.add(l.ln(), 1.0);
         }
         s.count = latencies_ms.len() as u64;
         s
@@ -127,6 +133,7 @@ impl LogLatencyStats {
     pub fn scale(&mut self, factor: f64) {
         self.weight *= factor;
         self.deviation_sum *= factor;
+        self.shape.scale(factor);
     }
 
     /// Adds a log-latency `y` with weight `w` and extra spread `extra_var` (the conditional
@@ -145,7 +152,9 @@ impl LogLatencyStats {
     pub fn observe(&mut self, now: Timestamp, latency_ms: f64, half_life_ms: Option<f64>) {
         self.decay_to(now, half_life_ms);
         let w = decay_factor(half_life_ms, self.at.0 - now.0);
-        self.add_log(latency_ms.max(1e-3).ln(), w, 0.0);
+        let y = latency_ms.max(1e-3).ln();
+        self.add_log(y, w, 0.0);
+        self.shape.add(y, w);
         self.count += 1;
     }
 
@@ -178,6 +187,21 @@ impl LogLatencyStats {
         self.censored += 1;
     }
 
+    /// Adds a censored attempt's mass to the histogram only: spread above `ln cutoff` as
+    /// `N(mu, sigma²)` truncated there (the point estimate the sums imputed it from). Call it
+    /// with [`Self::observe_imputed`], which updates the sums and the counts.
+    pub fn observe_tail_shape(
+        &mut self,
+        now: Timestamp,
+        cutoff_ms: f64,
+        (mu, sigma): (f64, f64),
+        half_life_ms: Option<f64>,
+    ) {
+        self.decay_to(now, half_life_ms);
+        let w = decay_factor(half_life_ms, self.at.0 - now.0);
+        self.shape.add_above(cutoff_ms.max(1e-3).ln(), mu, sigma, w);
+    }
+
     /// Adds another instance's statistics (Chan's parallel formula after decaying both to the
     /// later of their two times): the statistics of the union of the two streams.
     pub fn merge(&mut self, other: &LogLatencyStats, half_life_ms: Option<f64>) {
@@ -197,6 +221,7 @@ impl LogLatencyStats {
                 other.deviation_sum + delta * delta * self.weight * other.weight / total;
         }
         self.weight = total;
+        self.shape.add_all(&other.shape);
         self.count += other.count;
         self.censored += other.censored;
     }
@@ -210,6 +235,7 @@ impl LogLatencyStats {
             let f = max_weight / s.weight;
             s.weight = max_weight;
             s.deviation_sum *= f;
+            s.shape.scale(f);
         }
         s
     }
@@ -272,7 +298,28 @@ impl NigPosterior {
         lognormal_exceedance(mu, sigma, deadline_ms)
     }
 
-    /// Plug-in `P(L > d)` at the point estimate (no sampling), for guardrails and display.
+    /// Posterior predictive `P(L > d)`: `ln L` is Student-t with `2αn` degrees of freedom,
+    /// location `μn` and scale² `βn(κn+1)/(αn·κn)`. What the Thompson draws average to, and
+    /// the point estimate the policies use (exploration guard, guarded candidates, display):
+    /// unlike [`Self::point_exceedance`] it keeps the uncertainty of σ², which fattens the tail
+    /// while observations are few.
+    #[must_use]
+    pub fn predictive_exceedance(&self, deadline_ms: f64) -> f64 {
+        if deadline_ms <= 0.0 {
+            return 1.0;
+        }
+        let scale2 = self.beta_n * (self.kappa_n + 1.0) / (self.alpha_n * self.kappa_n);
+        if scale2.is_nan() || scale2 <= 0.0 {
+            return lognormal_exceedance(self.mu_n, 0.0, deadline_ms);
+        }
+        student_t_sf(
+            (deadline_ms.ln() - self.mu_n) / scale2.sqrt(),
+            2.0 * self.alpha_n,
+        )
+    }
+
+    /// Plug-in `P(L > d)` at the point estimate (μn, sqrt(E[σ²])): a log-normal that ignores
+    /// the posterior's uncertainty and underestimates far tails when data are few.
     #[must_use]
     pub fn point_exceedance(&self, deadline_ms: f64) -> f64 {
         let (mu, sigma) = self.point();
@@ -345,6 +392,42 @@ mod tests {
         assert!((shuffled.weight - in_order.weight).abs() < 1e-12);
         assert!((shuffled.mean_log - in_order.mean_log).abs() < 1e-12);
         assert!((shuffled.deviation_sum - in_order.deviation_sum).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_predictive_tail_is_fatter_than_the_plug_in_with_few_observations() {
+        // Seven latencies around 1 s (log-deviations ±0.9, ±0.6, ±0.34, 0) under the default
+        // prior: κn = 8, αn = 5.5, βn = 0.5 + 0.5·2.5712 = 1.7856, μn = ln 1000.
+        let s = LogLatencyStats::from_latencies(
+            &[-0.9, -0.6, -0.34, 0.0, 0.34, 0.6, 0.9].map(|d: f64| 1000.0 * d.exp()),
+        );
+        let p = s.posterior(&NigPrior::default());
+        assert!((p.alpha_n - 5.5).abs() < 1e-12 && (p.beta_n - 1.7856).abs() < 1e-12);
+        let five_medians = 5.0 * p.median_ms();
+        // Plug-in: σ² = βn/(αn−1) = 0.3968, P(Z > ln 5/0.6299) = 0.0053.
+        let plug_in = p.point_exceedance(five_medians);
+        // Predictive: t with 11 degrees of freedom, scale² = 1.7856·9/(5.5·8) = 0.3652,
+        // P(T > ln 5/0.6044) = 0.0110: about twice the plug-in. (Issue 23 quotes 0.0103 for
+        // the same plug-in; with this prior the predictive is 0.0110, and 0.0103 would take
+        // κ0 ≈ 4.)
+        let predictive = p.predictive_exceedance(five_medians);
+        assert!((plug_in - 0.0053).abs() < 5e-5, "{plug_in}");
+        assert!((predictive - 0.0110).abs() < 5e-5, "{predictive}");
+        // The Thompson draws average to the predictive, not to the plug-in.
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(7);
+        let n = 200_000;
+        let mean = (0..n)
+            .map(|_| p.sampled_exceedance(five_medians, &mut rng))
+            .sum::<f64>()
+            / f64::from(n);
+        assert!((mean - predictive).abs() < 4e-4, "{mean} vs {predictive}");
+        // With many observations the two agree.
+        let many: Vec<f64> = (0..2000)
+            .map(|i| 1000.0 * (0.6 * ((f64::from(i) + 0.5) / 2000.0 - 0.5)).exp())
+            .collect();
+        let p = LogLatencyStats::from_latencies(&many).posterior(&NigPrior::default());
+        let d = 1.4 * p.median_ms();
+        assert!((p.point_exceedance(d) / p.predictive_exceedance(d) - 1.0).abs() < 0.01);
     }
 
     #[test]

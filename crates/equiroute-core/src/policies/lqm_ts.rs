@@ -288,6 +288,10 @@ impl Policy for LqmTs {
         Some(self.quality.heads.quality_observations())
     }
 
+    fn deadline_miss_estimate(&self, candidate: usize, ctx: &RankContext<'_>) -> Option<f64> {
+        ctx.deadline.map(|_| self.risk.point(candidate, ctx).1)
+    }
+
     fn take_slice_evictions(&mut self) -> u64 {
         self.risk.take_evictions()
     }

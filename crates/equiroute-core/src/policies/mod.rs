@@ -219,6 +219,13 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// The state belongs to another policy or another shape of interface.
     fn merge_state(&mut self, other: &PolicyState) -> Result<(), StateError>;
 
+    /// The point estimate (no sampling) of `P(latency > deadline)` for `candidate` under
+    /// `ctx`'s deadline, for calibration and display; `None` for policies without a latency
+    /// model, or without a deadline.
+    fn deadline_miss_estimate(&self, _candidate: usize, _ctx: &RankContext<'_>) -> Option<f64> {
+        None
+    }
+
     /// Statistics slices evicted (to keep them under their cap) since the last call; 0 for
     /// policies without slices.
     fn take_slice_evictions(&mut self) -> u64 {

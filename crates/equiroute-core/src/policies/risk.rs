@@ -21,6 +21,7 @@ use crate::decision::{AttemptStatus, SlicePath, Timestamp};
 use crate::estimators::decay_factor;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig};
 use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPosterior, NigPrior};
+use crate::estimators::shape::LatencyBelief;
 use crate::hash::KeyHasher;
 use crate::StateError;
 use rand::RngCore;
@@ -97,6 +98,10 @@ pub struct RiskConfig {
     /// prior, and the failure rate is drawn from its widening Beta posterior, so the candidate
     /// is tried again. Attempts of every kind (breaker half-open probes too) refresh it.
     pub stale_half_life_ms: Option<f64>,
+    /// Pseudo-observations `n₀` of the log-normal posterior against each slice's latency
+    /// histogram: `P(L>d) = (n₀·P_nig + M(>d))/(n₀ + M)` (see [`crate::estimators::shape`]).
+    /// `None`: the log-normal alone, as the reference design.
+    pub shape_prior_weight: Option<f64>,
 }
 
 impl Default for RiskConfig {
@@ -112,6 +117,7 @@ impl Default for RiskConfig {
             level_half_life_ms: 30_000.0,
             max_slices: RiskConfig::DEFAULT_MAX_SLICES,
             stale_half_life_ms: Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS),
+            shape_prior_weight: Some(RiskConfig::DEFAULT_SHAPE_PRIOR_WEIGHT),
         }
     }
 }
@@ -122,6 +128,9 @@ impl RiskConfig {
     /// The default of [`RiskConfig::stale_half_life_ms`] (docs/policies.md, "Beliefs that go
     /// stale").
     pub const DEFAULT_STALE_HALF_LIFE_MS: f64 = 120_000.0;
+    /// The default of [`RiskConfig::shape_prior_weight`], chosen by calibration in the
+    /// laboratory (docs/calibration.md).
+    pub const DEFAULT_SHAPE_PRIOR_WEIGHT: f64 = 20.0;
 
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
         self.latency_prior.validate()?;
@@ -143,6 +152,9 @@ impl RiskConfig {
         crate::error::unit_interval("exploration_guard", self.exploration_guard)?;
         crate::error::unit_interval("level_beta", self.level_beta)?;
         crate::error::positive("level_half_life_ms", self.level_half_life_ms)?;
+        if let Some(w) = self.shape_prior_weight {
+            crate::error::positive("shape_prior_weight", w)?;
+        }
         if self.max_slices == 0 {
             return Err(crate::error::out_of_range(
                 "max_slices",
@@ -320,6 +332,12 @@ impl RiskModel {
     /// strength down the slice path.
     #[must_use]
     pub fn posterior(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
+        self.effective(i, slice, now)
+            .posterior(&self.cfg.latency_prior)
+    }
+
+    /// Effective statistics of candidate `i` in `slice` at `now` (sums and histogram).
+    fn effective(&self, i: usize, slice: SlicePath, now: Timestamp) -> LogLatencyStats {
         let hl = self.cfg.latency_half_life_ms;
         // Levels are usually updated together, so one decay factor serves them all.
         let mut memo = (u64::MAX, 1.0);
@@ -347,7 +365,31 @@ impl RiskModel {
                 effective = borrowed;
             }
         }
-        effective.posterior(&self.cfg.latency_prior)
+        effective
+    }
+
+    /// What the ranking believes about candidate `i`'s latency in `slice` at `now`: the
+    /// posterior shifted by the fast level, and the slice's histogram.
+    #[must_use]
+    pub fn belief(&self, i: usize, slice: SlicePath, now: Timestamp) -> LatencyBelief {
+        let effective = self.effective(i, slice, now);
+        let shift = self.levels[i].shift(now, &self.cfg);
+        let mut posterior =
+            self.stale_posterior(i, effective.posterior(&self.cfg.latency_prior), now);
+        posterior.mu_n += shift;
+        // A stale candidate's histogram fades with its posterior, so the prior regains the
+        // same share of the blend.
+        let mut shape = effective.shape;
+        let fresh = self.freshness(i, now);
+        if fresh < 1.0 {
+            shape.scale(fresh);
+        }
+        LatencyBelief {
+            posterior,
+            shift,
+            shape,
+            shape_prior_weight: self.cfg.shape_prior_weight,
+        }
     }
 
     /// [`Self::posterior`] with the fast level's location shift: what the ranking uses.
@@ -374,13 +416,14 @@ impl RiskModel {
         }
     }
 
-    /// Point estimates (no sampling): failure rate and deadline-miss probability.
+    /// Point estimates (no sampling): failure rate and the posterior predictive deadline-miss
+    /// probability.
     #[must_use]
     pub fn point(&self, i: usize, ctx: &RankContext<'_>) -> (f64, f64) {
         let failure = self.failure_rate(i, ctx.now);
-        let exceed = ctx.deadline.map_or(0.0, |d| {
-            self.current(i, ctx.slice, ctx.now).point_exceedance(d.0)
-        });
+        let exceed = ctx
+            .deadline
+            .map_or(0.0, |d| self.belief(i, ctx.slice, ctx.now).exceedance(d.0));
         (failure, exceed)
     }
 
@@ -389,7 +432,8 @@ impl RiskModel {
     pub fn sample(&self, i: usize, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> RiskSample {
         let point_failure = self.failure_rate(i, ctx.now);
         let failure = self.sampled_failure(i, ctx.now, point_failure, rng);
-        let post = self.current(i, ctx.slice, ctx.now);
+        let belief = self.belief(i, ctx.slice, ctx.now);
+        let post = belief.posterior;
         let Some(deadline) = ctx.deadline else {
             return RiskSample {
                 failure,
@@ -399,8 +443,8 @@ impl RiskModel {
                 median_ms: post.median_ms(),
             };
         };
-        if self.over_guard(point_failure, &post, deadline.0) {
-            let exceedance = post.point_exceedance(deadline.0);
+        if self.over_guard(point_failure, &belief, deadline.0) {
+            let exceedance = belief.exceedance(deadline.0);
             return RiskSample {
                 failure,
                 exceedance,
@@ -409,7 +453,7 @@ impl RiskModel {
                 median_ms: post.median_ms(),
             };
         }
-        let exceedance = post.sampled_exceedance(deadline.0, rng);
+        let exceedance = belief.sampled_exceedance(deadline.0, rng);
         RiskSample {
             failure,
             exceedance,
@@ -421,17 +465,21 @@ impl RiskModel {
 
     /// Whether the point-estimate `P(bad)` exceeds the exploration guard. It does when the
     /// point `P(L>d)` exceeds `t = (guard − P(fail))/(1 − P(fail))`; a median below the
-    /// deadline means `P(L>d) ≤ ½`, which settles the common case without evaluating the tail.
-    fn over_guard(&self, failure: f64, post: &NigPosterior, deadline_ms: f64) -> bool {
+    /// deadline means the NIG part of `P(L>d)` is at most ½, which settles the common case
+    /// without evaluating the t tail.
+    fn over_guard(&self, failure: f64, belief: &LatencyBelief, deadline_ms: f64) -> bool {
         let guard = self.cfg.exploration_guard;
         if failure >= 1.0 {
             return true;
         }
         let threshold = (guard - failure) / (1.0 - failure);
-        if threshold >= 0.5 && deadline_ms.ln() >= post.mu_n {
+        if belief
+            .exceedance_bound(deadline_ms)
+            .is_some_and(|bound| bound <= threshold)
+        {
             return false;
         }
-        bad_outcome_probability(failure, post.point_exceedance(deadline_ms)) > guard
+        bad_outcome_probability(failure, belief.exceedance(deadline_ms)) > guard
     }
 
     /// How much of candidate `i`'s evidence still counts at `now`: `2^(−age/h)`, where `age`
@@ -506,9 +554,11 @@ impl RiskModel {
                 // (never below the cut-off's) moves the level.
                 self.levels[i].observe(obs.now, mean - post.mu_n, &self.cfg);
             }
+            let point = post.point();
             for &key in obs.slice.levels().iter().take(self.cfg.slice_depth) {
-                self.slice_mut(i, key)
-                    .observe_imputed(obs.now, mean, var, hl);
+                let stats = self.slice_mut(i, key);
+                stats.observe_imputed(obs.now, mean, var, hl);
+                stats.observe_tail_shape(obs.now, latency, point, hl);
             }
         } else if status == AttemptStatus::Ok {
             if tracks_level {
@@ -656,7 +706,7 @@ mod tests {
     }
 
     fn exceedance(post: &NigPosterior) -> f64 {
-        post.point_exceedance(1000.0)
+        post.predictive_exceedance(1000.0)
     }
 
     /// 500 calls at 250–350 ms, one every 100 ms, then five at 1.5 s (load).
@@ -767,6 +817,82 @@ mod tests {
         let mut wrong = newer;
         wrong.levels.push(Level::default());
         assert!(c.merge(&wrong).is_err());
+    }
+
+    #[test]
+    fn point_estimates_and_guarded_candidates_use_the_posterior_predictive() {
+        // The seven latencies of the nig test: plug-in P(L > 5 medians) 0.0053, predictive 0.0110.
+        let mut m = RiskModel::new(
+            1,
+            RiskConfig {
+                latency_half_life_ms: None,
+                exploration_guard: 0.0,
+                shape_prior_weight: None,
+                ..RiskConfig::default()
+            },
+        );
+        for (t, d) in [-0.9, -0.6, -0.34, 0.0, 0.34, 0.6, 0.9]
+            .into_iter()
+            .enumerate()
+        {
+            ok(&mut m, 1000.0 * f64::exp(d), t as f64);
+        }
+        let candidates = [crate::Candidate::new("a", "a", "a")];
+        let mut ctx = RankContext::new(&candidates, &[0], &[]);
+        ctx.deadline = Some(Millis(5000.0));
+        ctx.now = Timestamp(7.0);
+        let (_, exceed) = m.point(0, &ctx);
+        assert!((exceed - 0.0110).abs() < 5e-5, "{exceed}");
+        // A guard of 0 holds the candidate back; its P(bad) is the predictive, not a draw.
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+        let r = m.sample(0, &ctx, &mut rng);
+        assert!(r.guarded);
+        assert!((r.exceedance - exceed).abs() < 1e-15, "{}", r.exceedance);
+    }
+
+    #[test]
+    fn histograms_merge_exactly_and_old_states_load_without_them() {
+        // Two instances' histograms add up to the histogram of one that saw every call.
+        let cfg = RiskConfig::default();
+        let (mut a, mut b, mut all) = (
+            RiskModel::new(1, cfg),
+            RiskModel::new(1, cfg),
+            RiskModel::new(1, cfg),
+        );
+        for t in 0..200 {
+            let latency = if t % 3 == 0 { 2500.0 } else { 80.0 };
+            let now = f64::from(t) * 50.0;
+            ok(if t % 2 == 0 { &mut a } else { &mut b }, latency, now);
+            ok(&mut all, latency, now);
+        }
+        let mut merged = RiskModel::new(1, cfg);
+        merged.merge(&a.export()).unwrap();
+        merged.merge(&b.export()).unwrap();
+        let (m, w) = (merged.latency[&(0, ROOT)], all.latency[&(0, ROOT)]);
+        for (x, y) in m.shape.mass.iter().zip(&w.shape.mass) {
+            assert!((x - y).abs() < 1e-9, "{x} vs {y}");
+        }
+        assert!((m.shape.total() - m.weight).abs() < 1e-9);
+        // A state saved before histograms: no `shape` field; it loads with an empty one and
+        // the belief is the log-normal until calls arrive.
+        let mut json = serde_json::to_value(all.export()).unwrap();
+        json["slices"][0]["stats"]
+            .as_object_mut()
+            .unwrap()
+            .remove("shape");
+        let old: RiskState = serde_json::from_value(json).unwrap();
+        assert!(old.slices[0].stats.shape.is_empty());
+        let mut restored = RiskModel::new(1, cfg);
+        restored.merge(&old).unwrap();
+        let now = Timestamp(10_000.0);
+        let belief = restored.belief(0, SlicePath::root(), now);
+        assert!(
+            (belief.exceedance(1500.0) - belief.posterior.predictive_exceedance(1500.0)).abs()
+                < 1e-15
+        );
+        // With the histogram, P(L > 1500 ms) is near the true third; the log-normal is not.
+        let p = all.belief(0, SlicePath::root(), now).exceedance(1500.0);
+        assert!((p - 1.0 / 3.0).abs() < 0.03, "{p}");
     }
 
     fn in_task(model: &mut RiskModel, candidate: usize, task: &str, latency_ms: f64, now_ms: f64) {

@@ -13,8 +13,14 @@
 //!     "per_seed": [{"seed": u64, "quality": f, "regret": f, "cost_per_request": f,
 //!                   "deadline_miss_rate": f, "request_failure_rate": f,
 //!                   "share_over_time": {"<provider>": [f; 40]},
-//!                   "request_failure_rate_over_time": [f; 40]}]}}}
+//!                   "request_failure_rate_over_time": [f; 40]}],
+//!     "calibration": {"ece": {"mean": f, "ci95": f}, "count": N,
+//!                     "predicted": f, "observed": f,
+//!                     "deciles": [{"predicted": f, "observed": f, "count": N}; 10]}}}}
 //! ```
+//! `calibration` is present for policies with a latency model (`ts-deadline`, `lqm-ts`) in
+//! scenarios with a deadline (see [`crate::calibration`]): `ece` over seeds, the deciles
+//! averaged over seeds (decile `b` of every seed), `count` summed.
 //! `ci95` is the half-width of the Student-t 95% interval of the mean over seeds; `per_seed`
 //! (in seed order) shows which seeds a mean and its interval come from. The series over time
 //! use the share plots' 40 bins: bin `b` holds the rounds `t` with `t·40/T = b` (integer
@@ -24,6 +30,7 @@
 
 pub mod plot;
 
+use crate::calibration::{CalibrationBin, DECILES};
 use crate::runner::{RunResult, BINS};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -93,6 +100,54 @@ pub struct PolicyReport {
     /// Mean cumulative regret per time bin (for plots; not in JSON).
     #[serde(skip)]
     pub regret_over_time: Vec<f64>,
+    /// Calibration of the deadline-miss estimate over seeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<CalibrationReport>,
+}
+
+/// Calibration of a policy's deadline-miss estimate over seeds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CalibrationReport {
+    /// Expected calibration error per seed, summarised.
+    pub ece: Summary,
+    /// Predictions scored, over all seeds.
+    pub count: usize,
+    /// Mean prediction and observed miss rate (means over seeds).
+    pub predicted: f64,
+    pub observed: f64,
+    /// Decile `b`'s mean prediction and observed rate, averaged over seeds; counts summed.
+    pub deciles: Vec<CalibrationBin>,
+}
+
+impl CalibrationReport {
+    /// The summary of the runs that carry a calibration; `None` if none does.
+    #[must_use]
+    pub fn of(runs: &[&RunResult]) -> Option<CalibrationReport> {
+        let cals: Vec<_> = runs.iter().filter_map(|r| r.calibration.as_ref()).collect();
+        if cals.is_empty() {
+            return None;
+        }
+        let n = cals.len() as f64;
+        let deciles = (0..DECILES)
+            .map(|b| {
+                let bins: Vec<&CalibrationBin> =
+                    cals.iter().filter_map(|c| c.deciles.get(b)).collect();
+                let m = bins.len().max(1) as f64;
+                CalibrationBin {
+                    predicted: bins.iter().map(|x| x.predicted).sum::<f64>() / m,
+                    observed: bins.iter().map(|x| x.observed).sum::<f64>() / m,
+                    count: bins.iter().map(|x| x.count).sum(),
+                }
+            })
+            .collect();
+        Some(CalibrationReport {
+            ece: Summary::of(&cals.iter().map(|c| c.ece).collect::<Vec<_>>()),
+            count: cals.iter().map(|c| c.count).sum(),
+            predicted: cals.iter().map(|c| c.predicted).sum::<f64>() / n,
+            observed: cals.iter().map(|c| c.observed).sum::<f64>() / n,
+            deciles,
+        })
+    }
 }
 
 /// One seed's run of a policy, in brief, with its series over time (to measure how fast
@@ -204,6 +259,7 @@ impl ScenarioReport {
                         .collect(),
                     share_over_time,
                     regret_over_time,
+                    calibration: CalibrationReport::of(&rs),
                 },
             );
         }
@@ -296,6 +352,47 @@ impl ScenarioReport {
         if best.is_some() {
             s.push_str("quality: * best (the oracle aside), ~ within noise of it (95% intervals overlap)\n");
         }
+        s.push_str(&self.calibration_table());
+        s
+    }
+
+    /// The calibration of the policies that estimate deadline misses: ECE (mean ± 95% CI over
+    /// seeds) and, per decile of the prediction, mean predicted / observed miss rate. Empty
+    /// when no policy has one.
+    #[must_use]
+    pub fn calibration_table(&self) -> String {
+        let mut s = String::new();
+        let rows: Vec<(&String, &CalibrationReport)> = self
+            .ordered()
+            .filter_map(|(n, r)| r.calibration.as_ref().map(|c| (n, c)))
+            .collect();
+        if rows.is_empty() {
+            return s;
+        }
+        s.push_str("calibration of P(latency > deadline) for the first choice: predicted/observed miss rate by decile of the prediction (mean over seeds)\n");
+        let _ = write!(s, "{:<20} {:>15} {:>7} {:>11}", "policy", "ECE", "n", "all");
+        for b in 1..=DECILES {
+            let _ = write!(s, " {:>11}", format!("d{b}"));
+        }
+        s.push('\n');
+        for (name, c) in rows {
+            let _ = write!(
+                s,
+                "{:<20} {:>15} {:>7} {:>11}",
+                name,
+                fmt(c.ece, 4),
+                c.count,
+                format!("{:.3}/{:.3}", c.predicted, c.observed)
+            );
+            for d in &c.deciles {
+                let _ = write!(
+                    s,
+                    " {:>11}",
+                    format!("{:.3}/{:.3}", d.predicted, d.observed)
+                );
+            }
+            s.push('\n');
+        }
         s
     }
 
@@ -313,7 +410,10 @@ impl ScenarioReport {
                 ("attempt_failure_rate", r.attempt_failure_rate),
                 ("cost_per_request", r.cost_per_request),
                 ("regret", r.regret),
-            ] {
+            ]
+            .into_iter()
+            .chain(r.calibration.as_ref().map(|c| ("calibration_ece", c.ece)))
+            {
                 let _ = writeln!(
                     s,
                     "{},{},{},{},{}",
@@ -378,6 +478,7 @@ mod tests {
             share_over_time: vec![vec![1.0]; BINS],
             regret_over_time: vec![0.0; BINS],
             request_failure_rate_over_time: vec![0.0; BINS],
+            calibration: None,
         };
         let runs = [
             run("a", 1, 0.60),

@@ -1,0 +1,331 @@
+//! The shape of a latency distribution that a log-normal cannot describe (fast cache hits and
+//! slow misses, a heavy tail): a bounded histogram of `ln(latency)` kept next to the
+//! Normal-Inverse-Gamma sums, and the belief that blends the two.
+//!
+//! **Histogram.** [`BINS`] fixed bins half an octave wide (a factor √2), from 4 ms to 131 s
+//! with an open bin at each end: 256 bytes per slice whatever the traffic. The bins are the
+//! same everywhere, so histograms decay and merge exactly like the NIG sums (multiply by the
+//! decay factor, add): two instances' histograms add up to the histogram of the union.
+//! A censored observation ("at least `c`") is spread over the bins above `c` in proportion to
+//! the current log-normal point estimate truncated at `c`, as the NIG sums impute it.
+//!
+//! **Blend.** `P(L > d)` is the posterior mean of a Dirichlet process whose base measure is
+//! the NIG posterior predictive with `n₀` pseudo-observations (`shape_prior_weight`):
+//!
+//! ```text
+//! P(L > d) = (n₀·P_nig(L > d) + M(> d)) / (n₀ + M)
+//! ```
+//!
+//! with `M` the histogram's (decayed) mass and `M(> d)` its mass above `ln d`. With few
+//! observations the NIG's smooth, prior-regularised tail dominates; as data accumulate the
+//! empirical shape takes over, so a mixture's or a heavy tail's exceedance converges to the
+//! truth instead of to a log-normal's. Within the bin that holds `ln d` the mass is split by the
+//! NIG's own shape (not linearly), so a log-normal provider loses nothing to the bin width.
+
+use super::dist::normal_cdf;
+use super::nig::NigPosterior;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+/// Number of histogram bins.
+pub const BINS: usize = 32;
+/// `ln` of the upper edge of the first bin (4 ms).
+const FIRST_EDGE: f64 = 1.386_294_361_119_890_6;
+/// Bin width in `ln` units: half an octave.
+const WIDTH: f64 = 0.5 * std::f64::consts::LN_2;
+
+/// Decayed mass of `ln(latency)` per fixed bin.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyHistogram {
+    pub mass: [f64; BINS],
+}
+
+/// `ln` of the lower edge of bin `j` (−∞ for the first).
+fn lower_edge(j: usize) -> f64 {
+    if j == 0 {
+        f64::NEG_INFINITY
+    } else {
+        FIRST_EDGE + (j - 1) as f64 * WIDTH
+    }
+}
+
+/// `ln` of the upper edge of bin `j` (+∞ for the last).
+fn upper_edge(j: usize) -> f64 {
+    if j + 1 >= BINS {
+        f64::INFINITY
+    } else {
+        FIRST_EDGE + j as f64 * WIDTH
+    }
+}
+
+/// The bin of log-latency `y`.
+fn bin_of(y: f64) -> usize {
+    if y.is_nan() || y < FIRST_EDGE {
+        return 0;
+    }
+    (((y - FIRST_EDGE) / WIDTH).floor() as usize + 1).min(BINS - 1)
+}
+
+/// `P(lo < Y ≤ hi)` for `Y ~ N(mu, sigma²)`.
+fn normal_mass(mu: f64, sigma: f64, lo: f64, hi: f64) -> f64 {
+    if sigma <= 0.0 {
+        return if lo < mu && mu <= hi { 1.0 } else { 0.0 };
+    }
+    let cdf = |x: f64| {
+        if x == f64::INFINITY {
+            1.0
+        } else if x == f64::NEG_INFINITY {
+            0.0
+        } else {
+            normal_cdf((x - mu) / sigma)
+        }
+    };
+    (cdf(hi) - cdf(lo)).max(0.0)
+}
+
+impl LatencyHistogram {
+    /// No mass at all (a state saved before histograms existed, or a new slice).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.mass.iter().all(|&m| m == 0.0)
+    }
+
+    /// Total mass `M`.
+    #[must_use]
+    pub fn total(&self) -> f64 {
+        self.mass.iter().sum()
+    }
+
+    /// Adds log-latency `y` with weight `w`.
+    pub fn add(&mut self, y: f64, w: f64) {
+        self.mass[bin_of(y)] += w;
+    }
+
+    /// Adds weight `w` spread over `ln L > cut` as `N(mu, sigma²)` truncated at `cut`: a
+    /// censored observation. The share that falls in the cut's own bin goes to the bin above
+    /// it, so that a query at the cut counts the whole observation as a miss (deadlines
+    /// repeat; within the bin a later query may count it too early, never too late); where
+    /// the normal has no mass left above `cut`, all of it goes there.
+    pub fn add_above(&mut self, cut: f64, mu: f64, sigma: f64, w: f64) {
+        let first = bin_of(cut);
+        let next = (first + 1).min(BINS - 1);
+        let total = normal_mass(mu, sigma, cut, f64::INFINITY);
+        if total.is_nan() || total <= 1e-300 {
+            self.mass[next] += w;
+            return;
+        }
+        for j in first..BINS {
+            let part = normal_mass(mu, sigma, lower_edge(j).max(cut), upper_edge(j));
+            self.mass[j.max(next)] += w * part / total;
+        }
+    }
+
+    /// Multiplies every bin by `factor` (decay, or a capped borrow).
+    pub fn scale(&mut self, factor: f64) {
+        for m in &mut self.mass {
+            *m *= factor;
+        }
+    }
+
+    /// Adds another histogram bin by bin.
+    pub fn add_all(&mut self, other: &LatencyHistogram) {
+        for (m, o) in self.mass.iter_mut().zip(&other.mass) {
+            *m += o;
+        }
+    }
+
+    /// Mass above log-latency `y`; the bin holding `y` is split by `N(mu, sigma²)`'s shape
+    /// within it (by its width when the normal has no mass there).
+    #[must_use]
+    pub fn mass_above(&self, y: f64, mu: f64, sigma: f64) -> f64 {
+        let j = bin_of(y);
+        let above: f64 = self.mass[j + 1..].iter().sum();
+        if self.mass[j] == 0.0 {
+            return above;
+        }
+        let (lo, hi) = (lower_edge(j), upper_edge(j));
+        let in_bin = normal_mass(mu, sigma, lo, hi);
+        let share = if in_bin > 1e-12 {
+            normal_mass(mu, sigma, y, hi) / in_bin
+        } else if lo.is_finite() && hi.is_finite() {
+            ((hi - y) / WIDTH).clamp(0.0, 1.0)
+        } else if hi.is_finite() {
+            0.0
+        } else {
+            1.0
+        };
+        above + self.mass[j] * share.clamp(0.0, 1.0)
+    }
+}
+
+/// A candidate's latency belief in one slice: the NIG posterior (location already shifted
+/// by the fast level, if any) and the slice's effective histogram.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencyBelief {
+    pub posterior: NigPosterior,
+    /// The fast level's shift of `ln L`, applied to the histogram's query too.
+    pub shift: f64,
+    pub shape: LatencyHistogram,
+    /// `n₀`: the NIG's weight against the histogram; `None` ignores the histogram.
+    pub shape_prior_weight: Option<f64>,
+}
+
+impl LatencyBelief {
+    /// A belief from the NIG posterior alone (a log-normal shape).
+    #[must_use]
+    pub fn log_normal(posterior: NigPosterior) -> LatencyBelief {
+        LatencyBelief {
+            posterior,
+            shift: 0.0,
+            shape: LatencyHistogram::default(),
+            shape_prior_weight: None,
+        }
+    }
+
+    /// `(n₀, M(> d), M)` when the histogram takes part.
+    fn blend_terms(&self, deadline_ms: f64) -> Option<(f64, f64, f64)> {
+        let n0 = self.shape_prior_weight?;
+        let total = self.shape.total();
+        if total.is_nan() || total <= 0.0 || deadline_ms <= 0.0 {
+            return None;
+        }
+        let (mu, sigma) = self.posterior.point();
+        let y = deadline_ms.ln() - self.shift;
+        Some((n0, self.shape.mass_above(y, mu - self.shift, sigma), total))
+    }
+
+    /// `(n₀·p + M(> d)) / (n₀ + M)`, or `p` without histogram.
+    fn blend(&self, nig: f64, deadline_ms: f64) -> f64 {
+        match self.blend_terms(deadline_ms) {
+            Some((n0, above, total)) => ((n0 * nig + above) / (n0 + total)).clamp(0.0, 1.0),
+            None => nig,
+        }
+    }
+
+    /// Predictive `P(L > d)`: the blend of the Student-t predictive and the histogram.
+    #[must_use]
+    pub fn exceedance(&self, deadline_ms: f64) -> f64 {
+        self.blend(
+            self.posterior.predictive_exceedance(deadline_ms),
+            deadline_ms,
+        )
+    }
+
+    /// An upper bound of [`Self::exceedance`] that skips the t tail when the deadline is past
+    /// the posterior median (NIG part at most ½): `None` when that does not hold.
+    #[must_use]
+    pub fn exceedance_bound(&self, deadline_ms: f64) -> Option<f64> {
+        (deadline_ms > 0.0 && deadline_ms.ln() >= self.posterior.mu_n)
+            .then(|| self.blend(0.5, deadline_ms))
+    }
+
+    /// One Thompson draw of `P(L > d)`: a NIG draw blended with the histogram (averages to
+    /// [`Self::exceedance`]).
+    pub fn sampled_exceedance(&self, deadline_ms: f64, rng: &mut dyn RngCore) -> f64 {
+        let nig = self.posterior.sampled_exceedance(deadline_ms, rng);
+        self.blend(nig, deadline_ms)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::float_cmp)] // exact bin values, by construction
+mod tests {
+    use super::*;
+    use crate::estimators::nig::NigPrior;
+
+    #[test]
+    fn bins_are_half_octaves_from_4_ms() {
+        assert_eq!(bin_of(3.9f64.ln()), 0);
+        assert_eq!(bin_of(4.0f64.ln() + 1e-12), 1);
+        assert_eq!(bin_of(5.7f64.ln()), 2); // 4·√2 = 5.66
+        assert_eq!(bin_of(1e9f64.ln()), BINS - 1);
+        assert!((upper_edge(BINS - 2).exp() - 4.0 * 2f64.powi(15)).abs() < 1e-6);
+        assert_eq!(std::mem::size_of::<LatencyHistogram>(), 256);
+    }
+
+    #[test]
+    fn a_censored_observation_lands_above_its_cut_off() {
+        let mut h = LatencyHistogram::default();
+        h.add_above(1500f64.ln(), 300f64.ln(), 0.8, 1.0);
+        assert!((h.total() - 1.0).abs() < 1e-12);
+        assert!((h.mass_above(1500f64.ln(), 300f64.ln(), 0.8) - 1.0).abs() < 1e-12);
+        assert_eq!(h.mass[bin_of(1500f64.ln())], 0.0);
+        // Far past the normal's mass: all in the bin above the cut's.
+        let mut far = LatencyHistogram::default();
+        far.add_above(1e5f64.ln(), 0.0, 0.1, 2.0);
+        assert_eq!(far.mass[bin_of(1e5f64.ln()) + 1], 2.0);
+    }
+
+    #[test]
+    fn on_a_mixture_the_blend_converges_to_the_truth_and_the_log_normal_does_not() {
+        // 70% at 80 ms, 30% at 2500 ms (tight modes), deadline 1500 ms: truth P(L > d) = 0.3.
+        let mut lat = Vec::new();
+        for i in 0..1000 {
+            let wiggle = (f64::from(i % 7) - 3.0) * 0.03;
+            lat.push(if i % 10 < 7 { 80.0 } else { 2500.0 } * wiggle.exp());
+        }
+        let mut shape = LatencyHistogram::default();
+        for &l in &lat {
+            shape.add(l.ln(), 1.0);
+        }
+        let posterior = crate::estimators::nig::LogLatencyStats::from_latencies(&lat)
+            .posterior(&NigPrior::default());
+        let log_normal = LatencyBelief::log_normal(posterior).exceedance(1500.0);
+        let blended = LatencyBelief {
+            posterior,
+            shift: 0.0,
+            shape,
+            shape_prior_weight: Some(20.0),
+        };
+        let p = blended.exceedance(1500.0);
+        assert!((log_normal - 0.3).abs() > 0.1, "log-normal {log_normal}");
+        // (20·p_nig + 300)/(20 + 1000) is within 0.01 of 0.3.
+        assert!((p - 0.3).abs() < 0.01, "blend {p}");
+        // Past the slow mode the log-normal overestimates, the blend does not.
+        let far = blended.exceedance(8000.0);
+        assert!(far < 0.002, "{far}");
+        assert!(LatencyBelief::log_normal(posterior).exceedance(8000.0) > 0.01);
+        // The bound holds where it applies.
+        let bound = blended.exceedance_bound(1500.0).unwrap_or(1.0);
+        assert!(bound >= p);
+    }
+
+    #[test]
+    fn a_log_normal_loses_nothing_to_the_bin_width() {
+        // Quantile-spaced log-normal data: the within-bin split follows the fitted shape.
+        let n = 4000;
+        let lat: Vec<f64> = (0..n)
+            .map(|i| {
+                let u = (f64::from(i) + 0.5) / f64::from(n);
+                // Inverse normal CDF by bisection on the core's CDF.
+                let (mut lo, mut hi) = (-10.0f64, 10.0f64);
+                for _ in 0..80 {
+                    let mid = 0.5 * (lo + hi);
+                    if normal_cdf(mid) < u {
+                        lo = mid;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                (300f64.ln() + 0.5 * 0.5 * (lo + hi)).exp()
+            })
+            .collect();
+        let mut shape = LatencyHistogram::default();
+        for &l in &lat {
+            shape.add(l.ln(), 1.0);
+        }
+        let posterior = crate::estimators::nig::LogLatencyStats::from_latencies(&lat)
+            .posterior(&NigPrior::default());
+        let blended = LatencyBelief {
+            posterior,
+            shift: 0.0,
+            shape,
+            shape_prior_weight: Some(20.0),
+        };
+        for d in [250.0, 400.0, 600.0, 900.0] {
+            let truth = 1.0 - normal_cdf((f64::ln(d) - 300f64.ln()) / 0.5);
+            let p = blended.exceedance(d);
+            assert!((p - truth).abs() < 0.003, "d {d}: {p} vs {truth}");
+        }
+    }
+}
