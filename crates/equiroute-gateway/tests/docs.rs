@@ -104,3 +104,30 @@ fn the_block_reader_finds_blocks_and_only_them() {
     assert_eq!(blocks(md, "toml"), vec!["a = 1\n", "b = 2\nc = 3\n"]);
     assert_eq!(blocks(md, "sh"), vec!["ls\n"]);
 }
+
+#[test]
+fn the_providers_example_loads_with_every_chat_kind() {
+    let cfg = match load(
+        &read("examples/providers.toml"),
+        "examples/providers.toml",
+        &env,
+    ) {
+        Ok(c) => c,
+        Err(e) => panic!("examples/providers.toml does not load: {e}"),
+    };
+    assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+    let kinds: Vec<String> = cfg.interfaces[0]
+        .providers
+        .iter()
+        .map(|p| {
+            format!("{:?}", p.upstream)
+                .split([' ', '{'])
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    for kind in ["Anthropic", "Openai", "AzureOpenai", "Gemini"] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
+    }
+}
