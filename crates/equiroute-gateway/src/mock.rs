@@ -1,5 +1,8 @@
 //! A mock upstream for tests, demos and benchmarks: a real HTTP server speaking the OpenAI
-//! chat API (`POST /v1/chat/completions`) and a search-style JSON API (`POST /search`), with
+//! chat API (`POST /v1/chat/completions`), the native dialects of the other hosts (Anthropic's
+//! `POST /v1/messages`, Azure OpenAI's `POST /openai/deployments/{deployment}/chat/completions
+//! ?api-version=...`, Gemini's `POST /v1beta/models/{model}:generateContent` and
+//! `:streamGenerateContent?alt=sse`) and a search-style JSON API (`POST /search`), with
 //! per-route latency and error rates (500, 503, 429 with or without `Retry-After`, 400), a
 //! library of named faults, and call counters at `GET /_stats`.
 //!
@@ -38,6 +41,13 @@
 //! does not pile them up.
 //!
 //! `healthy_calls = N` spares a model's first N chat calls from its fault.
+//!
+//! The native routes check what their host requires (Anthropic's `anthropic-version` header
+//! and `max_tokens`, no OpenAI-only members; Gemini's `contents`; Azure's `api-version`) and
+//! answer every error and fault in their host's shape: Anthropic's `overloaded_error` is a
+//! 529, Gemini's errors carry a `status` name, a content filter is Anthropic's `refusal` stop
+//! and Gemini's blocked prompt (both with HTTP 200). Given tools, a native answer calls the
+//! first one.
 //!
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
@@ -262,7 +272,10 @@ impl RouteProfile {
             ));
         }
         for (fault, share) in &self.fault_mix {
-            if matches!(fault, Fault::Error500Once | Fault::Flapping | Fault::Outage | Fault::OutageThenRecovers) {
+            if matches!(
+                fault,
+                Fault::Error500Once | Fault::Flapping | Fault::Outage | Fault::OutageThenRecovers
+            ) {
                 return Err((
                     "fault_mix",
                     format!("{fault:?} depends on the call history, which a random mix has not: use error_500 for random 500s"),
@@ -347,6 +360,12 @@ fn router(profile: MockProfile) -> Router {
     });
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/messages", post(anthropic_messages))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure_chat),
+        )
+        .route("/v1beta/models/{call}", post(gemini_call))
         .route("/search", post(search))
         .route("/_stats", get(stats))
         .with_state(state)
@@ -441,25 +460,78 @@ async fn precise_sleep(wait: std::time::Duration) {
     }
 }
 
-/// An error answer in OpenAI's shape.
+/// The API a route speaks: errors and answers take its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Speaks {
+    OpenAi,
+    Azure,
+    Anthropic,
+    Gemini,
+}
+
+/// An error answer in the route's shape (OpenAI's: `error.message`, `type`, `code`).
 fn error_answer(
+    speaks: Speaks,
     status: StatusCode,
     kind: &str,
     code: &serde_json::Value,
     message: &str,
 ) -> Response {
-    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-    (status, Json(body)).into_response()
+    match speaks {
+        Speaks::OpenAi | Speaks::Azure => {
+            let body =
+                json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+            (status, Json(body)).into_response()
+        }
+        Speaks::Anthropic => {
+            // Anthropic answers overload with its own 529.
+            let status = if status == StatusCode::SERVICE_UNAVAILABLE {
+                StatusCode::from_u16(529).unwrap_or(status)
+            } else {
+                status
+            };
+            let kind = match status.as_u16() {
+                400 => "invalid_request_error",
+                401 => "authentication_error",
+                403 => "permission_error",
+                404 => "not_found_error",
+                429 => "rate_limit_error",
+                529 => "overloaded_error",
+                _ => "api_error",
+            };
+            let body = json!({"type": "error", "error": {"type": kind, "message": message}});
+            (status, Json(body)).into_response()
+        }
+        Speaks::Gemini => {
+            let name = match status.as_u16() {
+                400 => "INVALID_ARGUMENT",
+                403 => "PERMISSION_DENIED",
+                404 => "NOT_FOUND",
+                429 => "RESOURCE_EXHAUSTED",
+                503 => "UNAVAILABLE",
+                _ => "INTERNAL",
+            };
+            let body =
+                json!({"error": {"code": status.as_u16(), "message": message, "status": name}});
+            (status, Json(body)).into_response()
+        }
+    }
 }
 
 /// The mock's own error (`type: mock_error`, the status as `code`).
-fn mock_error(status: StatusCode, message: &str) -> Response {
-    error_answer(status, "mock_error", &json!(status.as_u16()), message)
+fn mock_error(speaks: Speaks, status: StatusCode, message: &str) -> Response {
+    error_answer(
+        speaks,
+        status,
+        "mock_error",
+        &json!(status.as_u16()),
+        message,
+    )
 }
 
 /// A 429, with `Retry-After` when given.
-fn rate_limited(retry_after_s: Option<f64>) -> Response {
-    let mut r = mock_error(StatusCode::TOO_MANY_REQUESTS, "mock rate limit");
+fn rate_limited(speaks: Speaks, retry_after_s: Option<f64>) -> Response {
+    let mut r = mock_error(speaks, StatusCode::TOO_MANY_REQUESTS, "mock rate limit");
     if let Some(v) =
         retry_after_s.and_then(|s| axum::http::HeaderValue::from_str(&format!("{s}")).ok())
     {
@@ -489,6 +561,28 @@ async fn hang(route: &RouteProfile) {
     }
 }
 
+/// The context-window refusal's message, as each host words it.
+fn context_message(speaks: Speaks) -> &'static str {
+    match speaks {
+        Speaks::Anthropic => "prompt is too long: 210000 tokens > 200000 maximum",
+        Speaks::Gemini => "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+        Speaks::OpenAi | Speaks::Azure => "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please reduce the length of the messages.",
+    }
+}
+
+/// The native hosts refuse with a 200: Anthropic's `refusal` stop, Gemini's blocked prompt.
+fn native_refusal(speaks: Speaks) -> Option<Response> {
+    let body = match speaks {
+        Speaks::OpenAi | Speaks::Azure => return None,
+        Speaks::Anthropic => json!({"id": "msg_mock", "type": "message", "role": "assistant",
+            "model": "mock", "content": [], "stop_reason": "refusal", "stop_sequence": null,
+            "usage": {"input_tokens": 3, "output_tokens": 0}}),
+        Speaks::Gemini => json!({"promptFeedback": {"blockReason": "SAFETY"},
+            "usageMetadata": {"promptTokenCount": 3, "totalTokenCount": 3}}),
+    };
+    Some(Json(body).into_response())
+}
+
 /// Waits the route's latency, then decides the outcome: `Ok` with the fault that plays on
 /// this call (the route's `fault`, or one drawn from its `fault_mix`), or `Err` with an error
 /// response (or a connection that is reset or left unanswered). `call` is the call's number
@@ -498,6 +592,7 @@ async fn behave(
     route: &RouteProfile,
     call: u64,
     conn: Option<&Connection>,
+    speaks: Speaks,
 ) -> Result<Option<Fault>, Response> {
     let n = state.seq.fetch_add(1, Ordering::Relaxed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n);
@@ -509,8 +604,8 @@ async fn behave(
     } else {
         mixed_fault(&route.fault_mix, rng.random())
     };
-    play_fault(state, route, fault, call, conn).await?;
-    if let Some(r) = error_rates(route, rng.random()) {
+    play_fault(state, route, fault, call, conn, speaks).await?;
+    if let Some(r) = error_rates(route, speaks, rng.random()) {
         return Err(r);
     }
     Ok(fault)
@@ -524,9 +619,11 @@ async fn play_fault(
     fault: Option<Fault>,
     call: u64,
     conn: Option<&Connection>,
+    speaks: Speaks,
 ) -> Result<(), Response> {
     let invalid = |code: serde_json::Value, message: &str| {
         error_answer(
+            speaks,
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             &code,
@@ -535,17 +632,22 @@ async fn play_fault(
     };
     match fault {
         Some(Fault::RateLimited) => {
-            return Err(rate_limited(Some(route.retry_after_s.unwrap_or(1.0))))
+            return Err(rate_limited(
+                speaks,
+                Some(route.retry_after_s.unwrap_or(1.0)),
+            ))
         }
-        Some(Fault::RateLimitedNoRetryAfter) => return Err(rate_limited(None)),
+        Some(Fault::RateLimitedNoRetryAfter) => return Err(rate_limited(speaks, None)),
         Some(Fault::Error500Once) if call == 1 => {
             return Err(mock_error(
+                speaks,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "mock internal error",
             ));
         }
         Some(Fault::Flapping) if call % 2 == 1 => {
             return Err(mock_error(
+                speaks,
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "mock flapping",
             ));
@@ -554,16 +656,25 @@ async fn play_fault(
             if state.started.elapsed().as_secs_f64() * 1000.0
                 < route.outage_ms.unwrap_or(1000.0) =>
         {
-            return Err(mock_error(StatusCode::SERVICE_UNAVAILABLE, "mock outage"));
+            return Err(mock_error(
+                speaks,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "mock outage",
+            ));
         }
         Some(Fault::OutageThenRecovers)
             if (route.outage_calls.map_or(1, |c| c[0])..route.outage_calls.map_or(6, |c| c[1]))
                 .contains(&call) =>
         {
-            return Err(mock_error(StatusCode::SERVICE_UNAVAILABLE, "mock outage"));
+            return Err(mock_error(
+                speaks,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "mock outage",
+            ));
         }
         Some(Fault::Unavailable) => {
             return Err(mock_error(
+                speaks,
                 StatusCode::SERVICE_UNAVAILABLE,
                 "mock overloaded",
             ));
@@ -586,14 +697,16 @@ async fn play_fault(
         Some(Fault::ContextLengthExceeded) => {
             return Err(invalid(
                 json!("context_length_exceeded"),
-                "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please reduce the length of the messages.",
+                context_message(speaks),
             ));
         }
         Some(Fault::ContentFilter) => {
-            return Err(invalid(
-                json!("content_filter"),
-                "The response was filtered due to the prompt triggering the content management policy.",
-            ));
+            return Err(native_refusal(speaks).unwrap_or_else(|| {
+                invalid(
+                    json!("content_filter"),
+                    "The response was filtered due to the prompt triggering the content management policy.",
+                )
+            }));
         }
         Some(Fault::PrefillRejected) => {
             return Err(invalid(
@@ -608,10 +721,11 @@ async fn play_fault(
 
 /// The route's error rates, for a call the fault let through: the error answer when `u`
 /// (uniform in [0, 1)) falls in one of the bands 500, 503, 429, 400, in this order.
-fn error_rates(route: &RouteProfile, u: f64) -> Option<Response> {
+fn error_rates(route: &RouteProfile, speaks: Speaks, u: f64) -> Option<Response> {
     let mut edge = route.error_500;
     if u < edge {
         return Some(mock_error(
+            speaks,
             StatusCode::INTERNAL_SERVER_ERROR,
             "mock internal error",
         ));
@@ -619,43 +733,50 @@ fn error_rates(route: &RouteProfile, u: f64) -> Option<Response> {
     edge += route.error_503;
     if u < edge {
         return Some(mock_error(
+            speaks,
             StatusCode::SERVICE_UNAVAILABLE,
             "mock overloaded",
         ));
     }
     edge += route.error_429;
     if u < edge {
-        return Some(rate_limited(route.retry_after_s));
+        return Some(rate_limited(speaks, route.retry_after_s));
     }
     edge += route.error_400;
     if u < edge {
         return Some(match &route.error_400_code {
             Some(code) => error_answer(
+                speaks,
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 &json!(code),
                 "mock rejects this request",
             ),
-            None => mock_error(StatusCode::BAD_REQUEST, "mock rejects this request"),
+            None => mock_error(speaks, StatusCode::BAD_REQUEST, "mock rejects this request"),
         });
     }
     None
 }
 
+/// Counts a call that carried a key: a bearer token, or the native hosts' key headers.
 fn count_auth(state: &MockState, headers: &HeaderMap) {
-    if headers
+    let bearer = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("Bearer "))
-    {
+        .is_some_and(|v| v.starts_with("Bearer "));
+    let native = ["x-api-key", "api-key", "x-goog-api-key"]
+        .iter()
+        .any(|h| headers.get(*h).is_some_and(|v| !v.is_empty()));
+    if bearer || native {
         state.counters.authorized.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 /// The request body as JSON, whatever its `Content-Type` (the gateway is as lenient).
-fn json_body(body: &Bytes) -> Result<serde_json::Value, Box<Response>> {
+fn json_body(speaks: Speaks, body: &Bytes) -> Result<serde_json::Value, Box<Response>> {
     serde_json::from_slice(body).map_err(|e| {
         Box::new(mock_error(
+            speaks,
             StatusCode::BAD_REQUEST,
             &format!("the body is not JSON: {e}"),
         ))
@@ -677,15 +798,201 @@ async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    serve_chat(
+        &state,
+        conn.as_deref(),
+        &headers,
+        &body,
+        Speaks::OpenAi,
+        None,
+    )
+    .await
+}
+
+async fn azure_chat(
+    State(state): State<Arc<MockState>>,
+    axum::extract::Path(deployment): axum::extract::Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    conn: Option<axum::Extension<Connection>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if !query
+        .unwrap_or_default()
+        .split('&')
+        .any(|kv| kv.starts_with("api-version="))
+    {
+        return mock_error(
+            Speaks::Azure,
+            StatusCode::NOT_FOUND,
+            "Resource not found (the api-version query parameter is missing)",
+        );
+    }
+    serve_chat(
+        &state,
+        conn.as_deref(),
+        &headers,
+        &body,
+        Speaks::Azure,
+        Some(&deployment),
+    )
+    .await
+}
+
+async fn anthropic_messages(
+    State(state): State<Arc<MockState>>,
+    conn: Option<axum::Extension<Connection>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    serve_chat(
+        &state,
+        conn.as_deref(),
+        &headers,
+        &body,
+        Speaks::Anthropic,
+        None,
+    )
+    .await
+}
+
+/// `POST /v1beta/models/{model}:{method}`: the model and the method share a path segment.
+async fn gemini_call(
+    State(state): State<Arc<MockState>>,
+    axum::extract::Path(call): axum::extract::Path<String>,
+    conn: Option<axum::Extension<Connection>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match call.split_once(':') {
+        Some((model, "generateContent" | "streamGenerateContent")) => {
+            let stream = call.ends_with(":streamGenerateContent");
+            let speaks = Speaks::Gemini;
+            let mut body = match json_body(speaks, &body) {
+                Ok(b) => b,
+                Err(r) => return *r,
+            };
+            // Gemini's method says whether to stream; the shared path reads `stream`.
+            if let Some(o) = body.as_object_mut() {
+                if o.contains_key("stream") {
+                    return mock_error(speaks, StatusCode::BAD_REQUEST, "Invalid JSON payload received. Unknown name \"stream\": Cannot find field.");
+                }
+                o.insert("stream".into(), json!(stream));
+            }
+            let bytes = Bytes::from(body.to_string());
+            serve_chat(
+                &state,
+                conn.as_deref(),
+                &headers,
+                &bytes,
+                speaks,
+                Some(model),
+            )
+            .await
+        }
+        _ => mock_error(Speaks::Gemini, StatusCode::NOT_FOUND, "no such method"),
+    }
+}
+
+/// What a native route refuses that its host would: a missing required field or header, or a
+/// member of OpenAI's API that is not the host's.
+fn native_request_problem(
+    speaks: Speaks,
+    headers: &HeaderMap,
+    body: &serde_json::Value,
+) -> Option<String> {
+    let (allowed, required): (&[&str], &[&str]) = match speaks {
+        Speaks::OpenAi | Speaks::Azure => return None,
+        Speaks::Anthropic => {
+            if headers.get("anthropic-version").is_none() {
+                return Some("anthropic-version: header is required".into());
+            }
+            (
+                &[
+                    "model",
+                    "messages",
+                    "max_tokens",
+                    "system",
+                    "temperature",
+                    "top_p",
+                    "top_k",
+                    "stop_sequences",
+                    "stream",
+                    "tools",
+                    "tool_choice",
+                    "metadata",
+                    "thinking",
+                    "service_tier",
+                ],
+                &["model", "messages", "max_tokens"],
+            )
+        }
+        Speaks::Gemini => (
+            // `stream` is the mock's own note of the method (see `gemini_call`).
+            &[
+                "contents",
+                "systemInstruction",
+                "tools",
+                "toolConfig",
+                "generationConfig",
+                "safetySettings",
+                "cachedContent",
+                "stream",
+            ],
+            &["contents"],
+        ),
+    };
+    let obj = body.as_object()?;
+    if let Some(extra) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Some(format!("{extra}: Extra inputs are not permitted"));
+    }
+    if let Some(missing) = required.iter().find(|k| !obj.contains_key(**k)) {
+        return Some(format!("{missing}: Field required"));
+    }
+    if speaks == Speaks::Anthropic
+        && obj["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "system"))
+    {
+        return Some(
+            "messages: Unexpected role \"system\"; use the top-level `system` parameter".into(),
+        );
+    }
+    None
+}
+
+/// The name of the first tool of a native request, which the native answer calls.
+fn first_tool(speaks: Speaks, body: &serde_json::Value) -> Option<String> {
+    let pointer = match speaks {
+        Speaks::OpenAi | Speaks::Azure => return None,
+        Speaks::Anthropic => "/tools/0/name",
+        Speaks::Gemini => "/tools/0/functionDeclarations/0/name",
+    };
+    body.pointer(pointer)
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned)
+}
+
+/// A chat call of any dialect: `model` is the URL's when the dialect puts it there.
+async fn serve_chat(
+    state: &MockState,
+    conn: Option<&Connection>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    speaks: Speaks,
+    url_model: Option<&str>,
+) -> Response {
     state.counters.chat.fetch_add(1, Ordering::Relaxed);
-    count_auth(&state, &headers);
-    let body = match json_body(&body) {
+    count_auth(state, headers);
+    let body = match json_body(speaks, body) {
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let model = body
-        .get("model")
-        .and_then(serde_json::Value::as_str)
+    if let Some(problem) = native_request_problem(speaks, headers, &body) {
+        return mock_error(speaks, StatusCode::BAD_REQUEST, &problem);
+    }
+    let model = url_model
+        .or_else(|| body.get("model").and_then(serde_json::Value::as_str))
         .unwrap_or("mock-model");
     let call = state.counters.count_model(model);
     let mut route = state.profile.chat_for(Some(model));
@@ -698,26 +1005,166 @@ async fn chat(
         };
         route = &healthy;
     }
-    let fault = match behave(&state, route, call, conn.as_deref()).await {
+    let fault = match behave(state, route, call, conn, speaks).await {
         Ok(fault) => fault,
         Err(r) => return r,
     };
+    let tool = first_tool(speaks, &body);
     if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
         if fault == Some(Fault::EndlessStream) {
             return endless_stream(route, model, &state.streams_open);
         }
-        return stream_answer(route, model, fault);
+        let chunks = match speaks {
+            Speaks::OpenAi | Speaks::Azure => faulty_stream_chunks(model, fault),
+            Speaks::Anthropic => {
+                with_fault(anthropic_stream_events(model, tool.as_deref()), fault, true)
+            }
+            Speaks::Gemini => {
+                with_fault(gemini_stream_events(model, tool.as_deref()), fault, false)
+            }
+        };
+        return stream_answer(route, chunks, fault);
     }
     tokio::time::sleep(first_token_delay(route, fault)).await;
-    Json(json!({
-        "id": "chatcmpl-mock",
-        "object": "chat.completion",
-        "created": 0,
-        "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": route.content}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    }))
+    Json(match speaks {
+        Speaks::OpenAi | Speaks::Azure => json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": route.content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        }),
+        Speaks::Anthropic => anthropic_answer(model, &route.content, tool.as_deref()),
+        Speaks::Gemini => gemini_answer(model, &route.content, tool.as_deref()),
+    })
     .into_response()
+}
+
+/// The mock's Messages answer: the route's text, then a call of `tool` if given.
+#[must_use]
+pub fn anthropic_answer(model: &str, text: &str, tool: Option<&str>) -> serde_json::Value {
+    let mut content = vec![json!({"type": "text", "text": text})];
+    if let Some(t) = tool {
+        content.push(
+            json!({"type": "tool_use", "id": "toolu_mock", "name": t, "input": {"q": "mock"}}),
+        );
+    }
+    json!({"id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+        "content": content, "stop_reason": if tool.is_some() { "tool_use" } else { "end_turn" },
+        "stop_sequence": null,
+        "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 1, "output_tokens": 2}})
+}
+
+/// The mock's `GenerateContentResponse`: the route's text, then a call of `tool` if given.
+#[must_use]
+pub fn gemini_answer(model: &str, text: &str, tool: Option<&str>) -> serde_json::Value {
+    let mut parts = vec![json!({"text": text})];
+    if let Some(t) = tool {
+        parts.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}}));
+    }
+    json!({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 2, "totalTokenCount": 6},
+        "modelVersion": model, "responseId": "mock-response"})
+}
+
+/// The events of the mock's streamed Messages answer, ending with `message_stop`.
+#[must_use]
+pub fn anthropic_stream_events(model: &str, tool: Option<&str>) -> Vec<String> {
+    let event = |name: &str, data: serde_json::Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut out = vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_mock", "type": "message",
+            "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+        ),
+        event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        event("ping", json!({"type": "ping"})),
+    ];
+    for word in ["mock ", "streamed ", "answer"] {
+        out.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": word}}),
+        ));
+    }
+    out.push(event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    if let Some(t) = tool {
+        out.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1,
+            "content_block": {"type": "tool_use", "id": "toolu_mock", "name": t, "input": {}}}),
+        ));
+        for piece in ["{\"q\": ", "\"mock\"}"] {
+            out.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1,
+                "delta": {"type": "input_json_delta", "partial_json": piece}}),
+            ));
+        }
+        out.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 1}),
+        ));
+    }
+    let stop = if tool.is_some() {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
+    out.push(event(
+        "message_delta",
+        json!({"type": "message_delta",
+        "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 3}}),
+    ));
+    out.push(event("message_stop", json!({"type": "message_stop"})));
+    out
+}
+
+/// The events of the mock's streamed Gemini answer (`alt=sse`): no end marker, the last
+/// event carries the finish reason and the usage.
+#[must_use]
+pub fn gemini_stream_events(model: &str, tool: Option<&str>) -> Vec<String> {
+    let event = |parts: serde_json::Value, finish: Option<&str>| {
+        let mut c = json!({"content": {"role": "model", "parts": parts}, "index": 0});
+        let mut e = json!({"candidates": [], "modelVersion": model, "responseId": "mock-response"});
+        if let Some(f) = finish {
+            c["finishReason"] = json!(f);
+            e["usageMetadata"] =
+                json!({"promptTokenCount": 4, "candidatesTokenCount": 3, "totalTokenCount": 7});
+        }
+        e["candidates"] = json!([c]);
+        format!("data: {e}\r\n\r\n")
+    };
+    let mut out: Vec<String> = ["mock ", "streamed "]
+        .iter()
+        .map(|w| event(json!([{"text": w}]), None))
+        .collect();
+    let mut last = vec![json!({"text": "answer"})];
+    if let Some(t) = tool {
+        last.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}}));
+    }
+    out.push(event(json!(last), Some("STOP")));
+    out
+}
+
+/// A native stream with the faults that change what is sent; `marker`: the stream ends with
+/// an end event of its own (Anthropic's `message_stop`; Gemini's has none).
+fn with_fault(mut events: Vec<String>, fault: Option<Fault>, marker: bool) -> Vec<String> {
+    match fault {
+        Some(Fault::MalformedChunk) => MALFORMED_CHUNK.clone_into(&mut events[2]),
+        Some(Fault::NoDoneFinished) if marker => events.truncate(events.len() - 1),
+        Some(Fault::NoDoneUnfinished) => events.truncate(events.len() - 1 - usize::from(marker)),
+        _ => {}
+    }
+    events
 }
 
 /// The chunks of the mock's streamed answer, in OpenAI's format, ending with `[DONE]`.
@@ -757,8 +1204,7 @@ pub fn faulty_stream_chunks(model: &str, fault: Option<Fault>) -> Vec<String> {
     chunks
 }
 
-fn stream_answer(route: &RouteProfile, model: &str, fault: Option<Fault>) -> Response {
-    let chunks = faulty_stream_chunks(model, fault);
+fn stream_answer(route: &RouteProfile, chunks: Vec<String>, fault: Option<Fault>) -> Response {
     let gap = std::time::Duration::from_secs_f64(route.chunk_gap_ms / 1000.0);
     let first_delay = first_token_delay(route, fault);
     let hang_ms = route.hang_ms;
@@ -834,11 +1280,19 @@ async fn search(
 ) -> Response {
     let call = state.counters.search.fetch_add(1, Ordering::Relaxed) + 1;
     count_auth(&state, &headers);
-    let body = match json_body(&body) {
+    let body = match json_body(Speaks::OpenAi, &body) {
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let fault = match behave(&state, &state.profile.search, call, conn.as_deref()).await {
+    let fault = match behave(
+        &state,
+        &state.profile.search,
+        call,
+        conn.as_deref(),
+        Speaks::OpenAi,
+    )
+    .await
+    {
         Ok(fault) => fault,
         Err(r) => return r,
     };

@@ -218,3 +218,30 @@ fn metric_families_fold_a_histograms_series_and_keep_counters() {
     let got: Vec<String> = families(text).into_iter().collect();
     assert_eq!(got, ["a_total", "h", "h_other"]);
 }
+
+#[test]
+fn the_providers_example_loads_with_every_chat_kind() {
+    let cfg = match load(
+        &read("examples/providers.toml"),
+        "examples/providers.toml",
+        &env,
+    ) {
+        Ok(c) => c,
+        Err(e) => panic!("examples/providers.toml does not load: {e}"),
+    };
+    assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+    let kinds: Vec<String> = cfg.interfaces[0]
+        .providers
+        .iter()
+        .map(|p| {
+            format!("{:?}", p.upstream)
+                .split([' ', '{'])
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    for kind in ["Anthropic", "Openai", "AzureOpenai", "Gemini"] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
+    }
+}

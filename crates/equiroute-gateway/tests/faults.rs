@@ -967,6 +967,8 @@ async fn a_client_that_stops_reading_a_stream_is_cut_off_and_the_upstream_releas
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(attempts(&record)[0].1, "cancelled", "{record}");
+}
+
 /// The mock's random mix (what the soak uses): each fault on about its share of the calls,
 /// the same calls on every run (the draw is seeded by the call number), and a `stream_stall`
 /// with `hang_ms` that ends instead of holding the connection for ever.

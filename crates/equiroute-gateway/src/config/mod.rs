@@ -56,7 +56,7 @@ pub enum InterfaceKind {
 
 /// Kinds of upstream provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
     /// In-process simulated provider, using the laboratory's latency and failure models.
     Sim,
@@ -64,6 +64,88 @@ pub enum ProviderKind {
     Openai,
     /// A JSON API called with `POST {url}` (web search, retrieval, any tool).
     Http,
+    /// Anthropic's Messages API (`{base_url}/messages`).
+    Anthropic,
+    /// An Azure OpenAI deployment.
+    AzureOpenai,
+    /// Google's Gemini API (`{base_url}/models/{model}:generateContent`).
+    Gemini,
+}
+
+impl ProviderKind {
+    /// The kind as the configuration writes it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            ProviderKind::Sim => "sim",
+            ProviderKind::Openai => "openai",
+            ProviderKind::Http => "http",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::AzureOpenai => "azure_openai",
+            ProviderKind::Gemini => "gemini",
+        }
+    }
+
+    /// What a model of this kind can do when the configuration does not say: the host's
+    /// API's abilities (Anthropic's has no JSON mode; Anthropic and Gemini take images) and
+    /// a context window typical of its current models.
+    #[must_use]
+    pub fn default_capabilities(self) -> Capabilities {
+        let base = Capabilities::default();
+        match self {
+            ProviderKind::Anthropic => Capabilities {
+                json_mode: false,
+                vision: true,
+                context_tokens: 200_000,
+                ..base
+            },
+            ProviderKind::Gemini => Capabilities {
+                vision: true,
+                context_tokens: 1_048_576,
+                ..base
+            },
+            ProviderKind::Sim
+            | ProviderKind::Openai
+            | ProviderKind::Http
+            | ProviderKind::AzureOpenai => base,
+        }
+    }
+}
+
+/// How an Azure OpenAI provider sends its key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AzureAuth {
+    /// The `api-key` header (a resource key).
+    #[default]
+    ApiKey,
+    /// `Authorization: Bearer` (a Microsoft Entra ID token).
+    Bearer,
+}
+
+/// Capabilities as the configuration declares them: those left out take the kind's default.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCapabilities {
+    tools: Option<bool>,
+    json_mode: Option<bool>,
+    streaming: Option<bool>,
+    vision: Option<bool>,
+    audio: Option<bool>,
+    context_tokens: Option<u32>,
+}
+
+impl RawCapabilities {
+    fn over(self, d: &Capabilities) -> Capabilities {
+        Capabilities {
+            tools: self.tools.unwrap_or(d.tools),
+            json_mode: self.json_mode.unwrap_or(d.json_mode),
+            streaming: self.streaming.unwrap_or(d.streaming),
+            vision: self.vision.unwrap_or(d.vision),
+            audio: self.audio.unwrap_or(d.audio),
+            context_tokens: self.context_tokens.unwrap_or(d.context_tokens),
+        }
+    }
 }
 
 /// A secret read from the environment. Its `Debug` never shows the value.
@@ -251,10 +333,20 @@ struct RawProvider {
     #[serde(default)]
     price: Price,
     #[serde(default)]
-    capabilities: Capabilities,
+    capabilities: RawCapabilities,
     sim: Option<SimSpec>,
-    /// `openai`: the API root, e.g. `https://api.openai.com/v1`.
+    /// `openai`, `anthropic`, `gemini`: the API root, e.g. `https://api.openai.com/v1`.
     base_url: Option<String>,
+    /// `azure_openai`: the resource's endpoint, e.g. `https://NAME.openai.azure.com`.
+    endpoint: Option<String>,
+    /// `azure_openai`: the deployment's name (default: `model`).
+    deployment: Option<String>,
+    /// `azure_openai`: the `api-version` query; `anthropic`: the `anthropic-version` header.
+    api_version: Option<String>,
+    /// `azure_openai`: `api_key` (the `api-key` header, default) or `bearer`.
+    auth: Option<AzureAuth>,
+    /// `anthropic`: `max_tokens` sent when the client gives none (Anthropic requires one).
+    max_tokens: Option<u32>,
     /// `http`: the endpoint to POST to.
     url: Option<String>,
     /// Name of the environment variable holding the provider's API key.
@@ -324,7 +416,31 @@ pub enum UpstreamConfig {
         url: String,
         api_key: Option<Secret>,
     },
+    /// `POST {base_url}/messages` with `x-api-key` and `anthropic-version`.
+    Anthropic {
+        base_url: String,
+        api_key: Option<Secret>,
+        version: String,
+        /// Sent when the client gives no `max_tokens`.
+        max_tokens: u32,
+    },
+    /// `POST {endpoint}/openai/deployments/{deployment}/chat/completions?api-version=...`.
+    AzureOpenai {
+        endpoint: String,
+        deployment: String,
+        api_version: String,
+        api_key: Option<Secret>,
+        auth: AzureAuth,
+    },
+    /// `POST {base_url}/models/{model}:generateContent` with `x-goog-api-key`.
+    Gemini {
+        base_url: String,
+        api_key: Option<Secret>,
+    },
 }
+
+/// The Azure OpenAI `api-version` sent when the configuration names none (a GA version).
+pub const AZURE_DEFAULT_API_VERSION: &str = "2024-10-21";
 
 /// One interface, validated: at least one provider, a built-and-checked policy.
 #[derive(Clone, Debug)]
@@ -736,24 +852,26 @@ fn refuse_laboratory_policies(policy: &PolicyConfig) -> Result<(), String> {
 }
 
 fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
-    let kind = match p.kind {
-        ProviderKind::Sim => "sim",
-        ProviderKind::Openai => "openai",
-        ProviderKind::Http => "http",
-    };
+    use ProviderKind::{Anthropic, AzureOpenai, Gemini, Http, Openai, Sim};
+    let kind = p.kind.name();
     [
-        ("sim", p.sim.is_some(), p.kind == ProviderKind::Sim),
+        ("sim", p.sim.is_some(), p.kind == Sim),
         (
             "base_url",
             p.base_url.is_some(),
-            p.kind == ProviderKind::Openai,
+            matches!(p.kind, Openai | Anthropic | Gemini),
         ),
-        ("url", p.url.is_some(), p.kind == ProviderKind::Http),
+        ("url", p.url.is_some(), p.kind == Http),
+        ("api_key_env", p.api_key_env.is_some(), p.kind != Sim),
+        ("endpoint", p.endpoint.is_some(), p.kind == AzureOpenai),
+        ("deployment", p.deployment.is_some(), p.kind == AzureOpenai),
+        ("auth", p.auth.is_some(), p.kind == AzureOpenai),
         (
-            "api_key_env",
-            p.api_key_env.is_some(),
-            p.kind != ProviderKind::Sim,
+            "api_version",
+            p.api_version.is_some(),
+            matches!(p.kind, AzureOpenai | Anthropic),
         ),
+        ("max_tokens", p.max_tokens.is_some(), p.kind == Anthropic),
     ]
     .into_iter()
     .filter(|&(_, set, read)| set && !read)
@@ -842,6 +960,9 @@ fn load_provider(
             )?,
             api_key: secret(p.api_key_env.as_deref(), env)?,
         },
+        ProviderKind::Anthropic | ProviderKind::AzureOpenai | ProviderKind::Gemini => {
+            native_upstream(&p, env)?
+        }
     };
     p.price.validate().map_err(|e| ("price", e.to_string()))?;
     let model = p.model.unwrap_or_else(|| p.id.clone());
@@ -849,11 +970,74 @@ fn load_provider(
     candidate.id = CandidateId(p.id.clone());
     candidate.tier = p.tier;
     candidate.price = p.price;
-    candidate.capabilities = p.capabilities;
+    candidate.capabilities = p.capabilities.over(&p.kind.default_capabilities());
     candidate.tenants = p.tenants;
     Ok(ProviderConfig {
         candidate,
         upstream,
+    })
+}
+
+/// The upstream of a provider that speaks its host's own API (Anthropic, Azure, Gemini).
+fn native_upstream(
+    p: &RawProvider,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<UpstreamConfig, (&'static str, String)> {
+    Ok(match p.kind {
+        ProviderKind::Anthropic => UpstreamConfig::Anthropic {
+            base_url: api_root(p.base_url.as_deref(), "https://api.anthropic.com/v1")?,
+            api_key: secret(p.api_key_env.as_deref(), env)?,
+            version: header_text(
+                p.api_version.as_deref(),
+                crate::upstream::anthropic::DEFAULT_VERSION,
+            )?,
+            max_tokens: match p.max_tokens {
+                Some(0) => {
+                    return Err((
+                        "max_tokens",
+                        "must be at least 1 (leave it out for 4096)".into(),
+                    ))
+                }
+                n => n.unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
+            },
+        },
+        ProviderKind::AzureOpenai => UpstreamConfig::AzureOpenai {
+            endpoint: http_url(
+                p.endpoint.as_deref(),
+                "endpoint",
+                "https://NAME.openai.azure.com",
+            )?
+            .trim_end_matches('/')
+            .to_owned(),
+            deployment: url_segment(
+                "deployment",
+                p.deployment
+                    .as_deref()
+                    .or(p.model.as_deref())
+                    .unwrap_or(&p.id),
+            )?,
+            api_version: url_segment(
+                "api_version",
+                p.api_version
+                    .as_deref()
+                    .unwrap_or(AZURE_DEFAULT_API_VERSION),
+            )?,
+            api_key: secret(p.api_key_env.as_deref(), env)?,
+            auth: p.auth.unwrap_or_default(),
+        },
+        ProviderKind::Gemini => {
+            url_segment("model", p.model.as_deref().unwrap_or(&p.id))?;
+            UpstreamConfig::Gemini {
+                base_url: api_root(
+                    p.base_url.as_deref(),
+                    "https://generativelanguage.googleapis.com/v1beta",
+                )?,
+                api_key: secret(p.api_key_env.as_deref(), env)?,
+            }
+        }
+        ProviderKind::Sim | ProviderKind::Openai | ProviderKind::Http => {
+            return Err(("kind", "not a native dialect".into()))
+        }
     })
 }
 
@@ -891,6 +1075,37 @@ fn load_judge(
         timeout_ms,
         max_in_flight,
     })
+}
+
+/// An API root: `url` (or the host's own, `default`) without a trailing `/`.
+fn api_root(url: Option<&str>, default: &str) -> Result<String, (&'static str, String)> {
+    Ok(http_url(Some(url.unwrap_or(default)), "base_url", default)?
+        .trim_end_matches('/')
+        .to_owned())
+}
+
+/// A name that goes into a URL's path or query as it is (a deployment, a model, a version).
+fn url_segment(field: &'static str, value: &str) -> Result<String, (&'static str, String)> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@');
+    if value.is_empty() || !value.chars().all(allowed) {
+        return Err((
+            field,
+            format!("`{value}` cannot go into the provider's URL: use ASCII letters, digits, `-`, `_`, `.` and `@`"),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// A value sent in a header as it is.
+fn header_text(value: Option<&str>, default: &str) -> Result<String, (&'static str, String)> {
+    let v = value.unwrap_or(default);
+    if v.is_empty() || http::HeaderValue::from_str(v).is_err() {
+        return Err((
+            "api_version",
+            format!("`{v}` cannot be sent as a header value, e.g. {default}"),
+        ));
+    }
+    Ok(v.to_owned())
 }
 
 fn http_url(

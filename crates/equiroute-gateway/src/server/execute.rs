@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
+use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
 use bytes::Bytes;
@@ -1045,17 +1046,6 @@ impl Seen {
                 Ok(())
             }
         }
-    }
-}
-
-/// Where the first event in `bytes` ends: the end of its text and the start of the next
-/// event (past the blank line, `\n\n` or `\r\n\r\n`).
-fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
-    let lf = memchr::memmem::find(bytes, b"\n\n").map(|i| (i, i + 2));
-    let crlf = memchr::memmem::find(bytes, b"\r\n\r\n").map(|i| (i, i + 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
     }
 }
 

@@ -1,18 +1,23 @@
-//! Upstreams over HTTP: OpenAI-compatible chat completions and generic JSON APIs.
+//! Upstreams over HTTP: OpenAI-compatible chat completions (OpenAI, Azure OpenAI and
+//! compatible hosts), the native dialects (Anthropic Messages, Gemini; see `dialect`) and
+//! generic JSON APIs.
 //!
 //! Classification of an attempt: 2xx → ok; 429 and 5xx → provider error (`Retry-After` is
 //! honoured on both); 401, 403 and 404 → provider error too (a wrong key or model name is the
 //! provider's configuration, not the caller's request, so the next provider should be tried);
 //! other 4xx → client error with the provider's reason (not retried, not counted against the
-//! provider); connection failures → provider error; the attempt's timeout → timeout (censored). API keys travel only in the `Authorization` header
-//! to the provider and never appear in replies or errors.
+//! provider); connection failures → provider error; the attempt's timeout → timeout
+//! (censored). A request a dialect cannot express and a safety block in a 2xx answer are client
+//! errors too. API keys travel only in their header to the provider (marked sensitive) and
+//! never appear in replies or errors.
 
 use super::client::{read_body, HttpClient};
-use super::{UpstreamReply, UpstreamRequest};
-use crate::config::Secret;
+use super::dialect::{self, Refusal, Unanswerable};
+use super::{anthropic, gemini, UpstreamReply, UpstreamRequest};
+use crate::config::{AzureAuth, Secret};
 use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use http_body_util::Full;
 use std::time::{Duration, Instant};
 
@@ -23,12 +28,26 @@ pub struct HttpUpstream {
     /// Parsed once (not on every request); `None` when the configured URL does not parse,
     /// which makes every attempt a connection failure with that reason.
     uri: Option<http::Uri>,
-    /// `Bearer <key>`, built once and marked sensitive (never printed by `Debug`).
-    authorization: Option<HeaderValue>,
-    /// Chat upstreams get the provider's model name in the body.
-    set_model: bool,
+    /// The key's header and the dialect's own, built once; keys are marked sensitive (never
+    /// printed by `Debug`).
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// What the provider's bodies are written in.
+    dialect: Dialect,
     /// `service_tier` sent to OpenAI-compatible APIs (`flex`, `priority`; none for standard).
     service_tier: Option<&'static str>,
+}
+
+/// The language of a provider's request and answer bodies.
+#[derive(Clone, Debug)]
+enum Dialect {
+    /// OpenAI's chat completions: the client's bytes with the provider's `model` and `stream`.
+    OpenAi,
+    /// A JSON API: the client's bytes as they came.
+    Json,
+    /// Anthropic's Messages API; `max_tokens` when the client gives none.
+    Anthropic { max_tokens: u32 },
+    /// Gemini's `generateContent`: the URL names the model and the method.
+    Gemini { base_url: String },
 }
 
 impl HttpUpstream {
@@ -43,8 +62,8 @@ impl HttpUpstream {
         HttpUpstream {
             client,
             uri: format!("{base_url}/chat/completions").parse().ok(),
-            authorization: bearer(api_key),
-            set_model: true,
+            headers: bearer(api_key).into_iter().collect(),
+            dialect: Dialect::OpenAi,
             service_tier: match tier {
                 equiroute_core::ServiceTier::Flex => Some("flex"),
                 equiroute_core::ServiceTier::Priority => Some("priority"),
@@ -59,31 +78,165 @@ impl HttpUpstream {
         HttpUpstream {
             client,
             uri: url.parse().ok(),
-            authorization: bearer(api_key),
-            set_model: false,
+            headers: bearer(api_key).into_iter().collect(),
+            dialect: Dialect::Json,
             service_tier: None,
         }
     }
 
-    /// The provider request: chat bodies get the provider's model, `stream` and the service
-    /// tier; the key goes only into the `Authorization` header. `None` when the configured
-    /// URL did not parse (configuration checks that it does).
+    /// An Azure OpenAI deployment: `{endpoint}/openai/deployments/{deployment}/chat/completions
+    /// ?api-version=...`, the key in `api-key` (or as a bearer token).
+    #[must_use]
+    pub fn azure(
+        client: HttpClient,
+        endpoint: &str,
+        deployment: &str,
+        api_version: &str,
+        api_key: Option<&Secret>,
+        auth: AzureAuth,
+    ) -> HttpUpstream {
+        let headers = match auth {
+            AzureAuth::ApiKey => key_header("api-key", api_key),
+            AzureAuth::Bearer => bearer(api_key).into_iter().collect(),
+        };
+        HttpUpstream {
+            client,
+            uri: format!(
+                "{endpoint}/openai/deployments/{deployment}/chat/completions?api-version={api_version}"
+            )
+            .parse()
+            .ok(),
+            headers,
+            dialect: Dialect::OpenAi,
+            service_tier: None,
+        }
+    }
+
+    /// Anthropic's Messages API at `{base_url}/messages`, the key in `x-api-key`.
+    #[must_use]
+    pub fn anthropic(
+        client: HttpClient,
+        base_url: &str,
+        api_key: Option<&Secret>,
+        version: &str,
+        max_tokens: u32,
+    ) -> HttpUpstream {
+        let mut headers = key_header("x-api-key", api_key);
+        if let Ok(v) = HeaderValue::from_str(version) {
+            headers.push((HeaderName::from_static("anthropic-version"), v));
+        }
+        HttpUpstream {
+            client,
+            uri: format!("{base_url}/messages").parse().ok(),
+            headers,
+            dialect: Dialect::Anthropic { max_tokens },
+            service_tier: None,
+        }
+    }
+
+    /// Gemini's API at `{base_url}/models/{model}:generateContent` (and
+    /// `:streamGenerateContent?alt=sse`), the key in `x-goog-api-key`.
+    #[must_use]
+    pub fn gemini(client: HttpClient, base_url: &str, api_key: Option<&Secret>) -> HttpUpstream {
+        HttpUpstream {
+            client,
+            uri: None,
+            headers: key_header("x-goog-api-key", api_key),
+            dialect: Dialect::Gemini {
+                base_url: base_url.to_owned(),
+            },
+            service_tier: None,
+        }
+    }
+
+    /// The URL and body of an attempt in the provider's dialect.
+    fn body(
+        &self,
+        req: UpstreamRequest<'_>,
+        stream: bool,
+    ) -> Result<(Option<http::Uri>, Bytes), Refusal> {
+        let json = |v: serde_json::Value| Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+        Ok(match &self.dialect {
+            Dialect::OpenAi => (
+                self.uri.clone(),
+                req.body
+                    .for_provider(Some(req.model), stream, self.service_tier),
+            ),
+            Dialect::Json => (self.uri.clone(), req.body.for_provider(None, stream, None)),
+            Dialect::Anthropic { max_tokens } => (
+                self.uri.clone(),
+                json(anthropic::request(
+                    req.body.json(),
+                    req.model,
+                    stream,
+                    *max_tokens,
+                )?),
+            ),
+            Dialect::Gemini { base_url } => {
+                let method = if stream {
+                    "streamGenerateContent?alt=sse"
+                } else {
+                    "generateContent"
+                };
+                (
+                    format!("{base_url}/models/{}:{method}", req.model)
+                        .parse()
+                        .ok(),
+                    json(gemini::request(req.body.json())?),
+                )
+            }
+        })
+    }
+
+    /// The stream translation of a native dialect (`None`: relayed as it came).
+    fn translation(&self, req: UpstreamRequest<'_>) -> Option<dialect::SseTranslator> {
+        let usage = req
+            .body
+            .as_object()
+            .is_some_and(dialect::wants_stream_usage);
+        let inner: Box<dyn dialect::EventTranslator> = match self.dialect {
+            Dialect::OpenAi | Dialect::Json => return None,
+            Dialect::Anthropic { .. } => {
+                Box::new(anthropic::StreamTranslation::new(req.model, usage))
+            }
+            Dialect::Gemini { .. } => Box::new(gemini::StreamTranslation::new(req.model, usage)),
+        };
+        Some(dialect::SseTranslator::new(inner))
+    }
+
+    /// A 2xx body as an OpenAI answer naming `model`.
+    fn answer(&self, text: Bytes, model: &str) -> Result<Bytes, Unanswerable> {
+        let translate =
+            |f: fn(&serde_json::Value, &str) -> Result<serde_json::Value, Unanswerable>| {
+                let v: serde_json::Value = serde_json::from_slice(&text)
+                    .map_err(|_| Unanswerable::Malformed("a body that is not JSON".into()))?;
+                Ok(Bytes::from(
+                    serde_json::to_vec(&f(&v, model)?).unwrap_or_default(),
+                ))
+            };
+        match self.dialect {
+            Dialect::OpenAi | Dialect::Json => Ok(text),
+            Dialect::Anthropic { .. } => translate(anthropic::answer),
+            Dialect::Gemini { .. } => translate(gemini::answer),
+        }
+    }
+
+    /// The provider request: OpenAI chat bodies get the provider's model, `stream` and the
+    /// service tier, native dialects a body of their own; the key goes only into its header.
+    /// `Ok(None)` when the URL did not parse (configuration checks that it does).
     fn request(
         &self,
         req: UpstreamRequest<'_>,
         stream: bool,
-    ) -> Option<http::Request<Full<Bytes>>> {
-        let bytes = req.body.for_provider(
-            self.set_model.then_some(req.model),
-            stream,
-            self.service_tier,
-        );
-        let mut builder = http::Request::post(self.uri.clone()?)
+    ) -> Result<Option<http::Request<Full<Bytes>>>, Refusal> {
+        let (uri, bytes) = self.body(req, stream)?;
+        let Some(uri) = uri else { return Ok(None) };
+        let mut builder = http::Request::post(uri)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(auth) = &self.authorization {
-            builder = builder.header(AUTHORIZATION, auth.clone());
+        for (name, value) in &self.headers {
+            builder = builder.header(name, value.clone());
         }
-        builder.body(Full::new(bytes)).ok()
+        Ok(builder.body(Full::new(bytes)).ok())
     }
 
     /// Sends the attempt and waits for the response head.
@@ -93,11 +246,16 @@ impl HttpUpstream {
         stream: bool,
     ) -> Result<http::Response<hyper::body::Incoming>, (AttemptStatus, String)> {
         let connection = AttemptStatus::ProviderError(ProviderFailure::Connection);
-        let Some(request) = self.request(req, stream) else {
-            return Err((
-                connection,
-                "connection failed: the provider URL is not valid".into(),
-            ));
+        let request = match self.request(req, stream) {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                return Err((
+                    connection,
+                    "connection failed: the provider URL is not valid".into(),
+                ))
+            }
+            // Not sent: the caller's request, not the provider, is at fault.
+            Err(refusal) => return Err((AttemptStatus::ClientError, refusal.reason())),
         };
         self.client
             .send(request)
@@ -126,9 +284,17 @@ impl HttpUpstream {
             let retry_after = retry_after_of(response.headers());
             if !(200..300).contains(&code) {
                 let text = read_body(response.into_body()).await.unwrap_or_default();
-                return Err(classify(code, retry_after, text, elapsed()));
+                return Err(self.classify(code, retry_after, text, elapsed(), req.model));
             }
-            let mut stream = response.into_body().into_data_stream();
+            let mut stream: super::ChunkStream = Box::pin(
+                response
+                    .into_body()
+                    .into_data_stream()
+                    .map(|r| r.map_err(|_| "the provider's stream broke".to_owned())),
+            );
+            if let Some(translation) = self.translation(req) {
+                stream = dialect::translate_stream(stream, translation);
+            }
             match stream.next().await {
                 Some(Ok(bytes)) => Ok((bytes, stream)),
                 _ => Err(UpstreamReply::failed(
@@ -148,12 +314,10 @@ impl HttpUpstream {
                 "no first byte in time",
             )),
             Ok(Err(reply)) => super::StreamStart::Failed(reply),
-            Ok(Ok((first, stream))) => super::StreamStart::Started {
+            Ok(Ok((first, rest))) => super::StreamStart::Started {
                 first,
                 ttfb: elapsed(),
-                rest: Box::pin(
-                    stream.map(|r| r.map_err(|_| "the provider's stream broke".to_owned())),
-                ),
+                rest,
             },
         }
     }
@@ -177,7 +341,7 @@ impl HttpUpstream {
             let code = response.status().as_u16();
             let retry_after = retry_after_of(response.headers());
             match read_body(response.into_body()).await {
-                Ok(text) => classify(code, retry_after, text, elapsed()),
+                Ok(text) => self.classify(code, retry_after, text, elapsed(), req.model),
                 Err(why) => reply(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     code,
@@ -196,10 +360,21 @@ impl HttpUpstream {
 }
 
 /// The `Authorization` header of a key, marked sensitive.
-fn bearer(key: Option<&Secret>) -> Option<HeaderValue> {
+fn bearer(key: Option<&Secret>) -> Option<(HeaderName, HeaderValue)> {
     let mut v = HeaderValue::from_str(&format!("Bearer {}", key?.0)).ok()?;
     v.set_sensitive(true);
-    Some(v)
+    Some((AUTHORIZATION, v))
+}
+
+/// A key in a header of its own (`x-api-key`, `api-key`, ...), marked sensitive.
+fn key_header(name: &'static str, key: Option<&Secret>) -> Vec<(HeaderName, HeaderValue)> {
+    key.and_then(|k| HeaderValue::from_str(&k.0).ok())
+        .map(|mut v| {
+            v.set_sensitive(true);
+            (HeaderName::from_static(name), v)
+        })
+        .into_iter()
+        .collect()
 }
 
 fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
@@ -210,60 +385,84 @@ fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
         .map(|s| Millis(s * 1000.0))
 }
 
-/// Status, body and message of a provider's answer → the attempt's outcome.
-fn classify(code: u16, retry_after: Option<Millis>, text: Bytes, latency: Millis) -> UpstreamReply {
-    // An answer is checked and relayed as it came; only errors are read as a tree.
-    let json: Option<serde_json::Value> = if (200..300).contains(&code) {
-        None
-    } else {
-        serde_json::from_slice(&text).ok()
-    };
-    let message = || {
-        json.as_ref()
-            .and_then(|j| j.pointer("/error/message"))
-            .and_then(serde_json::Value::as_str)
-            .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"))
-    };
-    let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
-    match code {
-        200..=299 => match super::answer::ProviderJson::parse(text) {
-            Some(body) => UpstreamReply {
-                status: AttemptStatus::Ok,
-                latency,
-                body: Some(body),
-                http_status: code,
-                retry_after: None,
-                reason: None,
-                context_overflow: false,
-                content_filter: false,
+impl HttpUpstream {
+    /// Status, body and message of a provider's answer → the attempt's outcome.
+    fn classify(
+        &self,
+        code: u16,
+        retry_after: Option<Millis>,
+        text: Bytes,
+        latency: Millis,
+        model: &str,
+    ) -> UpstreamReply {
+        // An answer is checked and relayed as it came; only errors are read as a tree.
+        let json: Option<serde_json::Value> = if (200..300).contains(&code) {
+            None
+        } else {
+            serde_json::from_slice(&text).ok()
+        };
+        let message = || {
+            json.as_ref()
+                .and_then(|j| j.pointer("/error/message"))
+                .and_then(serde_json::Value::as_str)
+                .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"))
+        };
+        let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
+        match code {
+            200..=299 => match self
+                .answer(text, model)
+                .map(super::answer::ProviderJson::parse)
+            {
+                Err(Unanswerable::Blocked(why)) => {
+                    let mut r = reply(AttemptStatus::ClientError, why);
+                    r.content_filter = true;
+                    r
+                }
+                Err(Unanswerable::Malformed(why)) => reply(
+                    AttemptStatus::ProviderError(ProviderFailure::Server),
+                    format!("HTTP {code} with {why}"),
+                ),
+                Ok(Some(body)) => UpstreamReply {
+                    status: AttemptStatus::Ok,
+                    latency,
+                    body: Some(body),
+                    http_status: code,
+                    retry_after: None,
+                    reason: None,
+                    context_overflow: false,
+                    content_filter: false,
+                },
+                Ok(None) => reply(
+                    AttemptStatus::ProviderError(ProviderFailure::Server),
+                    format!("HTTP {code} with a body that is not JSON"),
+                ),
             },
-            None => reply(
-                AttemptStatus::ProviderError(ProviderFailure::Server),
-                format!("HTTP {code} with a body that is not JSON"),
-            ),
-        },
-        429 | 500..=599 => {
-            let failure = if code == 429 {
-                ProviderFailure::RateLimited
-            } else {
-                ProviderFailure::Server
-            };
-            let mut r = reply(AttemptStatus::ProviderError(failure), message());
-            r.retry_after = retry_after;
-            r
-        }
-        _ => {
-            let code_of = json
-                .as_ref()
-                .and_then(|j| j.pointer("/error/code"))
-                .and_then(serde_json::Value::as_str);
-            let message = message();
-            let mut r = reply(AttemptStatus::ClientError, message.clone());
-            r.context_overflow = code == 400
-                && (code_of == Some("context_length_exceeded")
-                    || message.contains("maximum context length"));
-            r.content_filter = code_of == Some("content_filter");
-            r
+            429 | 500..=599 => {
+                let failure = if code == 429 {
+                    ProviderFailure::RateLimited
+                } else {
+                    ProviderFailure::Server
+                };
+                let mut r = reply(AttemptStatus::ProviderError(failure), message());
+                r.retry_after = retry_after;
+                r
+            }
+            _ => {
+                let code_of = json
+                    .as_ref()
+                    .and_then(|j| j.pointer("/error/code"))
+                    .and_then(serde_json::Value::as_str);
+                let message = message();
+                let mut r = reply(AttemptStatus::ClientError, message.clone());
+                // OpenAI's code and message, Anthropic's and Gemini's messages.
+                r.context_overflow = code == 400
+                    && (code_of == Some("context_length_exceeded")
+                        || message.contains("maximum context length")
+                        || message.contains("prompt is too long")
+                        || message.contains("exceeds the maximum number of tokens"));
+                r.content_filter = code_of == Some("content_filter");
+                r
+            }
         }
     }
 }

@@ -1,8 +1,11 @@
 //! Upstream providers, one file per kind. A closed set: an enum, matched exhaustively.
 
 pub mod answer;
+pub mod anthropic;
 pub mod body;
 pub mod client;
+pub mod dialect;
+pub mod gemini;
 pub mod http;
 pub mod sim;
 
@@ -106,6 +109,35 @@ impl Upstream {
                 url,
                 api_key.as_ref(),
             )),
+            UpstreamConfig::Anthropic {
+                base_url,
+                api_key,
+                version,
+                max_tokens,
+            } => Upstream::Http(http::HttpUpstream::anthropic(
+                client.clone(),
+                base_url,
+                api_key.as_ref(),
+                version,
+                *max_tokens,
+            )),
+            UpstreamConfig::AzureOpenai {
+                endpoint,
+                deployment,
+                api_version,
+                api_key,
+                auth,
+            } => Upstream::Http(http::HttpUpstream::azure(
+                client.clone(),
+                endpoint,
+                deployment,
+                api_version,
+                api_key.as_ref(),
+                *auth,
+            )),
+            UpstreamConfig::Gemini { base_url, api_key } => Upstream::Http(
+                http::HttpUpstream::gemini(client.clone(), base_url, api_key.as_ref()),
+            ),
         }
     }
 

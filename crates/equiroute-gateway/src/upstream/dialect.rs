@@ -1,0 +1,430 @@
+//! What the native dialects (Anthropic Messages, Gemini) share: refusing what a dialect cannot
+//! express, reading the client's OpenAI request, writing OpenAI answers and stream chunks, and
+//! turning a provider's server-sent events into OpenAI `chat.completion.chunk` events.
+//!
+//! The client always speaks OpenAI's chat completions; a native provider gets a body written
+//! for it from the parsed request, and its answer is written back in OpenAI's shape (`usage`
+//! included, so that cost accounting reads the same numbers for every kind).
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+
+/// A request member the dialect cannot express: the request goes back to the caller as a 400
+/// naming it (never dropped silently).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The member's path in the client's body, e.g. `messages[2].name`.
+    pub field: String,
+    pub why: String,
+}
+
+impl Refusal {
+    pub fn new(field: impl Into<String>, why: impl Into<String>) -> Refusal {
+        Refusal {
+            field: field.into(),
+            why: why.into(),
+        }
+    }
+
+    /// A top-level member the dialect has no equivalent for.
+    pub fn unsupported(field: &str, api: &str) -> Refusal {
+        Refusal::new(
+            field,
+            format!(
+                "{api} has no equivalent: remove it, or pin the request to a provider that \
+                 speaks OpenAI's API"
+            ),
+        )
+    }
+
+    /// The reason shown to the client.
+    #[must_use]
+    pub fn reason(&self) -> String {
+        format!("`{}`: {}", self.field, self.why)
+    }
+}
+
+/// An answer the provider sent that is not an answer to relay: a safety block (a client
+/// error, not held against the provider) or a body of the wrong shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unanswerable {
+    /// The provider's safety system blocked the prompt or the answer.
+    Blocked(String),
+    /// The body is not the dialect's answer.
+    Malformed(String),
+}
+
+/// Whether a member counts as absent: `null` (an SDK writing every field) or `false`.
+pub fn absent(v: &Value) -> bool {
+    v.is_null() || v == &Value::Bool(false)
+}
+
+/// The client's `max_completion_tokens` or `max_tokens`, if given.
+///
+/// # Errors
+/// The value is not a positive whole number.
+pub fn max_tokens(body: &Map<String, Value>) -> Result<Option<u64>, Refusal> {
+    for key in ["max_completion_tokens", "max_tokens"] {
+        match body.get(key) {
+            None | Some(Value::Null) => {}
+            Some(v) => {
+                return match v.as_u64() {
+                    Some(n) if n > 0 => Ok(Some(n)),
+                    _ => Err(Refusal::new(key, "must be a positive whole number")),
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Message `i` of the client's `messages`, checked to hold only the members a native dialect
+/// translates (`role`, `content`, `tool_calls`, `tool_call_id`).
+///
+/// # Errors
+/// Not an object, or another member that is set (a `name`, an `audio`, ...).
+pub fn message(m: &Value, i: usize, api: &str) -> Result<(), Refusal> {
+    let Some(fields) = m.as_object() else {
+        return Err(Refusal::new(format!("messages[{i}]"), "must be an object"));
+    };
+    for (k, v) in fields {
+        if !matches!(
+            k.as_str(),
+            "role" | "content" | "tool_calls" | "tool_call_id"
+        ) && !absent(v)
+        {
+            return Err(Refusal::unsupported(&format!("messages[{i}].{k}"), api));
+        }
+    }
+    Ok(())
+}
+
+/// A message role the dialect has no turn for.
+#[must_use]
+pub fn unknown_role(i: usize, role: &str, api: &str) -> Refusal {
+    Refusal::new(
+        format!("messages[{i}].role"),
+        format!(
+            "`{role}` has no equivalent in {api} (system, developer, user, assistant and tool do)"
+        ),
+    )
+}
+
+/// Appends a turn of `role` whose `key` (`content`, `parts`) holds `items`; consecutive
+/// messages of one role become one turn (the native APIs' turns alternate).
+pub fn push_turn(turns: &mut Vec<Value>, role: &str, key: &str, items: Vec<Value>) {
+    if let Some(last) = turns.last_mut().filter(|t| t["role"] == role) {
+        if let Some(list) = last[key].as_array_mut() {
+            list.extend(items);
+        }
+        return;
+    }
+    turns.push(json!({"role": role, key: items}));
+}
+
+/// `stop` as a list of strings.
+///
+/// # Errors
+/// `stop` is neither a string nor a list of strings.
+pub fn stop_sequences(v: &Value) -> Result<Vec<Value>, Refusal> {
+    match v {
+        Value::String(s) => Ok(vec![json!(s)]),
+        Value::Array(items) if items.iter().all(Value::is_string) => Ok(items.clone()),
+        _ => Err(Refusal::new(
+            "stop",
+            "must be a string or a list of strings",
+        )),
+    }
+}
+
+/// `n`: only one choice can be asked of a native dialect.
+///
+/// # Errors
+/// `n` is not 1.
+pub fn single_choice(v: &Value, api: &str) -> Result<(), Refusal> {
+    if v.as_u64() == Some(1) {
+        Ok(())
+    } else {
+        Err(Refusal::new(
+            "n",
+            format!("{api} gives one choice per request: leave `n` out or set it to 1"),
+        ))
+    }
+}
+
+/// Whether the client asked for a usage chunk at the end of a stream.
+#[must_use]
+pub fn wants_stream_usage(body: &Map<String, Value>) -> bool {
+    body.get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true)
+}
+
+/// The text of a message's content: a string, or the `text` parts of a list.
+///
+/// # Errors
+/// A part that is not text, or content of another shape.
+pub fn text_of(content: &Value, at: &str) -> Result<String, Refusal> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    _ => {
+                        return Err(Refusal::new(
+                            format!("{at}[{j}]"),
+                            "only text parts can go here",
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(Refusal::new(at, "must be a string or a list of parts")),
+    }
+}
+
+/// A `data:` URL split into its media type and base64 payload.
+#[must_use]
+pub fn data_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("data:")?;
+    let (media, data) = rest.split_once(";base64,")?;
+    Some((media, data))
+}
+
+/// OpenAI's `usage` from input, cached-input and output token counts (`prompt_tokens`
+/// includes the cached ones, as OpenAI counts them).
+#[must_use]
+pub fn usage(prompt: u64, cached: u64, completion: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached}
+    })
+}
+
+/// Seconds since the epoch, for `created`.
+#[must_use]
+pub fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A tool call in OpenAI's shape; `arguments` is the JSON text of the call's input.
+#[must_use]
+pub fn tool_call(id: &str, name: &str, input: &Value) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": name, "arguments": input.to_string()}})
+}
+
+/// A whole OpenAI chat completion of one choice.
+#[must_use]
+pub fn completion(
+    id: &str,
+    model: &str,
+    text: Option<&str>,
+    tool_calls: Vec<Value>,
+    finish_reason: &str,
+    usage: &Value,
+) -> Value {
+    let mut message = json!({"role": "assistant", "content": text});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": now_s(),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason}],
+        "usage": usage
+    })
+}
+
+/// Writes OpenAI stream chunks of one answer.
+#[derive(Debug)]
+pub struct ChunkWriter {
+    pub id: String,
+    pub model: String,
+    created: u64,
+}
+
+impl ChunkWriter {
+    #[must_use]
+    pub fn new(id: String, model: &str) -> ChunkWriter {
+        ChunkWriter {
+            id,
+            model: model.to_owned(),
+            created: now_s(),
+        }
+    }
+
+    /// A chunk with `delta` and `finish_reason` as one `data:` event.
+    pub fn delta(&self, out: &mut Vec<u8>, delta: &Value, finish_reason: Option<&str>) {
+        Self::event(
+            out,
+            &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]}),
+        );
+    }
+
+    /// The usage chunk OpenAI sends last when `stream_options.include_usage` is set.
+    pub fn usage(&self, out: &mut Vec<u8>, usage: &Value) {
+        Self::event(
+            out,
+            &json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [], "usage": usage}),
+        );
+    }
+
+    fn event(out: &mut Vec<u8>, chunk: &Value) {
+        out.extend_from_slice(b"data: ");
+        // Writing a tree into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, chunk);
+        out.extend_from_slice(b"\n\n");
+    }
+}
+
+/// The end marker of an OpenAI stream.
+pub fn done(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"data: [DONE]\n\n");
+}
+
+/// An error event in OpenAI's shape: the relay ends the stream there as broken.
+pub fn error_event(out: &mut Vec<u8>, message: &str, code: &str) {
+    let e =
+        json!({"error": {"message": message, "type": "api_error", "param": null, "code": code}});
+    out.extend_from_slice(format!("data: {e}\n\n").as_bytes());
+}
+
+/// The longest event held while its end has not arrived.
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// What a dialect does with each event of its stream.
+pub trait EventTranslator: Send {
+    /// Translates one event's `data` (JSON) into OpenAI events appended to `out`.
+    ///
+    /// # Errors
+    /// The event is not the dialect's: the stream is broken there.
+    fn data(&mut self, data: &Value, out: &mut Vec<u8>) -> Result<(), String>;
+    /// The provider's stream ended cleanly: append what closes the OpenAI stream, if the
+    /// answer is whole.
+    fn end(&mut self, out: &mut Vec<u8>);
+}
+
+/// Splits a provider's server-sent events and translates each.
+pub struct SseTranslator {
+    pending: Vec<u8>,
+    inner: Box<dyn EventTranslator>,
+}
+
+impl SseTranslator {
+    #[must_use]
+    pub fn new(inner: Box<dyn EventTranslator>) -> SseTranslator {
+        SseTranslator {
+            pending: Vec::new(),
+            inner,
+        }
+    }
+
+    /// Takes the next bytes; returns the OpenAI events of the whole events they complete.
+    ///
+    /// # Errors
+    /// An event is not JSON or not the dialect's, or is longer than the bound.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Bytes, String> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some((end, next)) = event_end(&self.pending[start..]) {
+            let event = self.pending[start..start + end].to_vec();
+            self.event(&event, &mut out)?;
+            start += next;
+        }
+        self.pending.drain(..start);
+        if self.pending.len() > MAX_EVENT_BYTES {
+            return Err(format!(
+                "the provider sent an event longer than {MAX_EVENT_BYTES} bytes"
+            ));
+        }
+        Ok(Bytes::from(out))
+    }
+
+    /// The provider's stream ended cleanly.
+    ///
+    /// # Errors
+    /// The last event is not JSON or not the dialect's.
+    pub fn end(&mut self) -> Result<Bytes, String> {
+        let rest = std::mem::take(&mut self.pending);
+        let mut out = Vec::new();
+        if !rest.iter().all(u8::is_ascii_whitespace) {
+            self.event(&rest, &mut out)?;
+        }
+        self.inner.end(&mut out);
+        Ok(Bytes::from(out))
+    }
+
+    fn event(&mut self, event: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+        let mut data: Vec<u8> = Vec::new();
+        for line in event.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(d) = line.strip_prefix(b"data:") {
+                if !data.is_empty() {
+                    data.push(b'\n');
+                }
+                data.extend_from_slice(d.strip_prefix(b" ").unwrap_or(d));
+            }
+        }
+        if data.is_empty() {
+            // A comment, or an `event:` line alone.
+            return Ok(());
+        }
+        let value: Value = serde_json::from_slice(&data)
+            .map_err(|_| "the provider sent an event that is not JSON".to_owned())?;
+        self.inner.data(&value, out)
+    }
+}
+
+/// Where the first server-sent event in `bytes` ends: the end of its text and the start of
+/// the next (past the blank line, `\n\n` or `\r\n\r\n`).
+#[must_use]
+pub fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
+    let lf = memchr::memmem::find(bytes, b"\n\n").map(|i| (i, i + 2));
+    let crlf = memchr::memmem::find(bytes, b"\r\n\r\n").map(|i| (i, i + 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The provider's byte stream with its events translated; a clean end appends what closes the
+/// OpenAI stream. Chunks that translate to nothing (pings) are skipped.
+pub fn translate_stream(rest: super::ChunkStream, translator: SseTranslator) -> super::ChunkStream {
+    use futures_util::StreamExt;
+    let stream = futures_util::stream::unfold(Some((rest, translator)), |state| async move {
+        let (mut rest, mut tr) = state?;
+        loop {
+            match rest.next().await {
+                Some(Ok(bytes)) => match tr.feed(&bytes) {
+                    Ok(out) if out.is_empty() => {}
+                    Ok(out) => return Some((Ok(out), Some((rest, tr)))),
+                    Err(why) => return Some((Err(why), None)),
+                },
+                Some(Err(why)) => return Some((Err(why), None)),
+                None => {
+                    return match tr.end() {
+                        Ok(out) if out.is_empty() => None,
+                        Ok(out) => Some((Ok(out), None)),
+                        Err(why) => Some((Err(why), None)),
+                    }
+                }
+            }
+        }
+    });
+    Box::pin(stream)
+}

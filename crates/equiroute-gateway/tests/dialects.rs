@@ -1,0 +1,350 @@
+//! The native dialects end to end: the gateway speaks OpenAI to the client and Anthropic's
+//! Messages API, Azure OpenAI and Gemini to mock upstreams that speak only those (and check
+//! what their hosts require), streamed and not, with tools, errors of each class, a cut
+//! stream, and fallback from one dialect to another inside one request.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{http, mock, start};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+
+const KEY: &str = "sk-never-shown-4711";
+
+/// A chat interface whose first provider (`first`, of any kind) falls back to an OpenAI one.
+fn config(first: &str, backup: SocketAddr) -> String {
+    format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "first" }}
+deadline_ms = 5000
+
+[[interfaces.chat.providers]]
+id = "first"
+api_key_env = "NATIVE_KEY"
+{first}
+
+[[interfaces.chat.providers]]
+id = "backup"
+kind = "openai"
+model = "gpt-backup"
+base_url = "http://{backup}/v1"
+"#
+    )
+}
+
+fn anthropic(at: SocketAddr) -> String {
+    format!("kind = \"anthropic\"\nmodel = \"claude-x\"\nbase_url = \"http://{at}/v1\"\nmax_tokens = 1000\n")
+}
+
+fn azure(at: SocketAddr) -> String {
+    format!("kind = \"azure_openai\"\nmodel = \"gpt-4o\"\ndeployment = \"prod-4o\"\nendpoint = \"http://{at}\"\n")
+}
+
+fn gemini(at: SocketAddr) -> String {
+    format!("kind = \"gemini\"\nmodel = \"gemini-x\"\nbase_url = \"http://{at}/v1beta\"\n")
+}
+
+fn request(stream: bool, tools: bool) -> String {
+    let mut body = json!({"model": "chat", "stream": stream, "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"}]});
+    if tools {
+        body["tools"] = json!([{"type": "function", "function": {"name": "lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]);
+    }
+    body.to_string()
+}
+
+async fn stats(addr: SocketAddr) -> Value {
+    http(addr, "GET", "/_stats", &[], "").await.json()
+}
+
+async fn chat(gw: SocketAddr, body: &str) -> common::Reply {
+    let r = http(gw, "POST", "/v1/chat/completions", &[], body).await;
+    assert!(!r.body.contains(KEY), "the key never shows: {}", r.body);
+    r
+}
+
+/// The `data:` events of an OpenAI stream, `[DONE]` as a string.
+fn events(body: &str) -> Vec<Value> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d)))
+        .collect()
+}
+
+/// The text a stream's chunks spell, and its finish reason.
+fn streamed_text(events: &[Value]) -> (String, Option<String>) {
+    let text = events
+        .iter()
+        .filter_map(|e| {
+            e.pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+        })
+        .collect();
+    let finish = events
+        .iter()
+        .find_map(|e| {
+            e.pointer("/choices/0/finish_reason")
+                .and_then(Value::as_str)
+        })
+        .map(str::to_owned);
+    (text, finish)
+}
+
+async fn gateway(first: String, backup: SocketAddr) -> common::Gateway {
+    start(&config(&first, backup), &[("NATIVE_KEY", KEY)]).await
+}
+
+#[tokio::test]
+async fn every_dialect_answers_in_openai_shape_with_its_tool_calls_and_usage() {
+    let native = mock("").await;
+    let backup = mock("").await;
+    // (provider table, model that answers, tool call id, prompt tokens the mock reports)
+    let cases = [
+        (anthropic(native.addr), "claude-x", Some("toolu_mock"), 4),
+        (gemini(native.addr), "gemini-x", Some("call_0"), 4),
+        (azure(native.addr), "gpt-4o", None, 3),
+    ];
+    for (n, (first, model, call_id, prompt)) in cases.into_iter().enumerate() {
+        let gw = gateway(first, backup.addr).await;
+        let r = chat(gw.addr, &request(false, true)).await;
+        assert_eq!(r.status, 200, "{model}: {}", r.body);
+        assert_eq!(r.header("x-equiroute-provider"), Some("first"));
+        let a = r.json();
+        assert_eq!(a["model"], model, "the model that answered is named");
+        assert_eq!(a["choices"][0]["message"]["content"], "mock answer");
+        assert_eq!(a["usage"]["prompt_tokens"], prompt, "{model}");
+        if let Some(id) = call_id {
+            assert_eq!(a["choices"][0]["finish_reason"], "tool_calls");
+            let call = &a["choices"][0]["message"]["tool_calls"][0];
+            assert_eq!(call["id"], id);
+            assert_eq!(call["function"]["name"], "lookup");
+            assert_eq!(call["function"]["arguments"], r#"{"q":"mock"}"#);
+        }
+        let s = stats(native.addr).await;
+        assert_eq!(s["chat"], n + 1, "the native route answered, no fallback");
+        assert_eq!(s["authorized"], n + 1, "the key went in the host's header");
+    }
+    assert_eq!(
+        stats(native.addr).await["models"]["prod-4o"],
+        1,
+        "Azure's deployment URL"
+    );
+    assert_eq!(stats(backup.addr).await["chat"], 0);
+}
+
+#[tokio::test]
+async fn every_dialect_streams_openai_chunks_ending_with_done() {
+    let native = mock("").await;
+    let backup = mock("").await;
+    for (first, model) in [
+        (anthropic(native.addr), "claude-x"),
+        (gemini(native.addr), "gemini-x"),
+        (azure(native.addr), "gpt-4o"),
+    ] {
+        let gw = gateway(first, backup.addr).await;
+        let r = chat(gw.addr, &request(true, false)).await;
+        assert_eq!(r.status, 200, "{model}: {}", r.body);
+        assert_eq!(r.header("content-type"), Some("text/event-stream"));
+        let ev = events(&r.body);
+        assert_eq!(ev.last(), Some(&json!("[DONE]")), "{model}: {}", r.body);
+        assert_eq!(
+            streamed_text(&ev),
+            ("mock streamed answer".to_owned(), Some("stop".to_owned())),
+            "{model}: {}",
+            r.body
+        );
+        assert!(
+            ev[..ev.len() - 1]
+                .iter()
+                .all(|c| c["object"] == "chat.completion.chunk"),
+            "{model}: {}",
+            r.body
+        );
+    }
+    let anthropic_stream = {
+        let gw = gateway(anthropic(native.addr), backup.addr).await;
+        chat(gw.addr, &request(true, true)).await
+    };
+    let ev = events(&anthropic_stream.body);
+    let args: String = ev
+        .iter()
+        .filter_map(|e| {
+            e.pointer("/choices/0/delta/tool_calls/0/function/arguments")
+                .and_then(Value::as_str)
+        })
+        .collect();
+    assert_eq!(args, r#"{"q": "mock"}"#, "tool input deltas in order");
+    assert_eq!(streamed_text(&ev).1.as_deref(), Some("tool_calls"));
+}
+
+#[tokio::test]
+async fn overload_and_rate_limits_fall_back_to_another_dialect() {
+    let backup = mock("").await;
+    for (profile, first) in [
+        ("[chat]\nfault = \"unavailable\"\n", "anthropic"),
+        (
+            "[chat]\nfault = \"rate_limited\"\nretry_after_s = 30\n",
+            "anthropic",
+        ),
+        ("[chat]\nfault = \"unavailable\"\n", "gemini"),
+        ("[chat]\nfault = \"rate_limited\"\n", "gemini"),
+        ("[chat]\nfault = \"unavailable\"\n", "azure"),
+    ] {
+        let native = mock(profile).await;
+        let table = match first {
+            "anthropic" => anthropic(native.addr),
+            "gemini" => gemini(native.addr),
+            _ => azure(native.addr),
+        };
+        let gw = gateway(table, backup.addr).await;
+        for stream in [false, true] {
+            let r = chat(gw.addr, &request(stream, false)).await;
+            assert_eq!(r.status, 200, "{first} {profile}: {}", r.body);
+            assert_eq!(
+                r.header("x-equiroute-provider"),
+                Some("backup"),
+                "{first} {profile}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn invalid_requests_and_safety_blocks_go_back_to_the_caller() {
+    let backup = mock("").await;
+    for (profile, first, code, says) in [
+        ("", "anthropic", "upstream_rejected_request", "`logprobs`"),
+        ("", "gemini", "upstream_rejected_request", "`logprobs`"),
+        (
+            "[chat]\nerror_400 = 1.0\n",
+            "anthropic",
+            "upstream_rejected_request",
+            "mock rejects",
+        ),
+        (
+            "[chat]\nerror_400 = 1.0\n",
+            "gemini",
+            "upstream_rejected_request",
+            "mock rejects",
+        ),
+        (
+            "[chat]\nfault = \"content_filter\"\n",
+            "anthropic",
+            "content_filter",
+            "refused",
+        ),
+        (
+            "[chat]\nfault = \"content_filter\"\n",
+            "gemini",
+            "content_filter",
+            "SAFETY",
+        ),
+        (
+            "[chat]\nfault = \"content_filter\"\n",
+            "azure",
+            "content_filter",
+            "filtered",
+        ),
+    ] {
+        let native = mock(profile).await;
+        let table = match first {
+            "anthropic" => anthropic(native.addr),
+            "gemini" => gemini(native.addr),
+            _ => azure(native.addr),
+        };
+        let gw = gateway(table, backup.addr).await;
+        let mut body: Value = serde_json::from_str(&request(false, false)).unwrap();
+        if says == "`logprobs`" {
+            body["logprobs"] = json!(true);
+        }
+        let r = chat(gw.addr, &body.to_string()).await;
+        assert_eq!(r.status, 400, "{first} {profile}: {}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["code"], code, "{first} {profile}: {}", r.body);
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{first} {profile}: {message}");
+        let sent = stats(native.addr).await["chat"].as_u64().unwrap();
+        assert_eq!(
+            sent,
+            u64::from(says != "`logprobs`"),
+            "a refused field is never sent"
+        );
+        assert_eq!(stats(backup.addr).await["chat"], 0, "not retried elsewhere");
+    }
+}
+
+#[tokio::test]
+async fn a_native_stream_cut_midway_ends_in_an_error_event_not_done() {
+    let backup = mock("").await;
+    for first in ["anthropic", "gemini"] {
+        for profile in [
+            "[chat]\nstream_cut_after = 2\n",
+            "[chat]\nfault = \"no_done_unfinished\"\n",
+            "[chat]\nfault = \"malformed_chunk\"\n",
+        ] {
+            let native = mock(profile).await;
+            let table = match first {
+                "anthropic" => anthropic(native.addr),
+                _ => gemini(native.addr),
+            };
+            let gw = gateway(table, backup.addr).await;
+            let r = chat(gw.addr, &request(true, false)).await;
+            assert_eq!(r.status, 200, "{first} {profile}: {}", r.body);
+            let ev = events(&r.body);
+            assert_ne!(
+                ev.last(),
+                Some(&json!("[DONE]")),
+                "{first} {profile}: {}",
+                r.body
+            );
+            assert_eq!(
+                ev.last().unwrap()["error"]["code"],
+                "stream_broken",
+                "{first} {profile}: {}",
+                r.body
+            );
+        }
+    }
+}
+
+#[test]
+fn check_config_names_each_kinds_fields() {
+    let load = |provider: &str| {
+        let text = format!(
+            "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"p\"\n{provider}"
+        );
+        equiroute_gateway::config::load_all(&text, "t.toml", &|_| Some("k".into()))
+    };
+    let first_error = |provider: &str| load(provider).unwrap_err()[0].to_string();
+    assert!(first_error("kind = \"azure_openai\"\n")
+        .contains("`interfaces.chat.providers[0].endpoint`"));
+    assert!(
+        first_error("kind = \"anthropic\"\nmax_tokens = 0\n").contains("providers[0].max_tokens`")
+    );
+    assert!(first_error("kind = \"gemini\"\nmodel = \"a/b\"\n").contains("providers[0].model`"));
+    assert!(
+        first_error("kind = \"azure_openai\"\nendpoint = \"http://x\"\nauth = \"basic\"\n")
+            .contains("auth")
+    );
+    let cfg = load("kind = \"anthropic\"\nendpoint = \"http://x\"\n").unwrap();
+    assert!(cfg.warnings[0]
+        .to_string()
+        .contains("`interfaces.chat.providers[0].endpoint`: ignored"));
+    // Capabilities: the kind's defaults, and a declared field over them.
+    let caps = |provider: &str| {
+        load(provider).unwrap().interfaces[0].providers[0]
+            .candidate
+            .capabilities
+            .clone()
+    };
+    let claude = caps("kind = \"anthropic\"\n");
+    assert!(!claude.json_mode && claude.vision && claude.context_tokens == 200_000);
+    let small = caps("kind = \"gemini\"\ncapabilities = { context_tokens = 32000 }\n");
+    assert!(small.vision && small.json_mode && small.context_tokens == 32_000);
+}
