@@ -22,7 +22,8 @@ pub struct BreakerConfig {
     pub open_ms: f64,
     /// Each failed half-open probe in a row multiplies the open period by this (≥ 1).
     pub backoff_factor: f64,
-    /// The longest open period the back-off reaches (≥ `open_ms`).
+    /// The longest open period the back-off reaches. Below `open_ms` it is `open_ms` (a
+    /// configuration that only raises `open_ms` keeps a fixed period, with no back-off).
     pub max_open_ms: f64,
     pub half_open_probes: u32,
     pub successes_to_close: u32,
@@ -81,11 +82,11 @@ impl BreakerConfig {
                 "must be a finite number of at least 1 (1: every failed probe re-opens for open_ms)",
             ));
         }
-        if !(self.max_open_ms.is_finite() && self.max_open_ms >= self.open_ms) {
+        if !(self.max_open_ms.is_finite() && self.max_open_ms >= 0.0) {
             return Err(out_of_range(
                 "breaker.max_open_ms",
                 self.max_open_ms,
-                "must be finite and at least breaker.open_ms",
+                "must be a finite number of milliseconds ≥ 0 (below open_ms: open_ms)",
             ));
         }
         if self.half_open_probes == 0 || self.successes_to_close == 0 {
@@ -444,7 +445,7 @@ mod tests {
         );
         // Limits are checked.
         let bad = BreakerConfig {
-            max_open_ms: 10.0,
+            max_open_ms: f64::INFINITY,
             ..cfg
         };
         assert!(bad

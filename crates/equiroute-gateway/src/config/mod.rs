@@ -13,7 +13,19 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub mod first_byte;
 mod state;
+
+/// Defaults of `kind = "anthropic"` providers (here, below the upstreams that use them).
+pub mod anthropic_defaults {
+    /// The `anthropic-version` header sent when the configuration names none.
+    pub const DEFAULT_VERSION: &str = "2023-06-01";
+
+    /// The `max_tokens` sent when the client gives none and the provider's configuration
+    /// neither.
+    pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+}
+
 pub use state::{default_state_file, RedisStateConfig, StateConfig, StoreConfig};
 
 /// The embedded default: two interfaces of in-process simulated providers, so that
@@ -216,7 +228,7 @@ struct RawInterface {
     /// When a provider error retries the same provider instead of falling over.
     retry: Option<RawRetry>,
     /// How a streamed attempt's first-byte limit is learnt from the provider.
-    first_byte: Option<crate::server::ttfb::FirstByteLimit>,
+    first_byte: Option<first_byte::FirstByteLimit>,
     /// An LLM-as-judge that scores a sample of answers.
     judge: Option<RawJudge>,
     feature_dim: Option<usize>,
@@ -452,7 +464,7 @@ pub struct InterfaceConfig {
     pub limits: ExecutionLimits,
     pub stream_idle: Millis,
     /// How a streamed attempt's first-byte limit is learnt (at most the attempt's timeout).
-    pub first_byte: crate::server::ttfb::FirstByteLimit,
+    pub first_byte: first_byte::FirstByteLimit,
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub feature_max_words: usize,
@@ -989,7 +1001,7 @@ fn native_upstream(
             api_key: secret(p.api_key_env.as_deref(), env)?,
             version: header_text(
                 p.api_version.as_deref(),
-                crate::upstream::anthropic::DEFAULT_VERSION,
+                anthropic_defaults::DEFAULT_VERSION,
             )?,
             max_tokens: match p.max_tokens {
                 Some(0) => {
@@ -998,7 +1010,7 @@ fn native_upstream(
                         "must be at least 1 (leave it out for 4096)".into(),
                     ))
                 }
-                n => n.unwrap_or(crate::upstream::anthropic::DEFAULT_MAX_TOKENS),
+                n => n.unwrap_or(anthropic_defaults::DEFAULT_MAX_TOKENS),
             },
         },
         ProviderKind::AzureOpenai => UpstreamConfig::AzureOpenai {

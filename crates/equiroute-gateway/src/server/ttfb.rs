@@ -6,10 +6,10 @@
 //! times rather than at the configured maximum. With fewer than `min_observations`
 //! first bytes seen, the limit is the attempt's timeout.
 
+pub use crate::config::first_byte::FirstByteLimit;
 use equiroute_core::estimators::dist::normal_cdf;
 use equiroute_core::estimators::nig::{LogLatencyStats, NigPrior};
 use equiroute_core::{Millis, Timestamp};
-use serde::Deserialize;
 
 /// Half-life of the first-byte statistics: a provider's last ten minutes count most.
 const HALF_LIFE_MS: f64 = 600_000.0;
@@ -22,33 +22,6 @@ const PRIOR: NigPrior = NigPrior {
     alpha0: 2.0,
     beta0: 0.5,
 };
-
-/// How the limit is derived (`first_byte` of an interface).
-#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FirstByteLimit {
-    /// Derive the limit at all (false: the attempt's timeout, as before).
-    pub learned: bool,
-    /// The predictive quantile of the provider's first-byte time that is multiplied.
-    pub quantile: f64,
-    pub factor: f64,
-    /// The shortest limit ever derived.
-    pub floor_ms: f64,
-    /// First bytes seen before the limit is derived.
-    pub min_observations: u64,
-}
-
-impl Default for FirstByteLimit {
-    fn default() -> Self {
-        FirstByteLimit {
-            learned: true,
-            quantile: 0.99,
-            factor: 3.0,
-            floor_ms: 1000.0,
-            min_observations: 5,
-        }
-    }
-}
 
 impl FirstByteLimit {
     /// The first field out of range, and its fix.

@@ -14,11 +14,7 @@ use serde_json::{json, Map, Value};
 
 const API: &str = "Anthropic's Messages API";
 
-/// The `anthropic-version` header sent when the configuration names none.
-pub const DEFAULT_VERSION: &str = "2023-06-01";
-
-/// The `max_tokens` sent when the client gives none and the provider's configuration neither.
-pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+pub use crate::config::anthropic_defaults::{DEFAULT_MAX_TOKENS, DEFAULT_VERSION};
 
 /// The Messages request for the client's OpenAI `body`.
 ///
