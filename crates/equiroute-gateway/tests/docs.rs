@@ -1,6 +1,7 @@
 //! The documentation's configuration examples are real: every TOML block of the README loads as
 //! a gateway configuration, every `policy = …` example of `docs/configuration.md` builds its
-//! policy, and the mock-upstream profile example parses. A renamed or removed field fails here,
+//! policy, the mock-upstream profile example parses, and every other TOML block of
+//! `docs/configuration.md` (providers of each kind, the Redis state) loads. A renamed or removed field fails here,
 //! so the docs cannot drift from the code.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -244,4 +245,42 @@ fn the_providers_example_loads_with_every_chat_kind() {
     for kind in ["Anthropic", "Openai", "AzureOpenai", "Gemini"] {
         assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
     }
+}
+
+/// The interface a configuration fragment is completed with when it has none of its own.
+const SIM_INTERFACE: &str = "[interfaces.chat]\nkind = \"chat\"\n\
+    [[interfaces.chat.providers]]\nid = \"sim\"\nkind = \"sim\"\n\
+    sim = { latency = { p50_ms = 100, p95_ms = 300 } }\n";
+
+#[test]
+fn every_toml_block_of_the_configuration_docs_is_checked() {
+    let docs = read("docs/configuration.md");
+    let found = blocks(&docs, "toml");
+    let mut loaded = 0;
+    for block in &found {
+        let lines: Vec<&str> = block
+            .lines()
+            .map(|l| l.split(" #").next().unwrap_or(l).trim())
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        let first = lines.first().copied().unwrap_or_default();
+        let text = if lines.iter().all(|l| l.starts_with("policy = ")) || first == "[chat]" {
+            // Policy lines and the mock profile: checked by the tests above.
+            continue;
+        } else if first.starts_with("[[interfaces.chat.providers]]") {
+            format!("[interfaces.chat]\nkind = \"chat\"\n{block}")
+        } else if first.starts_with("[state]") || first.starts_with("[server]") {
+            format!("{block}\n{SIM_INTERFACE}")
+        } else {
+            panic!("a TOML block of docs/configuration.md that no test checks; add its kind here:\n{block}");
+        };
+        if let Err(e) = load(&text, "docs/configuration.md", &env) {
+            panic!("a documented configuration does not load: {e}\n{block}");
+        }
+        loaded += 1;
+    }
+    assert!(
+        loaded >= 4,
+        "the provider kinds and the Redis state are shown ({loaded} loaded)"
+    );
 }
