@@ -212,6 +212,8 @@ struct RawServer {
     send_timeout_ms: Option<f64>,
     /// Most client connections open at once, across every event loop.
     max_connections: Option<usize>,
+    /// `human` (default) or `json` (one JSON object per line) for the logs on stderr.
+    log_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -475,6 +477,14 @@ pub struct InterfaceConfig {
     pub providers: Vec<ProviderConfig>,
 }
 
+/// How the logs on stderr are written: lines for a person, or one JSON object per line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
 /// The whole gateway configuration, validated.
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
@@ -489,6 +499,8 @@ pub struct GatewayConfig {
     pub max_pending_feedback: usize,
     /// Threads serving requests (the async runtime's workers); `None`: one per core.
     pub worker_threads: Option<usize>,
+    /// How `serve` writes its logs on stderr (`--log-format` overrides it).
+    pub log_format: LogFormat,
     /// How long a client may hold a connection, and how many it may hold.
     pub connections: ConnectionLimits,
     pub audit: Option<AuditConfig>,
@@ -680,6 +692,17 @@ pub fn load_all(
             "must be at least 1 (leave it out for one thread per core)".into(),
         ));
     }
+    let log_format = match raw.server.log_format.as_deref() {
+        None | Some("human") => LogFormat::Human,
+        Some("json") => LogFormat::Json,
+        Some(_) => {
+            problems.push(err(
+                "server.log_format",
+                "write \"human\" (the default) or \"json\"".into(),
+            ));
+            LogFormat::Human
+        }
+    };
     let connections = connection_limits(&raw.server).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         ConnectionLimits::default()
@@ -714,6 +737,7 @@ pub fn load_all(
             feedback_ttl: Millis(ttl * 1000.0),
             max_pending_feedback,
             worker_threads,
+            log_format,
             connections,
             audit: raw.audit,
             state,
