@@ -630,6 +630,23 @@ pub fn load(
     })
 }
 
+/// `server.log_format`: `human` (the default) or `json`; anything else is a problem.
+fn log_format(
+    value: Option<&str>,
+    err: &dyn Fn(&str, String) -> ConfigError,
+    problems: &mut Vec<ConfigError>,
+) -> LogFormat {
+    match value {
+        None | Some("human") => LogFormat::Human,
+        Some("json") => LogFormat::Json,
+        Some(_) => {
+            let fix = "write \"human\" (the default) or \"json\"";
+            problems.push(err("server.log_format", fix.into()));
+            LogFormat::Human
+        }
+    }
+}
+
 /// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
 /// it; otherwise every server field, interface and provider is checked).
 ///
@@ -692,17 +709,7 @@ pub fn load_all(
             "must be at least 1 (leave it out for one thread per core)".into(),
         ));
     }
-    let log_format = match raw.server.log_format.as_deref() {
-        None | Some("human") => LogFormat::Human,
-        Some("json") => LogFormat::Json,
-        Some(_) => {
-            problems.push(err(
-                "server.log_format",
-                "write \"human\" (the default) or \"json\"".into(),
-            ));
-            LogFormat::Human
-        }
-    };
+    let log_format = log_format(raw.server.log_format.as_deref(), &err, &mut problems);
     let connections = connection_limits(&raw.server).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         ConnectionLimits::default()
@@ -1269,6 +1276,12 @@ mod tests {
             &no_env,
         );
         assert_eq!(two.map(|c| c.worker_threads), Ok(Some(2)));
+        let json = load(
+            &format!("[server]\nlog_format = \"json\"\n{base}"),
+            "x.toml",
+            &no_env,
+        );
+        assert_eq!(json.map(|c| c.log_format), Ok(LogFormat::Json));
         let words = load(
             &base.replace(
                 "kind = \"chat\"",
@@ -1285,6 +1298,7 @@ mod tests {
             (format!("[server]\napi_keys_env = [\"NOPE_KEY\"]\n{base}"), "server.api_keys_env[0]", "NOPE_KEY"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
             (format!("[server]\nworker_threads = 0\n{base}"), "server.worker_threads", "at least 1"),
+            (format!("[server]\nlog_format = \"yaml\"\n{base}"), "server.log_format", "\"json\""),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nfeature_max_words = 10"), "interfaces.chat.feature_max_words", "between 64 and 1000000"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { consecutive_failures = 0 }"), "interfaces.chat.breaker", "breaker.consecutive_failures"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { window = 10, min_attempts = 20 }"), "interfaces.chat.breaker", "must not exceed breaker.window"),
