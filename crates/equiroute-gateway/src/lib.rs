@@ -77,8 +77,23 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
         Some(config::StateConfig::File(cfg)) => {
             let s =
                 store::Store::open(&cfg.path).map_err(|e| std::io::Error::other(e.to_string()))?;
-            s.restore(&state)
+            let restored = s
+                .restore(&state)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
+            // The file's last write is the last snapshot's (redb writes nothing else).
+            let age_s = std::fs::metadata(&cfg.path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .filter(|_| restored)
+                .map(|d| d.as_secs());
+            tracing::info!(
+                path = %cfg.path.display(),
+                restored,
+                snapshot_age_s = age_s,
+                "learning state file opened{}",
+                if restored { ": restored its last snapshot" } else { ": no snapshot yet, starting from empty statistics" }
+            );
             store = Some((
                 Arc::new(s),
                 std::time::Duration::from_secs_f64(cfg.snapshot_interval_s.max(0.05)),
@@ -90,10 +105,20 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             // Start from what the other instances learnt (a no-op when Redis is down).
             s.tick(&state).await;
+            tracing::info!(namespace = %cfg.namespace, "learning state shared through Redis");
             syncer = Some(s);
         }
         None => {}
     }
+    tracing::info!(
+        interfaces = config.interfaces.len(),
+        providers = config
+            .interfaces
+            .iter()
+            .map(|i| i.providers.len())
+            .sum::<usize>(),
+        "gateway ready"
+    );
     let state = Arc::new(state);
     let app = server::router(state.clone(), config.max_body_bytes);
     Ok(Prepared {
@@ -138,7 +163,9 @@ impl Prepared {
                 loop {
                     tokio::time::sleep(every).await;
                     let (s, st) = (s.clone(), st.clone());
-                    let _ = tokio::task::spawn_blocking(move || s.save(&st)).await;
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.save(&st)).await {
+                        tracing::warn!(error = %e, "periodic snapshot of the learning state failed; the previous one stays");
+                    }
                 }
             })
         });

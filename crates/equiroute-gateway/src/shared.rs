@@ -831,9 +831,9 @@ impl Syncer {
             0 => {}
             1 => {
                 self.load_snapshot(conn).await?;
-                eprintln!(
-                    "equiroute: Redis lost the shared state of namespace `{}`; re-based on the state another instance re-seeded",
-                    self.cfg.namespace
+                tracing::warn!(
+                    namespace = %self.cfg.namespace,
+                    "Redis lost the shared state; re-based on the state another instance re-seeded"
                 );
                 report.loaded_snapshot = true;
                 report.rebased = true;
@@ -843,9 +843,9 @@ impl Syncer {
                 self.cursor = RESEED_ID;
                 self.since_snapshot = 0;
                 self.stale_live = true;
-                eprintln!(
-                    "equiroute: Redis lost the shared state of namespace `{}`; re-seeded it from this instance's state",
-                    self.cfg.namespace
+                tracing::warn!(
+                    namespace = %self.cfg.namespace,
+                    "Redis lost the shared state; re-seeded it from this instance's state"
                 );
                 report.reseeded = true;
             }
@@ -1249,9 +1249,9 @@ impl Syncer {
                 if !status.connected.swap(true, Ordering::Relaxed)
                     && status.syncs.load(Ordering::Relaxed) > 1
                 {
-                    eprintln!(
-                        "equiroute: Redis state backend reachable again; pushed {} observations learnt meanwhile",
-                        report.pushed
+                    tracing::info!(
+                        pushed = report.pushed,
+                        "Redis state backend reachable again; pushed the observations learnt meanwhile"
                     );
                 }
             }
@@ -1260,8 +1260,9 @@ impl Syncer {
                 if status.connected.swap(false, Ordering::Relaxed)
                     || status.syncs.load(Ordering::Relaxed) == 1
                 {
-                    eprintln!(
-                        "equiroute: warning: {e}; routing on local state, observations are kept and pushed when Redis returns"
+                    tracing::warn!(
+                        error = %e,
+                        "Redis state sync failed; routing on local state, observations are kept and pushed when Redis returns"
                     );
                 }
             }

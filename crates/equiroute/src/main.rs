@@ -2,6 +2,7 @@
 
 mod bench;
 mod check;
+mod logs;
 mod mock;
 mod png;
 mod policies;
@@ -23,6 +24,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How logs are written on stderr: `human` (default) or `json`, one object per line
+    /// (`serve` also reads `[server] log_format`). The level comes from `RUST_LOG` (default info).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<logs::Format>,
 }
 
 #[derive(Subcommand)]
@@ -49,7 +54,12 @@ enum Command {
 /// stack backtrace whenever `RUST_BACKTRACE` is set: noise for a user who mistyped a field.)
 /// `state export` with nothing saved yet exits with 3 ([`state::NOTHING_SAVED`]).
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse().command) {
+    let cli = Cli::parse();
+    // `serve` installs the subscriber once it has read its configuration's `log_format`.
+    if !matches!(cli.command, Command::Serve(_)) {
+        logs::init(cli.log_format.map_or_else(Default::default, Into::into));
+    }
+    match run(cli.command, cli.log_format) {
         Ok(status) => status,
         Err(e) => {
             eprintln!("Error: {e:#}");
@@ -58,9 +68,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(command: Command) -> anyhow::Result<std::process::ExitCode> {
+fn run(
+    command: Command,
+    log_format: Option<logs::Format>,
+) -> anyhow::Result<std::process::ExitCode> {
     match command {
-        Command::Serve(args) => serve::run(&args)?,
+        Command::Serve(args) => serve::run(&args, log_format.map(Into::into))?,
         Command::MockUpstream(args) => mock::run(&args)?,
         Command::CheckConfig(args) => check::run(&args)?,
         Command::State(cmd) => return state::run(&cmd),

@@ -3,7 +3,7 @@
 //! kept in a state file in the user's state directory unless `--in-memory`.
 
 use anyhow::Context;
-use equiroute_gateway::config::{default_state_file, load, StateConfig, DEFAULT_CONFIG};
+use equiroute_gateway::config::{default_state_file, load, LogFormat, StateConfig, DEFAULT_CONFIG};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -48,7 +48,8 @@ fn choose_state(args: &Args, config: &mut equiroute_gateway::config::GatewayConf
     }
 }
 
-pub fn run(args: &Args) -> anyhow::Result<()> {
+/// Runs the gateway; `log_format` is `--log-format`, which wins over `[server] log_format`.
+pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
     let (text, file) = match &args.config {
         Some(path) => (
             std::fs::read_to_string(path)
@@ -61,8 +62,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         ),
     };
     let mut config = load(&text, &file, &|name| std::env::var(name).ok())?;
+    crate::logs::init(log_format.unwrap_or(config.log_format));
     for w in &config.warnings {
-        eprintln!("warning: {w}");
+        tracing::warn!(config = %file, "{w}");
     }
     let learning = choose_state(args, &mut config);
     // The default state directory may not exist yet; a configured path's directory must.
@@ -103,12 +105,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .iter()
             .find(|i| i.kind == equiroute_gateway::config::InterfaceKind::Chat)
             .map_or("chat", |i| i.name.as_str());
+        tracing::info!(%addr, event_loops = loops, config = %file, "listening");
         println!("equiroute listening on http://{addr} ({} interfaces from {file})", config.interfaces.len());
         println!("{learning}");
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         );
         gateway.serve(listener, more, shutdown_signal()).await?;
+        tracing::info!("stopped");
         println!("equiroute stopped");
         anyhow::Ok(())
     })

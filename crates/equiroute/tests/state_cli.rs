@@ -6,7 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+
+mod common;
+use common::{post, terminate};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_equiroute")
@@ -78,30 +81,6 @@ fn equiroute(args: &[&str]) -> Output {
         .unwrap()
 }
 
-/// Sends SIGTERM and waits (20 s at most) for the gateway to drain and save its last snapshot.
-fn terminate(child: &mut Child) -> ExitStatus {
-    let termed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !termed {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("could not send SIGTERM (is `kill` on PATH?)");
-    }
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if std::time::Instant::now() > until {
-            let _ = child.kill();
-            panic!("the gateway did not stop within 20 s of SIGTERM");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
 /// A configuration in `dir` with one `sim` tool interface and its state in `dir/state.redb`.
 fn state_config(dir: &std::path::Path, snapshot_interval_s: f64) -> std::path::PathBuf {
     let config = dir.join("gw.toml");
@@ -122,14 +101,6 @@ fn fresh_dir(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-fn post(addr: &str, path: &str, body: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
 }
 
 #[test]

@@ -212,6 +212,8 @@ struct RawServer {
     send_timeout_ms: Option<f64>,
     /// Most client connections open at once, across every event loop.
     max_connections: Option<usize>,
+    /// `human` (default) or `json` (one JSON object per line) for the logs on stderr.
+    log_format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -475,6 +477,14 @@ pub struct InterfaceConfig {
     pub providers: Vec<ProviderConfig>,
 }
 
+/// How the logs on stderr are written: lines for a person, or one JSON object per line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
 /// The whole gateway configuration, validated.
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
@@ -489,6 +499,8 @@ pub struct GatewayConfig {
     pub max_pending_feedback: usize,
     /// Threads serving requests (the async runtime's workers); `None`: one per core.
     pub worker_threads: Option<usize>,
+    /// How `serve` writes its logs on stderr (`--log-format` overrides it).
+    pub log_format: LogFormat,
     /// How long a client may hold a connection, and how many it may hold.
     pub connections: ConnectionLimits,
     pub audit: Option<AuditConfig>,
@@ -618,6 +630,23 @@ pub fn load(
     })
 }
 
+/// `server.log_format`: `human` (the default) or `json`; anything else is a problem.
+fn log_format(
+    value: Option<&str>,
+    err: &dyn Fn(&str, String) -> ConfigError,
+    problems: &mut Vec<ConfigError>,
+) -> LogFormat {
+    match value {
+        None | Some("human") => LogFormat::Human,
+        Some("json") => LogFormat::Json,
+        Some(_) => {
+            let fix = "write \"human\" (the default) or \"json\"";
+            problems.push(err("server.log_format", fix.into()));
+            LogFormat::Human
+        }
+    }
+}
+
 /// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
 /// it; otherwise every server field, interface and provider is checked).
 ///
@@ -680,6 +709,7 @@ pub fn load_all(
             "must be at least 1 (leave it out for one thread per core)".into(),
         ));
     }
+    let log_format = log_format(raw.server.log_format.as_deref(), &err, &mut problems);
     let connections = connection_limits(&raw.server).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         ConnectionLimits::default()
@@ -714,6 +744,7 @@ pub fn load_all(
             feedback_ttl: Millis(ttl * 1000.0),
             max_pending_feedback,
             worker_threads,
+            log_format,
             connections,
             audit: raw.audit,
             state,
@@ -1245,6 +1276,12 @@ mod tests {
             &no_env,
         );
         assert_eq!(two.map(|c| c.worker_threads), Ok(Some(2)));
+        let json = load(
+            &format!("[server]\nlog_format = \"json\"\n{base}"),
+            "x.toml",
+            &no_env,
+        );
+        assert_eq!(json.map(|c| c.log_format), Ok(LogFormat::Json));
         let words = load(
             &base.replace(
                 "kind = \"chat\"",
@@ -1261,6 +1298,7 @@ mod tests {
             (format!("[server]\napi_keys_env = [\"NOPE_KEY\"]\n{base}"), "server.api_keys_env[0]", "NOPE_KEY"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
             (format!("[server]\nworker_threads = 0\n{base}"), "server.worker_threads", "at least 1"),
+            (format!("[server]\nlog_format = \"yaml\"\n{base}"), "server.log_format", "\"json\""),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nfeature_max_words = 10"), "interfaces.chat.feature_max_words", "between 64 and 1000000"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { consecutive_failures = 0 }"), "interfaces.chat.breaker", "breaker.consecutive_failures"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { window = 10, min_attempts = 20 }"), "interfaces.chat.breaker", "must not exceed breaker.window"),

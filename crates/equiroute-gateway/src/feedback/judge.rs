@@ -59,20 +59,24 @@ impl Judge {
     ) {
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             state.metrics.feedback("judge_skipped");
+            tracing::debug!(%request_id, "judge skipped: every judge slot is busy");
             return;
         };
         let judge = self.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match judge.score(&question, &answer).await {
-                Some(q) => {
-                    let label = match crate::feedback::apply(&state, &request_id, q).await {
-                        Ok(_) => "judge_accepted",
-                        Err(_) => "judge_unmatched",
-                    };
-                    state.metrics.feedback(label);
-                }
-                None => state.metrics.feedback("judge_failed"),
+            if let Some(q) = judge.score(&question, &answer).await {
+                let label = match crate::feedback::apply(&state, &request_id, q).await {
+                    Ok(_) => "judge_accepted",
+                    Err(e) => {
+                        tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                        "judge_unmatched"
+                    }
+                };
+                state.metrics.feedback(label);
+            } else {
+                tracing::warn!(%request_id, "judge failed to score the answer");
+                state.metrics.feedback("judge_failed");
             }
         });
     }

@@ -19,6 +19,7 @@ use equiroute_core::{
 use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// A request that got an answer.
 #[derive(Debug)]
@@ -36,6 +37,28 @@ pub struct Answered {
 /// No eligible provider (503), every attempt failed (502), the deadline passed (504), or the
 /// provider rejected the request itself (400 with the provider's reason, not retried).
 pub async fn execute(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    body: &ClientBody,
+    pinned: Option<usize>,
+    deadline: Option<Millis>,
+    meta: &super::RequestMeta,
+) -> Result<Answered, ApiError> {
+    execute_unstreamed(state, iface, body, pinned, deadline, meta)
+        .instrument(request_span(iface))
+        .await
+}
+
+/// The span around one request's handling; its id is recorded once [`begin`] numbers it.
+fn request_span(iface: &InterfaceRuntime) -> tracing::Span {
+    tracing::info_span!(
+        "request",
+        request_id = tracing::field::Empty,
+        interface = %iface.name
+    )
+}
+
+async fn execute_unstreamed(
     state: &AppState,
     iface: &InterfaceRuntime,
     body: &ClientBody,
@@ -161,6 +184,7 @@ fn begin(
     meta: &super::RequestMeta,
 ) -> Result<Begun, ApiError> {
     let (n, request_id) = state.next_request();
+    tracing::Span::current().record("request_id", request_id.as_str());
     let started = Instant::now();
     let features = iface
         .featurizer
@@ -179,7 +203,20 @@ fn begin(
         tokens,
         meta,
     )
-    .map_err(|e| e.for_request(&request_id, 0))?;
+    .map_err(|e| {
+        tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
+        e.for_request(&request_id, 0)
+    })?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let id = |i: &usize| iface.candidates[*i].id.0.as_str();
+        tracing::debug!(
+            chosen = decided.order.first().map(id),
+            candidates = ?decided.order.iter().map(id).collect::<Vec<_>>(),
+            excluded = decided.excluded.len(),
+            propensity = decided.ranking.first_choice_probability,
+            "decided"
+        );
+    }
     // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits).with_jitter(jitter);
@@ -513,8 +550,21 @@ async fn attempt(
         run.remaining(now),
     )?;
     *router += booked.elapsed();
+    log_attempt(candidate, next, &outcome);
     run.record(next.candidate, outcome, now);
     Ok((outcome, reply))
+}
+
+/// The debug event of one attempt's outcome.
+fn log_attempt(candidate: &equiroute_core::Candidate, next: NextAttempt, outcome: &AttemptOutcome) {
+    tracing::debug!(
+        provider = %candidate.id,
+        attempt = next.number,
+        retry = next.retry.map(equiroute_core::executor::RetryReason::as_str),
+        outcome = outcome.status.as_str(),
+        latency_ms = outcome.latency.0,
+        "attempt"
+    );
 }
 
 /// The attempt outcome of a provider's reply.
@@ -624,6 +674,12 @@ fn failure(
             )
         }
     };
+    // Once per failed request; a provider refusing the client's own request is not ours.
+    if matches!(status, RequestStatus::ClientError { .. }) {
+        tracing::info!(request_id, code = error.code, error = %error.message, "request rejected by the provider");
+    } else {
+        tracing::warn!(request_id, code = error.code, error = %error.message, "request failed");
+    }
     error.for_request(request_id, tried.len())
 }
 
@@ -640,6 +696,20 @@ fn poisoned() -> ApiError {
 /// # Errors
 /// As [`execute`], when no attempt produced a first byte.
 pub async fn execute_stream(
+    state: Arc<AppState>,
+    iface: Arc<InterfaceRuntime>,
+    body: ClientBody,
+    pinned: Option<usize>,
+    deadline: Option<Millis>,
+    meta: super::RequestMeta,
+) -> Result<axum::response::Response, ApiError> {
+    let span = request_span(&iface);
+    execute_streamed(state, iface, body, pinned, deadline, meta)
+        .instrument(span)
+        .await
+}
+
+async fn execute_streamed(
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
     body: ClientBody,
@@ -687,6 +757,7 @@ pub async fn execute_stream(
         match start {
             StreamStart::Failed(reply) => {
                 let outcome = outcome_of(&reply, candidate, tokens);
+                log_attempt(candidate, next, &outcome);
                 state.record_attempt(
                     &iface,
                     next.candidate,
@@ -703,6 +774,7 @@ pub async fn execute_stream(
                 last = Some(reply);
             }
             StreamStart::Started { first, rest, ttfb } => {
+                tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
                 let relay = Relay {
                     tokens,
                     state: state.clone(),
@@ -809,7 +881,10 @@ impl Relay {
             self.run.attempts() + 1,
         );
         // The task ends with the upstream stream, the idle limit, or a departed client.
-        tokio::spawn(self.pump(first, rest, tx));
+        tokio::spawn(
+            self.pump(first, rest, tx)
+                .instrument(tracing::Span::current()),
+        );
         resp
     }
 
@@ -890,6 +965,11 @@ impl Relay {
         };
         let c = &self.iface.candidates[self.candidate];
         let latency = Millis(self.started.elapsed().as_secs_f64() * 1000.0);
+        if let Some(reason) = &broken {
+            tracing::warn!(request_id = %self.request_id, provider = %c.id, error = %reason, "stream broken");
+        } else {
+            tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
+        }
         let outcome = AttemptOutcome {
             latency,
             status,

@@ -640,15 +640,19 @@ async fn feedback(
         }
         Ok(crate::feedback::Applied::Accepted) => {}
         Err(e) => {
-            state.metrics.feedback(if e.status == StatusCode::GONE {
+            let why = if e.status == StatusCode::GONE {
                 "expired"
             } else {
                 "unknown"
-            });
+            };
+            state.metrics.feedback(why);
+            // The id is the client's: cut like any echoed input.
+            tracing::warn!(request_id = %echo(&b.request_id), reason = why, "feedback rejected");
             return Err(e);
         }
     }
     state.metrics.feedback("accepted");
+    tracing::debug!(request_id = %b.request_id, quality = b.quality, "feedback accepted");
     let fb = QualityFeedback {
         decision_id: 0,
         quality: b.quality,
