@@ -374,13 +374,12 @@ impl RiskModel {
     pub fn belief(&self, i: usize, slice: SlicePath, now: Timestamp) -> LatencyBelief {
         let effective = self.effective(i, slice, now);
         let shift = self.levels[i].shift(now, &self.cfg);
-        let mut posterior =
-            self.stale_posterior(i, effective.posterior(&self.cfg.latency_prior), now);
+        let fresh = self.freshness(i, now);
+        let mut posterior = self.faded(effective.posterior(&self.cfg.latency_prior), fresh);
         posterior.mu_n += shift;
         // A stale candidate's histogram fades with its posterior, so the prior regains the
         // same share of the blend.
         let mut shape = effective.shape;
-        let fresh = self.freshness(i, now);
         if fresh < 1.0 {
             shape.scale(fresh);
         }
@@ -395,7 +394,7 @@ impl RiskModel {
     /// [`Self::posterior`] with the fast level's location shift: what the ranking uses.
     #[must_use]
     pub fn current(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
-        let mut post = self.stale_posterior(i, self.posterior(i, slice, now), now);
+        let mut post = self.faded(self.posterior(i, slice, now), self.freshness(i, now));
         post.mu_n += self.levels[i].shift(now, &self.cfg);
         post
     }
@@ -403,10 +402,14 @@ impl RiskModel {
     /// Smoothed failure probability of candidate `i` at `now`.
     #[must_use]
     pub fn failure_rate(&self, i: usize, now: Timestamp) -> f64 {
-        if self.cfg.stale_half_life_ms.is_none() {
-            return self.failures[i].rate(now, &self.cfg.failure);
+        match self.stale_counts(i, now) {
+            None => self.failures[i].rate(now, &self.cfg.failure),
+            Some(counts) => self.rate_of_counts(counts),
         }
-        let (failed, succeeded) = self.stale_failure_counts(i, now);
+    }
+
+    /// The failure rate of stale-decayed `(failed, succeeded)` counts with the prior.
+    fn rate_of_counts(&self, (failed, succeeded): (f64, f64)) -> f64 {
         let prior = &self.cfg.failure;
         let den = failed + succeeded + prior.prior_weight;
         if den > 0.0 {
@@ -430,8 +433,15 @@ impl RiskModel {
     /// A Thompson draw of candidate `i`'s risk for this request. Draws from `rng` only when
     /// the request has a deadline and the candidate is not guarded.
     pub fn sample(&self, i: usize, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> RiskSample {
-        let point_failure = self.failure_rate(i, ctx.now);
-        let failure = self.sampled_failure(i, ctx.now, point_failure, rng);
+        // The stale-decayed counts once: the point rate and the draw both come from them.
+        let counts = self.stale_counts(i, ctx.now);
+        let point_failure = match counts {
+            None => self.failures[i].rate(ctx.now, &self.cfg.failure),
+            Some(c) => self.rate_of_counts(c),
+        };
+        let failure = counts.map_or(point_failure, |c| {
+            self.draw_of_counts(c, point_failure, rng)
+        });
         let belief = self.belief(i, ctx.slice, ctx.now);
         let post = belief.posterior;
         let Some(deadline) = ctx.deadline else {
@@ -504,26 +514,41 @@ impl RiskModel {
         (failed, (f.attempts * weight - failed).max(0.0))
     }
 
-    /// The failure probability used in a draw: with staleness on, a draw from the Beta
-    /// posterior of the stale-decayed counts and the prior (mean `point`), so that a
-    /// candidate with few recent attempts has a wide draw; off, the point estimate (no draw).
+    /// The failure probability of a draw for candidate `i`: the draw of its stale counts, or
+    /// `point` with staleness off (what [`Self::sample`] does with the counts it holds).
+    #[cfg(test)]
     fn sampled_failure(&self, i: usize, now: Timestamp, point: f64, rng: &mut dyn RngCore) -> f64 {
-        if self.cfg.stale_half_life_ms.is_none() {
-            return point;
-        }
-        let (failed, succeeded) = self.stale_failure_counts(i, now);
+        self.stale_counts(i, now)
+            .map_or(point, |c| self.draw_of_counts(c, point, rng))
+    }
+
+    /// Candidate `i`'s stale-decayed counts when staleness is on (`None`: off).
+    fn stale_counts(&self, i: usize, now: Timestamp) -> Option<(f64, f64)> {
+        self.cfg
+            .stale_half_life_ms
+            .map(|_| self.stale_failure_counts(i, now))
+    }
+
+    /// The failure probability used in a draw (staleness on): a draw from the Beta posterior
+    /// of the stale-decayed counts and the prior (mean `point`), so that a candidate with few
+    /// recent attempts has a wide draw.
+    fn draw_of_counts(
+        &self,
+        (failed, succeeded): (f64, f64),
+        point: f64,
+        rng: &mut dyn RngCore,
+    ) -> f64 {
         let prior = &self.cfg.failure;
         let a = failed + prior.prior_rate * prior.prior_weight;
         let b = succeeded + (1.0 - prior.prior_rate) * prior.prior_weight;
         beta_draw(a, b, rng).unwrap_or(point)
     }
 
-    /// `post` with candidate `i`'s data weighted by [`Self::freshness`]: the data's
+    /// `post` with its data weighted by `fresh` (a [`Self::freshness`]): the data's
     /// pseudo-count, its share of the mean and its spread shrink by the same factor, so a
     /// stale posterior moves back toward the prior (exactly the posterior of the data with
     /// every weight scaled).
-    fn stale_posterior(&self, i: usize, post: NigPosterior, now: Timestamp) -> NigPosterior {
-        let fresh = self.freshness(i, now);
+    fn faded(&self, post: NigPosterior, fresh: f64) -> NigPosterior {
         if fresh >= 1.0 {
             return post;
         }
