@@ -38,12 +38,7 @@ pub fn request(
     for (key, value) in obj {
         match key.as_str() {
             // Set by the gateway, read above, or read by the stream's translation.
-            "model"
-            | "stream"
-            | "service_tier"
-            | "max_tokens"
-            | "max_completion_tokens"
-            | "stream_options" => {}
+            k if dialect::handled_elsewhere(k) => {}
             _ if dialect::absent(value) => {}
             "messages" => {
                 let (system, messages) = messages(value)?;

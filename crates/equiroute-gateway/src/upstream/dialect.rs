@@ -54,6 +54,20 @@ pub enum Unanswerable {
     Malformed(String),
 }
 
+/// Request members a dialect's translation does not copy: set by the gateway (`model`,
+/// `service_tier`), read by [`max_tokens`], or read by the stream's translation.
+pub fn handled_elsewhere(key: &str) -> bool {
+    matches!(
+        key,
+        "model"
+            | "stream"
+            | "service_tier"
+            | "max_tokens"
+            | "max_completion_tokens"
+            | "stream_options"
+    )
+}
+
 /// Whether a member counts as absent: `null` (an SDK writing every field) or `false`.
 pub fn absent(v: &Value) -> bool {
     v.is_null() || v == &Value::Bool(false)

@@ -32,12 +32,8 @@ pub fn request(body: &Value) -> Result<Value, Refusal> {
     }
     for (key, value) in obj {
         match key.as_str() {
-            "model"
-            | "stream"
-            | "service_tier"
-            | "max_tokens"
-            | "max_completion_tokens"
-            | "stream_options" => {}
+            // Set by the gateway, read above, or read by the stream's translation.
+            k if dialect::handled_elsewhere(k) => {}
             _ if dialect::absent(value) => {}
             "messages" => {
                 let (system, contents) = contents(value)?;
