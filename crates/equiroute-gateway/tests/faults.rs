@@ -283,11 +283,7 @@ async fn a_500_once_is_retried_once_on_the_same_provider_billed() {
     let first = rig.chat().await;
     // One jittered retry of the best-ranked provider, not a fall over to a worse one.
     assert_eq!(
-        (
-            first.status,
-            first.header("x-equiroute-provider"),
-            first.header("x-equiroute-attempts")
-        ),
+        first.routed(),
         (200, Some("a"), Some("2")),
         "{}",
         first.body
@@ -305,14 +301,7 @@ async fn a_500_once_is_retried_once_on_the_same_provider_billed() {
     assert_eq!(costs, [PRICE_A, PRICE_A]);
     assert!(close(record["cost_usd"].as_f64().unwrap(), 2.0 * PRICE_A));
     let second = rig.chat().await;
-    assert_eq!(
-        (
-            second.status,
-            second.header("x-equiroute-provider"),
-            second.header("x-equiroute-attempts")
-        ),
-        (200, Some("a"), Some("1"))
-    );
+    assert_eq!(second.routed(), (200, Some("a"), Some("1")));
     assert_eq!(rig.faulty_calls("error_500_once").await, 3);
     assert_eq!(rig.healthy_calls().await, 0);
     assert_eq!(
@@ -328,16 +317,7 @@ async fn a_500_once_is_retried_once_on_the_same_provider_billed() {
 async fn a_persistent_503_is_retried_once_then_falls_over_until_the_breaker_opens() {
     let rig = rig("unavailable", "", "breaker = { consecutive_failures = 2 }").await;
     let r = rig.chat().await;
-    assert_eq!(
-        (
-            r.status,
-            r.header("x-equiroute-provider"),
-            r.header("x-equiroute-attempts")
-        ),
-        (200, Some("b"), Some("3")),
-        "{}",
-        r.body
-    );
+    assert_eq!(r.routed(), (200, Some("b"), Some("3")), "{}", r.body);
     let record = rig.audit_of(&r).await;
     assert_eq!(
         tries(&record),
@@ -364,16 +344,7 @@ async fn a_short_retry_after_on_the_best_provider_is_waited_out_once() {
         began.elapsed()
     );
     // The mock keeps refusing: after the one retry, b.
-    assert_eq!(
-        (
-            r.status,
-            r.header("x-equiroute-provider"),
-            r.header("x-equiroute-attempts")
-        ),
-        (200, Some("b"), Some("3")),
-        "{}",
-        r.body
-    );
+    assert_eq!(r.routed(), (200, Some("b"), Some("3")), "{}", r.body);
     let record = rig.audit_of(&r).await;
     assert_eq!(
         tries(&record),
@@ -399,14 +370,7 @@ async fn a_connection_reset_before_headers_falls_over_unbilled() {
     assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
     // Streamed, the same: nothing was sent before the reset.
     let s = rig.stream().await;
-    assert_eq!(
-        (
-            s.status,
-            s.header("x-equiroute-provider"),
-            s.header("x-equiroute-attempts")
-        ),
-        (200, Some("b"), Some("2"))
-    );
+    assert_eq!(s.routed(), (200, Some("b"), Some("2")));
     assert_eq!(
         s.body,
         equiroute_gateway::mock::stream_chunks("healthy").concat()
@@ -569,16 +533,7 @@ async fn a_flapping_provider_is_retried_past_each_bad_call() {
     for _ in 0..2 {
         let r = rig.chat().await;
         // Each request meets a bad call, then a good one on the retry.
-        assert_eq!(
-            (
-                r.status,
-                r.header("x-equiroute-provider"),
-                r.header("x-equiroute-attempts")
-            ),
-            (200, Some("a"), Some("2")),
-            "{}",
-            r.body
-        );
+        assert_eq!(r.routed(), (200, Some("a"), Some("2")), "{}", r.body);
     }
     assert_eq!(rig.faulty_calls("flapping").await, 4);
     assert_eq!(rig.healthy_calls().await, 0);

@@ -60,6 +60,14 @@ impl Reply {
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
+    /// `(status, x-equiroute-provider, x-equiroute-attempts)`: who answered, after how many.
+    pub fn routed(&self) -> (u16, Option<&str>, Option<&str>) {
+        (
+            self.status,
+            self.header("x-equiroute-provider"),
+            self.header("x-equiroute-attempts"),
+        )
+    }
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
