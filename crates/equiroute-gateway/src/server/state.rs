@@ -5,8 +5,8 @@
 //! bookkeeping) and never across an `.await`.
 
 use super::metrics::Metrics;
-pub use super::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
+pub use crate::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::shared::Event;
 use crate::upstream::Upstream;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
@@ -409,6 +409,74 @@ impl AppState {
 impl From<Poisoned> for super::error::ApiError {
     fn from(_: Poisoned) -> Self {
         super::error::ApiError::internal()
+    }
+}
+
+impl crate::shared::SyncTarget for AppState {
+    fn shared(&self) -> Option<&crate::shared::SharedHandle> {
+        self.shared.as_ref()
+    }
+
+    fn synced_interfaces(
+        &self,
+    ) -> Result<Vec<crate::shared::SyncedInterface>, crate::shared::SharedError> {
+        self.interfaces
+            .iter()
+            .map(|(name, iface)| {
+                let policy = iface.policy.read().map_err(|_| {
+                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                })?;
+                Ok(crate::shared::SyncedInterface {
+                    name: name.clone(),
+                    providers: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
+                    policy_name: iface.policy_name,
+                    feature_dim: iface.featurizer.dim(),
+                    feature_max_words: iface.featurizer.max_words(),
+                    policy: policy.clone_box(),
+                })
+            })
+            .collect()
+    }
+
+    fn candidate_count(&self, iface: &str) -> usize {
+        self.interfaces.get(iface).map_or(0, |i| i.candidates.len())
+    }
+
+    fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
+        let Some(iface) = self.interfaces.get(iface) else {
+            return;
+        };
+        if let Ok(mut live) = self.policy_mut(iface) {
+            *live = rebuild();
+        }
+    }
+
+    fn feedback_ttl(&self) -> Millis {
+        self.feedback_ttl
+    }
+
+    fn pending_capacity(&self) -> usize {
+        self.pending.lock().map_or(0, |p| p.capacity())
+    }
+
+    fn insert_pending(&self, request_id: &str, ctx: &PendingFeedback) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(request_id, ctx);
+        }
+    }
+
+    fn consume_pending(&self, request_id: &str) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.consume(request_id);
+        }
+    }
+
+    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp) {
+        AppState::open_breaker(self, iface, candidate, until);
+    }
+
+    fn now(&self) -> Timestamp {
+        AppState::now(self)
     }
 }
 
