@@ -467,6 +467,55 @@ async fn a_stream_cut_mid_answer_ends_in_an_error_event() {
     assert_broken_stream(&rig, "stream_cut", &r).await;
 }
 
+/// Asserts a stream that failed while held fell back invisibly: the client got exactly `b`'s
+/// stream; `a`'s attempt is a billed provider error, counted against it, `b` answered.
+async fn assert_fell_back_while_held(rig: &Rig, fault: &str, r: &Reply) {
+    assert_fell_over(r);
+    assert_eq!(
+        r.body,
+        equiroute_gateway::mock::stream_chunks("healthy").concat(),
+        "{fault}: only b's stream reaches the client"
+    );
+    let record = rig.audit_of(r).await;
+    assert_eq!(record["outcome"], "ok", "{record}");
+    assert_eq!(
+        attempts(&record),
+        [
+            ("a".to_owned(), "provider_error".to_owned(), PRICE_A),
+            ("b".to_owned(), "ok".to_owned(), PRICE_B)
+        ],
+        "{fault}"
+    );
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
+    assert_eq!(
+        rig.faulty_calls(fault).await,
+        1,
+        "{fault}: a is not retried"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_while_held_falls_back_invisibly() {
+    for fault in [
+        "stream_cut",
+        "malformed_chunk",
+        "stream_stall",
+        "no_done_unfinished",
+    ] {
+        let rig = rig(fault, "", "stream_hold = { ms = 2000 }").await;
+        let r = rig.stream().await;
+        assert_fell_back_while_held(&rig, fault, &r).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_after_its_hold_still_ends_in_an_error_event() {
+    // Held for one data event only: the cut after the second reaches the client as a cut.
+    let rig = rig("stream_cut", "", "stream_hold = { ms = 2000, events = 1 }").await;
+    let r = rig.stream().await;
+    assert_broken_stream(&rig, "stream_cut", &r).await;
+}
+
 #[tokio::test]
 async fn a_stalled_stream_ends_in_an_error_event_after_the_idle_limit() {
     let rig = rig("stream_stall", "", "").await;
@@ -562,29 +611,32 @@ async fn the_mock_reads_a_body_without_content_type_as_the_gateway_does() {
 
 #[tokio::test]
 async fn a_stream_with_its_finish_reason_but_no_done_is_completed_for_the_client() {
-    let rig = rig("no_done_finished", "", "").await;
-    let r = rig.stream().await;
-    assert_eq!(
-        (r.status, r.header("x-equiroute-provider")),
-        (200, Some("a"))
-    );
-    // Every byte the provider sent, then the end marker it left out; no error event.
-    let mut want = equiroute_gateway::mock::faulty_stream_chunks(
-        "no_done_finished",
-        Some(equiroute_gateway::mock::Fault::NoDoneFinished),
-    )
-    .concat();
-    want.push_str("data: [DONE]\n\n");
-    assert_eq!(r.body, want);
-    assert_eq!(rig.attempts_metric("a", "ok").await, 1);
-    assert_eq!(rig.attempts_metric("a", "provider_error").await, 0);
-    let record = rig.audit_of(&r).await;
-    assert_eq!(record["outcome"], "ok");
-    assert_eq!(
-        attempts(&record),
-        [("a".to_owned(), "ok".to_owned(), PRICE_A)]
-    );
-    assert_eq!(rig.breaker("a").await, "closed");
+    // Sent from its first byte, and held whole (the answer ends within the hold): the same.
+    for hold in ["", "stream_hold = { ms = 2000 }"] {
+        let rig = rig("no_done_finished", "", hold).await;
+        let r = rig.stream().await;
+        assert_eq!(
+            (r.status, r.header("x-equiroute-provider")),
+            (200, Some("a"))
+        );
+        // Every byte the provider sent, then the end marker it left out; no error event.
+        let mut want = equiroute_gateway::mock::faulty_stream_chunks(
+            "no_done_finished",
+            Some(equiroute_gateway::mock::Fault::NoDoneFinished),
+        )
+        .concat();
+        want.push_str("data: [DONE]\n\n");
+        assert_eq!(r.body, want);
+        assert_eq!(rig.attempts_metric("a", "ok").await, 1);
+        assert_eq!(rig.attempts_metric("a", "provider_error").await, 0);
+        let record = rig.audit_of(&r).await;
+        assert_eq!(record["outcome"], "ok");
+        assert_eq!(
+            attempts(&record),
+            [("a".to_owned(), "ok".to_owned(), PRICE_A)]
+        );
+        assert_eq!(rig.breaker("a").await, "closed");
+    }
 }
 
 #[tokio::test]

@@ -231,6 +231,8 @@ struct RawInterface {
     retry: Option<RawRetry>,
     /// How a streamed attempt's first-byte limit is learnt from the provider.
     first_byte: Option<first_byte::FirstByteLimit>,
+    /// How much of a stream is held back so that an early failure can fall back.
+    stream_hold: Option<first_byte::StreamHold>,
     /// An LLM-as-judge that scores a sample of answers.
     judge: Option<RawJudge>,
     feature_dim: Option<usize>,
@@ -467,6 +469,8 @@ pub struct InterfaceConfig {
     pub stream_idle: Millis,
     /// How a streamed attempt's first-byte limit is learnt (at most the attempt's timeout).
     pub first_byte: first_byte::FirstByteLimit,
+    /// How much of a stream is held before anything is sent (see `StreamHold`).
+    pub stream_hold: first_byte::StreamHold,
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub feature_max_words: usize,
@@ -849,6 +853,10 @@ fn load_interface(
     first_byte
         .check()
         .map_err(|(f, fix)| vec![(at(&format!("first_byte.{f}")), fix)])?;
+    let stream_hold = raw.stream_hold.unwrap_or_default();
+    stream_hold
+        .check()
+        .map_err(|(f, fix)| vec![(at(&format!("stream_hold.{f}")), fix)])?;
     let breaker = raw.breaker.unwrap_or_default();
     breaker
         .validate()
@@ -867,6 +875,7 @@ fn load_interface(
         name: name.to_owned(),
         stream_idle,
         first_byte,
+        stream_hold,
         judge,
         kind: raw.kind,
         policy,
@@ -1229,6 +1238,41 @@ mod tests {
             2,
             "warnings never drop a provider"
         );
+    }
+
+    #[test]
+    fn a_stream_hold_out_of_range_names_its_field_and_the_fix() {
+        let base = "[interfaces.chat]\nkind = \"chat\"\nHOLD\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let with = |hold: &str| load(&base.replace("HOLD", hold), "x.toml", &no_env);
+        assert!(
+            !with("").unwrap().interfaces[0].stream_hold.is_on(),
+            "off by default"
+        );
+        let on = with("stream_hold = { ms = 800, events = 20 }").unwrap();
+        assert_eq!(
+            on.interfaces[0].stream_hold,
+            first_byte::StreamHold {
+                ms: 800.0,
+                events: 20
+            }
+        );
+        for (hold, field) in [
+            (
+                "stream_hold = { ms = -1 }",
+                "interfaces.chat.stream_hold.ms",
+            ),
+            (
+                "stream_hold = { ms = 60001 }",
+                "interfaces.chat.stream_hold.ms",
+            ),
+            (
+                "stream_hold = { events = 100001 }",
+                "interfaces.chat.stream_hold.events",
+            ),
+        ] {
+            let e = with(hold).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("must be"), "{hold}: {e}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
+use crate::config::first_byte::StreamHold;
 use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
@@ -775,6 +776,34 @@ async fn execute_streamed(
             }
             StreamStart::Started { first, rest, ttfb } => {
                 tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
+                let (first, rest) = match hold(iface.stream_hold, iface.stream_idle, first, rest)
+                    .await
+                {
+                    Held::Commit { first, rest } => (first, rest),
+                    Held::Broken(reason) => {
+                        // Nothing reached the client: a failed attempt, and on to the next.
+                        tracing::warn!(%request_id, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        let outcome = AttemptOutcome {
+                            latency: state.now().since(now),
+                            status: AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
+                            cost: candidate.price.cost(tokens),
+                            time_to_first_byte: Some(ttfb),
+                            retry_after: None,
+                        };
+                        log_attempt(candidate, next, &outcome);
+                        state.record_attempt(
+                            &iface,
+                            next.candidate,
+                            &features,
+                            decided.slice,
+                            &outcome,
+                            run.remaining(now),
+                        )?;
+                        run.record(next.candidate, outcome, now);
+                        tried.push(next.candidate);
+                        continue;
+                    }
+                };
                 let relay = Relay {
                     tokens,
                     state: state.clone(),
@@ -803,6 +832,68 @@ async fn execute_streamed(
         last,
         deadline,
     ))
+}
+
+/// What holding the start of a stream came to.
+enum Held {
+    /// Send `first` (every byte read so far), then relay `rest`.
+    Commit { first: Bytes, rest: ChunkStream },
+    /// The stream broke, stalled or started malformed before anything was sent.
+    Broken(String),
+}
+
+/// Reads the start of a stream without sending it, for as long as `policy` says (see
+/// [`StreamHold`](crate::config::first_byte::StreamHold)), checking each event as the relay
+/// does; with no hold configured, commits at once.
+async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStream) -> Held {
+    use futures_util::StreamExt;
+    if !policy.is_on() {
+        return Held::Commit { first, rest };
+    }
+    let until = tokio::time::Instant::now() + Duration::from_secs_f64(policy.ms / 1000.0);
+    let idle = Duration::from_secs_f64(idle.0 / 1000.0);
+    let mut scan = SseScan::default();
+    let mut held = Vec::with_capacity(first.len());
+    let mut next = Some(first);
+    loop {
+        if let Some(bytes) = next.take() {
+            held.extend_from_slice(&bytes);
+            if let (_, Err(why)) = scan.feed(&bytes) {
+                return Held::Broken(why);
+            }
+        }
+        let enough = policy.events > 0 && scan.seen.data_events >= policy.events;
+        let now = tokio::time::Instant::now();
+        if enough || scan.seen.done || held.len() >= StreamHold::MAX_BYTES || now >= until {
+            return Held::Commit {
+                first: Bytes::from(held),
+                rest,
+            };
+        }
+        match tokio::time::timeout((until - now).min(idle), rest.next()).await {
+            // The hold is over before the stream was silent for its idle limit.
+            Err(_) if tokio::time::Instant::now() >= until => {}
+            Err(_) => {
+                return Held::Broken(format!(
+                    "the provider's stream stalled for more than {:.0} ms",
+                    idle.as_secs_f64() * 1000.0
+                ));
+            }
+            Ok(Some(Err(reason))) => return Held::Broken(reason),
+            Ok(Some(Ok(bytes))) => next = Some(bytes),
+            Ok(None) => {
+                // The whole answer arrived within the hold: send it if it is complete.
+                return match scan.end() {
+                    (_, Err(why)) => Held::Broken(why),
+                    (_, Ok(())) if scan.seen.done || scan.seen.finished => Held::Commit {
+                        first: Bytes::from(held),
+                        rest: Box::pin(futures_util::stream::empty()),
+                    },
+                    (_, Ok(())) => Held::Broken("the provider's stream ended before [DONE]".into()),
+                };
+            }
+        }
+    }
 }
 
 /// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
@@ -1037,6 +1128,8 @@ struct Seen {
     done: bool,
     /// A chunk carried a `finish_reason`.
     finished: bool,
+    /// Data events read (chunks, not counting `[DONE]`).
+    data_events: u64,
 }
 
 /// The parts of a chat chunk the relay reads; the rest is only checked to be JSON.
@@ -1120,6 +1213,7 @@ impl Seen {
             Err(_) => Err("the provider sent an event that is not JSON".into()),
             Ok(c) if c.error.is_some() => Err("the provider sent an error mid-stream".into()),
             Ok(c) => {
+                self.data_events += 1;
                 if c.choices.iter().any(|ch| ch.finish_reason.is_some()) {
                     self.finished = true;
                 }

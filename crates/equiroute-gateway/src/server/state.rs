@@ -32,6 +32,8 @@ pub struct InterfaceRuntime {
     pub limits: ExecutionLimits,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
+    /// How much of a stream is held before anything is sent to the client.
+    pub stream_hold: crate::config::first_byte::StreamHold,
     /// How a streamed attempt's first-byte limit is derived from `first_bytes`.
     pub first_byte: super::ttfb::FirstByteLimit,
     /// Each candidate's first-byte times (streamed attempts), for its first-byte limit.
@@ -79,6 +81,7 @@ impl InterfaceRuntime {
             deadline: cfg.deadline,
             limits: cfg.limits,
             stream_idle: cfg.stream_idle,
+            stream_hold: cfg.stream_hold,
             first_byte: cfg.first_byte,
             first_bytes: Mutex::new(vec![
                 equiroute_core::estimators::nig::LogLatencyStats::default();
