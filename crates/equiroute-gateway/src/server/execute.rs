@@ -755,70 +755,53 @@ async fn execute_streamed(
             .open_stream(req, limit)
             .await;
         learn_first_byte(&state, &iface, next.candidate, &start, first_byte_limit)?;
-        match start {
-            StreamStart::Failed(reply) => {
-                let outcome = outcome_of(&reply, candidate, tokens);
-                log_attempt(candidate, next, &outcome);
-                state.record_attempt(
-                    &iface,
-                    next.candidate,
-                    &features,
-                    decided.slice,
-                    &outcome,
-                    run.remaining(now),
-                )?;
-                run.record(next.candidate, outcome, now);
-                tried.push(next.candidate);
-                if reply.context_overflow {
-                    refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
-                }
-                last = Some(reply);
-            }
+        // An attempt that ends here sent nothing to the client: booked, and on to the next.
+        let (outcome, reply) = match start {
+            StreamStart::Failed(reply) => (outcome_of(&reply, candidate, tokens), Some(reply)),
             StreamStart::Started { first, rest, ttfb } => {
                 tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
-                let (first, rest) = match hold(iface.stream_hold, iface.stream_idle, first, rest)
-                    .await
-                {
-                    Held::Commit { first, rest } => (first, rest),
-                    Held::Broken(reason) => {
-                        // Nothing reached the client: a failed attempt, and on to the next.
-                        tracing::warn!(%request_id, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
-                        let outcome = AttemptOutcome {
-                            latency: state.now().since(now),
-                            status: AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
-                            cost: candidate.price.cost(tokens),
-                            time_to_first_byte: Some(ttfb),
-                            retry_after: None,
+                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
+                    Held::Commit { first, rest } => {
+                        let relay = Relay {
+                            tokens,
+                            state: state.clone(),
+                            iface: iface.clone(),
+                            candidate: next.candidate,
+                            features,
+                            request_id: request_id.clone(),
+                            started,
+                            ttfb,
+                            attempt_started: now,
+                            run,
+                            decided,
                         };
-                        log_attempt(candidate, next, &outcome);
-                        state.record_attempt(
-                            &iface,
-                            next.candidate,
-                            &features,
-                            decided.slice,
-                            &outcome,
-                            run.remaining(now),
-                        )?;
-                        run.record(next.candidate, outcome, now);
-                        tried.push(next.candidate);
-                        continue;
+                        return Ok(relay.start(first, rest));
                     }
-                };
-                let relay = Relay {
-                    tokens,
-                    state: state.clone(),
-                    iface: iface.clone(),
-                    candidate: next.candidate,
-                    features,
-                    request_id: request_id.clone(),
-                    started,
-                    ttfb,
-                    attempt_started: now,
-                    run,
-                    decided,
-                };
-                return Ok(relay.start(first, rest));
+                    Held::Broken(reason) => {
+                        tracing::warn!(%request_id, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
+                        let latency = state.now().since(now);
+                        (streamed(candidate, tokens, broken, latency, ttfb), None)
+                    }
+                }
             }
+        };
+        log_attempt(candidate, next, &outcome);
+        state.record_attempt(
+            &iface,
+            next.candidate,
+            &features,
+            decided.slice,
+            &outcome,
+            run.remaining(now),
+        )?;
+        run.record(next.candidate, outcome, now);
+        tried.push(next.candidate);
+        if let Some(reply) = reply {
+            if reply.context_overflow {
+                refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
+            }
+            last = Some(reply);
         }
     }
     let result = run.finish(state.now());
@@ -832,6 +815,23 @@ async fn execute_streamed(
         last,
         deadline,
     ))
+}
+
+/// The outcome of a streamed attempt that began (it had its first byte, so it is billed).
+fn streamed(
+    candidate: &equiroute_core::Candidate,
+    tokens: TokenEstimate,
+    status: AttemptStatus,
+    latency: Millis,
+    ttfb: Millis,
+) -> AttemptOutcome {
+    AttemptOutcome {
+        latency,
+        status,
+        cost: candidate.price.cost(tokens),
+        time_to_first_byte: Some(ttfb),
+        retry_after: None,
+    }
 }
 
 /// What holding the start of a stream came to.
@@ -1061,13 +1061,7 @@ impl Relay {
         } else {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
-        let outcome = AttemptOutcome {
-            latency,
-            status,
-            cost: c.price.cost(self.tokens),
-            time_to_first_byte: Some(self.ttfb),
-            retry_after: None,
-        };
+        let outcome = streamed(c, self.tokens, status, latency, self.ttfb);
         let _ = self.state.record_attempt(
             &self.iface,
             self.candidate,
