@@ -162,7 +162,15 @@ pub enum Event {
         iface: String,
         candidate: usize,
         until: Timestamp,
+        /// Set by the provider (`Retry-After`), not by failures; events of earlier
+        /// releases, which did not say, count as pinned (never ended early).
+        #[serde(default = "pinned_by_default")]
+        pinned: bool,
     },
+}
+
+fn pinned_by_default() -> bool {
+    true
 }
 
 /// This instance's events that the shared log does not hold yet, numbered from 1.
@@ -684,8 +692,8 @@ pub trait SyncTarget: Send + Sync {
     fn insert_pending(&self, request_id: &str, ctx: &PendingFeedback);
     /// Another instance took the feedback of `request_id`.
     fn consume_pending(&self, request_id: &str);
-    /// Another instance opened a breaker.
-    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp);
+    /// Another instance opened a breaker (`pinned`: by a `Retry-After`).
+    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool);
     /// The gateway's clock.
     fn now(&self) -> Timestamp;
 }
@@ -1201,7 +1209,8 @@ impl Syncer {
                     iface,
                     candidate,
                     until,
-                } if !own => state.open_breaker(iface, *candidate, *until),
+                    pinned,
+                } if !own => state.open_breaker(iface, *candidate, *until, *pinned),
                 Event::Pending { .. } | Event::BreakerOpen { .. } => {}
             }
         }

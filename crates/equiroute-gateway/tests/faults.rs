@@ -142,20 +142,25 @@ impl Rig {
     }
     /// The audit record of the request `reply` answered (waits for the writer, bounded).
     async fn audit_of(&self, reply: &Reply) -> Value {
-        let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
-        let until = Instant::now() + Duration::from_secs(5);
-        loop {
-            let text = std::fs::read_to_string(&self.audit).unwrap_or_default();
-            if let Some(r) = text
-                .lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap())
-                .find(|r| r["request_id"] == id.as_str())
-            {
-                return r;
-            }
-            assert!(Instant::now() < until, "no audit record for {id}: {text}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        audit_record(&self.audit, reply).await
+    }
+}
+
+/// The audit record of `reply`'s request in the log at `path`, once it is written.
+async fn audit_record(path: &std::path::Path, reply: &Reply) -> Value {
+    let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(r) = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|r| r["request_id"] == id.as_str())
+        {
+            return r;
         }
+        assert!(Instant::now() < until, "no audit record for {id}: {text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -699,6 +704,73 @@ async fn all_breakers_open_answers_503_with_the_time_to_the_first_half_open() {
     assert_eq!(r.header("retry-after"), Some("30"), "{:?}", r.headers);
     assert_eq!(r.header("x-equiroute-attempts"), Some("0"));
     assert_eq!(rig.faulty_calls("rate_limited").await, 1);
+}
+
+#[tokio::test]
+async fn with_every_breaker_tripped_by_failures_the_one_reopening_soonest_is_probed() {
+    // `a` fails its first call only, `b` every call; one failure trips a breaker for a minute.
+    let faulty = mock(
+        "[models.a]\nfault = \"outage_then_recovers\"\noutage_calls = [1, 2]\n[models.b]\nfault = \"unavailable\"\n",
+    )
+    .await;
+    let audit = std::env::temp_dir().join(format!(
+        "equiroute-faults-{}-last-resort.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&audit);
+    let cfg = format!(
+        r#"
+[audit]
+path = {audit:?}
+
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "a" }}
+retry = {{ server_error = false }}
+breaker = {{ consecutive_failures = 1, open_ms = 60000 }}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "a"
+base_url = "http://{f}/v1"
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "b"
+base_url = "http://{f}/v1"
+"#,
+        f = faulty.addr,
+        audit = audit.display().to_string(),
+    );
+    let gw = start(&cfg, &[]).await;
+    let body = chat_body(false);
+    let first = http(gw.addr, "POST", "/v1/chat/completions", &[], &body).await;
+    assert_eq!(first.status, 502, "both fail: {}", first.body);
+    // Both breakers are open for a minute, neither pinned by a Retry-After: rather than a
+    // 503 for that minute, `a` (open first, so reopening first) is probed, and answers.
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (Some("a"), Some("1"))
+    );
+    assert_eq!(
+        (calls(faulty.addr, "a").await, calls(faulty.addr, "b").await),
+        (2, 1)
+    );
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains(r#"equiroute_last_resort_total{interface="chat"} 1"#),
+        "{m}"
+    );
+    let record = audit_record(&audit, &r).await;
+    assert_eq!(record["last_resort"], true, "{record}");
+    let _ = std::fs::remove_file(&audit);
 }
 
 #[tokio::test]

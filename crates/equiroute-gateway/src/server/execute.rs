@@ -239,6 +239,8 @@ struct Decided {
     slice: SlicePath,
     ranking: equiroute_core::policies::Ranking,
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
+    /// Every usable provider's breaker was open: the first is probed as a last resort.
+    last_resort: bool,
     /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
     first_byte_limits: Vec<Option<f64>>,
 }
@@ -265,15 +267,30 @@ fn decide(
         Some(equiroute_core::input_size_bucket(tokens.input)),
         SlicePath::MAX_DEPTH,
     );
-    let eligible = {
-        let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+    let (eligible, last_resort) = {
+        let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
         let mut input = EligibilityInput::new(&iface.candidates, requirements);
         input.breakers = Some((&breakers, &iface.breaker_config));
         input.pinned = pinned;
         input.tenant = meta.tenant.as_deref();
         input.tokens = tokens;
         input.now = now;
-        check_eligibility(&input)
+        let mut eligible = check_eligibility(&input);
+        // Every usable provider shut out by failures: probe the one reopening soonest now
+        // rather than refuse the request (see `equiroute_core::breaker`).
+        let last_resort = eligible.last_resort(&breakers, &iface.breaker_config);
+        if let Some(i) = last_resort {
+            if let Some(t) = breakers[i].last_resort() {
+                state
+                    .metrics
+                    .breaker(&iface.candidates[i].id.0, super::state::transition_name(t));
+            }
+            state.metrics.last_resort(&iface.name);
+            tracing::info!(provider = %iface.candidates[i].id, "every provider's breaker is open: probing the one that reopens soonest as a last resort");
+            eligible.excluded.retain(|e| e.candidate != i);
+            eligible.eligible.push(i);
+        }
+        (eligible, last_resort.is_some())
     };
     if eligible.eligible.is_empty() {
         state.metrics.request(&iface.name, "no_eligible_provider");
@@ -324,6 +341,7 @@ fn decide(
         order,
         slice,
         ranking,
+        last_resort,
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
     })
@@ -387,6 +405,7 @@ fn audit(
             .collect(),
         order: decided.order.iter().map(|&i| id(i)).collect(),
         propensity: decided.ranking.first_choice_probability,
+        last_resort: decided.last_resort,
         attempts: attempts
             .iter()
             .enumerate()

@@ -340,10 +340,12 @@ impl AppState {
         }
         if let BreakerState::Open { until } = breakers[index].state {
             if breakers[index].state != before {
+                let pinned = breakers[index].is_pinned();
                 self.journal(|| Event::BreakerOpen {
                     iface: iface.name.clone(),
                     candidate: index,
                     until,
+                    pinned,
                 });
             }
         }
@@ -393,14 +395,15 @@ impl AppState {
         }
     }
 
-    /// Opens a breaker until `until` because another instance opened its own.
-    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp) {
+    /// Opens a breaker until `until` because another instance opened its own (`pinned`: by
+    /// a `Retry-After`).
+    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
         let Some(i) = self.interfaces.get(iface) else {
             return;
         };
         if let Ok(mut breakers) = i.breakers.lock() {
             if let Some(b) = breakers.get_mut(candidate) {
-                if let Some(t) = b.open(until) {
+                if let Some(t) = b.open_until(until, pinned) {
                     self.metrics
                         .breaker(&i.candidates[candidate].id.0, transition_name(t));
                 }
@@ -474,8 +477,8 @@ impl crate::shared::SyncTarget for AppState {
         }
     }
 
-    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp) {
-        AppState::open_breaker(self, iface, candidate, until);
+    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
+        AppState::open_breaker(self, iface, candidate, until, pinned);
     }
 
     fn now(&self) -> Timestamp {
