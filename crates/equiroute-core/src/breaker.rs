@@ -190,9 +190,12 @@ pub struct Breaker {
     /// Half-open probes that failed in a row since the breaker last closed: the back-off.
     #[serde(default)]
     failed_probes: u32,
-    /// The open period was set by the provider (a `Retry-After`), not by failures.
+    /// The open period was set (or extended) by the provider (a `Retry-After`).
     #[serde(default)]
     pinned: bool,
+    /// The open period was set by failures (a trip, or a failed probe).
+    #[serde(default)]
+    tripped: bool,
 }
 
 impl Default for Breaker {
@@ -204,6 +207,7 @@ impl Default for Breaker {
             len: 0,
             failed_probes: 0,
             pinned: false,
+            tripped: false,
         }
     }
 }
@@ -217,6 +221,8 @@ impl Breaker {
             BreakerState::Open { until } if now.0 < until.0 => {
                 Admission::Rejected { until: Some(until) }
             }
+            // A period only the provider set is over when it says: no probing.
+            BreakerState::Open { .. } if self.pinned && !self.tripped => Admission::Allowed,
             BreakerState::Open { .. } => Admission::Probe,
             BreakerState::HalfOpen { probes, .. } if probes < cfg.half_open_probes => {
                 Admission::Probe
@@ -234,7 +240,15 @@ impl Breaker {
     ) -> (Admission, Option<Transition>) {
         let mut transition = None;
         if let BreakerState::Open { until } = self.state {
-            if now.0 >= until.0 {
+            if now.0 >= until.0 && self.pinned && !self.tripped {
+                // The provider's `Retry-After` is over: closed again, as a careful client
+                // resumes when told (failures never opened it, so there is nothing to probe).
+                *self = Breaker {
+                    failed_probes: self.failed_probes,
+                    ..Breaker::default()
+                };
+                transition = Some(Transition::Closed);
+            } else if now.0 >= until.0 {
                 self.state = BreakerState::HalfOpen {
                     probes: 0,
                     successes: 0,
@@ -329,16 +343,19 @@ impl Breaker {
         match self.state {
             BreakerState::Open { until: current } if current.0 >= until.0 => {
                 self.pinned |= pinned;
+                self.tripped |= !pinned;
                 None
             }
             BreakerState::Open { .. } => {
                 self.state = BreakerState::Open { until };
                 self.pinned |= pinned;
+                self.tripped |= !pinned;
                 None
             }
             _ => {
                 self.state = BreakerState::Open { until };
                 self.pinned = pinned;
+                self.tripped = !pinned;
                 self.consecutive = 0;
                 self.recent = 0;
                 self.len = 0;
@@ -428,21 +445,48 @@ mod tests {
     }
 
     #[test]
-    fn probe_failure_reopens_and_retry_after_opens() {
+    fn a_retry_after_ends_closed_and_a_failed_probe_reopens_with_back_off() {
         let cfg = BreakerConfig::default();
         let mut b = Breaker::default();
         assert_eq!(b.open(t(1000.0)), Some(Transition::Opened));
-        let _ = b.admit(t(1000.0), &cfg);
+        assert!(b.is_pinned());
+        assert!(matches!(b.peek(t(999.0), &cfg), Admission::Rejected { .. }));
+        // The provider's period is over when it says: closed at once, nothing to probe.
+        assert_eq!(b.peek(t(1000.0), &cfg), Admission::Allowed);
         assert_eq!(
-            b.record(t(1000.0), BreakerOutcome::Failure, &cfg),
+            b.admit(t(1000.0), &cfg),
+            (Admission::Allowed, Some(Transition::Closed))
+        );
+        // Opened by failures, it half-opens instead, and a failed probe backs off.
+        let mut opened = None;
+        for _ in 0..cfg.consecutive_failures {
+            opened = opened.or(b.record(t(1000.0), BreakerOutcome::Failure, &cfg));
+        }
+        assert_eq!(opened, Some(Transition::Opened));
+        assert!(!b.is_pinned());
+        let end = 1000.0 + cfg.open_ms;
+        assert_eq!(
+            b.admit(t(end), &cfg),
+            (Admission::Probe, Some(Transition::HalfOpened))
+        );
+        assert_eq!(
+            b.record(t(end), BreakerOutcome::Failure, &cfg),
             Some(Transition::Opened)
         );
         // The first failed probe backs off: open_ms × backoff_factor.
         assert_eq!(
             b.state,
             BreakerState::Open {
-                until: t(1000.0 + cfg.open_ms * cfg.backoff_factor)
+                until: t(end + cfg.open_ms * cfg.backoff_factor)
             }
+        );
+        // A Retry-After on a breaker failures opened extends it but does not make it a pin
+        // that ends closed: it still half-opens.
+        let _ = b.open(t(end + 60_000.0));
+        assert!(b.is_pinned());
+        assert_eq!(
+            b.admit(t(end + 60_000.0), &cfg).1,
+            Some(Transition::HalfOpened)
         );
         // Client errors are ignored whatever the state.
         assert_eq!(b.record(t(1.0), BreakerOutcome::Ignored, &cfg), None);
