@@ -40,6 +40,7 @@ pub mod executor;
 pub mod features;
 pub mod hash;
 pub mod policies;
+pub mod sequential;
 
 pub use decision::*;
 pub use error::{ConfigError, StateError};
