@@ -672,7 +672,7 @@ impl Syncer {
             let mut entry = serde_json::json!({
                 "interface": name,
                 "providers": iface.candidates.iter().map(|c| c.id.0.as_str()).collect::<Vec<_>>(),
-                "policy": iface.policy_name,
+                "policy": iface.policy_name(),
                 "feature_dim": iface.featurizer.dim(),
             });
             // Named only when changed, so that instances of earlier releases (which read the

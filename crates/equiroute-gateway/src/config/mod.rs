@@ -14,7 +14,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod first_byte;
+mod rollout;
 mod state;
+
+pub use rollout::{GuardConfig, RolloutConfig};
 
 /// Defaults of `kind = "anthropic"` providers (here, below the upstreams that use them).
 pub mod anthropic_defaults {
@@ -240,6 +243,10 @@ struct RawInterface {
     breaker: Option<BreakerConfig>,
     /// Task classes (`x-equiroute-task-class`) learnt in slices of their own; absent: any.
     task_classes: Option<Vec<String>>,
+    /// A policy that ranks every request beside the live one, learns, and never acts.
+    shadow: Option<PolicyConfig>,
+    /// A candidate policy on a share of the requests, rolled back automatically.
+    rollout: Option<rollout::RawRollout>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -474,6 +481,10 @@ pub struct InterfaceConfig {
     pub breaker: BreakerConfig,
     /// Task classes learnt in slices of their own; others are learnt untagged. `None`: any.
     pub task_classes: Option<Vec<String>>,
+    /// A policy run in shadow (ranks and learns, never acts).
+    pub shadow: Option<PolicyConfig>,
+    /// A canary rollout of another policy.
+    pub rollout: Option<RolloutConfig>,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -834,6 +845,17 @@ fn load_interface(
     policy
         .build(&candidates, feature_dim)
         .map_err(|e| vec![(at("policy"), e.to_string())])?;
+    if let Some(shadow) = &raw.shadow {
+        rollout::check_policy(shadow, &candidates, feature_dim)
+            .map_err(|fix| vec![(at("shadow"), fix)])?;
+    }
+    let rollout = match raw.rollout {
+        None => None,
+        Some(r) => Some(
+            rollout::validate(r, &candidates, feature_dim)
+                .map_err(|(f, fix)| vec![(at(&format!("rollout.{f}")), fix)])?,
+        ),
+    };
     let positive = |v: Option<f64>, field: &str| -> Result<Option<Millis>, Vec<(String, String)>> {
         match v {
             Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Millis(t))),
@@ -876,6 +898,8 @@ fn load_interface(
         feature_max_words,
         breaker,
         task_classes: raw.task_classes,
+        shadow: raw.shadow,
+        rollout,
         providers,
     })
 }
