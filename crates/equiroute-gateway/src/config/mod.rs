@@ -845,17 +845,9 @@ fn load_interface(
     policy
         .build(&candidates, feature_dim)
         .map_err(|e| vec![(at("policy"), e.to_string())])?;
-    if let Some(shadow) = &raw.shadow {
-        rollout::check_policy(shadow, &candidates, feature_dim)
-            .map_err(|fix| vec![(at("shadow"), fix)])?;
-    }
-    let rollout = match raw.rollout {
-        None => None,
-        Some(r) => Some(
-            rollout::validate(r, &candidates, feature_dim)
-                .map_err(|(f, fix)| vec![(at(&format!("rollout.{f}")), fix)])?,
-        ),
-    };
+    let rollout =
+        rollout::side_policies(raw.shadow.as_ref(), raw.rollout, &candidates, feature_dim)
+            .map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let positive = |v: Option<f64>, field: &str| -> Result<Option<Millis>, Vec<(String, String)>> {
         match v {
             Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Millis(t))),

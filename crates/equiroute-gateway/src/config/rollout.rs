@@ -93,7 +93,7 @@ pub(super) fn validate(
         quality_margin: margin(raw.guard.quality_margin, "quality_margin", d.quality_margin)?,
         confidence: match raw.guard.confidence {
             None => d.confidence,
-            Some(c) if c.is_finite() && c >= 0.5 && c < 1.0 => c,
+            Some(c) if (0.5..1.0).contains(&c) => c,
             Some(_) => {
                 return Err((
                     "guard.confidence".into(),
@@ -117,6 +117,23 @@ pub(super) fn validate(
         percent: raw.percent,
         guard,
     })
+}
+
+/// Validates an interface's `shadow` and `rollout`; errors are (field, fix) with the field
+/// relative to the interface.
+pub(super) fn side_policies(
+    shadow: Option<&PolicyConfig>,
+    rollout: Option<RawRollout>,
+    candidates: &[Candidate],
+    feature_dim: usize,
+) -> Result<Option<RolloutConfig>, (String, String)> {
+    if let Some(shadow) = shadow {
+        check_policy(shadow, candidates, feature_dim).map_err(|fix| ("shadow".to_owned(), fix))?;
+    }
+    rollout
+        .map(|r| validate(r, candidates, feature_dim))
+        .transpose()
+        .map_err(|(f, fix)| (format!("rollout.{f}"), fix))
 }
 
 /// A side policy (shadow or candidate) builds on this interface and is not laboratory-only.

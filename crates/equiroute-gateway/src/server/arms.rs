@@ -348,12 +348,11 @@ pub fn rank(
     let arms = &iface.arms;
     let arm = arms.assign(session, seed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let (ranking, policy) = match (arm, &arms.rollout) {
-        (Arm::Candidate, Some(r)) => (r.policy.rank(ctx, &mut rng)?, r.policy.kind.as_str()),
-        _ => {
-            let policy = iface.policy.read().map_err(|_| Poisoned)?;
-            (policy.rank(ctx, &mut rng), arms.live_name())
-        }
+    let (ranking, policy) = if let (Arm::Candidate, Some(r)) = (arm, &arms.rollout) {
+        (r.policy.rank(ctx, &mut rng)?, r.policy.kind.as_str())
+    } else {
+        let policy = iface.policy.read().map_err(|_| Poisoned)?;
+        (policy.rank(ctx, &mut rng), arms.live_name())
     };
     if let (Arm::Live, Some(shadow), Some(first)) = (arm, &arms.shadow, ranking.order.first()) {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5ade_5ade_5ade_5ade);
@@ -386,18 +385,14 @@ pub fn rank(
 /// Feeds a finished attempt of an `arm` request to the side policies; `true` when the live
 /// policy learns from it too (live-arm requests only).
 pub fn observe_attempt(iface: &InterfaceRuntime, arm: Arm, obs: &AttemptObservation<'_>) -> bool {
-    match (arm, &iface.arms.rollout) {
-        (Arm::Candidate, Some(r)) => {
-            r.policy.observe(|| Observation::attempt(obs));
-            false
-        }
-        _ => {
-            if let Some(shadow) = &iface.arms.shadow {
-                shadow.policy.observe(|| Observation::attempt(obs));
-            }
-            true
-        }
+    if let (Arm::Candidate, Some(r)) = (arm, &iface.arms.rollout) {
+        r.policy.observe(|| Observation::attempt(obs));
+        return false;
     }
+    if let Some(shadow) = &iface.arms.shadow {
+        shadow.policy.observe(|| Observation::attempt(obs));
+    }
+    true
 }
 
 /// Feeds a quality score to the side policies and the rollout's statistics; `true` when
@@ -784,6 +779,28 @@ impl Shadow {
     }
 }
 
+/// The `equiroute_shadow_value` samples of one interface's shadow.
+fn shadow_values(out: &mut String, family: &str, name: &str, shadow: &Shadow, candidates: usize) {
+    let est = shadow.estimates(candidates, &[Estimator::Snips], 200);
+    for metric in OPE_METRICS {
+        for (arm, at) in [("live", "/live"), ("shadow", "/shadow/snips")] {
+            let e = est[metric].pointer(at).cloned().unwrap_or(Value::Null);
+            for (bound, key) in [
+                ("estimate", "value"),
+                ("low", "ci_low"),
+                ("high", "ci_high"),
+            ] {
+                if let Some(v) = e[key].as_f64() {
+                    let _ = writeln!(
+                        out,
+                        "{family}{{interface=\"{name}\",arm=\"{arm}\",metric=\"{metric}\",bound=\"{bound}\"}} {v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The side policies' lines of `/metrics` (labels: interface, arm, event: bounded), each
 /// family's samples together under its `HELP` and `TYPE`.
 pub fn render_metrics(
@@ -842,25 +859,13 @@ pub fn render_metrics(
                 families[1].0,
                 s.agreements.load(Ordering::Relaxed)
             );
-            let est = s.estimates(iface.candidates.len(), &[Estimator::Snips], 200);
-            for metric in OPE_METRICS {
-                for (arm, at) in [("live", "/live"), ("shadow", "/shadow/snips")] {
-                    let e = est[metric].pointer(at).cloned().unwrap_or(Value::Null);
-                    for (bound, key) in [
-                        ("estimate", "value"),
-                        ("low", "ci_low"),
-                        ("high", "ci_high"),
-                    ] {
-                        if let Some(v) = e[key].as_f64() {
-                            let _ = writeln!(
-                                samples[6],
-                                "{}{{interface=\"{name}\",arm=\"{arm}\",metric=\"{metric}\",bound=\"{bound}\"}} {v}",
-                                families[6].0
-                            );
-                        }
-                    }
-                }
-            }
+            shadow_values(
+                &mut samples[6],
+                families[6].0,
+                name,
+                s,
+                iface.candidates.len(),
+            );
         }
         let Some(r) = &iface.arms.rollout else {
             continue;

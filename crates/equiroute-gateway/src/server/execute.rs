@@ -552,7 +552,7 @@ async fn attempt(
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
     let booked = Instant::now();
     let outcome = outcome_of(&reply, candidate, tokens);
-    state.record_attempt(
+    state.record_routed_attempt(
         iface,
         arm,
         next.candidate,
@@ -770,7 +770,7 @@ async fn execute_streamed(
             StreamStart::Failed(reply) => {
                 let outcome = outcome_of(&reply, candidate, tokens);
                 log_attempt(candidate, next, &outcome);
-                state.record_attempt(
+                state.record_routed_attempt(
                     &iface,
                     decided.routed.arm,
                     next.candidate,
@@ -990,7 +990,7 @@ impl Relay {
             time_to_first_byte: Some(self.ttfb),
             retry_after: None,
         };
-        let _ = self.state.record_attempt(
+        let _ = self.state.record_routed_attempt(
             &self.iface,
             self.decided.routed.arm,
             self.candidate,

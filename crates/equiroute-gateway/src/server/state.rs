@@ -295,6 +295,25 @@ impl AppState {
     pub fn record_attempt(
         &self,
         iface: &InterfaceRuntime,
+        index: usize,
+        features: &[f64],
+        slice: SlicePath,
+        outcome: &AttemptOutcome,
+        remaining: Option<Millis>,
+    ) -> Result<(), Poisoned> {
+        let arm = super::arms::Arm::Live;
+        self.record_routed_attempt(iface, arm, index, features, slice, outcome, remaining)
+    }
+
+    /// [`AppState::record_attempt`] of a request routed by `arm`: a canary's attempts teach
+    /// the candidate policy instead of the live one (see [`super::arms`]).
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_routed_attempt(
+        &self,
+        iface: &InterfaceRuntime,
         arm: super::arms::Arm,
         index: usize,
         features: &[f64],
@@ -451,16 +470,8 @@ mod tests {
             // A ranking holds the read side: the attempt must neither block nor be lost.
             let _rank = iface.policy.read().unwrap_or_else(|_| panic!("poisoned"));
             for _ in 0..3 {
-                app.record_attempt(
-                    iface,
-                    super::super::arms::Arm::Live,
-                    1,
-                    &features,
-                    SlicePath::root(),
-                    &failed,
-                    None,
-                )
-                .unwrap_or_else(|_| panic!("poisoned"));
+                app.record_attempt(iface, 1, &features, SlicePath::root(), &failed, None)
+                    .unwrap_or_else(|_| panic!("poisoned"));
             }
             assert_eq!(iface.deferred_len.load(Ordering::Acquire), 3);
         }
