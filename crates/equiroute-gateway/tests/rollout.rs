@@ -140,9 +140,10 @@ async fn a_shadow_learns_without_ever_calling_the_provider_it_would_have_chosen(
 
 /// The most requests the guard may take to roll back the failing canary below: with 50% of
 /// the sessions on each arm, every candidate request failing and every live one answered,
-/// the default guard (margin 0.05, confidence 0.95, `tuned_for = 20`) fires once both arms
-/// have about 16 requests (see `equiroute_core::sequential`); 120 leaves room for an uneven
-/// split of the sessions.
+/// the default guard (margin 0.05, confidence 0.95, `tuned_for = 20`) fires at the first
+/// counts with `1 − r(n_candidate) − r(n_live) > 0.05`, `r` the radius of
+/// `equiroute_core::sequential` at α/4 (about 16 requests on each arm; these sessions split
+/// 10 to 21, and it fires after 31 requests); 120 leaves room for any split.
 const ROLLBACK_BOUND: usize = 120;
 
 #[tokio::test]

@@ -13,6 +13,7 @@ use super::state::{AppState, InterfaceRuntime};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use equiroute_core::ope::Estimator;
 use equiroute_core::policies::RankContext;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -61,8 +62,24 @@ pub(super) async fn shadow(
             c
         })
         .collect();
+    // Bootstrap and cross-fitting over the window: off the event loop.
+    let estimate = {
+        let iface = iface.clone();
+        tokio::task::spawn_blocking(move || {
+            iface.arms.shadow.as_ref().map(|s| {
+                s.estimates(
+                    iface.candidates.len(),
+                    &[Estimator::Snips, Estimator::Dr],
+                    400,
+                )
+            })
+        })
+        .await
+        .map_err(|_| ApiError::internal())?
+    };
     let mut body = shadow.report();
     if let Some(b) = body.as_object_mut() {
+        b.insert("estimate".into(), json!(estimate));
         b.insert("candidates".into(), json!(candidates));
         b.insert("interface".into(), json!(name));
         b.insert("live_policy".into(), json!(iface.policy_name()));
