@@ -2,7 +2,13 @@
 //! failures in a row, or a failure rate of at least `failure_rate` over the last `window`
 //! attempts (once `min_attempts` were seen) → half-open after `open_ms`, admitting at most
 //! `half_open_probes` probes → closed after `successes_to_close` probe successes (any probe
-//! failure re-opens). A provider's `Retry-After` opens it for that long.
+//! failure re-opens). A provider's `Retry-After` opens it for that long: "pinned", the
+//! provider said when to come back.
+//!
+//! Last resort (Envoy's panic threshold, for one candidate): when every candidate a request
+//! could use is shut out by a breaker that failures opened (none pinned), the gateway ends
+//! the open period of the one whose period ends soonest ([`Breaker::last_resort`]) instead of
+//! answering that no provider can take the request; that attempt is a half-open probe.
 //!
 //! Time is passed in; every transition is returned so the caller can count it.
 
@@ -27,6 +33,9 @@ pub struct BreakerConfig {
     pub max_open_ms: f64,
     pub half_open_probes: u32,
     pub successes_to_close: u32,
+    /// When every candidate is shut out by breakers opened by failures, probe the one whose
+    /// open period ends soonest rather than refuse the request.
+    pub last_resort: bool,
 }
 
 impl Default for BreakerConfig {
@@ -41,6 +50,7 @@ impl Default for BreakerConfig {
             max_open_ms: 30_000.0,
             half_open_probes: 2,
             successes_to_close: 2,
+            last_resort: true,
         }
     }
 }
@@ -180,6 +190,9 @@ pub struct Breaker {
     /// Half-open probes that failed in a row since the breaker last closed: the back-off.
     #[serde(default)]
     failed_probes: u32,
+    /// The open period was set by the provider (a `Retry-After`), not by failures.
+    #[serde(default)]
+    pinned: bool,
 }
 
 impl Default for Breaker {
@@ -190,6 +203,7 @@ impl Default for Breaker {
             recent: 0,
             len: 0,
             failed_probes: 0,
+            pinned: false,
         }
     }
 }
@@ -253,7 +267,7 @@ impl Breaker {
                 *probes = probes.saturating_sub(1);
                 if failed {
                     self.failed_probes = self.failed_probes.saturating_add(1);
-                    return self.open(now.plus(cfg.open_period(self.failed_probes)));
+                    return self.trip(now.plus(cfg.open_period(self.failed_probes)));
                 }
                 *successes += 1;
                 if *successes >= cfg.successes_to_close {
@@ -277,7 +291,7 @@ impl Breaker {
                 let rate_trip = self.len >= cfg.min_attempts
                     && f64::from(failures) >= cfg.failure_rate * f64::from(self.len);
                 if failed && (self.consecutive >= cfg.consecutive_failures || rate_trip) {
-                    return self.open(now.plus(cfg.open_period(self.failed_probes)));
+                    return self.trip(now.plus(cfg.open_period(self.failed_probes)));
                 }
                 None
             }
@@ -303,22 +317,57 @@ impl Breaker {
         self.failed_probes
     }
 
-    /// Opens until `until` (e.g. a `Retry-After`), unless already open for longer.
+    /// Opens until `until` because the provider said so (a `Retry-After`), unless already
+    /// open for longer: pinned, so never ended early as a last resort.
     pub fn open(&mut self, until: Timestamp) -> Option<Transition> {
+        self.open_until(until, true)
+    }
+
+    /// Opens until `until` because of failures (or, shared, because another instance saw
+    /// them): `pinned` says which kind the period is.
+    pub fn open_until(&mut self, until: Timestamp, pinned: bool) -> Option<Transition> {
         match self.state {
-            BreakerState::Open { until: current } if current.0 >= until.0 => None,
+            BreakerState::Open { until: current } if current.0 >= until.0 => {
+                self.pinned |= pinned;
+                None
+            }
             BreakerState::Open { .. } => {
                 self.state = BreakerState::Open { until };
+                self.pinned |= pinned;
                 None
             }
             _ => {
                 self.state = BreakerState::Open { until };
+                self.pinned = pinned;
                 self.consecutive = 0;
                 self.recent = 0;
                 self.len = 0;
                 Some(Transition::Opened)
             }
         }
+    }
+
+    fn trip(&mut self, until: Timestamp) -> Option<Transition> {
+        self.open_until(until, false)
+    }
+
+    /// Whether the breaker is open for a period the provider set (`Retry-After`).
+    #[must_use]
+    pub fn is_pinned(&self) -> bool {
+        self.pinned && matches!(self.state, BreakerState::Open { .. })
+    }
+
+    /// Ends an open period that failures set, now: the breaker goes half-open and the next
+    /// admission is a probe. `None` (nothing changed) when it is closed, half-open, or pinned.
+    pub fn last_resort(&mut self) -> Option<Transition> {
+        if !matches!(self.state, BreakerState::Open { .. }) || self.pinned {
+            return None;
+        }
+        self.state = BreakerState::HalfOpen {
+            probes: 0,
+            successes: 0,
+        };
+        Some(Transition::HalfOpened)
     }
 }
 

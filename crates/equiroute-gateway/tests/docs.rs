@@ -185,6 +185,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.request("chat", "ok");
     m.attempt("chat", "a", "ok");
     m.fallback("chat");
+    m.last_resort("chat");
     m.breaker("a", "open");
     m.task_class_unlisted("chat");
     m.slices_evicted("chat", 1);

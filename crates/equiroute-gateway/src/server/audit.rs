@@ -41,6 +41,9 @@ pub struct AuditRecord {
     pub scores: Vec<serde_json::Value>,
     pub order: Vec<String>,
     pub propensity: Option<f64>,
+    /// Every usable provider's breaker was open; the first was probed as a last resort.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub last_resort: bool,
     pub attempts: Vec<AuditAttempt>,
     pub outcome: String,
     pub fallback_reason: Option<String>,

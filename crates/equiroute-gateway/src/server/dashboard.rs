@@ -625,6 +625,7 @@ mod tests {
             scores: vec![],
             order: vec!["a".into(), "b".into()],
             propensity: None,
+            last_resort: false,
             attempts: vec![],
             outcome: "ok".into(),
             fallback_reason: None,

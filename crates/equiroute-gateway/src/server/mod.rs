@@ -19,8 +19,8 @@ pub mod conn;
 pub mod dashboard;
 pub mod error;
 mod execute;
+pub mod feedback;
 pub mod metrics;
-pub mod pending;
 mod rollouts;
 pub mod state;
 pub mod ttfb;
@@ -336,12 +336,30 @@ fn maybe_judge(
             .unwrap_or_default(),
         InterfaceKind::Tool => String::from_utf8_lossy(answered.body.bytes()).into_owned(),
     };
-    judge.spawn(
-        state.clone(),
-        answered.request_id.clone(),
-        query_text(iface.kind, question).into_owned(),
-        answer,
-    );
+    let Some(permit) = judge.try_slot() else {
+        state.metrics.feedback("judge_skipped");
+        tracing::debug!(request_id = %answered.request_id, "judge skipped: every judge slot is busy");
+        return;
+    };
+    let (judge, state) = (judge.clone(), state.clone());
+    let request_id = answered.request_id.clone();
+    let question = query_text(iface.kind, question).into_owned();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let label = if let Some(q) = judge.score(&question, &answer).await {
+            match feedback::apply(&state, &request_id, q).await {
+                Ok(_) => "judge_accepted",
+                Err(e) => {
+                    tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                    "judge_unmatched"
+                }
+            }
+        } else {
+            tracing::warn!(%request_id, "judge failed to score the answer");
+            "judge_failed"
+        };
+        state.metrics.feedback(label);
+    });
 }
 
 /// The provider's answer with the routing headers; `model` names the model that answered.
@@ -642,8 +660,8 @@ async fn feedback(
             "`quality` must be between 0 and 1",
         ));
     }
-    match crate::feedback::apply(&state, &b.request_id, b.quality).await {
-        Ok(crate::feedback::Applied::Duplicate) => {
+    match feedback::apply(&state, &b.request_id, b.quality).await {
+        Ok(feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((
                 StatusCode::OK,
@@ -651,7 +669,7 @@ async fn feedback(
             )
                 .into_response());
         }
-        Ok(crate::feedback::Applied::Accepted) => {}
+        Ok(feedback::Applied::Accepted) => {}
         Err(e) => {
             let why = if e.status == StatusCode::GONE {
                 "expired"

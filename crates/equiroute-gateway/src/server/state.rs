@@ -5,8 +5,8 @@
 //! bookkeeping) and never across an `.await`.
 
 use super::metrics::Metrics;
-pub use super::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
+pub use crate::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::shared::Event;
 use crate::upstream::Upstream;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
@@ -32,6 +32,8 @@ pub struct InterfaceRuntime {
     pub limits: ExecutionLimits,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
+    /// How much of a stream is held before anything is sent to the client.
+    pub stream_hold: crate::config::first_byte::StreamHold,
     /// How a streamed attempt's first-byte limit is derived from `first_bytes`.
     pub first_byte: super::ttfb::FirstByteLimit,
     /// Each candidate's first-byte times (streamed attempts), for its first-byte limit.
@@ -80,6 +82,7 @@ impl InterfaceRuntime {
             deadline: cfg.deadline,
             limits: cfg.limits,
             stream_idle: cfg.stream_idle,
+            stream_hold: cfg.stream_hold,
             first_byte: cfg.first_byte,
             first_bytes: Mutex::new(vec![
                 equiroute_core::estimators::nig::LogLatencyStats::default();
@@ -368,10 +371,12 @@ impl AppState {
         }
         if let BreakerState::Open { until } = breakers[index].state {
             if breakers[index].state != before {
+                let pinned = breakers[index].is_pinned();
                 self.journal(|| Event::BreakerOpen {
                     iface: iface.name.clone(),
                     candidate: index,
                     until,
+                    pinned,
                 });
             }
         }
@@ -424,14 +429,15 @@ impl AppState {
         }
     }
 
-    /// Opens a breaker until `until` because another instance opened its own.
-    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp) {
+    /// Opens a breaker until `until` because another instance opened its own (`pinned`: by
+    /// a `Retry-After`).
+    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
         let Some(i) = self.interfaces.get(iface) else {
             return;
         };
         if let Ok(mut breakers) = i.breakers.lock() {
             if let Some(b) = breakers.get_mut(candidate) {
-                if let Some(t) = b.open(until) {
+                if let Some(t) = b.open_until(until, pinned) {
                     self.metrics
                         .breaker(&i.candidates[candidate].id.0, transition_name(t));
                 }
@@ -443,6 +449,74 @@ impl AppState {
 impl From<Poisoned> for super::error::ApiError {
     fn from(_: Poisoned) -> Self {
         super::error::ApiError::internal()
+    }
+}
+
+impl crate::shared::SyncTarget for AppState {
+    fn shared(&self) -> Option<&crate::shared::SharedHandle> {
+        self.shared.as_ref()
+    }
+
+    fn synced_interfaces(
+        &self,
+    ) -> Result<Vec<crate::shared::SyncedInterface>, crate::shared::SharedError> {
+        self.interfaces
+            .iter()
+            .map(|(name, iface)| {
+                let policy = iface.policy.read().map_err(|_| {
+                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                })?;
+                Ok(crate::shared::SyncedInterface {
+                    name: name.clone(),
+                    providers: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
+                    policy_name: iface.policy_name(),
+                    feature_dim: iface.featurizer.dim(),
+                    feature_max_words: iface.featurizer.max_words(),
+                    policy: policy.clone_box(),
+                })
+            })
+            .collect()
+    }
+
+    fn candidate_count(&self, iface: &str) -> usize {
+        self.interfaces.get(iface).map_or(0, |i| i.candidates.len())
+    }
+
+    fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
+        let Some(iface) = self.interfaces.get(iface) else {
+            return;
+        };
+        if let Ok(mut live) = self.policy_mut(iface) {
+            *live = rebuild();
+        }
+    }
+
+    fn feedback_ttl(&self) -> Millis {
+        self.feedback_ttl
+    }
+
+    fn pending_capacity(&self) -> usize {
+        self.pending.lock().map_or(0, |p| p.capacity())
+    }
+
+    fn insert_pending(&self, request_id: &str, ctx: &PendingFeedback) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(request_id, ctx);
+        }
+    }
+
+    fn consume_pending(&self, request_id: &str) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.consume(request_id);
+        }
+    }
+
+    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
+        AppState::open_breaker(self, iface, candidate, until, pinned);
+    }
+
+    fn now(&self) -> Timestamp {
+        AppState::now(self)
     }
 }
 
