@@ -14,7 +14,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod first_byte;
+mod rollout;
 mod state;
+
+pub use rollout::{GuardConfig, RolloutConfig};
 
 /// Defaults of `kind = "anthropic"` providers (here, below the upstreams that use them).
 pub mod anthropic_defaults {
@@ -242,6 +245,10 @@ struct RawInterface {
     breaker: Option<BreakerConfig>,
     /// Task classes (`x-equiroute-task-class`) learnt in slices of their own; absent: any.
     task_classes: Option<Vec<String>>,
+    /// A policy that ranks every request beside the live one, learns, and never acts.
+    shadow: Option<PolicyConfig>,
+    /// A candidate policy on a share of the requests, rolled back automatically.
+    rollout: Option<rollout::RawRollout>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -478,6 +485,10 @@ pub struct InterfaceConfig {
     pub breaker: BreakerConfig,
     /// Task classes learnt in slices of their own; others are learnt untagged. `None`: any.
     pub task_classes: Option<Vec<String>>,
+    /// A policy run in shadow (ranks and learns, never acts).
+    pub shadow: Option<PolicyConfig>,
+    /// A canary rollout of another policy.
+    pub rollout: Option<RolloutConfig>,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -830,14 +841,9 @@ fn load_interface(
         .unwrap_or(equiroute_core::prelude::Featurizer::DEFAULT_MAX_WORDS);
     equiroute_core::prelude::Featurizer::check_max_words(feature_max_words)
         .map_err(|e| vec![(at("feature_max_words"), e.to_string())])?;
-    let policy = raw
-        .policy
-        .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
-    refuse_laboratory_policies(&policy).map_err(|fix| vec![(at("policy"), fix)])?;
-    let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
-    policy
-        .build(&candidates, feature_dim)
-        .map_err(|e| vec![(at("policy"), e.to_string())])?;
+    let policies = (raw.policy.as_ref(), raw.shadow.as_ref(), raw.rollout);
+    let (policy, rollout) =
+        load_policies(policies, &providers, feature_dim).map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let positive = |v: Option<f64>, field: &str| -> Result<Option<Millis>, Vec<(String, String)>> {
         match v {
             Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Millis(t))),
@@ -885,8 +891,34 @@ fn load_interface(
         feature_max_words,
         breaker,
         task_classes: raw.task_classes,
+        shadow: raw.shadow,
+        rollout,
         providers,
     })
+}
+
+/// An interface's `policy` (`lqm-ts` by default), `shadow` and `rollout`: the policy built
+/// against the providers, the shadow checked, the rollout validated; the error is (field under the interface, fix).
+fn load_policies(
+    (policy, shadow, rollout): (
+        Option<&PolicyConfig>,
+        Option<&PolicyConfig>,
+        Option<rollout::RawRollout>,
+    ),
+    providers: &[ProviderConfig],
+    feature_dim: usize,
+) -> Result<(PolicyConfig, Option<RolloutConfig>), (String, String)> {
+    let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
+    let candidates = &candidates[..];
+    let policy = policy
+        .cloned()
+        .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
+    refuse_laboratory_policies(&policy).map_err(|fix| ("policy".to_owned(), fix))?;
+    policy
+        .build(candidates, feature_dim)
+        .map_err(|e| ("policy".to_owned(), e.to_string()))?;
+    let rollout = rollout::side_policies(shadow, rollout, candidates, feature_dim)?;
+    Ok((policy, rollout))
 }
 
 /// The fields set on a provider that its kind does not read, each with why.

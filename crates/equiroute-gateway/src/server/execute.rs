@@ -17,7 +17,6 @@ use equiroute_core::{
     AttemptOutcome, AttemptStatus, Millis, ProviderFailure, Requirements, SlicePath, TokenEstimate,
     Usd,
 };
-use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -100,6 +99,7 @@ async fn execute_unstreamed(
             now,
             body,
             &features,
+            decided.routed.arm,
             decided.slice,
             tokens,
             seed,
@@ -237,6 +237,8 @@ struct Decided {
     order: Vec<usize>,
     /// The statistics slice of the request.
     slice: SlicePath,
+    /// Which arm (live or canary) ranked it.
+    routed: super::arms::Routed,
     ranking: equiroute_core::policies::Ranking,
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
     /// Every usable provider's breaker was open: the first is probed as a last resort.
@@ -320,15 +322,15 @@ fn decide(
             )
         });
     }
-    let ranking = {
-        let policy = iface.policy.read().map_err(|_| poisoned())?;
+    let (ranking, routed) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
         ctx.tokens = tokens;
         ctx.slice = slice;
         ctx.now = now;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(state.seed_for(n));
-        policy.rank(&ctx, &mut rng)
+        // The live policy, or the canary's for its share; the shadow ranks beside it.
+        super::arms::rank(iface, &ctx, meta.session.as_deref(), state.seed_for(n), n)
+            .map_err(|_| poisoned())?
     };
     state
         .metrics
@@ -340,6 +342,7 @@ fn decide(
     Ok(Decided {
         order,
         slice,
+        routed,
         ranking,
         last_resort,
         excluded: eligible.excluded,
@@ -390,7 +393,7 @@ fn audit(
         ts_ms: state.now().0,
         request_id: request_id.to_owned(),
         interface: iface.name.clone(),
-        policy: iface.policy_name,
+        policy: decided.routed.policy,
         candidates: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
         excluded: decided
             .excluded
@@ -440,6 +443,13 @@ fn record_request(
     result: &equiroute_core::executor::RequestResult,
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
+    super::arms::finish(
+        iface,
+        request_id,
+        decided.routed,
+        result.status,
+        state.now().0,
+    );
     iface.history.count(
         state.now(),
         decided.order.first().copied(),
@@ -545,6 +555,7 @@ async fn attempt(
     now: equiroute_core::Timestamp,
     body: &ClientBody,
     features: &[f64],
+    arm: super::arms::Arm,
     slice: SlicePath,
     tokens: TokenEstimate,
     seed: u64,
@@ -561,8 +572,9 @@ async fn attempt(
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
     let booked = Instant::now();
     let outcome = outcome_of(&reply, candidate, tokens);
-    state.record_attempt(
+    state.record_routed_attempt(
         iface,
+        arm,
         next.candidate,
         features,
         slice,
@@ -806,8 +818,9 @@ async fn execute_streamed(
             }
         };
         log_attempt(candidate, next, &outcome);
-        state.record_attempt(
+        state.record_routed_attempt(
             &iface,
+            decided.routed.arm,
             next.candidate,
             &features,
             decided.slice,
@@ -1081,8 +1094,9 @@ impl Relay {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
         let outcome = streamed(c, self.tokens, status, latency, self.ttfb);
-        let _ = self.state.record_attempt(
+        let _ = self.state.record_routed_attempt(
             &self.iface,
+            self.decided.routed.arm,
             self.candidate,
             &self.features,
             self.decided.slice,

@@ -54,7 +54,8 @@ pub struct InterfaceRuntime {
     pub breaker_config: BreakerConfig,
     /// How often each candidate was the first choice.
     pub first_choices: Vec<AtomicU64>,
-    pub policy_name: &'static str,
+    /// The shadow policy and the canary rollout, when configured (see [`super::arms`]).
+    pub arms: super::arms::Arms,
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
     pub task_classes: Option<Vec<String>>,
     /// Recent traffic, for the dashboard (fixed size).
@@ -91,7 +92,7 @@ impl InterfaceRuntime {
                 .judge
                 .as_ref()
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
-            policy_name: cfg.policy.kind().as_str(),
+            arms: super::arms::Arms::new(cfg)?,
             policy: RwLock::new(policy),
             deferred: Mutex::new(Vec::new()),
             deferred_len: AtomicUsize::new(0),
@@ -102,6 +103,12 @@ impl InterfaceRuntime {
             history: super::dashboard::History::new(candidates.len()),
             candidates,
         })
+    }
+
+    /// The live policy's name (a promoted canary's once promoted).
+    #[must_use]
+    pub fn policy_name(&self) -> &'static str {
+        self.arms.live_name()
     }
 
     /// The index of the candidate called `id`.
@@ -297,6 +304,26 @@ impl AppState {
         outcome: &AttemptOutcome,
         remaining: Option<Millis>,
     ) -> Result<(), Poisoned> {
+        let arm = super::arms::Arm::Live;
+        self.record_routed_attempt(iface, arm, index, features, slice, outcome, remaining)
+    }
+
+    /// [`AppState::record_attempt`] of a request routed by `arm`: a canary's attempts teach
+    /// the candidate policy instead of the live one (see [`super::arms`]).
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_routed_attempt(
+        &self,
+        iface: &InterfaceRuntime,
+        arm: super::arms::Arm,
+        index: usize,
+        features: &[f64],
+        slice: SlicePath,
+        outcome: &AttemptOutcome,
+        remaining: Option<Millis>,
+    ) -> Result<(), Poisoned> {
         let end = self.now();
         let id = &iface.candidates[index].id.0;
         self.metrics
@@ -311,23 +338,27 @@ impl AppState {
         };
         // The journal is written under the policy lock: the sync task rebuilds the live
         // policy under the same lock (see `shared`). When the lock is busy the observation
-        // waits in `deferred` rather than the request waiting for the lock.
-        match iface.policy.try_write() {
-            Ok(mut policy) => {
-                self.apply_deferred(iface, policy.as_mut());
-                policy.observe_attempt(&obs);
-                self.journal_learn(iface, || Observation::attempt(&obs));
-                let evicted = policy.take_slice_evictions();
-                if evicted > 0 {
-                    self.metrics.slices_evicted(&iface.name, evicted);
+        // waits in `deferred` rather than the request waiting for the lock. A canary's
+        // attempts teach its own policy only.
+        let live = super::arms::observe_attempt(iface, arm, &obs);
+        if live {
+            match iface.policy.try_write() {
+                Ok(mut policy) => {
+                    self.apply_deferred(iface, policy.as_mut());
+                    policy.observe_attempt(&obs);
+                    self.journal_learn(iface, || Observation::attempt(&obs));
+                    let evicted = policy.take_slice_evictions();
+                    if evicted > 0 {
+                        self.metrics.slices_evicted(&iface.name, evicted);
+                    }
                 }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
+                    queue.push(Observation::attempt(&obs));
+                    iface.deferred_len.store(queue.len(), Ordering::Release);
+                }
+                Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
             }
-            Err(std::sync::TryLockError::WouldBlock) => {
-                let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
-                queue.push(Observation::attempt(&obs));
-                iface.deferred_len.store(queue.len(), Ordering::Release);
-            }
-            Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
         }
         let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
         let before = breakers[index].state;
@@ -373,6 +404,9 @@ impl AppState {
         request_id: &str,
         obs: &QualityObservation<'_>,
     ) -> Result<(), Poisoned> {
+        if !super::arms::observe_quality(iface, request_id, obs, self.now().0) {
+            return Ok(());
+        }
         let mut policy = self.policy_mut(iface)?;
         policy.observe_quality(obs);
         self.journal(|| Event::Feedback {
@@ -435,7 +469,7 @@ impl crate::shared::SyncTarget for AppState {
                 Ok(crate::shared::SyncedInterface {
                     name: name.clone(),
                     providers: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
-                    policy_name: iface.policy_name,
+                    policy_name: iface.policy_name(),
                     feature_dim: iface.featurizer.dim(),
                     feature_max_words: iface.featurizer.max_words(),
                     policy: policy.clone_box(),
