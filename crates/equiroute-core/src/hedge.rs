@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 
 /// How the hedge delay is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "rule", rename_all = "kebab-case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum HedgeRule {
     /// The earliest time at which a hedge saves the request with at least `threshold`
     /// probability (see the module doc); without a deadline, A's predictive `tail_quantile`.
@@ -51,8 +51,10 @@ pub enum HedgeRule {
     },
 }
 
+/// Chosen in the laboratory on seeds 1–5 (docs/hedging.md): the lowest deadline-miss rate
+/// within 5% extra calls on the heavy-tailed scenarios.
 fn default_threshold() -> f64 {
-    0.3
+    0.2
 }
 
 fn default_quantile() -> f64 {
@@ -73,7 +75,7 @@ impl Default for HedgeRule {
 #[serde(deny_unknown_fields, default)]
 pub struct HedgeConfig {
     pub enabled: bool,
-    #[serde(flatten)]
+    /// `{ kind = "deadline-risk", threshold = 0.2 }`, `{ kind = "observed-quantile" }`, …
     pub rule: HedgeRule,
     /// Most hedges per request over time (a token bucket earning this much per request).
     pub max_rate: f64,
