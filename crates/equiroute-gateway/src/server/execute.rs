@@ -58,6 +58,7 @@ fn request_span(iface: &InterfaceRuntime) -> tracing::Span {
     )
 }
 
+#[allow(clippy::too_many_lines)]
 async fn execute_unstreamed(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -91,28 +92,52 @@ async fn execute_unstreamed(
             state.metrics.fallback(&iface.name);
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let (outcome, reply) = attempt(
-            state,
-            iface,
-            &mut run,
-            next,
-            now,
-            body,
-            &features,
-            decided.slice,
-            tokens,
-            seed,
-            &mut router,
-        )
-        .await?;
-        tried.push(next.candidate);
-        if reply.context_overflow {
-            refusals.reroute(iface, &decided.order, &tried, next.candidate, &mut run);
-        }
-        if outcome.status == AttemptStatus::Ok {
-            answer = Some(reply);
+        // The first attempt with a hedge planned beside it: server/hedge.rs.
+        let ended = if let Some(hedge) = run.hedge(&next, now) {
+            let ctx = super::hedge::Booking {
+                features: &features,
+                slice: decided.slice,
+                tokens,
+            };
+            super::hedge::race(
+                state,
+                iface,
+                &mut run,
+                (next, hedge),
+                now,
+                body,
+                &ctx,
+                seed,
+                &mut router,
+            )
+            .await?
         } else {
-            last = Some(reply);
+            let (outcome, reply) = attempt(
+                state,
+                iface,
+                &mut run,
+                next,
+                now,
+                body,
+                &features,
+                decided.slice,
+                tokens,
+                seed,
+                &mut router,
+            )
+            .await?;
+            vec![(next.candidate, outcome, reply)]
+        };
+        for (candidate, outcome, reply) in ended {
+            tried.push(candidate);
+            if reply.context_overflow {
+                refusals.reroute(iface, &decided.order, &tried, candidate, &mut run);
+            }
+            if outcome.status == AttemptStatus::Ok {
+                answer = Some(reply);
+            } else {
+                last = Some(reply);
+            }
         }
     }
     let ending = Instant::now();
@@ -219,7 +244,9 @@ fn begin(
     }
     // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
-    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits).with_jitter(jitter);
+    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
+        .with_jitter(jitter)
+        .with_hedge_delay(decided.hedge_delay.filter(|_| !body_streams(body)));
     Ok(Begun {
         n,
         request_id,
@@ -240,6 +267,14 @@ struct Decided {
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
     /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
     first_byte_limits: Vec<Option<f64>>,
+    /// When the first attempt gets a hedge (`None`: no hedge), from the policy's beliefs.
+    hedge_delay: Option<Millis>,
+}
+
+/// Streamed requests do not hedge yet (docs/hedging.md): a stream is committed at its first
+/// byte, and racing two streams to it is not built.
+fn body_streams(body: &serde_json::Value) -> bool {
+    body.get("stream").and_then(serde_json::Value::as_bool) == Some(true)
 }
 
 /// Eligibility then ranking: the router's share of the request, timed for `/metrics`.
@@ -302,7 +337,7 @@ fn decide(
             )
         });
     }
-    let ranking = {
+    let (ranking, hedge_delay) = {
         let policy = iface.policy.read().map_err(|_| poisoned())?;
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
@@ -310,7 +345,9 @@ fn decide(
         ctx.slice = slice;
         ctx.now = now;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(state.seed_for(n));
-        policy.rank(&ctx, &mut rng)
+        let ranking = policy.rank(&ctx, &mut rng);
+        let delay = super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking);
+        (ranking, delay)
     };
     state
         .metrics
@@ -325,6 +362,7 @@ fn decide(
         ranking,
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
+        hedge_delay,
     })
 }
 
@@ -393,6 +431,7 @@ fn audit(
                 provider: id(a.candidate),
                 status: a.outcome.status.as_str(),
                 retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
+                hedge: a.hedge,
                 first_byte_limit_ms: decided.first_byte_limits.get(n).copied().flatten(),
                 latency_ms: a.outcome.latency.0,
                 cost_usd: a.outcome.cost.0,
@@ -497,7 +536,7 @@ async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core::Timestamp
 }
 
 /// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
-fn admit(
+pub(super) fn admit(
     state: &AppState,
     iface: &InterfaceRuntime,
     candidate: usize,
@@ -539,8 +578,28 @@ async fn attempt(
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
-    let booked = Instant::now();
     let outcome = outcome_of(&reply, candidate, tokens);
+    book(
+        state, iface, run, next, now, outcome, features, slice, router,
+    )?;
+    Ok((outcome, reply))
+}
+
+/// Feeds one attempt's outcome (started at `now`) to the policy, the breaker, the metrics
+/// and the execution.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn book(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    outcome: AttemptOutcome,
+    features: &[f64],
+    slice: SlicePath,
+    router: &mut Duration,
+) -> Result<(), ApiError> {
+    let booked = Instant::now();
     state.record_attempt(
         iface,
         next.candidate,
@@ -550,9 +609,9 @@ async fn attempt(
         run.remaining(now),
     )?;
     *router += booked.elapsed();
-    log_attempt(candidate, next, &outcome);
+    log_attempt(&iface.candidates[next.candidate], next, &outcome);
     run.record(next.candidate, outcome, now);
-    Ok((outcome, reply))
+    Ok(())
 }
 
 /// The debug event of one attempt's outcome.
@@ -568,7 +627,7 @@ fn log_attempt(candidate: &equiroute_core::Candidate, next: NextAttempt, outcome
 }
 
 /// The attempt outcome of a provider's reply.
-fn outcome_of(
+pub(super) fn outcome_of(
     reply: &UpstreamReply,
     candidate: &equiroute_core::Candidate,
     estimate: TokenEstimate,

@@ -18,6 +18,7 @@ pub mod conn;
 pub mod dashboard;
 pub mod error;
 mod execute;
+mod hedge;
 pub mod metrics;
 pub mod pending;
 pub mod state;

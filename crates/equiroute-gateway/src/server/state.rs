@@ -30,6 +30,9 @@ pub struct InterfaceRuntime {
     pub featurizer: Featurizer,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
+    /// Hedged requests and their budget (a token bucket shared by the interface's requests).
+    pub hedge: equiroute_core::hedge::HedgeConfig,
+    pub hedge_budget: Mutex<equiroute_core::hedge::HedgeBudget>,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
     /// How a streamed attempt's first-byte limit is derived from `first_bytes`.
@@ -78,6 +81,8 @@ impl InterfaceRuntime {
             featurizer: Featurizer::new(cfg.feature_dim)?.with_max_words(cfg.feature_max_words)?,
             deadline: cfg.deadline,
             limits: cfg.limits,
+            hedge: cfg.hedge,
+            hedge_budget: Mutex::new(equiroute_core::hedge::HedgeBudget::new(&cfg.hedge)),
             stream_idle: cfg.stream_idle,
             first_byte: cfg.first_byte,
             first_bytes: Mutex::new(vec![
