@@ -168,6 +168,10 @@ async fn a_hedge_cuts_a_slow_first_attempt_and_the_loser_is_cancelled() {
     );
     assert!((attempts[1]["cost_usd"].as_f64().unwrap() - 0.0001).abs() < 1e-12);
     assert_eq!(record["outcome"], "ok");
+    assert!(
+        record["fallback_reason"].is_null(),
+        "a hedge is no fallback"
+    );
 }
 
 #[tokio::test]

@@ -479,8 +479,10 @@ fn record_request(
 
 /// The first attempt's status, when the request fell back.
 fn fallback_reason(attempts: &[equiroute_core::executor::AttemptRecord]) -> Option<String> {
-    match attempts {
-        [first, _, ..] => Some(first.outcome.status.as_str().to_owned()),
+    // A hedge is no fallback: the attempts besides it tell whether the request fell back.
+    let mut unhedged = attempts.iter().filter(|a| !a.hedge);
+    match (unhedged.next(), unhedged.next()) {
+        (Some(first), Some(_)) => Some(first.outcome.status.as_str().to_owned()),
         _ => None,
     }
 }
