@@ -28,6 +28,25 @@
 //!   jitter factor in [1 − j, 1 + j) with j = [`ExecutionLimits::server_error_jitter`] (the
 //!   random draw is passed in: [`Execution::with_jitter`]), on the candidate's first 5xx of
 //!   the request.
+//!
+//! **Hedging** ([`crate::hedge`]): given a hedge delay ([`Execution::with_hedge_delay`]), the
+//! first attempt may get company. After starting it the driver asks [`Execution::hedge`],
+//! which says "at `wait` after the first attempt's start, start this attempt on the next
+//! candidate of the ranking, unless the first has answered"; the driver starts it
+//! ([`Execution::start_hedge`]) if the first is still out at that time and the hedge budget
+//! allows, then records both attempts in the order they end. The first good answer wins and
+//! the driver records the other as `Cancelled` at that moment; when the first to end failed,
+//! the driver waits for the other, so a hedge never turns a success into a failure. While
+//! both are out no retry is planned: the hedge is the fallback.
+//!
+//! ```text
+//! let first = run.next_attempt(now)?;            // start it
+//! if let Some(h) = run.hedge(&first, now) {      // at now + h.wait, if still silent:
+//!     run.start_hedge(&h);                       // start h.candidate with h.timeout
+//!     /* record the attempt that ends first; if it answered, cancel and record the other
+//!        as Cancelled, else record the other when it ends */
+//! }
+//! ```
 
 use crate::decision::{AttemptOutcome, AttemptStatus, Millis, Timestamp, Usd};
 use serde::{Deserialize, Serialize};
@@ -79,6 +98,14 @@ pub struct NextAttempt {
     pub retry: Option<RetryReason>,
 }
 
+impl NextAttempt {
+    /// Whether this is the first attempt of the request (the one a hedge may join).
+    #[must_use]
+    pub fn is_first(&self) -> bool {
+        self.number == 0 && self.retry.is_none()
+    }
+}
+
 /// Why an attempt retries the same candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -117,6 +144,9 @@ pub struct AttemptRecord {
     /// Set when the attempt retried the candidate tried just before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryReason>,
+    /// The attempt was a hedge, started beside the first while the first was still out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hedge: bool,
 }
 
 /// How a request ended.
@@ -153,6 +183,14 @@ impl RequestResult {
     pub fn fallbacks(&self) -> usize {
         self.attempts.len().saturating_sub(1)
     }
+
+    /// Whether a hedge started, and whether it gave the answer.
+    #[must_use]
+    pub fn hedge(&self) -> Option<bool> {
+        self.attempts.iter().find(|a| a.hedge).map(|a| {
+            matches!(self.status, RequestStatus::Succeeded { candidate } if candidate == a.candidate)
+        })
+    }
 }
 
 /// One request being executed.
@@ -171,6 +209,14 @@ pub struct Execution {
     retried: bool,
     /// Where in [0, 1) the 5xx retry's pause falls within its jitter range.
     jitter: f64,
+    /// After how long beside the first attempt a hedge starts (`None`: no hedging).
+    hedge_delay: Option<Millis>,
+    /// The hedge's candidate, from its start until it is recorded.
+    hedged: Option<usize>,
+    /// A hedge started (at most one per request).
+    hedge_started: bool,
+    /// Attempts started beside another and not recorded yet (0 without a hedge).
+    in_flight: u32,
 }
 
 impl Execution {
@@ -193,7 +239,62 @@ impl Execution {
             retry: None,
             retried: false,
             jitter: 0.5,
+            hedge_delay: None,
+            hedged: None,
+            hedge_started: false,
+            in_flight: 0,
         }
+    }
+
+    /// Lets the first attempt be hedged after `delay` (from [`crate::hedge::hedge_delay`];
+    /// `None`: no hedge).
+    #[must_use]
+    pub fn with_hedge_delay(mut self, delay: Option<Millis>) -> Execution {
+        self.hedge_delay = delay.filter(|d| d.0.is_finite() && d.0 >= 0.0);
+        self
+    }
+
+    /// The hedge of `first` (the attempt [`Execution::next_attempt`] just gave, started at
+    /// `started`): its candidate is the next of the ranking, `wait` is the delay after
+    /// `started` at which it starts (if `first` is still out), its timeout what the deadline
+    /// leaves then. `None` when no hedge is planned, `first` is not the first attempt, the
+    /// ranking or the attempt limit leaves no room for a second attempt, or the first
+    /// attempt's own timeout (or the deadline) comes before the hedge would start.
+    #[must_use]
+    pub fn hedge(&self, first: &NextAttempt, started: Timestamp) -> Option<NextAttempt> {
+        let delay = self.hedge_delay?;
+        if !first.is_first() || self.hedge_started || self.ended.is_some() {
+            return None;
+        }
+        if self.attempts.len() + 2 > self.limits.max_attempts as usize {
+            return None;
+        }
+        let candidate = *self.order.get(self.next + 1)?;
+        if first.timeout.is_some_and(|t| t.0 <= delay.0) {
+            return None;
+        }
+        let remaining = self.remaining(started.plus(delay));
+        if remaining.is_some_and(|r| r.0 < self.limits.min_attempt_budget.0) {
+            return None;
+        }
+        let timeout = match (self.limits.attempt_timeout, remaining) {
+            (Some(a), Some(r)) => Some(if a.0 < r.0 { a } else { r }),
+            (a, r) => a.or(r),
+        };
+        Some(NextAttempt {
+            candidate,
+            timeout,
+            number: 1,
+            wait: delay,
+            retry: None,
+        })
+    }
+
+    /// The hedge [`Execution::hedge`] planned has started: two attempts are out.
+    pub fn start_hedge(&mut self, hedge: &NextAttempt) {
+        self.hedged = Some(hedge.candidate);
+        self.hedge_started = true;
+        self.in_flight = 2;
     }
 
     /// Sets where the 5xx retry's pause falls in its range: `u` in [0, 1) (from the caller's
@@ -292,19 +393,33 @@ impl Execution {
             .take()
             .filter(|r| r.candidate == candidate)
             .map(|r| r.reason);
+        let hedge = self.in_flight > 0 && self.hedged == Some(candidate);
+        if hedge {
+            self.hedged = None;
+        }
+        // Is the other attempt of a hedged pair still out?
+        let other_out = self.in_flight == 2;
+        self.in_flight = self.in_flight.saturating_sub(1);
         self.attempts.push(AttemptRecord {
             candidate,
             started,
             outcome,
             retry,
+            hedge,
         });
         // A retry does not move on in the ranking: its candidate was passed already.
         if retry.is_none() {
             self.next += 1;
         }
         if let AttemptStatus::ProviderError(failure) = outcome.status {
-            self.retry = self.plan_retry(candidate, failure, &outcome, started);
-            self.retried |= self.retry.is_some();
+            if !other_out {
+                self.retry = self.plan_retry(candidate, failure, &outcome, started);
+                self.retried |= self.retry.is_some();
+            }
+        }
+        // An answer stands: the other attempt of a hedge cannot take it back.
+        if matches!(self.ended, Some(RequestStatus::Succeeded { .. })) {
+            return;
         }
         match outcome.status {
             AttemptStatus::Ok => self.ended = Some(RequestStatus::Succeeded { candidate }),
@@ -710,5 +825,126 @@ mod tests {
             Timestamp(0.0),
         );
         assert!(run.next_attempt(Timestamp(20.0)).is_none());
+    }
+
+    fn hedged(order: Vec<usize>, deadline: f64, delay: f64) -> (Execution, NextAttempt) {
+        let limits = ExecutionLimits {
+            server_error_retry: None,
+            ..ExecutionLimits::default()
+        };
+        let mut run = Execution::new(order, Timestamp(0.0), Some(Millis(deadline)), limits)
+            .with_hedge_delay(Some(Millis(delay)));
+        let first = run.next_attempt(Timestamp(0.0)).unwrap();
+        (run, first)
+    }
+
+    #[test]
+    fn a_hedge_joins_the_first_attempt_on_the_next_candidate_and_the_first_answer_wins() {
+        let (mut run, first) = hedged(vec![2, 0, 1], 2000.0, 800.0);
+        let h = run.hedge(&first, Timestamp(0.0)).unwrap();
+        // At 800 ms on candidate 0, with the 1200 ms the deadline leaves then.
+        assert_eq!(
+            (h.candidate, h.wait, h.timeout, h.number),
+            (0, Millis(800.0), Some(Millis(1200.0)), 1)
+        );
+        run.start_hedge(&h);
+        // The hedge answers at 800 + 300 = 1100 ms; the first, still out, is cancelled then.
+        run.record(0, outcome(300.0, AttemptStatus::Ok, 0.02), Timestamp(800.0));
+        run.record(
+            2,
+            outcome(1100.0, AttemptStatus::Cancelled, 0.01),
+            Timestamp(0.0),
+        );
+        assert!(run.next_attempt(Timestamp(1100.0)).is_none());
+        let r = run.finish(Timestamp(1100.0));
+        assert_eq!(r.status, RequestStatus::Succeeded { candidate: 0 });
+        assert_eq!(r.hedge(), Some(true), "the hedge won");
+        let flags: Vec<bool> = r.attempts.iter().map(|a| a.hedge).collect();
+        assert_eq!(flags, [true, false]);
+        // Both are paid: the loser was billed when it was cancelled.
+        assert!((r.cost.0 - 0.03).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_failure_beside_a_hedge_waits_for_it_and_an_answer_stands() {
+        // The first fails (5xx) while the hedge is out: no retry, no fallback yet; the
+        // hedge's answer is the request's.
+        let (mut run, first) = hedged(vec![2, 0, 1], 2000.0, 500.0);
+        let h = run.hedge(&first, Timestamp(0.0)).unwrap();
+        run.start_hedge(&h);
+        run.record(
+            2,
+            failed(600.0, ProviderFailure::Server, None),
+            Timestamp(0.0),
+        );
+        run.record(0, outcome(400.0, AttemptStatus::Ok, 0.0), Timestamp(500.0));
+        assert!(run.next_attempt(Timestamp(900.0)).is_none());
+        let r = run.finish(Timestamp(900.0));
+        assert_eq!(r.status, RequestStatus::Succeeded { candidate: 0 });
+        assert_eq!(r.hedge(), Some(true));
+
+        // The first answers; the hedge, cancelled, cannot undo it.
+        let (mut run, first) = hedged(vec![2, 0, 1], 2000.0, 500.0);
+        let h = run.hedge(&first, Timestamp(0.0)).unwrap();
+        run.start_hedge(&h);
+        run.record(2, outcome(700.0, AttemptStatus::Ok, 0.0), Timestamp(0.0));
+        run.record(
+            0,
+            outcome(200.0, AttemptStatus::Cancelled, 0.0),
+            Timestamp(500.0),
+        );
+        let r = run.finish(Timestamp(700.0));
+        assert_eq!(r.status, RequestStatus::Succeeded { candidate: 2 });
+        assert_eq!(r.hedge(), Some(false), "the hedge lost");
+
+        // Both fail: the request falls back to the third candidate.
+        let (mut run, first) = hedged(vec![2, 0, 1], 2000.0, 500.0);
+        let h = run.hedge(&first, Timestamp(0.0)).unwrap();
+        run.start_hedge(&h);
+        run.record(
+            0,
+            failed(100.0, ProviderFailure::Connection, None),
+            Timestamp(500.0),
+        );
+        run.record(
+            2,
+            failed(700.0, ProviderFailure::Server, None),
+            Timestamp(0.0),
+        );
+        let next = run.next_attempt(Timestamp(700.0)).unwrap();
+        assert_eq!((next.candidate, next.number, next.retry), (1, 2, None));
+        assert!(
+            run.hedge(&next, Timestamp(700.0)).is_none(),
+            "one hedge per request"
+        );
+    }
+
+    #[test]
+    fn no_hedge_without_room_for_it() {
+        // The deadline (or the first attempt's timeout) comes first.
+        let (run, first) = hedged(vec![0, 1], 400.0, 500.0);
+        assert!(run.hedge(&first, Timestamp(0.0)).is_none());
+        // No next candidate.
+        let (run, first) = hedged(vec![0], 2000.0, 500.0);
+        assert!(run.hedge(&first, Timestamp(0.0)).is_none());
+        // One attempt allowed.
+        let limits = ExecutionLimits {
+            max_attempts: 1,
+            ..ExecutionLimits::default()
+        };
+        let mut run = Execution::new(vec![0, 1], Timestamp(0.0), None, limits)
+            .with_hedge_delay(Some(Millis(10.0)));
+        let first = run.next_attempt(Timestamp(0.0)).unwrap();
+        assert!(run.hedge(&first, Timestamp(0.0)).is_none());
+        // No delay planned.
+        let mut run = Execution::new(vec![0, 1], Timestamp(0.0), None, ExecutionLimits::default());
+        let first = run.next_attempt(Timestamp(0.0)).unwrap();
+        assert!(run.hedge(&first, Timestamp(0.0)).is_none());
+        // Without a deadline the hedge has the attempt timeout only (here none).
+        let mut run = Execution::new(vec![0, 1], Timestamp(0.0), None, ExecutionLimits::default())
+            .with_hedge_delay(Some(Millis(10.0)));
+        let first = run.next_attempt(Timestamp(0.0)).unwrap();
+        let h = run.hedge(&first, Timestamp(0.0)).unwrap();
+        assert_eq!((h.candidate, h.timeout), (1, None));
     }
 }

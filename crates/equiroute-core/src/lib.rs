@@ -39,6 +39,7 @@ pub mod estimators;
 pub mod executor;
 pub mod features;
 pub mod hash;
+pub mod hedge;
 pub mod ope;
 pub mod policies;
 pub mod sequential;

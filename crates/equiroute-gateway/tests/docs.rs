@@ -186,6 +186,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.attempt("chat", "a", "ok");
     m.fallback("chat");
     m.last_resort("chat");
+    m.hedge("chat", "started");
     m.breaker("a", "open");
     m.task_class_unlisted("chat");
     m.slices_evicted("chat", 1);
@@ -288,6 +289,7 @@ fn every_toml_block_of_the_configuration_docs_is_checked() {
         } else if first.starts_with("[state]") || first.starts_with("[server]") {
             format!("{block}\n{SIM_INTERFACE}")
         } else if first.starts_with("[interfaces.") {
+            // A whole interface with its providers (e.g. the hedging example).
             block.clone()
         } else {
             panic!("a TOML block of docs/configuration.md that no test checks; add its kind here:\n{block}");

@@ -8,8 +8,9 @@ use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
 use equiroute_core::features::Featurizer;
-use equiroute_core::policies::{AttemptObservation, QualityObservation, RankContext};
-use equiroute_core::{AttemptStatus, Millis, Requirements, SlicePath, Timestamp};
+use equiroute_core::hedge::{hedge_delay, HedgeBudget, HedgeConfig, RecentLatencies};
+use equiroute_core::policies::{AttemptObservation, Policy, QualityObservation, RankContext};
+use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, Requirements, SlicePath, Timestamp};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -28,6 +29,20 @@ pub struct RunResult {
     pub quality: f64,
     pub latency_mean_ms: f64,
     pub latency_p95_ms: f64,
+    /// End-to-end latency quantiles (median and p99).
+    #[serde(default)]
+    pub latency_p50_ms: f64,
+    #[serde(default)]
+    pub latency_p99_ms: f64,
+    /// Upstream calls per request, hedges and fallbacks included.
+    #[serde(default)]
+    pub calls_per_request: f64,
+    /// Hedges started per request (the extra calls hedging made).
+    #[serde(default)]
+    pub hedge_rate: f64,
+    /// Hedges whose answer was the request's, per request.
+    #[serde(default)]
+    pub hedge_win_rate: f64,
     /// Requests that missed the deadline (cut off, or answered after it).
     pub deadline_miss_rate: f64,
     /// Requests that got no answer.
@@ -102,7 +117,33 @@ pub fn run(
             policy: label.to_owned(),
             source,
         })?;
-    simulate(spec, label, policy, world, seed, rounds)
+    simulate(spec, label, policy, world, seed, rounds, None)
+}
+
+/// [`run`] with hedged requests: the first attempt gets a hedge on the next candidate after
+/// the delay `hedge`'s rule gives, within its hedge budget (see `equiroute_core::hedge`).
+///
+/// # Errors
+/// The policy cannot be built for this scenario, or `hedge` is out of range.
+pub fn run_hedged(
+    spec: &ScenarioSpec,
+    label: &str,
+    seed: u64,
+    rounds: usize,
+    hedge: &HedgeConfig,
+) -> Result<RunResult, RunError> {
+    let err = |source| RunError::Policy {
+        scenario: spec.name.clone(),
+        policy: label.to_owned(),
+        source,
+    };
+    hedge.validate().map_err(err)?;
+    let world = World::new(spec);
+    let policy = spec
+        .policy(label)
+        .and_then(|c| c.build(&world.candidates(), spec.feature_dim))
+        .map_err(err)?;
+    simulate(spec, label, policy, world, seed, rounds, Some(*hedge))
 }
 
 /// Runs a policy built by the caller (one that is not among the built-in ones, e.g. a
@@ -118,7 +159,32 @@ pub fn run_policy(
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
-    simulate(spec, label, policy, World::new(spec), seed, rounds)
+    simulate(spec, label, policy, World::new(spec), seed, rounds, None)
+}
+
+/// Feeds one finished attempt to the policy, the breaker and the execution.
+#[allow(clippy::too_many_arguments)]
+fn feed(
+    policy: &mut dyn Policy,
+    breaker: &mut Breaker,
+    breaker_cfg: &BreakerConfig,
+    run: &mut Execution,
+    features: &[f64],
+    candidate: usize,
+    started: Timestamp,
+    outcome: AttemptOutcome,
+) {
+    let end = started.plus(outcome.latency);
+    policy.observe_attempt(&AttemptObservation {
+        candidate,
+        features,
+        slice: SlicePath::root(),
+        deadline: run.remaining(started),
+        outcome: &outcome,
+        now: end,
+    });
+    let _ = breaker.observe(end, &outcome, breaker_cfg);
+    run.record(candidate, outcome, started);
 }
 
 /// The simulation behind [`run`] and [`run_policy`], in the world built for it.
@@ -130,6 +196,7 @@ fn simulate(
     mut world: World,
     seed: u64,
     rounds: usize,
+    hedging: Option<HedgeConfig>,
 ) -> Result<RunResult, RunError> {
     let err = |source| RunError::Policy {
         scenario: spec.name.clone(),
@@ -171,6 +238,10 @@ fn simulate(
     let mut failures_over_time = vec![0.0; BINS];
     let mut values = vec![0.0; k];
     let mut predictions: Vec<(f64, bool)> = Vec::new();
+    let hedging = hedging.filter(HedgeConfig::active);
+    let mut budget = hedging.as_ref().map(HedgeBudget::new);
+    let mut recent = vec![RecentLatencies::default(); k];
+    let (mut hedges, mut hedges_won) = (0usize, 0usize);
 
     for round in 0..rounds {
         let concurrency = world.concurrency(round);
@@ -232,7 +303,21 @@ fn simulate(
         bin_counts[bin] += 1;
         regret_over_time[bin] = regret;
 
-        let mut run = Execution::new(order, t, deadline, limits);
+        let delay = hedging.and_then(|h| {
+            let outlook = |i: usize| policy.latency_outlook(i, &ctx);
+            let target = order.get(1).and_then(|&j| outlook(j));
+            hedge_delay(
+                h.rule,
+                outlook(first).as_ref(),
+                target.as_ref(),
+                Some(&recent[first]),
+                deadline,
+            )
+        });
+        if let Some(b) = budget.as_mut() {
+            b.earn();
+        }
+        let mut run = Execution::new(order, t, deadline, limits).with_hedge_delay(delay);
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
             // A retry's pause passes before the attempt.
@@ -261,21 +346,102 @@ fn simulate(
                     _ => {}
                 }
             }
-            if outcome.status != AttemptStatus::Ok {
+            if outcome.status == AttemptStatus::Ok {
+                recent[next.candidate].push(outcome.latency.0);
+            } else {
                 failed_attempts += 1;
             }
-            let end = clock.plus(outcome.latency);
-            policy.observe_attempt(&AttemptObservation {
-                candidate: next.candidate,
-                features: &features,
-                slice: SlicePath::root(),
-                deadline: run.remaining(clock),
-                outcome: &outcome,
-                now: end,
+            // A hedge starts if the first attempt is still out when its delay is up, the
+            // budget has one and the target's breaker admits it then.
+            let hedge = run.hedge(&next, clock).filter(|h| {
+                outcome.latency.0 > h.wait.0
+                    && budget.as_ref().is_some_and(HedgeBudget::has_hedge)
+                    && !matches!(
+                        breakers[h.candidate]
+                            .admit(clock.plus(h.wait), &breaker_cfg)
+                            .0,
+                        Admission::Rejected { .. }
+                    )
             });
-            let _ = breakers[next.candidate].observe(end, &outcome, &breaker_cfg);
-            run.record(next.candidate, outcome, clock);
-            clock = end;
+            let Some(h) = hedge else {
+                let end = clock.plus(outcome.latency);
+                let b = &mut breakers[next.candidate];
+                feed(
+                    policy.as_mut(),
+                    b,
+                    &breaker_cfg,
+                    &mut run,
+                    &features,
+                    next.candidate,
+                    clock,
+                    outcome,
+                );
+                clock = end;
+                continue;
+            };
+            if let Some(b) = budget.as_mut() {
+                b.try_spend();
+            }
+            run.start_hedge(&h);
+            let hedge_start = clock.plus(h.wait);
+            let hedged = world.attempt(
+                h.candidate,
+                round,
+                hedge_start.0,
+                h.timeout,
+                &mut outcome_rng,
+            );
+            attempts += 1;
+            hedges += 1;
+            if hedged.status == AttemptStatus::Ok {
+                recent[h.candidate].push(hedged.latency.0);
+            } else {
+                failed_attempts += 1;
+            }
+            // The two in the order they end; the first good answer cancels the other.
+            let mut pair = [
+                (next.candidate, clock, outcome),
+                (h.candidate, hedge_start, hedged),
+            ];
+            if hedge_start.0 + hedged.latency.0 < clock.0 + outcome.latency.0 {
+                pair.swap(0, 1);
+            }
+            let [(c1, s1, o1), (c2, s2, mut o2)] = pair;
+            let e1 = s1.plus(o1.latency);
+            if o1.status == AttemptStatus::Ok {
+                if c1 == h.candidate {
+                    hedges_won += 1;
+                }
+                // Censored at the cancellation; billed as the provider would have billed it.
+                o2.latency = Millis((e1.0 - s2.0).max(0.0));
+                o2.status = AttemptStatus::Cancelled;
+            }
+            feed(
+                policy.as_mut(),
+                &mut breakers[c1],
+                &breaker_cfg,
+                &mut run,
+                &features,
+                c1,
+                s1,
+                o1,
+            );
+            let e2 = s2.plus(o2.latency);
+            feed(
+                policy.as_mut(),
+                &mut breakers[c2],
+                &breaker_cfg,
+                &mut run,
+                &features,
+                c2,
+                s2,
+                o2,
+            );
+            if o1.status != AttemptStatus::Ok && o2.status == AttemptStatus::Ok && c2 == h.candidate
+            {
+                hedges_won += 1;
+            }
+            clock = if e2.0 > e1.0 { e2 } else { e1 };
         }
         let result = run.finish(clock);
         cost_sum += result.cost.0;
@@ -295,9 +461,12 @@ fn simulate(
                 rand_distr::Distribution::sample(&rand_distr::StandardNormal, &mut judge_rng);
             let judged =
                 (gold + spec.judge.bias + drift + spec.judge.noise_sd * noise).clamp(0.0, 1.0);
+            // The answer's attempt (a hedge's loser is recorded after it).
             let answered = result
                 .attempts
-                .last()
+                .iter()
+                .rev()
+                .find(|a| a.candidate == candidate && a.outcome.status == AttemptStatus::Ok)
                 .map_or(Millis(0.0), |a| a.outcome.latency);
             pending.push_back(PendingFeedback {
                 due_round: round + spec.judge.delay_rounds,
@@ -330,10 +499,13 @@ fn simulate(
     }
     let mut sorted = latencies.clone();
     sorted.sort_by(f64::total_cmp);
-    let p95 = sorted
-        .get(((sorted.len() as f64 * 0.95).ceil() as usize).saturating_sub(1))
-        .copied()
-        .unwrap_or(0.0);
+    let quantile = |q: f64| {
+        sorted
+            .get(((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let p95 = quantile(0.95);
     Ok(RunResult {
         policy: label.to_owned(),
         seed,
@@ -341,6 +513,11 @@ fn simulate(
         quality: quality_sum / n,
         latency_mean_ms: latencies.iter().sum::<f64>() / n,
         latency_p95_ms: p95,
+        latency_p50_ms: quantile(0.5),
+        latency_p99_ms: quantile(0.99),
+        calls_per_request: attempts as f64 / n,
+        hedge_rate: hedges as f64 / n,
+        hedge_win_rate: hedges_won as f64 / n,
         deadline_miss_rate: misses as f64 / n,
         request_failure_rate: failures as f64 / n,
         attempt_failure_rate: failed_attempts as f64 / attempts.max(1) as f64,

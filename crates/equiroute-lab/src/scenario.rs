@@ -784,6 +784,8 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../scenarios/bimodal-latency.toml"),
     ),
     ("heavy-tail", include_str!("../scenarios/heavy-tail.toml")),
+    ("tail-pair", include_str!("../scenarios/tail-pair.toml")),
+    ("llm-tail", include_str!("../scenarios/llm-tail.toml")),
     (
         "flaky-flex-peaks",
         include_str!("../scenarios/flaky-flex-peaks.toml"),

@@ -219,3 +219,45 @@ fn an_error_burst_is_time_limited() {
     assert!((during - 0.6).abs() < 0.04, "{during}");
     assert!(world.true_value(0, 1000, 0.0, 0, None) < 0.45 * world.true_value(0, 0, 0.0, 0, None));
 }
+
+#[test]
+fn hedging_stays_within_its_budget_and_adds_one_call_per_hedge() {
+    use equiroute_core::hedge::{HedgeConfig, HedgeRule};
+    use equiroute_lab::runner::run_hedged;
+    let spec = builtin("tail-pair").unwrap();
+    let rounds = 1500;
+    let plain = run(&spec, "lqm-ts", 2, rounds).unwrap();
+    assert_eq!((plain.hedge_rate, plain.hedge_win_rate), (0.0, 0.0));
+    for rule in [
+        HedgeRule::default(),
+        HedgeRule::ObservedQuantile { quantile: 0.9 },
+    ] {
+        let cfg = HedgeConfig {
+            enabled: true,
+            rule,
+            max_rate: 0.03,
+            ..HedgeConfig::default()
+        };
+        let r = run_hedged(&spec, "lqm-ts", 2, rounds, &cfg).unwrap();
+        // Hedges happen, within 3% of requests plus the burst of 5.
+        assert!(r.hedge_rate > 0.0, "{rule:?}");
+        assert!(
+            r.hedge_rate <= 0.03 + 5.0 / rounds as f64 + 1e-12,
+            "{rule:?}: {}",
+            r.hedge_rate
+        );
+        assert!(r.hedge_win_rate > 0.0 && r.hedge_win_rate <= r.hedge_rate);
+        // Every request makes its first call; a hedge is one more.
+        assert!(r.calls_per_request >= 1.0 + r.hedge_rate - 1e-12);
+        // The same seed gives the same hedged run.
+        assert_eq!(r, run_hedged(&spec, "lqm-ts", 2, rounds, &cfg).unwrap());
+    }
+    let off = HedgeConfig {
+        max_parallel: 3,
+        ..HedgeConfig::default()
+    };
+    let err = run_hedged(&spec, "lqm-ts", 2, 10, &off)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("hedge.max_parallel"), "{err}");
+}

@@ -330,6 +330,17 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// What the policy believes about `candidate`'s latency and failure rate under `ctx`
+    /// (its slice, at its time), for the hedge delay ([`crate::hedge`]); `None` for policies
+    /// without a latency model.
+    fn latency_outlook(
+        &self,
+        _candidate: usize,
+        _ctx: &RankContext<'_>,
+    ) -> Option<crate::hedge::LatencyOutlook> {
+        None
+    }
+
     /// Statistics slices evicted (to keep them under their cap) since the last call; 0 for
     /// policies without slices.
     fn take_slice_evictions(&mut self) -> u64 {

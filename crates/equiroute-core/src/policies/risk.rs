@@ -430,6 +430,16 @@ impl RiskModel {
         (failure, exceed)
     }
 
+    /// The point beliefs the hedge delay reads: latency (posterior and histogram) and
+    /// failure rate of candidate `i` in the request's slice.
+    #[must_use]
+    pub fn outlook(&self, i: usize, ctx: &RankContext<'_>) -> crate::hedge::LatencyOutlook {
+        crate::hedge::LatencyOutlook {
+            latency: self.belief(i, ctx.slice, ctx.now),
+            failure_rate: self.failure_rate(i, ctx.now),
+        }
+    }
+
     /// A Thompson draw of candidate `i`'s risk for this request. Draws from `rng` only when
     /// the request has a deadline and the candidate is not guarded.
     pub fn sample(&self, i: usize, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> RiskSample {

@@ -189,6 +189,14 @@ impl Policy for TsDeadline {
         ctx.deadline.map(|_| self.risk.point(candidate, ctx).1)
     }
 
+    fn latency_outlook(
+        &self,
+        candidate: usize,
+        ctx: &RankContext<'_>,
+    ) -> Option<crate::hedge::LatencyOutlook> {
+        Some(self.risk.outlook(candidate, ctx))
+    }
+
     fn take_slice_evictions(&mut self) -> u64 {
         self.risk.take_evictions()
     }

@@ -249,8 +249,66 @@ struct RawInterface {
     shadow: Option<PolicyConfig>,
     /// A candidate policy on a share of the requests, rolled back automatically.
     rollout: Option<rollout::RawRollout>,
+    /// Hedged requests (docs/hedging.md); absent: off.
+    hedge: Option<RawHedge>,
     #[serde(default)]
     providers: Vec<RawProvider>,
+}
+
+/// `hedge = { … }` on an interface; absent fields keep their defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHedge {
+    enabled: Option<bool>,
+    rule: Option<equiroute_core::hedge::HedgeRule>,
+    max_rate: Option<f64>,
+    burst: Option<f64>,
+    max_parallel: Option<u32>,
+    streams: Option<bool>,
+    /// Whether a call may safely run twice; tool interfaces hedge only when it is set.
+    idempotent: Option<bool>,
+}
+
+/// An interface's hedging, or the problem as (field, fix).
+fn hedge_config(
+    raw: Option<&RawHedge>,
+    kind: InterfaceKind,
+) -> Result<equiroute_core::hedge::HedgeConfig, (String, String)> {
+    let d = equiroute_core::hedge::HedgeConfig::default();
+    let Some(raw) = raw else { return Ok(d) };
+    let cfg = equiroute_core::hedge::HedgeConfig {
+        enabled: raw.enabled.unwrap_or(true),
+        rule: raw.rule.unwrap_or(d.rule),
+        max_rate: raw.max_rate.unwrap_or(d.max_rate),
+        burst: raw.burst.unwrap_or(d.burst),
+        max_parallel: raw.max_parallel.unwrap_or(d.max_parallel),
+        streams: raw.streams.unwrap_or(d.streams),
+    };
+    cfg.validate().map_err(|e| match e {
+        equiroute_core::ConfigError::OutOfRange { field, value, fix } => {
+            (field.to_owned(), format!("{value}: {fix}"))
+        }
+        other => ("hedge".to_owned(), other.to_string()),
+    })?;
+    if cfg.enabled
+        && matches!(
+            cfg.rule,
+            equiroute_core::hedge::HedgeRule::ObservedQuantile { .. }
+        )
+    {
+        return Err((
+            "hedge.rule".to_owned(),
+            "`observed-quantile` is the laboratory's fixed-delay baseline: use `{ kind = \"deadline-risk\" }` (default) or `{ kind = \"predictive-quantile\" }`".to_owned(),
+        ));
+    }
+    // A tool call may act (send, write, pay): only one marked idempotent is sent twice.
+    if cfg.enabled && kind == InterfaceKind::Tool && raw.idempotent != Some(true) {
+        return Err((
+            "hedge.idempotent".to_owned(),
+            "a tool interface hedges only when its calls are safe to run twice: set `idempotent = true`, or `enabled = false`".to_owned(),
+        ));
+    }
+    Ok(cfg)
 }
 
 /// The retry rule's knobs (`retry = { … }` on an interface); absent fields keep their
@@ -473,6 +531,8 @@ pub struct InterfaceConfig {
     pub policy: PolicyConfig,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
+    /// Hedged requests (off by default).
+    pub hedge: equiroute_core::hedge::HedgeConfig,
     pub stream_idle: Millis,
     /// How a streamed attempt's first-byte limit is learnt (at most the attempt's timeout).
     pub first_byte: first_byte::FirstByteLimit,
@@ -863,6 +923,8 @@ fn load_interface(
     stream_hold
         .check()
         .map_err(|(f, fix)| vec![(at(&format!("stream_hold.{f}")), fix)])?;
+    let hedge =
+        hedge_config(raw.hedge.as_ref(), raw.kind).map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let breaker = raw.breaker.unwrap_or_default();
     breaker
         .validate()
@@ -887,6 +949,7 @@ fn load_interface(
         policy,
         deadline,
         limits,
+        hedge,
         feature_dim,
         feature_max_words,
         breaker,

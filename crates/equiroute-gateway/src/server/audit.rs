@@ -22,6 +22,9 @@ pub struct AuditAttempt {
     /// `server_error`); absent for a first try or a fallback.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry: Option<&'static str>,
+    /// The attempt was a hedge (started beside the first while it was still out).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hedge: bool,
     /// A streamed attempt's time-to-first-byte limit (see `first_byte`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_byte_limit_ms: Option<f64>,

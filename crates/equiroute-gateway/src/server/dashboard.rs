@@ -540,6 +540,7 @@ mod tests {
                 retry_after: None,
             },
             retry,
+            hedge: false,
         }
     }
 

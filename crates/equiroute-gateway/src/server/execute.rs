@@ -58,6 +58,7 @@ fn request_span(iface: &InterfaceRuntime) -> tracing::Span {
     )
 }
 
+#[allow(clippy::too_many_lines)]
 async fn execute_unstreamed(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -91,29 +92,57 @@ async fn execute_unstreamed(
             state.metrics.fallback(&iface.name);
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let (outcome, reply) = attempt(
-            state,
-            iface,
-            &mut run,
-            next,
-            now,
-            body,
-            &features,
-            decided.routed.arm,
-            decided.slice,
-            tokens,
-            seed,
-            &mut router,
-        )
-        .await?;
-        tried.push(next.candidate);
-        if reply.context_overflow {
-            refusals.reroute(iface, &decided.order, &tried, next.candidate, &mut run);
-        }
-        if outcome.status == AttemptStatus::Ok {
-            answer = Some(reply);
+        // The first attempt with a hedge planned beside it: server/hedge.rs.
+        let ended = if let Some(hedge) = run.hedge(&next, now) {
+            let ctx = super::hedge::Booking {
+                features: &features,
+                arm: decided.routed.arm,
+                slice: decided.slice,
+                tokens,
+            };
+            super::hedge::race(
+                state,
+                iface,
+                &mut run,
+                (next, hedge),
+                now,
+                body,
+                &ctx,
+                seed,
+                &mut router,
+            )
+            .await?
         } else {
-            last = Some(reply);
+            let ctx = super::hedge::Booking {
+                features: &features,
+                arm: decided.routed.arm,
+                slice: decided.slice,
+                tokens,
+            };
+            let (outcome, reply) = attempt(
+                state,
+                iface,
+                &mut run,
+                next,
+                now,
+                body,
+                &ctx,
+                seed,
+                &mut router,
+            )
+            .await?;
+            vec![(next.candidate, outcome, reply)]
+        };
+        for (candidate, outcome, reply) in ended {
+            tried.push(candidate);
+            if reply.context_overflow {
+                refusals.reroute(iface, &decided.order, &tried, candidate, &mut run);
+            }
+            if outcome.status == AttemptStatus::Ok {
+                answer = Some(reply);
+            } else {
+                last = Some(reply);
+            }
         }
     }
     let ending = Instant::now();
@@ -220,7 +249,9 @@ fn begin(
     }
     // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
-    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits).with_jitter(jitter);
+    let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
+        .with_jitter(jitter)
+        .with_hedge_delay(decided.hedge_delay.filter(|_| !body_streams(body)));
     Ok(Begun {
         n,
         request_id,
@@ -245,6 +276,14 @@ struct Decided {
     last_resort: bool,
     /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
     first_byte_limits: Vec<Option<f64>>,
+    /// When the first attempt gets a hedge (`None`: no hedge), from the policy's beliefs.
+    hedge_delay: Option<Millis>,
+}
+
+/// Streamed requests do not hedge yet (docs/hedging.md): a stream is committed at its first
+/// byte, and racing two streams to it is not built.
+fn body_streams(body: &serde_json::Value) -> bool {
+    body.get("stream").and_then(serde_json::Value::as_bool) == Some(true)
 }
 
 /// Eligibility then ranking: the router's share of the request, timed for `/metrics`.
@@ -322,15 +361,24 @@ fn decide(
             )
         });
     }
-    let (ranking, routed) = {
+    let (ranking, routed, hedge_delay) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
         ctx.tokens = tokens;
         ctx.slice = slice;
         ctx.now = now;
         // The live policy, or the canary's for its share; the shadow ranks beside it.
-        super::arms::rank(iface, &ctx, meta.session.as_deref(), state.seed_for(n), n)
-            .map_err(|_| poisoned())?
+        let (ranking, routed) =
+            super::arms::rank(iface, &ctx, meta.session.as_deref(), state.seed_for(n), n)
+                .map_err(|_| poisoned())?;
+        // Hedges are planned from the live policy's beliefs (canary requests do not hedge).
+        let delay = if routed.arm == super::arms::Arm::Live {
+            let policy = iface.policy.read().map_err(|_| poisoned())?;
+            super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking)
+        } else {
+            None
+        };
+        (ranking, routed, delay)
     };
     state
         .metrics
@@ -347,6 +395,7 @@ fn decide(
         last_resort,
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
+        hedge_delay,
     })
 }
 
@@ -416,6 +465,7 @@ fn audit(
                 provider: id(a.candidate),
                 status: a.outcome.status.as_str(),
                 retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
+                hedge: a.hedge,
                 first_byte_limit_ms: decided.first_byte_limits.get(n).copied().flatten(),
                 latency_ms: a.outcome.latency.0,
                 cost_usd: a.outcome.cost.0,
@@ -470,8 +520,10 @@ fn record_request(
 
 /// The first attempt's status, when the request fell back.
 fn fallback_reason(attempts: &[equiroute_core::executor::AttemptRecord]) -> Option<String> {
-    match attempts {
-        [first, _, ..] => Some(first.outcome.status.as_str().to_owned()),
+    // A hedge is no fallback: the attempts besides it tell whether the request fell back.
+    let mut unhedged = attempts.iter().filter(|a| !a.hedge);
+    match (unhedged.next(), unhedged.next()) {
+        (Some(first), Some(_)) => Some(first.outcome.status.as_str().to_owned()),
         _ => None,
     }
 }
@@ -527,7 +579,7 @@ async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core::Timestamp
 }
 
 /// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
-fn admit(
+pub(super) fn admit(
     state: &AppState,
     iface: &InterfaceRuntime,
     candidate: usize,
@@ -554,10 +606,7 @@ async fn attempt(
     next: NextAttempt,
     now: equiroute_core::Timestamp,
     body: &ClientBody,
-    features: &[f64],
-    arm: super::arms::Arm,
-    slice: SlicePath,
-    tokens: TokenEstimate,
+    ctx: &super::hedge::Booking<'_>,
     seed: u64,
     router: &mut Duration,
 ) -> Result<(AttemptOutcome, UpstreamReply), ApiError> {
@@ -570,21 +619,38 @@ async fn attempt(
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
+    let outcome = outcome_of(&reply, candidate, ctx.tokens);
+    book(state, iface, run, next, now, outcome, ctx, router)?;
+    Ok((outcome, reply))
+}
+
+/// Feeds one attempt's outcome (started at `now`) to the policy, the breaker, the metrics
+/// and the execution.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn book(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    outcome: AttemptOutcome,
+    ctx: &super::hedge::Booking<'_>,
+    router: &mut Duration,
+) -> Result<(), ApiError> {
     let booked = Instant::now();
-    let outcome = outcome_of(&reply, candidate, tokens);
     state.record_routed_attempt(
         iface,
-        arm,
+        ctx.arm,
         next.candidate,
-        features,
-        slice,
+        ctx.features,
+        ctx.slice,
         &outcome,
         run.remaining(now),
     )?;
     *router += booked.elapsed();
-    log_attempt(candidate, next, &outcome);
+    log_attempt(&iface.candidates[next.candidate], next, &outcome);
     run.record(next.candidate, outcome, now);
-    Ok((outcome, reply))
+    Ok(())
 }
 
 /// The debug event of one attempt's outcome.
@@ -600,7 +666,7 @@ fn log_attempt(candidate: &equiroute_core::Candidate, next: NextAttempt, outcome
 }
 
 /// The attempt outcome of a provider's reply.
-fn outcome_of(
+pub(super) fn outcome_of(
     reply: &UpstreamReply,
     candidate: &equiroute_core::Candidate,
     estimate: TokenEstimate,

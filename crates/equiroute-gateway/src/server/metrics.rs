@@ -272,6 +272,15 @@ impl Metrics {
         self.bump("equiroute_last_resort_total", &[("interface", interface)]);
     }
 
+    /// A hedge `started`, `won` (its answer was the request's) or `cancelled` (an attempt
+    /// of a hedged pair dropped when the other answered).
+    pub fn hedge(&self, interface: &str, event: &'static str) {
+        self.bump(
+            "equiroute_hedges_total",
+            &[("interface", interface), ("event", event)],
+        );
+    }
+
     pub fn breaker(&self, provider: &str, transition: &str) {
         self.bump(
             "equiroute_breaker_transitions_total",

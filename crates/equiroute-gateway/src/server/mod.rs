@@ -20,6 +20,7 @@ pub mod dashboard;
 pub mod error;
 mod execute;
 pub mod feedback;
+mod hedge;
 pub mod metrics;
 mod rollouts;
 pub mod state;

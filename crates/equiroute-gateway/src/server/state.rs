@@ -30,6 +30,9 @@ pub struct InterfaceRuntime {
     pub featurizer: Featurizer,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
+    /// Hedged requests and their budget (a token bucket shared by the interface's requests).
+    pub hedge: equiroute_core::hedge::HedgeConfig,
+    pub hedge_budget: Mutex<equiroute_core::hedge::HedgeBudget>,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
     /// How much of a stream is held before anything is sent to the client.
@@ -81,6 +84,8 @@ impl InterfaceRuntime {
             featurizer: Featurizer::new(cfg.feature_dim)?.with_max_words(cfg.feature_max_words)?,
             deadline: cfg.deadline,
             limits: cfg.limits,
+            hedge: cfg.hedge,
+            hedge_budget: Mutex::new(equiroute_core::hedge::HedgeBudget::new(&cfg.hedge)),
             stream_idle: cfg.stream_idle,
             stream_hold: cfg.stream_hold,
             first_byte: cfg.first_byte,

@@ -239,3 +239,37 @@ pub fn regret_over_time(report: &ScenarioReport) -> String {
     }
     f.finish()
 }
+
+/// Lines of `(x, y)` points with markers, one per named series (e.g. a rule's parameter
+/// sweep), on padded axes.
+#[must_use]
+pub fn curves(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> String {
+    let all = series.iter().flat_map(|(_, pts)| pts.iter().copied());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for (x, y) in all {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let mut f = Frame::new(title, x_label, y_label, padded(x0, x1), padded(y0, y1));
+    for (row, (name, pts)) in series.iter().enumerate() {
+        let color = COLORS[row % COLORS.len()];
+        f.polyline(pts, color);
+        for &(x, y) in pts {
+            let _ = write!(
+                f.svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{color}"/>"#,
+                f.px(x),
+                f.py(y)
+            );
+        }
+        f.legend(row, color, name);
+    }
+    f.finish()
+}

@@ -1,0 +1,489 @@
+//! Hedged requests: when the first attempt is likely to be slow, a second attempt on the next
+//! candidate of the ranking starts after a delay; the first good answer wins and the other is
+//! cancelled. This module decides the delay (pure, from the policy's latency beliefs) and
+//! bounds how often hedges start ([`HedgeBudget`]); [`crate::executor::Execution`] carries
+//! the hedge through the request, so the gateway and the laboratory drive the same loop.
+//!
+//! **When.** With a deadline `d`, first candidate A and hedge target B (the next in the
+//! ranking), a hedge started at `t` on a request A has not answered by then saves it with
+//! probability
+//!
+//! ```text
+//! save(t) = P(A misses | A silent at t) · P(B answers within d − t)
+//!         = S_A(d) / S_A(t) · (1 − f_B) · (1 − S_B(d − t))
+//! ```
+//!
+//! (`S` the predictive survival `P(L > x)` of the risk model, `f_B` B's failure rate). The
+//! [`HedgeRule::DeadlineRisk`] delay is the earliest `t` with `save(t) ≥ threshold`; none
+//! when no `t` reaches it. A hedge fires on a share `S_A(t)` of the requests, so the threshold
+//! is the price of a hedge in saved requests: raising it buys fewer, better hedges. Without
+//! a deadline the rule hedges at A's predictive `tail_quantile`.
+//! [`HedgeRule::ObservedQuantile`] is the classic fixed rule: hedge after the `quantile` of
+//! A's recently observed latencies (the p95 by default), whatever the request.
+
+use crate::error::{out_of_range, unit_interval};
+use crate::estimators::shape::LatencyBelief;
+use crate::{ConfigError, Millis};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// How the hedge delay is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum HedgeRule {
+    /// The earliest time at which a hedge saves the request with at least `threshold`
+    /// probability (see the module doc); without a deadline, A's predictive `tail_quantile`.
+    DeadlineRisk {
+        #[serde(default = "default_threshold")]
+        threshold: f64,
+        #[serde(default = "default_quantile")]
+        tail_quantile: f64,
+    },
+    /// After A's predictive `quantile` (the risk model's belief), deadline or not.
+    PredictiveQuantile {
+        #[serde(default = "default_quantile")]
+        quantile: f64,
+    },
+    /// The classic rule: after the `quantile` of A's last observed latencies.
+    ObservedQuantile {
+        #[serde(default = "default_quantile")]
+        quantile: f64,
+    },
+}
+
+/// Chosen in the laboratory on seeds 1–5 (docs/hedging.md): the lowest deadline-miss rate
+/// within 5% extra calls on the heavy-tailed scenarios.
+fn default_threshold() -> f64 {
+    0.2
+}
+
+fn default_quantile() -> f64 {
+    0.95
+}
+
+impl Default for HedgeRule {
+    fn default() -> Self {
+        HedgeRule::DeadlineRisk {
+            threshold: default_threshold(),
+            tail_quantile: default_quantile(),
+        }
+    }
+}
+
+/// Hedging settings of one interface.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HedgeConfig {
+    pub enabled: bool,
+    /// `{ kind = "deadline-risk", threshold = 0.2 }`, `{ kind = "observed-quantile" }`, …
+    pub rule: HedgeRule,
+    /// Most hedges per request over time (a token bucket earning this much per request).
+    pub max_rate: f64,
+    /// Hedges the bucket can save up for a burst.
+    pub burst: f64,
+    /// Attempts in flight at once, the first included: 2 allows one hedge (1 disables).
+    pub max_parallel: u32,
+    /// Whether streamed requests hedge (racing to the first byte).
+    pub streams: bool,
+}
+
+impl Default for HedgeConfig {
+    fn default() -> Self {
+        HedgeConfig {
+            enabled: false,
+            rule: HedgeRule::default(),
+            max_rate: 0.05,
+            burst: 5.0,
+            max_parallel: 2,
+            streams: true,
+        }
+    }
+}
+
+impl HedgeConfig {
+    /// Checks the ranges.
+    ///
+    /// # Errors
+    /// A field out of range, named with its fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self.rule {
+            HedgeRule::DeadlineRisk {
+                threshold,
+                tail_quantile,
+            } => {
+                open_unit("hedge.threshold", threshold)?;
+                open_unit("hedge.tail_quantile", tail_quantile)?;
+            }
+            HedgeRule::PredictiveQuantile { quantile }
+            | HedgeRule::ObservedQuantile { quantile } => {
+                open_unit("hedge.quantile", quantile)?;
+            }
+        }
+        unit_interval("hedge.max_rate", self.max_rate)?;
+        if !(self.burst.is_finite() && self.burst >= 1.0) {
+            return Err(out_of_range(
+                "hedge.burst",
+                self.burst,
+                "must be a finite number of at least 1 (one hedge)",
+            ));
+        }
+        if !(1..=2).contains(&self.max_parallel) {
+            return Err(out_of_range(
+                "hedge.max_parallel",
+                self.max_parallel,
+                "must be 1 (no hedge) or 2 (one hedge beside the first attempt); more is not supported",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether hedges may start at all.
+    #[must_use]
+    pub fn active(&self) -> bool {
+        self.enabled && self.max_parallel >= 2 && self.max_rate > 0.0
+    }
+}
+
+fn open_unit(field: &'static str, v: f64) -> Result<f64, ConfigError> {
+    if v > 0.0 && v < 1.0 {
+        Ok(v)
+    } else {
+        Err(out_of_range(field, v, "must be strictly between 0 and 1"))
+    }
+}
+
+/// What a policy with a latency model believes about one candidate: latency and failure rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencyOutlook {
+    pub latency: LatencyBelief,
+    pub failure_rate: f64,
+}
+
+/// Time points the delay search tries, log-spaced from [`MIN_DELAY_MS`] to the deadline.
+const GRID: usize = 96;
+/// The earliest hedge (ms): a hedge at 0 would be a second request, not a hedge.
+pub const MIN_DELAY_MS: f64 = 1.0;
+
+/// The delay after the first attempt's start at which the request hedges, by `rule`, or
+/// `None` for no hedge. `first` and `target` are the policy's outlooks for the first candidate
+/// and the hedge target; `observed` is the first candidate's recent latencies (for the
+/// classic rule).
+#[must_use]
+pub fn hedge_delay(
+    rule: HedgeRule,
+    first: Option<&LatencyOutlook>,
+    target: Option<&LatencyOutlook>,
+    observed: Option<&RecentLatencies>,
+    deadline: Option<Millis>,
+) -> Option<Millis> {
+    let delay = match rule {
+        HedgeRule::ObservedQuantile { quantile } => observed?.quantile(quantile)?,
+        HedgeRule::PredictiveQuantile { quantile } => {
+            predictive_quantile(&first?.latency, quantile)?
+        }
+        HedgeRule::DeadlineRisk {
+            threshold,
+            tail_quantile,
+        } => match deadline {
+            None => predictive_quantile(&first?.latency, tail_quantile)?,
+            Some(d) => risk_delay(first?, target?, d.0, threshold)?,
+        },
+    };
+    // Past the deadline a hedge has no time left to answer in.
+    if deadline.is_some_and(|d| delay >= d.0) {
+        return None;
+    }
+    Some(Millis(delay.max(MIN_DELAY_MS)))
+}
+
+/// `save(t)` of the module doc.
+#[must_use]
+pub fn save_probability(
+    first: &LatencyOutlook,
+    target: &LatencyOutlook,
+    deadline_ms: f64,
+    t_ms: f64,
+) -> f64 {
+    let silent = first.latency.exceedance(t_ms);
+    if silent <= 0.0 {
+        return 0.0;
+    }
+    let miss = (first.latency.exceedance(deadline_ms) / silent).min(1.0);
+    let answers =
+        (1.0 - target.failure_rate) * (1.0 - target.latency.exceedance(deadline_ms - t_ms));
+    miss * answers
+}
+
+/// The earliest `t < d` with `save(t) ≥ threshold`: the first of a log-spaced grid of
+/// points, then bisected against the point before it.
+fn risk_delay(
+    first: &LatencyOutlook,
+    target: &LatencyOutlook,
+    deadline_ms: f64,
+    threshold: f64,
+) -> Option<f64> {
+    if deadline_ms <= MIN_DELAY_MS || first.latency.exceedance(deadline_ms) <= 0.0 {
+        return None;
+    }
+    let (lo, hi) = (MIN_DELAY_MS.ln(), deadline_ms.ln());
+    let at = |k: usize| lo + (hi - lo) * k as f64 / GRID as f64;
+    let saves = |y: f64| save_probability(first, target, deadline_ms, y.exp()) >= threshold;
+    let k = (0..GRID).find(|&k| saves(at(k)))?;
+    if k == 0 {
+        return Some(MIN_DELAY_MS);
+    }
+    // The crossing lies between the grid point before and this one: bisect it.
+    let (mut below, mut above) = (at(k - 1), at(k));
+    for _ in 0..30 {
+        let mid = f64::midpoint(below, above);
+        if saves(mid) {
+            above = mid;
+        } else {
+            below = mid;
+        }
+    }
+    Some(above.exp())
+}
+
+/// The `q` quantile of a latency belief: the `x` with `P(L > x) = 1 − q`, by bisection on
+/// `ln x` (the survival is monotone); `None` when it lies beyond 10⁷ ms.
+#[must_use]
+pub fn predictive_quantile(belief: &LatencyBelief, q: f64) -> Option<f64> {
+    let target = 1.0 - q;
+    let (mut lo, mut hi) = (1e-3f64.ln(), 1e7f64.ln());
+    if belief.exceedance(hi.exp()) > target {
+        return None;
+    }
+    for _ in 0..60 {
+        let mid = f64::midpoint(lo, hi);
+        if belief.exceedance(mid.exp()) > target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(hi.exp())
+}
+
+/// A token bucket on hedges: every request earns `max_rate` of a hedge, a hedge spends one,
+/// at most `burst` saved. Over `n` requests at most `max_rate·n + burst` hedges start.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HedgeBudget {
+    tokens: f64,
+    max_rate: f64,
+    burst: f64,
+}
+
+impl HedgeBudget {
+    /// A full bucket for `cfg`.
+    #[must_use]
+    pub fn new(cfg: &HedgeConfig) -> HedgeBudget {
+        HedgeBudget {
+            tokens: cfg.burst,
+            max_rate: cfg.max_rate,
+            burst: cfg.burst,
+        }
+    }
+
+    /// One request arrived.
+    pub fn earn(&mut self) {
+        self.tokens = (self.tokens + self.max_rate).min(self.burst);
+    }
+
+    /// Whether a hedge is left (without taking it).
+    #[must_use]
+    pub fn has_hedge(&self) -> bool {
+        self.tokens >= 1.0 - 1e-9
+    }
+
+    /// Takes a hedge if one is left.
+    pub fn try_spend(&mut self) -> bool {
+        // A whole token, up to the rounding of twenty 0.05s.
+        if self.has_hedge() {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The last latencies of one candidate's answers, for the classic observed-quantile rule.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecentLatencies {
+    window: VecDeque<f64>,
+}
+
+impl RecentLatencies {
+    /// Latencies kept.
+    pub const WINDOW: usize = 256;
+    /// Fewer observations than this give no quantile.
+    pub const MIN_OBSERVATIONS: usize = 20;
+
+    /// Adds the latency of an answer.
+    pub fn push(&mut self, latency_ms: f64) {
+        if self.window.len() == Self::WINDOW {
+            self.window.pop_front();
+        }
+        self.window.push_back(latency_ms);
+    }
+
+    /// The `q` quantile (nearest rank) of the window, once it holds enough observations.
+    #[must_use]
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.window.len() < Self::MIN_OBSERVATIONS {
+            return None;
+        }
+        let mut sorted: Vec<f64> = self.window.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len());
+        Some(sorted[rank - 1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimators::nig::NigPosterior;
+
+    /// A log-normal belief with median `median_ms` and log-sd `sigma`, known exactly (huge
+    /// pseudo-counts: the Student-t is a Normal).
+    fn lognormal(median_ms: f64, sigma: f64) -> LatencyBelief {
+        let alpha = 1e9;
+        LatencyBelief::log_normal(NigPosterior {
+            mu_n: median_ms.ln(),
+            kappa_n: 1e9,
+            alpha_n: alpha,
+            beta_n: sigma * sigma * alpha,
+        })
+    }
+
+    fn outlook(median_ms: f64, sigma: f64, failure_rate: f64) -> LatencyOutlook {
+        LatencyOutlook {
+            latency: lognormal(median_ms, sigma),
+            failure_rate,
+        }
+    }
+
+    #[test]
+    fn the_predictive_quantile_inverts_the_survival() {
+        // Median 300 ms, σ = 0.5: the 95% quantile is 300·e^(1.6449·0.5) = 682.8 ms.
+        let q = predictive_quantile(&lognormal(300.0, 0.5), 0.95).unwrap();
+        assert!((q - 682.8).abs() < 0.5, "{q}");
+        let half = predictive_quantile(&lognormal(300.0, 0.5), 0.5).unwrap();
+        assert!((half - 300.0).abs() < 0.1, "{half}");
+    }
+
+    #[test]
+    fn the_risk_delay_is_the_earliest_time_a_hedge_saves_the_request_often_enough() {
+        // A: median 300 ms, σ = 1 (heavy): S_A(2000) = P(Z > ln(2000/300)) = P(Z > 1.897)
+        // = 0.0289. B: median 500, σ = 0.3, no failures.
+        let (a, b) = (outlook(300.0, 1.0, 0.0), outlook(500.0, 0.3, 0.0));
+        // At t = 1000: S_A(1000) = P(Z > 1.204) = 0.1143, so P(miss | silent) = 0.253;
+        // B has 1000 ms: P(L_B ≤ 1000) = Φ(ln 2/0.3 = 2.310) = 0.9896. save = 0.250.
+        let s = save_probability(&a, &b, 2000.0, 1000.0);
+        assert!((s - 0.250).abs() < 0.003, "{s}");
+        let rule = HedgeRule::DeadlineRisk {
+            threshold: 0.25,
+            tail_quantile: 0.95,
+        };
+        let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0))).unwrap();
+        // save(990) = 0.2487·0.9899 = 0.246: the crossing lies just below 1000 ms.
+        assert!(d.0 > 990.0 && d.0 <= 1000.0, "{d:?}");
+        assert!(save_probability(&a, &b, 2000.0, d.0) >= 0.25);
+        // A target that fails half the time halves every save: 0.25 is out of reach (the
+        // best, near t = 1350, is 0.436·0.809·0.5 = 0.18).
+        let flaky = outlook(500.0, 0.3, 0.5);
+        assert_eq!(
+            hedge_delay(rule, Some(&a), Some(&flaky), None, Some(Millis(2000.0))),
+            None
+        );
+        // No deadline: the tail quantile, 300·e^1.6449 = 1553 ms.
+        let d = hedge_delay(rule, Some(&a), Some(&b), None, None).unwrap();
+        assert!((d.0 - 1553.0).abs() < 2.0, "{d:?}");
+        // A policy without a latency model gives no outlook: no hedge.
+        assert_eq!(
+            hedge_delay(rule, None, None, None, Some(Millis(2000.0))),
+            None
+        );
+    }
+
+    #[test]
+    fn the_classic_rule_hedges_after_the_observed_quantile() {
+        let mut recent = RecentLatencies::default();
+        let rule = HedgeRule::ObservedQuantile { quantile: 0.95 };
+        for ms in 1..=19 {
+            recent.push(f64::from(ms) * 10.0);
+        }
+        assert_eq!(hedge_delay(rule, None, None, Some(&recent), None), None);
+        recent.push(200.0);
+        // 20 answers 10..200 ms: the 95% nearest rank is the 19th, 190 ms.
+        assert_eq!(
+            hedge_delay(rule, None, None, Some(&recent), None),
+            Some(Millis(190.0))
+        );
+        // Past the deadline it would be pointless.
+        assert_eq!(
+            hedge_delay(rule, None, None, Some(&recent), Some(Millis(150.0))),
+            None
+        );
+        for _ in 0..RecentLatencies::WINDOW {
+            recent.push(5.0);
+        }
+        assert_eq!(recent.quantile(0.95), Some(5.0), "the window forgets");
+    }
+
+    #[test]
+    fn the_budget_allows_max_rate_per_request_plus_the_burst() {
+        let cfg = HedgeConfig {
+            enabled: true,
+            max_rate: 0.05,
+            burst: 2.0,
+            ..HedgeConfig::default()
+        };
+        let mut budget = HedgeBudget::new(&cfg);
+        let mut hedges = 0;
+        for _ in 0..1000 {
+            budget.earn();
+            if budget.try_spend() {
+                hedges += 1;
+            }
+        }
+        // Every request wants one: the 2 saved go at requests 1 and 2, then one every 20
+        // requests (21, 41, …, 981): 2 + 49, within 0.05·1000 + 2.
+        assert_eq!(hedges, 51);
+    }
+
+    #[test]
+    fn settings_out_of_range_name_the_field() {
+        let bad = [
+            (
+                HedgeConfig {
+                    max_parallel: 3,
+                    ..HedgeConfig::default()
+                },
+                "hedge.max_parallel",
+            ),
+            (
+                HedgeConfig {
+                    max_rate: 1.5,
+                    ..HedgeConfig::default()
+                },
+                "hedge.max_rate",
+            ),
+            (
+                HedgeConfig {
+                    rule: HedgeRule::ObservedQuantile { quantile: 1.0 },
+                    ..HedgeConfig::default()
+                },
+                "hedge.quantile",
+            ),
+        ];
+        for (cfg, field) in bad {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        assert!(HedgeConfig::default().validate().is_ok());
+        assert!(!HedgeConfig::default().active(), "off unless enabled");
+    }
+}

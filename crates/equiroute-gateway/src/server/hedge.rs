@@ -1,0 +1,183 @@
+//! Hedged requests in real time: the first attempt races a timer set to the hedge delay the
+//! core computed from the policy's beliefs ([`equiroute_core::hedge`]); if the timer wins, the
+//! breaker admits the hedge target and the interface's hedge budget has one, a second attempt
+//! starts on the next candidate of the ranking. The first good answer wins and the other call
+//! is dropped (its connection closed), booked as `cancelled` at that moment (a censored
+//! latency) and billed at the request's estimated price. When the first to end failed, the
+//! other is awaited: a hedge never turns a success into a failure. The core's
+//! [`Execution`] records both, so the audit log shows the hedge per attempt.
+
+use super::error::ApiError;
+use super::execute::{admit, book, outcome_of};
+use super::state::{AppState, InterfaceRuntime};
+use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
+use equiroute_core::executor::{Execution, NextAttempt};
+use equiroute_core::hedge::{hedge_delay, HedgeRule};
+use equiroute_core::policies::{Policy, RankContext, Ranking};
+use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, SlicePath, Timestamp, TokenEstimate};
+use std::time::{Duration, Instant};
+
+/// The hedge delay of a request just ranked, when the interface hedges.
+pub(super) fn delay(
+    iface: &InterfaceRuntime,
+    policy: &dyn Policy,
+    ctx: &RankContext<'_>,
+    ranking: &Ranking,
+) -> Option<Millis> {
+    if !iface.hedge.active() {
+        return None;
+    }
+    // Every request earns its share of a hedge, whether it hedges or not.
+    if let Ok(mut budget) = iface.hedge_budget.lock() {
+        budget.earn();
+    }
+    // The observed-quantile rule is the laboratory's baseline; config refuses it here.
+    if matches!(iface.hedge.rule, HedgeRule::ObservedQuantile { .. }) {
+        return None;
+    }
+    let mut order = ranking.indices();
+    let first = policy.latency_outlook(order.next()?, ctx);
+    let target = order.next().and_then(|j| policy.latency_outlook(j, ctx));
+    hedge_delay(
+        iface.hedge.rule,
+        first.as_ref(),
+        target.as_ref(),
+        None,
+        ctx.deadline,
+    )
+}
+
+/// What booking an attempt needs besides the attempt.
+pub(super) struct Booking<'a> {
+    pub features: &'a [f64],
+    /// The arm (live or canary) whose policy learns from the attempt.
+    pub arm: super::arms::Arm,
+    pub slice: SlicePath,
+    pub tokens: TokenEstimate,
+}
+
+/// Runs `first` (started at `now`) with `hedge` beside it if it is still out after
+/// `hedge.wait`; returns the attempts that ended, in the order they were recorded, with
+/// their replies (a cancelled attempt has none and is not returned).
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+pub(super) async fn race(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    (first, hedge): (NextAttempt, NextAttempt),
+    now: Timestamp,
+    body: &ClientBody,
+    ctx: &Booking<'_>,
+    seed: u64,
+    router: &mut Duration,
+) -> Result<Vec<(usize, AttemptOutcome, UpstreamReply)>, ApiError> {
+    let call = |next: NextAttempt, seed: u64| {
+        let req = UpstreamRequest {
+            kind: iface.kind,
+            body,
+            model: &iface.candidates[next.candidate].model,
+            seed,
+        };
+        let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
+        Box::pin(iface.upstreams[next.candidate].call(req, timeout))
+    };
+    let book_reply = |run: &mut Execution,
+                      router: &mut Duration,
+                      next: NextAttempt,
+                      started: Timestamp,
+                      reply: UpstreamReply|
+     -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
+        let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
+        book(state, iface, run, next, started, outcome, ctx, router)?;
+        Ok((next.candidate, outcome, reply))
+    };
+    let mut a = call(first, seed);
+    let wait = Duration::from_secs_f64(hedge.wait.0 / 1000.0);
+    let early = tokio::select! {
+        reply = &mut a => Some(reply),
+        () = tokio::time::sleep(wait) => None,
+    };
+    if let Some(reply) = early {
+        return Ok(vec![book_reply(run, router, first, now, reply)?]);
+    }
+    let hedge_now = state.now();
+    if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
+        let reply = a.await;
+        return Ok(vec![book_reply(run, router, first, now, reply)?]);
+    }
+    spend_hedge(iface)?;
+    run.start_hedge(&hedge);
+    state.metrics.hedge(&iface.name, "started");
+    let hedge_started = Instant::now();
+    let first_started = hedge_started
+        .checked_sub(Duration::from_secs_f64(
+            (hedge_now.0 - now.0).max(0.0) / 1000.0,
+        ))
+        .unwrap_or(hedge_started);
+    let mut b = call(hedge, seed ^ 0x5bd1_e995_0000_0001);
+    let (hedge_first, reply) = tokio::select! {
+        reply = &mut a => (false, reply),
+        reply = &mut b => (true, reply),
+    };
+    let answered = reply.status == AttemptStatus::Ok;
+    let (winner, winner_start, loser, loser_start, loser_clock) = if hedge_first {
+        (hedge, hedge_now, first, now, first_started)
+    } else {
+        (first, now, hedge, hedge_now, hedge_started)
+    };
+    let mut ended = vec![book_reply(run, router, winner, winner_start, reply)?];
+    if answered {
+        // Cancel the other: dropping its call closes its connection.
+        drop(a);
+        drop(b);
+        let candidate = &iface.candidates[loser.candidate];
+        let cancelled = AttemptOutcome {
+            latency: Millis(loser_clock.elapsed().as_secs_f64() * 1000.0),
+            status: AttemptStatus::Cancelled,
+            // Billed as if it ran to the end, by the request's estimate: providers bill a
+            // call they started, and a cancelled one reports no usage.
+            cost: candidate.price.cost(ctx.tokens),
+            time_to_first_byte: None,
+            retry_after: None,
+        };
+        book(
+            state,
+            iface,
+            run,
+            loser,
+            loser_start,
+            cancelled,
+            ctx,
+            router,
+        )?;
+        state.metrics.hedge(&iface.name, "cancelled");
+        if hedge_first {
+            state.metrics.hedge(&iface.name, "won");
+        }
+    } else {
+        let reply = if hedge_first { a.await } else { b.await };
+        let hedge_won = !hedge_first && reply.status == AttemptStatus::Ok;
+        ended.push(book_reply(run, router, loser, loser_start, reply)?);
+        if hedge_won {
+            state.metrics.hedge(&iface.name, "won");
+        }
+    }
+    Ok(ended)
+}
+
+fn has_hedge(iface: &InterfaceRuntime) -> Result<bool, ApiError> {
+    let budget = iface
+        .hedge_budget
+        .lock()
+        .map_err(|_| ApiError::internal())?;
+    Ok(budget.has_hedge())
+}
+
+fn spend_hedge(iface: &InterfaceRuntime) -> Result<(), ApiError> {
+    let mut budget = iface
+        .hedge_budget
+        .lock()
+        .map_err(|_| ApiError::internal())?;
+    budget.try_spend();
+    Ok(())
+}
