@@ -47,6 +47,25 @@ pub struct AuditConfig {
     /// Rotated files kept (`path.1` … `path.N`).
     #[serde(default = "default_keep")]
     pub keep: u32,
+    /// How a request's feature vector is recorded (privacy): `full`, `hash` or `none`.
+    #[serde(default)]
+    pub features: AuditFeatures,
+}
+
+/// How the audit log records a request's feature vector. The features are hashed words of the
+/// request's text, so `full` lets a dictionary recover some of the words; `hash` keeps only a
+/// stable digest (equal vectors, equal digests), enough to group requests but not to evaluate
+/// a contextual policy offline; `none` keeps nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditFeatures {
+    /// The vector itself (`"features": [..]`): every policy can be replayed.
+    Full,
+    /// A stable 64-bit digest (`"features_hash": "16 hex digits"`).
+    #[default]
+    Hash,
+    /// Nothing.
+    None,
 }
 
 fn default_max_bytes() -> u64 {

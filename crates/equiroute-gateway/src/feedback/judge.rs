@@ -66,7 +66,14 @@ impl Judge {
         tokio::spawn(async move {
             let _permit = permit;
             if let Some(q) = judge.score(&question, &answer).await {
-                let label = match crate::feedback::apply(&state, &request_id, q).await {
+                let label = match crate::feedback::apply_from(
+                    &state,
+                    &request_id,
+                    q,
+                    equiroute_core::FeedbackSource::Judge,
+                )
+                .await
+                {
                     Ok(_) => "judge_accepted",
                     Err(e) => {
                         tracing::warn!(%request_id, error = %e.message, "judge's score rejected");

@@ -629,7 +629,8 @@ async fn feedback(
             "`quality` must be between 0 and 1",
         ));
     }
-    match crate::feedback::apply(&state, &b.request_id, b.quality).await {
+    let source = b.source.unwrap_or(equiroute_core::FeedbackSource::Api);
+    match crate::feedback::apply_from(&state, &b.request_id, b.quality, source).await {
         Ok(crate::feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((
@@ -656,7 +657,7 @@ async fn feedback(
     let fb = QualityFeedback {
         decision_id: 0,
         quality: b.quality,
-        source: b.source.unwrap_or(equiroute_core::FeedbackSource::Api),
+        source,
     };
     Ok((StatusCode::OK, Json(json!({"status": "accepted", "request_id": b.request_id, "quality": fb.quality, "source": fb.source}))).into_response())
 }
