@@ -39,6 +39,7 @@ pub mod estimators;
 pub mod executor;
 pub mod features;
 pub mod hash;
+pub mod ope;
 pub mod policies;
 
 pub use decision::*;
@@ -55,7 +56,8 @@ pub mod prelude {
     };
     pub use crate::features::Featurizer;
     pub use crate::policies::{
-        AttemptObservation, Policy, PolicyConfig, PolicyKind, PolicyState, QualityObservation,
-        RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+        AttemptObservation, ExplorationFloor, ExplorationFloorConfig, FirstChoice, Policy,
+        PolicyConfig, PolicyKind, PolicyState, PropensityKind, QualityObservation, RankContext,
+        Ranking, ScoreBreakdown, ScoredCandidate,
     };
 }

@@ -121,6 +121,43 @@ proptest! {
     }
 
     #[test]
+    fn every_policy_reports_a_first_choice_distribution_over_the_eligible_set(
+        events in prop::collection::vec(event(4), 0..60),
+        mask in prop::collection::vec(any::<bool>(), 4),
+        probe in prop::collection::vec(-100.0f64..100.0, DIM),
+        deadline in prop::option::of(1.0f64..20_000.0),
+        seed in any::<u64>(),
+    ) {
+        let cands = pool(4);
+        let eligible: Vec<usize> = (0..4).filter(|&i| mask[i]).collect();
+        for kind in PolicyKind::ALL {
+            let mut p = PolicyConfig::default_for(kind).build(&cands, DIM).unwrap();
+            feed(p.as_mut(), &events);
+            let in_flight = [3, 1, 0, 2];
+            let truth = [0.1, 0.7, 0.3, 0.5];
+            let mut ctx = RankContext::new(&cands, &eligible, &probe);
+            ctx.deadline = deadline.map(Millis);
+            ctx.now = Timestamp(events.len() as f64 * 37.0);
+            ctx.in_flight = Some(&in_flight);
+            ctx.oracle_values = Some(&truth);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let fc = p.first_choice_distribution(&ctx, &mut rng, 16);
+            prop_assert_eq!(fc.probabilities.len(), 4);
+            let total: f64 = eligible.iter().map(|&i| fc.probabilities[i]).sum();
+            let want = if eligible.is_empty() { 0.0 } else { 1.0 };
+            prop_assert!((total - want).abs() < 1e-9, "{}: sums to {}", kind, total);
+            for i in (0..4).filter(|i| !eligible.contains(i)) {
+                prop_assert!(fc.probabilities[i].abs() < 1e-15, "{}: ineligible {} has mass", kind, i);
+            }
+            // A deterministic policy's distribution is its ranking's first choice.
+            if fc.kind == PropensityKind::Deterministic && !eligible.is_empty() {
+                let first = p.rank(&ctx, &mut rng).order[0].index;
+                prop_assert!((fc.probabilities[first] - 1.0).abs() < 1e-15, "{}: {:?} vs {}", kind, fc, first);
+            }
+        }
+    }
+
+    #[test]
     fn the_same_seed_gives_the_same_decisions(
         events in prop::collection::vec(event(3), 0..40),
         seed in any::<u64>(),

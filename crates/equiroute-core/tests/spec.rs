@@ -653,6 +653,71 @@ fn propensity_is_estimated_by_resampling() {
 }
 
 #[test]
+fn lqm_ts_estimates_its_propensity_by_resampling_like_ts_deadline() {
+    let cands = candidates(2);
+    let cfg = LqmTsConfig {
+        propensity_samples: 400,
+        ..LqmTsConfig::default()
+    };
+    let p = LqmTs::new(2, 8, cfg);
+    let x = [0.0; 8];
+    let mut ctx = RankContext::new(&cands, &[0, 1], &x);
+    ctx.deadline = Some(Millis(1000.0));
+    // Two identical unobserved candidates: each first about half the time.
+    let first = p.rank(&ctx, &mut rng(2)).first_choice_probability.unwrap();
+    assert!((first - 0.5).abs() < 0.1, "{first}");
+    let fc = p.first_choice_distribution(&ctx, &mut rng(3), 400);
+    assert_eq!(fc.kind, PropensityKind::Estimated { draws: 400 });
+    assert!((fc.probabilities[0] - 0.5).abs() < 0.1, "{fc:?}");
+    assert!((fc.probabilities[0] + fc.probabilities[1] - 1.0).abs() < 1e-9);
+    let too_many = LqmTsConfig {
+        propensity_samples: 20_000,
+        ..LqmTsConfig::default()
+    };
+    let e = PolicyConfig::LqmTs(too_many)
+        .build(&cands, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("propensity_samples"), "{e}");
+}
+
+#[test]
+fn exact_and_deterministic_first_choices_say_which_they_are() {
+    let cands = candidates(4);
+    let x = [0.0; 8];
+    let ctx = RankContext::new(&cands, &[0, 2, 3], &x);
+    let random = PolicyConfig::from_name("random")
+        .unwrap()
+        .build(&cands, 8)
+        .unwrap();
+    let fc = random.first_choice_distribution(&ctx, &mut rng(1), 1);
+    assert_eq!(fc.kind, PropensityKind::Exact);
+    assert_eq!(fc.probabilities, vec![1.0 / 3.0, 0.0, 1.0 / 3.0, 1.0 / 3.0]);
+    // Round-robin says what it would do next, without moving on.
+    let rr = PolicyConfig::from_name("round-robin")
+        .unwrap()
+        .build(&cands, 8)
+        .unwrap();
+    let before = rr.first_choice_distribution(&ctx, &mut rng(1), 1);
+    assert_eq!(before.kind, PropensityKind::Deterministic);
+    assert_eq!(rr.first_choice_distribution(&ctx, &mut rng(1), 1), before);
+    let first = rr.rank(&ctx, &mut rng(1)).order[0].index;
+    assert!((before.probabilities[first] - 1.0).abs() < 1e-15);
+    let after = rr.first_choice_distribution(&ctx, &mut rng(1), 1);
+    assert!(after.probabilities[first].abs() < 1e-15);
+    // Least-busy: uniform among the idle ones.
+    let busy = PolicyConfig::from_name("least-busy")
+        .unwrap()
+        .build(&cands, 8)
+        .unwrap();
+    let in_flight = [0, 5, 0, 2];
+    let mut ctx = ctx;
+    ctx.in_flight = Some(&in_flight);
+    let fc = busy.first_choice_distribution(&ctx, &mut rng(1), 1);
+    assert_eq!(fc.probabilities, vec![0.5, 0.0, 0.5, 0.0]);
+}
+
+#[test]
 fn priority_cooldown_follows_the_order_and_cools_down_failing_candidates() {
     let cands = candidates(3);
     let cfg = PriorityCooldownConfig {

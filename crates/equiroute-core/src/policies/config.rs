@@ -5,10 +5,10 @@
 //! returns a ready policy or an error naming the field and the fix.
 
 use super::{
-    Additive, AdditiveConfig, Cheapest, CheapestConfig, LeastBusy, LeastLatency,
-    LeastLatencyConfig, LinUcbPolicy, LinUcbPolicyConfig, Lqm, LqmConfig, LqmTs, LqmTsConfig,
-    Oracle, Policy, PriorityCooldown, PriorityCooldownConfig, RandomOrder, RoundRobin, Static,
-    StaticConfig, SwUcb, SwUcbConfig, TsDeadline, TsDeadlineConfig,
+    Additive, AdditiveConfig, Cheapest, CheapestConfig, ExplorationFloor, ExplorationFloorConfig,
+    LeastBusy, LeastLatency, LeastLatencyConfig, LinUcbPolicy, LinUcbPolicyConfig, Lqm, LqmConfig,
+    LqmTs, LqmTsConfig, Oracle, Policy, PriorityCooldown, PriorityCooldownConfig, RandomOrder,
+    RoundRobin, Static, StaticConfig, SwUcb, SwUcbConfig, TsDeadline, TsDeadlineConfig,
 };
 use crate::decision::Candidate;
 use crate::ConfigError;
@@ -379,6 +379,28 @@ impl PolicyConfig {
                 Box::new(Cheapest::new(k, *c))
             }
             PolicyConfig::Oracle(_) => Box::new(Oracle),
+        })
+    }
+}
+
+impl PolicyConfig {
+    /// [`PolicyConfig::build`], wrapped in an exploration floor when `floor` is active
+    /// (`min_propensity > 0`).
+    ///
+    /// # Errors
+    /// As [`PolicyConfig::build`], or the floor's parameters are out of range.
+    pub fn build_with_floor(
+        &self,
+        candidates: &[Candidate],
+        dim: usize,
+        floor: &ExplorationFloorConfig,
+    ) -> Result<Box<dyn Policy>, ConfigError> {
+        floor.validate()?;
+        let policy = self.build(candidates, dim)?;
+        Ok(if floor.is_active() {
+            Box::new(ExplorationFloor::new(policy, *floor)?)
+        } else {
+            policy
         })
     }
 }

@@ -53,8 +53,8 @@ use super::lqm::{LatencyTerm, LqmConfig, LqmState};
 use super::risk::{CostObjective, RiskConfig, RiskModel, RiskState};
 use super::ts_deadline::sample_scores;
 use super::{
-    wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation,
-    RankContext, Ranking,
+    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    QualityObservation, RankContext, Ranking, ScoredCandidate,
 };
 use crate::estimators::linucb::LinUcbConfig;
 use crate::StateError;
@@ -75,6 +75,9 @@ pub struct LqmTsConfig {
     pub quality_tolerance: f64,
     /// How expected latency discounts quality in `q`.
     pub latency: LatencyTerm,
+    /// Extra rankings drawn to estimate the propensity of the first choice (0: not
+    /// estimated), as in `ts-deadline`. Each costs one more Thompson draw per candidate.
+    pub propensity_samples: u32,
 }
 
 impl Default for LqmTsConfig {
@@ -97,6 +100,7 @@ impl Default for LqmTsConfig {
             cost_ref_usd: None,
             quality_tolerance: 0.02,
             latency: LatencyTerm::OverBudget,
+            propensity_samples: 0,
         }
     }
 }
@@ -106,6 +110,7 @@ impl LqmTsConfig {
         self.lqm.validate()?;
         self.risk.validate()?;
         crate::error::unit_interval("quality_tolerance", self.quality_tolerance)?;
+        super::ts_deadline::check_propensity_samples(self.propensity_samples)?;
         self.objective().validate()
     }
 
@@ -168,15 +173,14 @@ impl LqmTs {
             cfg,
         }
     }
-}
 
-impl Policy for LqmTs {
-    fn kind(&self) -> PolicyKind {
-        PolicyKind::LqmTs
-    }
-
-    fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
-        let quality = self.quality.score(&self.cfg.lqm, ctx, self.cfg.latency);
+    /// One ranking from the (deterministic) quality scores and a fresh risk draw.
+    fn rank_with(
+        &self,
+        quality: &[ScoredCandidate],
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Ranking {
         let mut order = sample_scores(&self.risk, self.cfg.objective(), ctx, rng);
         let learnt = ctx
             .eligible
@@ -184,7 +188,7 @@ impl Policy for LqmTs {
             .any(|&i| self.quality.heads.heads[i].count() > 0);
         // Both lists follow ctx.eligible, so they pair up index by index.
         let mut keyed: Vec<Keyed> = Vec::with_capacity(order.len());
-        for (pos, (risk, q)) in order.iter_mut().zip(&quality).enumerate() {
+        for (pos, (risk, q)) in order.iter_mut().zip(quality).enumerate() {
             let good = 1.0 - risk.breakdown.bad_probability.unwrap_or(0.0);
             let bonus = q.breakdown.exploration.unwrap_or(0.0);
             let optimistic = q.score * good;
@@ -253,6 +257,49 @@ impl Policy for LqmTs {
             super::heads::warmup_first(&mut ranking, &self.quality.heads, &self.cfg.lqm.head);
         }
         ranking
+    }
+}
+
+impl Policy for LqmTs {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::LqmTs
+    }
+
+    fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
+        let quality = self.quality.score(&self.cfg.lqm, ctx, self.cfg.latency);
+        let mut ranking = self.rank_with(&quality, ctx, rng);
+        if self.cfg.propensity_samples > 0 {
+            if let Some(first) = ranking.order.first().map(|s| s.index) {
+                // The quality part is deterministic: only the risk draws are repeated.
+                let hits = (0..self.cfg.propensity_samples)
+                    .filter(|_| {
+                        self.rank_with(&quality, ctx, rng)
+                            .order
+                            .first()
+                            .map(|s| s.index)
+                            == Some(first)
+                    })
+                    .count();
+                ranking.first_choice_probability =
+                    Some(hits as f64 / f64::from(self.cfg.propensity_samples));
+            }
+        }
+        ranking
+    }
+
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        draws: u32,
+    ) -> FirstChoice {
+        let quality = self.quality.score(&self.cfg.lqm, ctx, self.cfg.latency);
+        FirstChoice::from_draws(ctx, draws, || {
+            self.rank_with(&quality, ctx, rng)
+                .order
+                .first()
+                .map(|s| s.index)
+        })
     }
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {

@@ -12,9 +12,14 @@
 //! | `round-robin`, `random`, `static` | rotation, uniform shuffle, one fixed candidate first |
 //! | `least-latency`, `least-busy`, `cheapest` | latency EMA, in-flight count, price among healthy |
 //! | `oracle` | true expected values supplied by the laboratory (for regret) |
+//!
+//! Any of them can be wrapped in an [`ExplorationFloor`] (`min_propensity`), and every one
+//! reports its first-choice distribution ([`Policy::first_choice_distribution`]) for
+//! off-policy evaluation ([`crate::ope`]).
 
 mod additive;
 mod config;
+mod floor;
 mod heads;
 mod lqm;
 mod lqm_ts;
@@ -27,6 +32,7 @@ mod ts_deadline;
 
 pub use additive::{Additive, AdditiveConfig};
 pub use config::{NoParams, PolicyConfig, PolicyKind};
+pub use floor::{ExplorationFloor, ExplorationFloorConfig};
 pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig};
 pub use lqm::{LatencyTerm, Lqm, LqmConfig, LqmState};
 pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsState};
@@ -156,6 +162,88 @@ impl Ranking {
     }
 }
 
+/// How a [`FirstChoice`] distribution was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PropensityKind {
+    /// The policy defines the probabilities (uniform random, an exploration floor).
+    Exact,
+    /// Estimated from this many independent rankings (Thompson-sampled policies).
+    Estimated { draws: u32 },
+    /// A deterministic policy: probability 1 on its choice "by construction". Logs of such a
+    /// policy only support evaluating policies that agree with it.
+    Deterministic,
+}
+
+/// A policy's first-choice probabilities for one request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FirstChoice {
+    /// Indexed like [`RankContext::candidates`]; 0 for ineligible candidates; sums to 1 over
+    /// the eligible ones (all 0 when none is eligible).
+    pub probabilities: Vec<f64>,
+    pub kind: PropensityKind,
+}
+
+impl FirstChoice {
+    /// Probability 1 on the first of `ranking` (a deterministic policy's answer).
+    #[must_use]
+    pub fn deterministic(ctx: &RankContext<'_>, ranking: &Ranking) -> FirstChoice {
+        let mut probabilities = vec![0.0; ctx.candidates.len()];
+        if let Some(first) = ranking.order.first() {
+            probabilities[first.index] = 1.0;
+        }
+        FirstChoice {
+            probabilities,
+            kind: PropensityKind::Deterministic,
+        }
+    }
+
+    /// Uniform over `set` (exact).
+    #[must_use]
+    pub fn uniform(ctx: &RankContext<'_>, set: &[usize]) -> FirstChoice {
+        let mut probabilities = vec![0.0; ctx.candidates.len()];
+        for &i in set {
+            probabilities[i] = 1.0 / set.len() as f64;
+        }
+        FirstChoice {
+            probabilities,
+            kind: PropensityKind::Exact,
+        }
+    }
+
+    /// The share of `draws` (at least 1) independent first choices that fell on each
+    /// candidate.
+    pub fn from_draws(
+        ctx: &RankContext<'_>,
+        draws: u32,
+        mut first: impl FnMut() -> Option<usize>,
+    ) -> FirstChoice {
+        let draws = draws.max(1);
+        let mut probabilities = vec![0.0; ctx.candidates.len()];
+        for _ in 0..draws {
+            if let Some(i) = first() {
+                probabilities[i] += 1.0 / f64::from(draws);
+            }
+        }
+        FirstChoice {
+            probabilities,
+            kind: PropensityKind::Estimated { draws },
+        }
+    }
+
+    /// The probability that candidate `i` goes first (0 outside the interface).
+    #[must_use]
+    pub fn probability(&self, i: usize) -> f64 {
+        self.probabilities.get(i).copied().unwrap_or(0.0)
+    }
+
+    /// False for a deterministic policy, whose "probability 1" holds by construction.
+    #[must_use]
+    pub fn is_stochastic(&self) -> bool {
+        self.kind != PropensityKind::Deterministic
+    }
+}
+
 /// One finished attempt, as the policy learns from it.
 #[derive(Clone, Copy, Debug)]
 pub struct AttemptObservation<'a> {
@@ -202,6 +290,22 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// Ranks the eligible candidates of `ctx`, best first. The result is a permutation of
     /// `ctx.eligible` with finite scores.
     fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking;
+
+    /// First-choice probabilities over `ctx.candidates` (0 for ineligible), exact where the
+    /// policy defines them, else estimated from `draws` independent rankings; also says
+    /// which. Does not change the policy's state (round-robin's rotation included). The
+    /// default estimates from `draws` calls to [`Policy::rank`]; every built-in policy
+    /// overrides it.
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::from_draws(ctx, draws, || {
+            self.rank(ctx, rng).order.first().map(|s| s.index)
+        })
+    }
 
     /// Learns from one attempt (every attempt, failed ones included).
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>);

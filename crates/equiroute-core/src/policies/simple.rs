@@ -2,8 +2,8 @@
 //! `least-busy`, `cheapest` and the laboratory's `oracle`.
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
-    QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+    check_len, wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    PropensityKind, QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::decision::AttemptStatus;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig, LatencyEma};
@@ -60,6 +60,23 @@ impl Policy for RoundRobin {
             first_choice_probability: Some(1.0),
         }
     }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        _rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        // The candidate the next rank would put first, without advancing the rotation.
+        let n = ctx.eligible.len();
+        let mut probabilities = vec![0.0; ctx.candidates.len()];
+        if n > 0 {
+            probabilities[ctx.eligible[self.next.load(Ordering::Relaxed) % n]] = 1.0;
+        }
+        FirstChoice {
+            probabilities,
+            kind: PropensityKind::Deterministic,
+        }
+    }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}
     fn export_state(&self) -> PolicyState {
@@ -88,6 +105,14 @@ impl Policy for RandomOrder {
             order: in_order(idx, n),
             first_choice_probability: (n > 0).then(|| 1.0 / n as f64),
         }
+    }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        _rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::uniform(ctx, ctx.eligible)
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}
@@ -142,6 +167,14 @@ impl Policy for Static {
             order: in_order(first.chain(rest), ctx.eligible.len()),
             first_choice_probability: Some(1.0),
         }
+    }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}
@@ -221,6 +254,14 @@ impl Policy for LeastLatency {
         r.sort();
         r
     }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
+    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         if obs.outcome.status != AttemptStatus::ClientError {
             let e = &mut self.state.latency[obs.candidate];
@@ -271,6 +312,23 @@ impl Policy for LeastBusy {
                 .collect(),
             first_choice_probability: None,
         }
+    }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        _rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        // Uniform among the least busy (ties are shuffled).
+        let busy = |i: usize| ctx.in_flight.and_then(|f| f.get(i)).copied().unwrap_or(0);
+        let least = ctx.eligible.iter().map(|&i| busy(i)).min().unwrap_or(0);
+        let idle: Vec<usize> = ctx
+            .eligible
+            .iter()
+            .copied()
+            .filter(|&i| busy(i) == least)
+            .collect();
+        FirstChoice::uniform(ctx, &idle)
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}
@@ -358,6 +416,14 @@ impl Policy for Cheapest {
         r.sort();
         r
     }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
+    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         let s = obs.outcome.status;
         if matches!(
@@ -423,6 +489,14 @@ impl Policy for Oracle {
         };
         r.sort();
         r
+    }
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        _draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}

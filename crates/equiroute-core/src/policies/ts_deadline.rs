@@ -10,8 +10,8 @@
 
 use super::risk::{cost_factor, cost_reference, CostObjective, RiskConfig, RiskModel};
 use super::{
-    wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation,
-    RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::StateError;
 use rand::RngCore;
@@ -32,15 +32,20 @@ impl TsDeadlineConfig {
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
         self.risk.validate()?;
         self.objective.validate()?;
-        if self.propensity_samples > 10_000 {
-            return Err(crate::error::out_of_range(
-                "propensity_samples",
-                self.propensity_samples,
-                "must be at most 10000 (each costs one extra ranking)",
-            ));
-        }
-        Ok(())
+        check_propensity_samples(self.propensity_samples)
     }
+}
+
+/// The propensity draws of the Thompson-sampled policies are bounded: each costs a ranking.
+pub(crate) fn check_propensity_samples(samples: u32) -> Result<(), crate::ConfigError> {
+    if samples > 10_000 {
+        return Err(crate::error::out_of_range(
+            "propensity_samples",
+            samples,
+            "must be at most 10000 (each costs one extra ranking)",
+        ));
+    }
+    Ok(())
 }
 
 /// Deadline-risk Thompson sampling.
@@ -148,6 +153,17 @@ impl Policy for TsDeadline {
             }
         }
         r
+    }
+
+    fn first_choice_distribution(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+        draws: u32,
+    ) -> FirstChoice {
+        FirstChoice::from_draws(ctx, draws, || {
+            best_index(&sample_scores(&self.risk, self.cfg.objective, ctx, rng))
+        })
     }
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {

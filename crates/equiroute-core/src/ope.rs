@@ -1,0 +1,830 @@
+//! Off-policy evaluation: what a *target* policy would have scored on traffic that another
+//! (the *logging*) policy served, from the log alone.
+//!
+//! Each [`LoggedDecision`] is one request: its features, the eligible set, the candidate the
+//! logging policy put first (`action`) with the probability it had of doing so
+//! (`propensity`), the target policy's first-choice probabilities on the same context, and
+//! the metric observed (`outcome`). With `w = target[action] / propensity`:
+//!
+//! ```text
+//! IPS   = (1/n) Σ w·y
+//! SNIPS = Σ w·y / Σ w
+//! DR    = (1/n) Σ [ Σ_c target[c]·q̂(x,c) + w·(y − q̂(x,action)) ]
+//! ```
+//!
+//! `q̂` is a ridge regression per candidate on the features (plus an intercept), fitted on the
+//! same log with K-fold cross-fitting: a record's `q̂` never saw that record. Intervals are
+//! percentile bootstrap intervals over records (seeded, so reproducible); for DR the fitted
+//! `q̂` is held fixed across resamples. The effective sample size is `(Σw)²/Σw²`.
+//!
+//! The estimators are unbiased only where the log *supports* the target: every candidate the
+//! target may choose must have been chosen by the logger with a known, non-zero probability.
+//! [`SupportWarning`] names each way this fails; a caller should show them with the number.
+//!
+//! ```
+//! use equiroute_core::ope::{evaluate, Estimator, LoggedDecision, OpeOptions};
+//! // A uniform logger over two candidates; the target always picks candidate 1.
+//! let log: Vec<LoggedDecision> = (0..4)
+//!     .map(|i| LoggedDecision {
+//!         features: vec![],
+//!         eligible: vec![0, 1],
+//!         action: i % 2,
+//!         propensity: 0.5,
+//!         propensity_exact: true,
+//!         target: vec![0.0, 1.0],
+//!         outcome: if i % 2 == 1 { 0.8 } else { 0.2 },
+//!     })
+//!     .collect();
+//! let est = evaluate(&log, Estimator::Ips, &OpeOptions::default()).unwrap();
+//! // (0 + 2·0.8 + 0 + 2·0.8) / 4 = 0.8
+//! assert!((est.value - 0.8).abs() < 1e-12);
+//! ```
+
+use crate::estimators::linalg::spd_inverse;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use thiserror::Error;
+
+/// One logged decision, as an evaluator sees it. Indices are candidate indices of the
+/// interface.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoggedDecision {
+    /// The request's feature vector (may be empty).
+    pub features: Vec<f64>,
+    /// The eligible set at decision time.
+    pub eligible: Vec<usize>,
+    /// The candidate the logging policy put first.
+    pub action: usize,
+    /// The logging policy's probability of that first choice, in `(0, 1]`.
+    pub propensity: f64,
+    /// False when the logger was deterministic (propensity 1 "by construction").
+    pub propensity_exact: bool,
+    /// The evaluated policy's first-choice probabilities, indexed by candidate (sum 1 over
+    /// `eligible`).
+    pub target: Vec<f64>,
+    /// The metric being evaluated for this request (quality, 1{deadline miss}, 1{bad}, cost).
+    pub outcome: f64,
+}
+
+/// Which estimator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Estimator {
+    /// Inverse propensity scoring: unbiased, high variance.
+    Ips,
+    /// Self-normalised IPS: slightly biased, bounded by the outcomes' range.
+    Snips,
+    /// Doubly robust: a cross-fitted reward model corrected by IPS on its residuals.
+    Dr,
+}
+
+impl Estimator {
+    /// All estimators, in documentation order.
+    pub const ALL: [Estimator; 3] = [Estimator::Ips, Estimator::Snips, Estimator::Dr];
+
+    /// The name used on command lines (`ips`, `snips`, `dr`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Estimator::Ips => "ips",
+            Estimator::Snips => "snips",
+            Estimator::Dr => "dr",
+        }
+    }
+}
+
+impl fmt::Display for Estimator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Estimator {
+    type Err = OpeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Estimator::ALL
+            .into_iter()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| OpeError::UnknownEstimator { name: s.to_owned() })
+    }
+}
+
+/// How to evaluate.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpeOptions {
+    /// Coverage of the interval (default 0.95).
+    pub confidence: f64,
+    /// Bootstrap resamples over records for the interval (default 400).
+    pub bootstrap_resamples: u32,
+    /// Folds of DR's cross-fitting (default 5; at least 2).
+    pub folds: u32,
+    /// Propensities below this are "near zero" (default 0.005: weights above 200).
+    pub min_propensity_warn: f64,
+    /// An effective sample size below this is too thin to trust (default 100).
+    pub min_effective_sample_size: f64,
+    /// A candidate the target chooses with at least this mean mass must appear in the log
+    /// (default 0.01).
+    pub min_target_mass_warn: f64,
+    /// Ridge penalty of DR's reward model (default 1).
+    pub ridge: f64,
+    /// Seed of the bootstrap.
+    pub seed: u64,
+}
+
+impl Default for OpeOptions {
+    fn default() -> Self {
+        OpeOptions {
+            confidence: 0.95,
+            bootstrap_resamples: 400,
+            folds: 5,
+            min_propensity_warn: 0.005,
+            min_effective_sample_size: 100.0,
+            min_target_mass_warn: 0.01,
+            ridge: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// An estimate of the target policy's mean outcome.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    pub value: f64,
+    /// Lower end of the bootstrap interval at [`OpeOptions::confidence`].
+    pub ci_low: f64,
+    /// Upper end of the interval.
+    pub ci_high: f64,
+    /// `(Σw)²/Σw²` with `w = target[action]/propensity`; `n` when the policies agree.
+    pub effective_sample_size: f64,
+    /// Records evaluated.
+    pub n: usize,
+    /// Why the number may not mean what it seems (empty when the log supports the target).
+    pub warnings: Vec<SupportWarning>,
+}
+
+impl Estimate {
+    /// Whether `x` lies in the interval.
+    #[must_use]
+    pub fn covers(&self, x: f64) -> bool {
+        self.ci_low <= x && x <= self.ci_high
+    }
+}
+
+/// A reason the log may not support the evaluation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "warning", rename_all = "snake_case")]
+pub enum SupportWarning {
+    /// The logger was deterministic: the log only says what happens where the target agrees
+    /// with it.
+    DeterministicLogger,
+    /// The target puts `target_mass` (mean over records) on a candidate the log never chose.
+    UnsupportedAction { candidate: usize, target_mass: f64 },
+    /// This share of the records has a propensity below the warning threshold.
+    TinyPropensities { share: f64 },
+    /// The importance weights leave this few effective records.
+    LowEffectiveSampleSize { ess: f64 },
+}
+
+impl fmt::Display for SupportWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SupportWarning::DeterministicLogger => f.write_str(
+                "the logging policy was deterministic: the log only shows what happens when the \
+                 evaluated policy makes the same choice, so the estimate is only valid for a policy \
+                 that agrees with it; log with an exploration floor (min_propensity) to evaluate others",
+            ),
+            SupportWarning::UnsupportedAction {
+                candidate,
+                target_mass,
+            } => write!(
+                f,
+                "the evaluated policy would put candidate {candidate} first on {:.1}% of requests, \
+                 but the log never chose it: its outcome there is unknown (log with an exploration floor)",
+                100.0 * target_mass
+            ),
+            SupportWarning::TinyPropensities { share } => write!(
+                f,
+                "{:.1}% of the logged choices had a near-zero probability: a few records dominate \
+                 the estimate",
+                100.0 * share
+            ),
+            SupportWarning::LowEffectiveSampleSize { ess } => write!(
+                f,
+                "the evaluated policy differs so much from the logging policy that the log is worth \
+                 only {ess:.0} requests: the interval is unreliable (collect more traffic or raise \
+                 the exploration floor)"
+            ),
+        }
+    }
+}
+
+/// The log or the options cannot be evaluated.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum OpeError {
+    #[error("the log has no records: evaluate a log with at least one decision")]
+    Empty,
+    #[error("record {index}: `{field}` {problem}")]
+    BadRecord {
+        index: usize,
+        field: &'static str,
+        problem: String,
+    },
+    #[error("`{field}` = {value}: {fix}")]
+    BadOption {
+        field: &'static str,
+        value: String,
+        fix: &'static str,
+    },
+    #[error("unknown estimator `{name}`: use ips, snips or dr")]
+    UnknownEstimator { name: String },
+}
+
+/// Estimates the target policy's mean outcome on the logged traffic.
+///
+/// # Errors
+/// An empty log, a malformed record (propensity outside `(0, 1]`, an action outside the
+/// eligible set, target probabilities that are not a distribution over the eligible set,
+/// a non-finite outcome or feature, features of varying length), or options out of range.
+pub fn evaluate(
+    records: &[LoggedDecision],
+    estimator: Estimator,
+    opts: &OpeOptions,
+) -> Result<Estimate, OpeError> {
+    check_options(opts)?;
+    if records.is_empty() {
+        return Err(OpeError::Empty);
+    }
+    for (i, r) in records.iter().enumerate() {
+        check_record(i, r, records[0].features.len())?;
+    }
+    let weights: Vec<f64> = records
+        .iter()
+        .map(|r| r.target[r.action] / r.propensity)
+        .collect();
+    // Per-record terms whose mean (IPS, DR) or ratio of sums (SNIPS) is the estimate.
+    let terms: Vec<(f64, f64)> = match estimator {
+        Estimator::Ips | Estimator::Snips => records
+            .iter()
+            .zip(&weights)
+            .map(|(r, w)| (w * r.outcome, *w))
+            .collect(),
+        Estimator::Dr => {
+            let q = cross_fitted_rewards(records, opts)?;
+            records
+                .iter()
+                .zip(&weights)
+                .zip(&q)
+                .map(|((r, w), q)| {
+                    let direct: f64 = r.eligible.iter().map(|&c| r.target[c] * q[c]).sum();
+                    (direct + w * (r.outcome - q[r.action]), 1.0)
+                })
+                .collect()
+        }
+    };
+    let combine = |sum_num: f64, sum_den: f64, n: usize| match estimator {
+        Estimator::Snips if sum_den > 0.0 => sum_num / sum_den,
+        // No weight at all: the target never agrees with the log; report 0, warned below.
+        Estimator::Snips => 0.0,
+        Estimator::Ips | Estimator::Dr => sum_num / n as f64,
+    };
+    let n = records.len();
+    let (sn, sd) = terms
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let value = combine(sn, sd, n);
+
+    let mut rng = SplitMix64(opts.seed ^ 0x6a09_e667_f3bc_c908);
+    let mut boot: Vec<f64> = (0..opts.bootstrap_resamples)
+        .map(|_| {
+            let (mut a, mut b) = (0.0, 0.0);
+            for _ in 0..n {
+                let (x, y) = terms[rng.below(n)];
+                a += x;
+                b += y;
+            }
+            combine(a, b, n)
+        })
+        .collect();
+    boot.sort_by(f64::total_cmp);
+    let tail = (1.0 - opts.confidence) / 2.0;
+    let (ci_low, ci_high) = (quantile(&boot, tail), quantile(&boot, 1.0 - tail));
+
+    let sum_w: f64 = weights.iter().sum();
+    let sum_w2: f64 = weights.iter().map(|w| w * w).sum();
+    let ess = if sum_w2 > 0.0 {
+        sum_w * sum_w / sum_w2
+    } else {
+        0.0
+    };
+    Ok(Estimate {
+        value,
+        ci_low: ci_low.min(value),
+        ci_high: ci_high.max(value),
+        effective_sample_size: ess,
+        n,
+        warnings: support_warnings(records, ess, opts),
+    })
+}
+
+/// What may make an evaluation of this log meaningless, whatever the estimator.
+#[must_use]
+pub fn support_warnings(
+    records: &[LoggedDecision],
+    ess: f64,
+    opts: &OpeOptions,
+) -> Vec<SupportWarning> {
+    let mut out = Vec::new();
+    if records.is_empty() {
+        return out;
+    }
+    let n = records.len() as f64;
+    if records.iter().any(|r| !r.propensity_exact) {
+        out.push(SupportWarning::DeterministicLogger);
+    }
+    let k = records
+        .iter()
+        .map(|r| r.target.len())
+        .max()
+        .unwrap_or(0)
+        .max(records.iter().map(|r| r.action + 1).max().unwrap_or(0));
+    let mut chosen = vec![false; k];
+    let mut mass = vec![0.0; k];
+    for r in records {
+        chosen[r.action] = true;
+        for &c in &r.eligible {
+            mass[c] += r.target.get(c).copied().unwrap_or(0.0);
+        }
+    }
+    for m in &mut mass {
+        *m /= n;
+    }
+    for c in 0..k {
+        if !chosen[c] && mass[c] >= opts.min_target_mass_warn {
+            out.push(SupportWarning::UnsupportedAction {
+                candidate: c,
+                target_mass: mass[c],
+            });
+        }
+    }
+    let tiny = records
+        .iter()
+        .filter(|r| r.propensity < opts.min_propensity_warn)
+        .count();
+    if tiny > 0 {
+        out.push(SupportWarning::TinyPropensities {
+            share: tiny as f64 / n,
+        });
+    }
+    if ess < opts.min_effective_sample_size {
+        out.push(SupportWarning::LowEffectiveSampleSize { ess });
+    }
+    out
+}
+
+fn bad_option(field: &'static str, value: impl fmt::Display, fix: &'static str) -> OpeError {
+    OpeError::BadOption {
+        field,
+        value: value.to_string(),
+        fix,
+    }
+}
+
+fn check_options(o: &OpeOptions) -> Result<(), OpeError> {
+    if !(o.confidence > 0.0 && o.confidence < 1.0) {
+        return Err(bad_option(
+            "confidence",
+            o.confidence,
+            "must be in (0, 1), e.g. 0.95",
+        ));
+    }
+    if o.bootstrap_resamples == 0 || o.bootstrap_resamples > 100_000 {
+        return Err(bad_option(
+            "bootstrap_resamples",
+            o.bootstrap_resamples,
+            "must be in 1..=100000 (400 is plenty for a 95% interval)",
+        ));
+    }
+    if o.folds < 2 || o.folds > 100 {
+        return Err(bad_option(
+            "folds",
+            o.folds,
+            "must be in 2..=100 (cross-fitting needs at least two folds; 5 is usual)",
+        ));
+    }
+    if !(o.min_propensity_warn >= 0.0 && o.min_propensity_warn < 1.0) {
+        return Err(bad_option(
+            "min_propensity_warn",
+            o.min_propensity_warn,
+            "must be in [0, 1), e.g. 0.005",
+        ));
+    }
+    if !(o.min_effective_sample_size >= 0.0 && o.min_effective_sample_size.is_finite()) {
+        return Err(bad_option(
+            "min_effective_sample_size",
+            o.min_effective_sample_size,
+            "must be a finite number of at least 0, e.g. 100",
+        ));
+    }
+    if !(0.0..=1.0).contains(&o.min_target_mass_warn) {
+        return Err(bad_option(
+            "min_target_mass_warn",
+            o.min_target_mass_warn,
+            "must be in [0, 1], e.g. 0.01",
+        ));
+    }
+    if !(o.ridge > 0.0 && o.ridge.is_finite()) {
+        return Err(bad_option(
+            "ridge",
+            o.ridge,
+            "must be a finite number above 0, e.g. 1",
+        ));
+    }
+    Ok(())
+}
+
+fn check_record(index: usize, r: &LoggedDecision, dim: usize) -> Result<(), OpeError> {
+    let bad = |field, problem: String| {
+        Err(OpeError::BadRecord {
+            index,
+            field,
+            problem,
+        })
+    };
+    if !(r.propensity > 0.0 && r.propensity <= 1.0) {
+        return bad(
+            "propensity",
+            format!(
+                "= {}: must be in (0, 1] (a choice the logger could not make cannot be in its log)",
+                r.propensity
+            ),
+        );
+    }
+    if !r.eligible.contains(&r.action) {
+        return bad(
+            "action",
+            format!(
+                "= {}: must be one of the eligible candidates {:?}",
+                r.action, r.eligible
+            ),
+        );
+    }
+    if let Some(&c) = r.eligible.iter().find(|&&c| c >= r.target.len()) {
+        return bad(
+            "target",
+            format!(
+                "has {} probabilities but eligible candidate {c} needs index {c}: give one per candidate",
+                r.target.len()
+            ),
+        );
+    }
+    if r.target.iter().any(|p| !(0.0..=1.0 + 1e-9).contains(p)) {
+        return bad("target", "holds a value outside [0, 1]".to_owned());
+    }
+    let total: f64 = r.eligible.iter().map(|&c| r.target[c]).sum();
+    if (total - 1.0).abs() > 1e-6 {
+        return bad(
+            "target",
+            format!("sums to {total} over the eligible candidates: it must sum to 1"),
+        );
+    }
+    if !r.outcome.is_finite() {
+        return bad("outcome", "is not a finite number".to_owned());
+    }
+    if r.features.len() != dim {
+        return bad(
+            "features",
+            format!(
+                "has {} dimensions, record 0 has {dim}: every record needs the same features",
+                r.features.len()
+            ),
+        );
+    }
+    if r.features.iter().any(|x| !x.is_finite()) {
+        return bad("features", "holds a non-finite number".to_owned());
+    }
+    Ok(())
+}
+
+/// `q̂(x, c)` for every record and candidate, each predicted by a model that did not see the
+/// record: records are dealt into folds round-robin (so every fold spans the whole log, drift
+/// included), and each fold is predicted by ridge regressions fitted on the other folds.
+fn cross_fitted_rewards(
+    records: &[LoggedDecision],
+    opts: &OpeOptions,
+) -> Result<Vec<Vec<f64>>, OpeError> {
+    let n = records.len();
+    let k = records
+        .iter()
+        .map(|r| r.target.len().max(r.action + 1))
+        .max()
+        .unwrap_or(0);
+    let folds = (opts.folds as usize).min(n).max(1);
+    let mut out = vec![vec![0.0; k]; n];
+    for fold in 0..folds {
+        let train = records
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| folds == 1 || i % folds != fold)
+            .map(|(_, r)| r);
+        let model = RewardModel::fit(train, k, opts.ridge)?;
+        for (i, r) in records.iter().enumerate() {
+            if i % folds == fold {
+                for (c, q) in out[i].iter_mut().enumerate() {
+                    *q = model.predict(c, &r.features);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One ridge regression per candidate on `[1, x]`; a candidate without data predicts the
+/// mean outcome of the training records (of any candidate).
+struct RewardModel {
+    /// Per candidate: coefficients on `[1, x]`, or `None` without data.
+    coefficients: Vec<Option<Vec<f64>>>,
+    fallback: f64,
+}
+
+impl RewardModel {
+    fn fit<'a>(
+        records: impl Iterator<Item = &'a LoggedDecision>,
+        k: usize,
+        ridge: f64,
+    ) -> Result<RewardModel, OpeError> {
+        let mut gram: Vec<Option<(Vec<f64>, Vec<f64>)>> = vec![None; k];
+        let (mut total, mut count) = (0.0, 0usize);
+        let mut d = 1;
+        for r in records {
+            d = r.features.len() + 1;
+            total += r.outcome;
+            count += 1;
+            let (a, b) = gram[r.action].get_or_insert_with(|| (vec![0.0; d * d], vec![0.0; d]));
+            let z = |j: usize| if j == 0 { 1.0 } else { r.features[j - 1] };
+            for i in 0..d {
+                b[i] += r.outcome * z(i);
+                for j in 0..d {
+                    a[i * d + j] += z(i) * z(j);
+                }
+            }
+        }
+        let fallback = if count > 0 { total / count as f64 } else { 0.0 };
+        let mut coefficients = Vec::with_capacity(k);
+        for g in gram {
+            coefficients.push(match g {
+                None => None,
+                Some((mut a, b)) => {
+                    // Ridge on the slopes only, toward the fallback mean via the intercept:
+                    // a thin candidate predicts close to its own mean.
+                    for i in 1..d {
+                        a[i * d + i] += ridge;
+                    }
+                    a[0] += 1e-9;
+                    let inv = spd_inverse(&a, d).ok_or(OpeError::BadOption {
+                        field: "ridge",
+                        value: ridge.to_string(),
+                        fix: "the reward model's normal equations are singular: raise the ridge penalty",
+                    })?;
+                    Some(
+                        (0..d)
+                            .map(|i| (0..d).map(|j| inv[i * d + j] * b[j]).sum())
+                            .collect(),
+                    )
+                }
+            });
+        }
+        Ok(RewardModel {
+            coefficients,
+            fallback,
+        })
+    }
+
+    fn predict(&self, c: usize, x: &[f64]) -> f64 {
+        match self.coefficients.get(c) {
+            Some(Some(theta)) => {
+                theta[0] + theta[1..].iter().zip(x).map(|(t, x)| t * x).sum::<f64>()
+            }
+            _ => self.fallback,
+        }
+    }
+}
+
+/// The `p`-quantile of sorted `xs` (linear interpolation between order statistics).
+fn quantile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let pos = p.clamp(0.0, 1.0) * (xs.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)
+}
+
+/// A tiny seeded generator for the bootstrap, so that intervals do not change with the
+/// `rand` crate's version.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n ≥ 1), by multiply-shift (bias below 2⁻³²).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(action: u32, propensity: f64, target: [f64; 2], outcome: f64) -> LoggedDecision {
+        LoggedDecision {
+            features: vec![],
+            eligible: vec![0, 1],
+            action: action as usize,
+            propensity,
+            propensity_exact: true,
+            target: target.to_vec(),
+            outcome,
+        }
+    }
+
+    /// A 2-arm log on paper: the logger picks arm 0 with 0.8, arm 1 with 0.2.
+    /// Records: (0, y=1), (0, y=0), (0, y=1), (1, y=1), (0, y=0).
+    /// Target: arm 1 with 0.5. Weights: arm 0 → 0.5/0.8 = 0.625, arm 1 → 0.5/0.2 = 2.5.
+    fn paper_log() -> Vec<LoggedDecision> {
+        [(0, 1.0), (0, 0.0), (0, 1.0), (1, 1.0), (0, 0.0)]
+            .into_iter()
+            .map(|(a, y)| rec(a, if a == 0 { 0.8 } else { 0.2 }, [0.5, 0.5], y))
+            .collect()
+    }
+
+    #[test]
+    fn ips_and_snips_match_the_paper_computation() {
+        let o = OpeOptions::default();
+        let ips = evaluate(&paper_log(), Estimator::Ips, &o).unwrap();
+        // (0.625 + 0 + 0.625 + 2.5 + 0) / 5 = 3.75 / 5 = 0.75
+        assert!((ips.value - 0.75).abs() < 1e-12, "{}", ips.value);
+        let snips = evaluate(&paper_log(), Estimator::Snips, &o).unwrap();
+        // 3.75 / (4·0.625 + 2.5) = 3.75 / 5 = 0.75
+        assert!((snips.value - 0.75).abs() < 1e-12, "{}", snips.value);
+        // ESS = 5² / (4·0.625² + 2.5²) = 25 / 7.8125 = 3.2
+        assert!((ips.effective_sample_size - 3.2).abs() < 1e-12);
+        assert_eq!(ips.n, 5);
+        assert!(ips.ci_low <= ips.value && ips.value <= ips.ci_high);
+    }
+
+    #[test]
+    fn snips_differs_from_ips_when_weights_do_not_average_one() {
+        // Target always arm 1: weights 0 (arm 0) and 5 (arm 1). One arm-1 record of five:
+        // IPS = 5·1/5 = 1; SNIPS = 5/5 = 1. With y=0.6 on it: IPS 0.6, SNIPS 0.6.
+        // Two arm-1 records (y=1, y=0.5) of five: IPS = (5 + 2.5)/5 = 1.5, SNIPS = 7.5/10 = 0.75.
+        let mut log = vec![
+            rec(0, 0.8, [0.0, 1.0], 1.0),
+            rec(0, 0.8, [0.0, 1.0], 1.0),
+            rec(0, 0.8, [0.0, 1.0], 1.0),
+        ];
+        log.push(rec(1, 0.2, [0.0, 1.0], 1.0));
+        log.push(rec(1, 0.2, [0.0, 1.0], 0.5));
+        let o = OpeOptions::default();
+        assert!((evaluate(&log, Estimator::Ips, &o).unwrap().value - 1.5).abs() < 1e-12);
+        assert!((evaluate(&log, Estimator::Snips, &o).unwrap().value - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn dr_with_a_constant_reward_per_arm_is_exact() {
+        // Arm 0 always scores 0.2, arm 1 always 0.9; a uniform logger. With no features the
+        // reward model is each arm's mean, which cross-fitting still gets exactly right, so
+        // every residual is 0 and DR = Σ target·q̂ = 0.3·0.2 + 0.7·0.9 = 0.69 with a zero-width
+        // interval; IPS is only right on average.
+        let log: Vec<LoggedDecision> = (0..40)
+            .map(|i| {
+                let a = u32::from(i % 4 == 1 || i % 4 == 2);
+                rec(a, 0.5, [0.3, 0.7], if a == 0 { 0.2 } else { 0.9 })
+            })
+            .collect();
+        let o = OpeOptions::default();
+        let dr = evaluate(&log, Estimator::Dr, &o).unwrap();
+        assert!((dr.value - 0.69).abs() < 1e-6, "{}", dr.value);
+        assert!(dr.ci_high - dr.ci_low < 1e-6);
+        let ips = evaluate(&log, Estimator::Ips, &o).unwrap();
+        // Half the records each: (20·0.6·0.2 + 20·1.4·0.9)/40 = (2.4 + 25.2)/40 = 0.69.
+        assert!((ips.value - 0.69).abs() < 1e-12);
+    }
+
+    #[test]
+    fn dr_fits_a_linear_reward_from_the_features() {
+        // y = 0.5·x for arm 0 and 1 − 0.5·x for arm 1, x in [0, 1]; the target picks arm 1
+        // when x < 0.5, arm 0 otherwise. Its true value is the mean of its arms' rewards over the grid.
+        let log: Vec<LoggedDecision> = (0..200u32)
+            .map(|i| {
+                let x = f64::from(i % 20) / 19.0;
+                let a = (i / 20) % 2;
+                let target = if x < 0.5 { [0.0, 1.0] } else { [1.0, 0.0] };
+                let y = if a == 0 { 0.5 * x } else { 1.0 - 0.5 * x };
+                LoggedDecision {
+                    features: vec![x],
+                    ..rec(a, 0.5, target, y)
+                }
+            })
+            .collect();
+        let truth: f64 = (0..20)
+            .map(|i| {
+                let x = f64::from(i) / 19.0;
+                if x < 0.5 {
+                    1.0 - 0.5 * x
+                } else {
+                    0.5 * x
+                }
+            })
+            .sum::<f64>()
+            / 20.0;
+        let o = OpeOptions {
+            ridge: 1e-6,
+            ..OpeOptions::default()
+        };
+        let dr = evaluate(&log, Estimator::Dr, &o).unwrap();
+        assert!((dr.value - truth).abs() < 1e-3, "{} vs {truth}", dr.value);
+        assert!(dr.covers(truth));
+    }
+
+    #[test]
+    fn the_interval_is_reproducible_from_the_seed_and_changes_with_it() {
+        let log: Vec<LoggedDecision> = (0..60u32)
+            .map(|i| rec(i % 2, 0.5, [0.4, 0.6], f64::from(i % 7) / 7.0))
+            .collect();
+        let o = OpeOptions::default();
+        let a = evaluate(&log, Estimator::Ips, &o).unwrap();
+        let b = evaluate(&log, Estimator::Ips, &o).unwrap();
+        assert_eq!(a, b);
+        assert!(a.ci_low < a.value && a.value < a.ci_high, "{a:?}");
+        let c = evaluate(&log, Estimator::Ips, &OpeOptions { seed: 9, ..o }).unwrap();
+        assert!(
+            (a.ci_low - c.ci_low).abs() + (a.ci_high - c.ci_high).abs() > 1e-12,
+            "{a:?} {c:?}"
+        );
+    }
+
+    #[test]
+    fn a_deterministic_logger_and_an_unsupported_arm_are_warned() {
+        // The logger always picked arm 0 "with probability 1"; the target wants arm 1.
+        let log: Vec<LoggedDecision> = (0..10)
+            .map(|_| LoggedDecision {
+                propensity_exact: false,
+                ..rec(0, 1.0, [0.0, 1.0], 0.5)
+            })
+            .collect();
+        let e = evaluate(&log, Estimator::Ips, &OpeOptions::default()).unwrap();
+        assert!(e.warnings.contains(&SupportWarning::DeterministicLogger));
+        assert!(e.warnings.contains(&SupportWarning::UnsupportedAction {
+            candidate: 1,
+            target_mass: 1.0
+        }));
+        assert!(e
+            .warnings
+            .iter()
+            .any(|w| matches!(w, SupportWarning::LowEffectiveSampleSize { ess } if *ess == 0.0)));
+        let text = SupportWarning::DeterministicLogger.to_string();
+        assert!(text.contains("exploration floor"), "{text}");
+    }
+
+    #[test]
+    fn near_zero_propensities_are_warned_with_their_share() {
+        let mut log = paper_log();
+        log[3].propensity = 0.001;
+        let e = evaluate(&log, Estimator::Snips, &OpeOptions::default()).unwrap();
+        assert!(e
+            .warnings
+            .contains(&SupportWarning::TinyPropensities { share: 0.2 }));
+    }
+
+    #[test]
+    fn bad_records_and_options_name_the_field() {
+        let o = OpeOptions::default();
+        assert_eq!(evaluate(&[], Estimator::Ips, &o), Err(OpeError::Empty));
+        let mut log = paper_log();
+        log[2].propensity = 0.0;
+        let e = evaluate(&log, Estimator::Ips, &o).unwrap_err().to_string();
+        assert!(e.contains("record 2") && e.contains("propensity"), "{e}");
+        let mut log = paper_log();
+        log[1].target = vec![0.5, 0.6];
+        let e = evaluate(&log, Estimator::Ips, &o).unwrap_err().to_string();
+        assert!(e.contains("sums to"), "{e}");
+        let mut log = paper_log();
+        log[0].action = 7;
+        assert!(evaluate(&log, Estimator::Ips, &o).is_err());
+        let e = evaluate(&paper_log(), Estimator::Dr, &OpeOptions { folds: 1, ..o })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("folds"), "{e}");
+        assert_eq!("dr".parse::<Estimator>(), Ok(Estimator::Dr));
+        assert!("xyz".parse::<Estimator>().is_err());
+    }
+}
