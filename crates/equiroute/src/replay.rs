@@ -844,7 +844,7 @@ fn evaluate_target(
                             continue;
                         }
                         let text = warning_text(w, &log.space);
-                        let text = if metric == Metric::Quality {
+                        let text = if metric == Metric::Quality && e.n < usable.len() {
                             format!("quality (the {} request(s) with a score): {text}", e.n)
                         } else {
                             text
@@ -875,10 +875,13 @@ fn estimate_json(e: &Estimate) -> Value {
     })
 }
 
-/// A number with three significant digits (costs are often 1e-5 USD).
+/// A number with three significant digits; scientific below 0.001 (costs are often 1e-5 USD).
 fn num(x: f64) -> String {
     if x == 0.0 || !x.is_finite() {
         return format!("{x:.3}");
+    }
+    if x.abs() < 1e-3 {
+        return format!("{x:.2e}");
     }
     let digits = (2 - x.abs().log10().floor() as i32).clamp(0, 9) as usize;
     format!("{x:.digits$}")
