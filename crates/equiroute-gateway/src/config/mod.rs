@@ -241,6 +241,9 @@ struct RawInterface {
     kind: InterfaceKind,
     #[serde(default)]
     policy: Option<PolicyConfig>,
+    /// An exploration floor: every eligible provider keeps at least this probability of
+    /// going first, so that the audit log supports evaluating other policies.
+    min_propensity: Option<f64>,
     deadline_ms: Option<f64>,
     max_attempts: Option<u32>,
     attempt_timeout_ms: Option<f64>,
@@ -481,6 +484,8 @@ pub struct InterfaceConfig {
     pub name: String,
     pub kind: InterfaceKind,
     pub policy: PolicyConfig,
+    /// `min_propensity` (inactive at 0): the policy is wrapped in an exploration floor.
+    pub exploration_floor: equiroute_core::policies::ExplorationFloorConfig,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
     pub stream_idle: Millis,
@@ -849,6 +854,8 @@ fn load_interface(
         .policy
         .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
     refuse_laboratory_policies(&policy).map_err(|fix| vec![(at("policy"), fix)])?;
+    let exploration_floor =
+        exploration_floor(raw.min_propensity).map_err(|fix| vec![(at("min_propensity"), fix)])?;
     let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
     policy
         .build(&candidates, feature_dim)
@@ -884,6 +891,7 @@ fn load_interface(
     };
     Ok(InterfaceConfig {
         name: name.to_owned(),
+        exploration_floor,
         stream_idle,
         first_byte,
         judge,
@@ -897,6 +905,20 @@ fn load_interface(
         task_classes: raw.task_classes,
         providers,
     })
+}
+
+/// An interface's `min_propensity` as an exploration floor (inactive when absent), or the fix.
+fn exploration_floor(
+    min_propensity: Option<f64>,
+) -> Result<equiroute_core::policies::ExplorationFloorConfig, String> {
+    let floor = equiroute_core::policies::ExplorationFloorConfig {
+        min_propensity: min_propensity.unwrap_or(0.0),
+        ..equiroute_core::policies::ExplorationFloorConfig::default()
+    };
+    floor
+        .validate()
+        .map_err(|e| format!("{e} (e.g. 0.01: each provider first on at least 1% of requests)"))?;
+    Ok(floor)
 }
 
 /// The fields set on a provider that its kind does not read, each with why.
@@ -1225,6 +1247,20 @@ mod tests {
         assert!(cfg.interfaces.len() >= 2);
         assert!(cfg.listen.ip().is_loopback());
         assert_eq!(cfg.warnings, []);
+    }
+
+    #[test]
+    fn min_propensity_wraps_the_policy_in_an_exploration_floor_and_a_bad_one_is_named() {
+        let text = |floor: &str| {
+            format!("[interfaces.chat]\nkind = \"chat\"\npolicy = \"lqm\"\n{floor}[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n")
+        };
+        let off = load(&text(""), "x.toml", &no_env).unwrap();
+        assert!(!off.interfaces[0].exploration_floor.is_active());
+        let on = load(&text("min_propensity = 0.05\n"), "x.toml", &no_env).unwrap();
+        assert!((on.interfaces[0].exploration_floor.min_propensity - 0.05).abs() < 1e-12);
+        let e = load(&text("min_propensity = 0.7\n"), "x.toml", &no_env).unwrap_err();
+        assert_eq!(e.field, "interfaces.chat.min_propensity");
+        assert!(e.fix.contains("e.g. 0.01"), "{e}");
     }
 
     #[test]

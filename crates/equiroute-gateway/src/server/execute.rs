@@ -463,10 +463,12 @@ fn propensity_kind(
     iface: &InterfaceRuntime,
     ranking: &equiroute_core::policies::Ranking,
 ) -> (Option<&'static str>, Option<u32>) {
+    // A floor's probability mixes the policy's own: exact unless that one is estimated.
     match (ranking.first_choice_probability, iface.policy_name) {
         (None, _) => (None, None),
-        (Some(_), "random") => (Some("exact"), None),
         (Some(_), "ts-deadline" | "lqm-ts") => (Some("estimated"), None),
+        (Some(_), "random") => (Some("exact"), None),
+        (Some(_), _) if iface.floored => (Some("exact"), None),
         (Some(_), _) => (Some("deterministic"), None),
     }
 }

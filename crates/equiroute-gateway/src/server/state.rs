@@ -53,6 +53,8 @@ pub struct InterfaceRuntime {
     /// How often each candidate was the first choice.
     pub first_choices: Vec<AtomicU64>,
     pub policy_name: &'static str,
+    /// The policy is wrapped in an exploration floor (`min_propensity`).
+    pub floored: bool,
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
     pub task_classes: Option<Vec<String>>,
     /// Recent traffic, for the dashboard (fixed size).
@@ -66,7 +68,9 @@ impl InterfaceRuntime {
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
-        let policy = cfg.policy.build(&candidates, cfg.feature_dim)?;
+        let policy =
+            cfg.policy
+                .build_with_floor(&candidates, cfg.feature_dim, &cfg.exploration_floor)?;
         Ok(InterfaceRuntime {
             name: cfg.name.clone(),
             kind: cfg.kind,
@@ -89,6 +93,7 @@ impl InterfaceRuntime {
                 .as_ref()
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
             policy_name: cfg.policy.kind().as_str(),
+            floored: cfg.exploration_floor.is_active(),
             policy: RwLock::new(policy),
             deferred: Mutex::new(Vec::new()),
             deferred_len: AtomicUsize::new(0),
