@@ -8,7 +8,7 @@
 //! attempts): the target learns from the logger's traffic, never from its own, and is asked
 //! for its first-choice distribution on each logged context.
 
-use crate::runner::{run, run_logged, RunError};
+use crate::runner::{run_logged, RunError};
 use crate::scenario::ScenarioSpec;
 use equiroute_core::ope::{evaluate, Estimate, Estimator, LoggedDecision, OpeError, OpeOptions};
 use equiroute_core::policies::{
@@ -158,6 +158,9 @@ pub struct OpeCase {
     pub seed: u64,
     /// The target's on-policy value (its own run on the same scenario and seed).
     pub truth: f64,
+    /// The standard error of `truth` as the mean of that run's per-request outcomes: the
+    /// realised truth is itself one draw, which the estimator's interval does not cover.
+    pub truth_se: f64,
     /// The expected value of exactly the replayed decisions: the target's first-choice
     /// probabilities times each provider's true expected value, averaged over the logged
     /// contexts. It is what the estimators estimate; `truth` also carries the difference
@@ -222,7 +225,16 @@ pub fn evaluate_targets(
             })
             .sum::<f64>()
             / log.rounds.len().max(1) as f64;
-        let truth = run(spec, target, seed, rounds)?.quality;
+        let (on_policy, own) = run_logged(spec, target, seed, rounds, 1)?;
+        let truth = on_policy.quality;
+        let n = own.rounds.len().max(2) as f64;
+        let var = own
+            .rounds
+            .iter()
+            .map(|r| (r.quality - truth).powi(2))
+            .sum::<f64>()
+            / (n - 1.0);
+        let truth_se = (var / n).sqrt();
         let mut estimates = Vec::with_capacity(3);
         for e in Estimator::ALL {
             let est = evaluate(&records, e, &OpeOptions { seed, ..*opts }).map_err(|source| {
@@ -239,6 +251,7 @@ pub fn evaluate_targets(
             target: target.clone(),
             seed,
             truth,
+            truth_se,
             replay_truth,
             logged_value: logged.quality,
             logged_regret: logged.regret,
@@ -251,6 +264,7 @@ pub fn evaluate_targets(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::run;
     use crate::scenario::{builtin, Variant};
     use equiroute_core::policies::PolicyConfig;
 
