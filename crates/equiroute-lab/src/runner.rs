@@ -2,6 +2,7 @@
 //! eligibility, breakers, executor and policies as the gateway.
 
 use crate::calibration::Calibration;
+use crate::ope::{LoggedAttempt, LoggedFeedback, LoggedRound, TrafficLog};
 use crate::scenario::ScenarioSpec;
 use crate::world::World;
 use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
@@ -96,13 +97,13 @@ pub fn run(
     let world = World::new(spec);
     let policy = spec
         .policy(label)
-        .and_then(|c| c.build(&world.candidates(), spec.feature_dim))
+        .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
         .map_err(|source| RunError::Policy {
             scenario: spec.name.clone(),
             policy: label.to_owned(),
             source,
         })?;
-    simulate(spec, label, policy, world, seed, rounds)
+    simulate(spec, label, policy, world, seed, rounds, None)
 }
 
 /// Runs a policy built by the caller (one that is not among the built-in ones, e.g. a
@@ -118,7 +119,50 @@ pub fn run_policy(
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
-    simulate(spec, label, policy, World::new(spec), seed, rounds)
+    simulate(spec, label, policy, World::new(spec), seed, rounds, None)
+}
+
+/// Runs `label` through `spec` exactly as [`run`] does, and also returns the traffic log an
+/// off-policy evaluator needs (every decision's context, first choice and propensity, every
+/// observation in the order the policy learnt it, every request's outcome). Propensities come
+/// from the ranking when the policy reports one, else from
+/// [`first_choice_distribution`](equiroute_core::policies::Policy::first_choice_distribution)
+/// with `propensity_draws` draws on a separate random stream (so the run is the same as
+/// [`run`]'s).
+///
+/// # Errors
+/// The policy cannot be built for this scenario.
+pub fn run_logged(
+    spec: &ScenarioSpec,
+    label: &str,
+    seed: u64,
+    rounds: usize,
+    propensity_draws: u32,
+) -> Result<(RunResult, TrafficLog), RunError> {
+    let world = World::new(spec);
+    let policy = spec
+        .policy(label)
+        .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
+        .map_err(|source| RunError::Policy {
+            scenario: spec.name.clone(),
+            policy: label.to_owned(),
+            source,
+        })?;
+    let mut log = TrafficLog {
+        candidates: world.candidates(),
+        tokens: spec.tokens,
+        rounds: Vec::with_capacity(rounds),
+    };
+    let result = simulate(
+        spec,
+        label,
+        policy,
+        world,
+        seed,
+        rounds,
+        Some((&mut log.rounds, propensity_draws)),
+    )?;
+    Ok((result, log))
 }
 
 /// The simulation behind [`run`] and [`run_policy`], in the world built for it.
@@ -130,6 +174,7 @@ fn simulate(
     mut world: World,
     seed: u64,
     rounds: usize,
+    mut record: Option<(&mut Vec<LoggedRound>, u32)>,
 ) -> Result<RunResult, RunError> {
     let err = |source| RunError::Policy {
         scenario: spec.name.clone(),
@@ -144,6 +189,9 @@ fn simulate(
     let mut outcome_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
     let mut judge_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x2545_f491_4f6c_dd1d);
     let mut policy_rng = ChaCha8Rng::seed_from_u64(seed ^ salt(label));
+    // Propensity draws of the traffic log, apart from the policy's own stream.
+    let mut propensity_rng = ChaCha8Rng::seed_from_u64(seed ^ salt(label) ^ 0x5851_f42d_4c95_7f2d);
+    let mut delivered: Vec<LoggedFeedback> = Vec::new();
     let limits = ExecutionLimits {
         max_attempts: spec.max_attempts,
         ..ExecutionLimits::default()
@@ -179,6 +227,15 @@ fn simulate(
         // Quality that has arrived by now reaches the policy first.
         while pending.front().is_some_and(|p| p.due_round <= round) {
             if let Some(p) = pending.pop_front() {
+                if record.is_some() {
+                    delivered.push(LoggedFeedback {
+                        candidate: p.candidate,
+                        features: p.features.clone(),
+                        quality: p.judged,
+                        latency: p.latency,
+                        now: t,
+                    });
+                }
                 policy.observe_quality(&QualityObservation {
                     candidate: p.candidate,
                     features: &p.features,
@@ -222,6 +279,30 @@ fn simulate(
         let Some(&first) = order.first() else {
             continue;
         };
+        let mut logged = record.as_mut().map(|(_, draws)| {
+            let (propensity, propensity_exact) = if let Some(p) = ranking.first_choice_probability {
+                (p, p < 1.0)
+            } else {
+                let fc = policy.first_choice_distribution(&ctx, &mut propensity_rng, *draws);
+                (fc.probability(first), fc.is_stochastic())
+            };
+            LoggedRound {
+                feedback: std::mem::take(&mut delivered),
+                features: features.clone(),
+                eligible: eligible.clone(),
+                deadline,
+                now: t,
+                in_flight: in_flight.clone(),
+                values: values.clone(),
+                action: first,
+                propensity,
+                propensity_exact,
+                attempts: Vec::new(),
+                quality: 0.0,
+                missed: false,
+                cost: 0.0,
+            }
+        });
         let mut predicted = policy.deadline_miss_estimate(first, &ctx);
         world.note_choice(first);
         let best = eligible.iter().map(|&i| values[i]).fold(0.0, f64::max);
@@ -265,6 +346,14 @@ fn simulate(
                 failed_attempts += 1;
             }
             let end = clock.plus(outcome.latency);
+            if let Some(l) = logged.as_mut() {
+                l.attempts.push(LoggedAttempt {
+                    candidate: next.candidate,
+                    deadline: run.remaining(clock),
+                    outcome,
+                    now: end,
+                });
+            }
             policy.observe_attempt(&AttemptObservation {
                 candidate: next.candidate,
                 features: &features,
@@ -281,12 +370,20 @@ fn simulate(
         cost_sum += result.cost.0;
         latencies.push(result.latency.0);
         let late = deadline.is_some_and(|d| result.latency.0 > d.0);
-        if matches!(result.status, RequestStatus::DeadlineExceeded) || late {
+        let missed = matches!(result.status, RequestStatus::DeadlineExceeded) || late;
+        if missed {
             misses += 1;
+        }
+        if let Some(l) = logged.as_mut() {
+            l.missed = missed;
+            l.cost = result.cost.0;
         }
         if let RequestStatus::Succeeded { candidate } = result.status {
             let gold = world.gold_quality(candidate, round, query.cluster, &mut outcome_rng);
             quality_sum += gold;
+            if let Some(l) = logged.as_mut() {
+                l.quality = gold;
+            }
             let drift = match spec.judge.drift_at_round {
                 Some(at) if round >= at && drift_ids.contains(&candidate) => spec.judge.drift_bias,
                 _ => 0.0,
@@ -309,6 +406,9 @@ fn simulate(
         } else {
             failures += 1;
             failures_over_time[bin] += 1.0;
+        }
+        if let (Some((rounds_log, _)), Some(l)) = (record.as_mut(), logged) {
+            rounds_log.push(l);
         }
     }
 
