@@ -2,7 +2,13 @@
 //! failures in a row, or a failure rate of at least `failure_rate` over the last `window`
 //! attempts (once `min_attempts` were seen) → half-open after `open_ms`, admitting at most
 //! `half_open_probes` probes → closed after `successes_to_close` probe successes (any probe
-//! failure re-opens). A provider's `Retry-After` opens it for that long.
+//! failure re-opens). A provider's `Retry-After` opens it for that long: "pinned", the
+//! provider said when to come back.
+//!
+//! Last resort (Envoy's panic threshold, for one candidate): when every candidate a request
+//! could use is shut out by a breaker that failures opened (none pinned), the gateway ends
+//! the open period of the one whose period ends soonest ([`Breaker::last_resort`]) instead of
+//! answering that no provider can take the request; that attempt is a half-open probe.
 //!
 //! Time is passed in; every transition is returned so the caller can count it.
 
@@ -27,6 +33,9 @@ pub struct BreakerConfig {
     pub max_open_ms: f64,
     pub half_open_probes: u32,
     pub successes_to_close: u32,
+    /// When every candidate is shut out by breakers opened by failures, probe the one whose
+    /// open period ends soonest rather than refuse the request.
+    pub last_resort: bool,
 }
 
 impl Default for BreakerConfig {
@@ -41,6 +50,7 @@ impl Default for BreakerConfig {
             max_open_ms: 30_000.0,
             half_open_probes: 2,
             successes_to_close: 2,
+            last_resort: true,
         }
     }
 }
@@ -180,6 +190,12 @@ pub struct Breaker {
     /// Half-open probes that failed in a row since the breaker last closed: the back-off.
     #[serde(default)]
     failed_probes: u32,
+    /// The open period was set (or extended) by the provider (a `Retry-After`).
+    #[serde(default)]
+    pinned: bool,
+    /// The open period was set by failures (a trip, or a failed probe).
+    #[serde(default)]
+    tripped: bool,
 }
 
 impl Default for Breaker {
@@ -190,6 +206,8 @@ impl Default for Breaker {
             recent: 0,
             len: 0,
             failed_probes: 0,
+            pinned: false,
+            tripped: false,
         }
     }
 }
@@ -203,6 +221,8 @@ impl Breaker {
             BreakerState::Open { until } if now.0 < until.0 => {
                 Admission::Rejected { until: Some(until) }
             }
+            // A period only the provider set is over when it says: no probing.
+            BreakerState::Open { .. } if self.pinned && !self.tripped => Admission::Allowed,
             BreakerState::Open { .. } => Admission::Probe,
             BreakerState::HalfOpen { probes, .. } if probes < cfg.half_open_probes => {
                 Admission::Probe
@@ -220,7 +240,15 @@ impl Breaker {
     ) -> (Admission, Option<Transition>) {
         let mut transition = None;
         if let BreakerState::Open { until } = self.state {
-            if now.0 >= until.0 {
+            if now.0 >= until.0 && self.pinned && !self.tripped {
+                // The provider's `Retry-After` is over: closed again, as a careful client
+                // resumes when told (failures never opened it, so there is nothing to probe).
+                *self = Breaker {
+                    failed_probes: self.failed_probes,
+                    ..Breaker::default()
+                };
+                transition = Some(Transition::Closed);
+            } else if now.0 >= until.0 {
                 self.state = BreakerState::HalfOpen {
                     probes: 0,
                     successes: 0,
@@ -253,7 +281,7 @@ impl Breaker {
                 *probes = probes.saturating_sub(1);
                 if failed {
                     self.failed_probes = self.failed_probes.saturating_add(1);
-                    return self.open(now.plus(cfg.open_period(self.failed_probes)));
+                    return self.trip(now.plus(cfg.open_period(self.failed_probes)));
                 }
                 *successes += 1;
                 if *successes >= cfg.successes_to_close {
@@ -277,7 +305,7 @@ impl Breaker {
                 let rate_trip = self.len >= cfg.min_attempts
                     && f64::from(failures) >= cfg.failure_rate * f64::from(self.len);
                 if failed && (self.consecutive >= cfg.consecutive_failures || rate_trip) {
-                    return self.open(now.plus(cfg.open_period(self.failed_probes)));
+                    return self.trip(now.plus(cfg.open_period(self.failed_probes)));
                 }
                 None
             }
@@ -303,22 +331,60 @@ impl Breaker {
         self.failed_probes
     }
 
-    /// Opens until `until` (e.g. a `Retry-After`), unless already open for longer.
+    /// Opens until `until` because the provider said so (a `Retry-After`), unless already
+    /// open for longer: pinned, so never ended early as a last resort.
     pub fn open(&mut self, until: Timestamp) -> Option<Transition> {
+        self.open_until(until, true)
+    }
+
+    /// Opens until `until` because of failures (or, shared, because another instance saw
+    /// them): `pinned` says which kind the period is.
+    pub fn open_until(&mut self, until: Timestamp, pinned: bool) -> Option<Transition> {
         match self.state {
-            BreakerState::Open { until: current } if current.0 >= until.0 => None,
+            BreakerState::Open { until: current } if current.0 >= until.0 => {
+                self.pinned |= pinned;
+                self.tripped |= !pinned;
+                None
+            }
             BreakerState::Open { .. } => {
                 self.state = BreakerState::Open { until };
+                self.pinned |= pinned;
+                self.tripped |= !pinned;
                 None
             }
             _ => {
                 self.state = BreakerState::Open { until };
+                self.pinned = pinned;
+                self.tripped = !pinned;
                 self.consecutive = 0;
                 self.recent = 0;
                 self.len = 0;
                 Some(Transition::Opened)
             }
         }
+    }
+
+    fn trip(&mut self, until: Timestamp) -> Option<Transition> {
+        self.open_until(until, false)
+    }
+
+    /// Whether the breaker is open for a period the provider set (`Retry-After`).
+    #[must_use]
+    pub fn is_pinned(&self) -> bool {
+        self.pinned && matches!(self.state, BreakerState::Open { .. })
+    }
+
+    /// Ends an open period that failures set, now: the breaker goes half-open and the next
+    /// admission is a probe. `None` (nothing changed) when it is closed, half-open, or pinned.
+    pub fn last_resort(&mut self) -> Option<Transition> {
+        if !matches!(self.state, BreakerState::Open { .. }) || self.pinned {
+            return None;
+        }
+        self.state = BreakerState::HalfOpen {
+            probes: 0,
+            successes: 0,
+        };
+        Some(Transition::HalfOpened)
     }
 }
 
@@ -379,21 +445,48 @@ mod tests {
     }
 
     #[test]
-    fn probe_failure_reopens_and_retry_after_opens() {
+    fn a_retry_after_ends_closed_and_a_failed_probe_reopens_with_back_off() {
         let cfg = BreakerConfig::default();
         let mut b = Breaker::default();
         assert_eq!(b.open(t(1000.0)), Some(Transition::Opened));
-        let _ = b.admit(t(1000.0), &cfg);
+        assert!(b.is_pinned());
+        assert!(matches!(b.peek(t(999.0), &cfg), Admission::Rejected { .. }));
+        // The provider's period is over when it says: closed at once, nothing to probe.
+        assert_eq!(b.peek(t(1000.0), &cfg), Admission::Allowed);
         assert_eq!(
-            b.record(t(1000.0), BreakerOutcome::Failure, &cfg),
+            b.admit(t(1000.0), &cfg),
+            (Admission::Allowed, Some(Transition::Closed))
+        );
+        // Opened by failures, it half-opens instead, and a failed probe backs off.
+        let mut opened = None;
+        for _ in 0..cfg.consecutive_failures {
+            opened = opened.or(b.record(t(1000.0), BreakerOutcome::Failure, &cfg));
+        }
+        assert_eq!(opened, Some(Transition::Opened));
+        assert!(!b.is_pinned());
+        let end = 1000.0 + cfg.open_ms;
+        assert_eq!(
+            b.admit(t(end), &cfg),
+            (Admission::Probe, Some(Transition::HalfOpened))
+        );
+        assert_eq!(
+            b.record(t(end), BreakerOutcome::Failure, &cfg),
             Some(Transition::Opened)
         );
         // The first failed probe backs off: open_ms × backoff_factor.
         assert_eq!(
             b.state,
             BreakerState::Open {
-                until: t(1000.0 + cfg.open_ms * cfg.backoff_factor)
+                until: t(end + cfg.open_ms * cfg.backoff_factor)
             }
+        );
+        // A Retry-After on a breaker failures opened extends it but does not make it a pin
+        // that ends closed: it still half-opens.
+        let _ = b.open(t(end + 60_000.0));
+        assert!(b.is_pinned());
+        assert_eq!(
+            b.admit(t(end + 60_000.0), &cfg).1,
+            Some(Transition::HalfOpened)
         );
         // Client errors are ignored whatever the state.
         assert_eq!(b.record(t(1.0), BreakerOutcome::Ignored, &cfg), None);

@@ -154,6 +154,32 @@ pub struct Eligible {
     pub excluded: Vec<Exclusion>,
 }
 
+impl Eligible {
+    /// The last resort when nothing is eligible: of the candidates shut out only by a
+    /// breaker that failures opened (not pinned by a `Retry-After`; breakers are checked
+    /// last, so every other filter let them through), the one whose open period ends
+    /// soonest. `None` when something is eligible, when `cfg.last_resort` is off, or when no
+    /// such candidate exists (every open breaker pinned, or half-open with its probes out).
+    #[must_use]
+    pub fn last_resort(&self, breakers: &[Breaker], cfg: &BreakerConfig) -> Option<usize> {
+        if !self.eligible.is_empty() || !cfg.last_resort {
+            return None;
+        }
+        self.excluded
+            .iter()
+            .filter_map(|e| match e.reason {
+                ExclusionReason::CircuitOpen { until: Some(until) }
+                    if breakers.get(e.candidate).is_some_and(|b| !b.is_pinned()) =>
+                {
+                    Some((e.candidate, until))
+                }
+                _ => None,
+            })
+            .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
+            .map(|(candidate, _)| candidate)
+    }
+}
+
 /// Applies every filter; a candidate gets the first reason that excludes it.
 #[must_use]
 pub fn check_eligibility(input: &EligibilityInput<'_>) -> Eligible {

@@ -41,6 +41,7 @@ pub mod features;
 pub mod hash;
 pub mod ope;
 pub mod policies;
+pub mod sequential;
 
 pub use decision::*;
 pub use error::{ConfigError, StateError};

@@ -2,11 +2,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
-use equiroute_core::breaker::{Breaker, BreakerConfig};
+use equiroute_core::breaker::{Admission, Breaker, BreakerConfig, Transition};
 use equiroute_core::eligibility::{
     check_eligibility, EligibilityInput, ExclusionReason, QualityGate, QualitySummary,
 };
-use equiroute_core::{Candidate, Price, Requirements, Timestamp, TokenEstimate, Usd};
+use equiroute_core::{
+    AttemptOutcome, AttemptStatus, Candidate, Price, ProviderFailure, Requirements, Timestamp,
+    TokenEstimate, Usd,
+};
 
 fn pool() -> Vec<Candidate> {
     let mut c: Vec<Candidate> = (0..6)
@@ -140,4 +143,48 @@ fn breakers_spend_caps_quality_gates_and_pins_exclude() {
     let out = check_eligibility(&input);
     assert_eq!(out.eligible, vec![4]);
     assert_eq!(out.excluded.len(), 5);
+}
+
+#[test]
+fn with_every_candidate_tripped_the_one_reopening_soonest_is_the_last_resort() {
+    let cands = pool();
+    let req = Requirements::default();
+    let cfg = BreakerConfig {
+        consecutive_failures: 1,
+        ..BreakerConfig::default()
+    };
+    // Candidate 0 lacks nothing but is pinned by a Retry-After ending first (at 2 s);
+    // 1..=5 were tripped by failures, 3 at t = 0 (open until 5 s), the others later.
+    let mut breakers = vec![Breaker::default(); cands.len()];
+    let _ = breakers[0].open(Timestamp(2_000.0));
+    let failure =
+        AttemptOutcome::with_status(10.0, AttemptStatus::ProviderError(ProviderFailure::Server));
+    for (i, at) in [(1, 900.0), (2, 500.0), (3, 0.0), (4, 700.0), (5, 300.0)] {
+        let _ = breakers[i].observe(Timestamp(at), &failure, &cfg);
+        assert!(!breakers[i].is_pinned());
+    }
+    assert!(breakers[0].is_pinned());
+    let mut input = EligibilityInput::new(&cands, &req);
+    input.breakers = Some((&breakers, &cfg));
+    input.now = Timestamp(1_000.0);
+    let out = check_eligibility(&input);
+    assert!(out.eligible.is_empty());
+    // Not 0 (its period ends first, but the provider set it): 3, open until 5 000 ms.
+    assert_eq!(out.last_resort(&breakers, &cfg), Some(3));
+    let mut rescued = breakers[3];
+    assert_eq!(rescued.last_resort(), Some(Transition::HalfOpened));
+    assert_eq!(rescued.admit(Timestamp(1_000.0), &cfg).0, Admission::Probe);
+    // A pinned breaker is never ended early; the knob turns the rule off.
+    let mut pinned = breakers[0];
+    assert_eq!(pinned.last_resort(), None);
+    let off = BreakerConfig {
+        last_resort: false,
+        ..cfg
+    };
+    assert_eq!(out.last_resort(&breakers, &off), None);
+    // Once a period is over its candidate is eligible again: no last resort.
+    input.now = Timestamp(5_000.0);
+    let out = check_eligibility(&input);
+    assert_eq!(out.eligible, vec![0, 3]);
+    assert_eq!(out.last_resort(&breakers, &cfg), None);
 }

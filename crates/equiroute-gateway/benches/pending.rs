@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss)]
 
 use equiroute_core::{Millis, Timestamp};
-use equiroute_gateway::server::pending::{Features, PendingContext, PendingStore};
+use equiroute_gateway::pending::{Features, PendingContext, PendingStore};
 use std::hint::black_box;
 use std::time::Instant;
 

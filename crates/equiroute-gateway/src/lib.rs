@@ -7,6 +7,7 @@
 pub mod config;
 pub mod feedback;
 pub mod mock;
+pub mod pending;
 pub mod request;
 pub mod server;
 pub mod shared;

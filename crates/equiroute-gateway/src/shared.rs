@@ -56,7 +56,7 @@
 //! and push their own backlogs. A new instance then starts from everything.
 
 use crate::config::RedisStateConfig;
-use crate::server::state::{AppState, PendingFeedback};
+use crate::pending::PendingFeedback;
 use equiroute_core::policies::{Observation, Policy, PolicyState};
 use equiroute_core::prelude::Featurizer;
 use equiroute_core::{Millis, Timestamp};
@@ -162,7 +162,15 @@ pub enum Event {
         iface: String,
         candidate: usize,
         until: Timestamp,
+        /// Set by the provider (`Retry-After`), not by failures; events of earlier
+        /// releases, which did not say, count as pinned (never ended early).
+        #[serde(default = "pinned_by_default")]
+        pinned: bool,
     },
+}
+
+fn pinned_by_default() -> bool {
+    true
 }
 
 /// This instance's events that the shared log does not hold yet, numbered from 1.
@@ -650,6 +658,46 @@ async fn timed<T>(
     }
 }
 
+/// One interface as the syncer sees it: its name, what must match across instances, and a
+/// copy of its (just built, empty) policy.
+pub struct SyncedInterface {
+    pub name: String,
+    pub providers: Vec<String>,
+    pub policy_name: &'static str,
+    pub feature_dim: usize,
+    pub feature_max_words: usize,
+    pub policy: Box<dyn Policy>,
+}
+
+/// What the syncer needs of a running gateway. The server's state implements it, so this
+/// module sits below the server and never names its types.
+pub trait SyncTarget: Send + Sync {
+    /// The journal, status and claims, when Redis is configured.
+    fn shared(&self) -> Option<&SharedHandle>;
+    /// Every interface, with a copy of its live policy.
+    ///
+    /// # Errors
+    /// A poisoned policy lock.
+    fn synced_interfaces(&self) -> Result<Vec<SyncedInterface>, SharedError>;
+    /// The number of candidates of `iface` (0 for an unknown interface).
+    fn candidate_count(&self, iface: &str) -> usize;
+    /// Replaces the live policy of `iface` by what `rebuild` returns, under its write lock
+    /// (so that no observation lands between the rebuild and the swap).
+    fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>);
+    /// How long an answered request waits for its feedback.
+    fn feedback_ttl(&self) -> Millis;
+    /// How many answered requests wait for feedback at most.
+    fn pending_capacity(&self) -> usize;
+    /// Another instance answered `request_id`: its feedback may arrive here.
+    fn insert_pending(&self, request_id: &str, ctx: &PendingFeedback);
+    /// Another instance took the feedback of `request_id`.
+    fn consume_pending(&self, request_id: &str);
+    /// Another instance opened a breaker (`pinned`: by a `Retry-After`).
+    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool);
+    /// The gateway's clock.
+    fn now(&self) -> Timestamp;
+}
+
 impl Syncer {
     /// The syncer of `state`, whose policies must still be empty (just built). Connects and
     /// checks that the namespace holds state of the same configuration; an unreachable Redis
@@ -657,30 +705,28 @@ impl Syncer {
     ///
     /// # Errors
     /// The URL is invalid, or the namespace belongs to another configuration.
-    pub async fn start(cfg: &RedisStateConfig, state: &AppState) -> Result<Syncer, SharedError> {
+    pub async fn start(
+        cfg: &RedisStateConfig,
+        state: &dyn SyncTarget,
+    ) -> Result<Syncer, SharedError> {
         let client = client(cfg)?;
         let mut empty = BTreeMap::new();
         let mut confirmed = BTreeMap::new();
         let mut shape = Vec::new();
-        for (name, iface) in &state.interfaces {
-            let policy = iface
-                .policy
-                .read()
-                .map_err(|_| SharedError::Redis("policy lock poisoned".into()))?;
-            empty.insert(name.clone(), policy.clone_box());
-            confirmed.insert(name.clone(), policy.clone_box());
+        for iface in state.synced_interfaces()? {
+            empty.insert(iface.name.clone(), iface.policy.clone_box());
             let mut entry = serde_json::json!({
-                "interface": name,
-                "providers": iface.candidates.iter().map(|c| c.id.0.as_str()).collect::<Vec<_>>(),
+                "interface": iface.name,
+                "providers": iface.providers,
                 "policy": iface.policy_name,
-                "feature_dim": iface.featurizer.dim(),
+                "feature_dim": iface.feature_dim,
             });
             // Named only when changed, so that instances of earlier releases (which read the
             // whole text, the default's behaviour for every text under 128 words) still match.
-            let words = iface.featurizer.max_words();
-            if words != Featurizer::DEFAULT_MAX_WORDS {
-                entry["feature_max_words"] = words.into();
+            if iface.feature_max_words != Featurizer::DEFAULT_MAX_WORDS {
+                entry["feature_max_words"] = iface.feature_max_words.into();
             }
+            confirmed.insert(iface.name, iface.policy);
             shape.push(entry);
         }
         let instance = format!(
@@ -709,19 +755,15 @@ impl Syncer {
             stale_live: false,
             known_epoch: None,
             seen: SeenFeedback::default(),
-            seen_horizon: 2.0 * state.feedback_ttl.0,
-            seen_cap: state
-                .pending
-                .lock()
-                .map_err(|_| SharedError::Redis("pending store lock poisoned".into()))?
-                .capacity(),
+            seen_horizon: 2.0 * state.feedback_ttl().0,
+            seen_cap: state.pending_capacity(),
             push_script: redis::Script::new(PUSH_SCRIPT),
             snapshot_script: redis::Script::new(SNAPSHOT_SCRIPT),
             epoch_script: redis::Script::new(EPOCH_SCRIPT),
             recover_script: redis::Script::new(RECOVER_SCRIPT),
             pull_script: redis::Script::new(PULL_SCRIPT),
         };
-        match syncer.connection(state.shared.as_ref()).await {
+        match syncer.connection(state.shared()).await {
             Ok(_) | Err(SharedError::Redis(_)) => Ok(syncer),
             Err(e) => Err(e),
         }
@@ -868,19 +910,19 @@ impl Syncer {
     ///
     /// # Errors
     /// Redis is unreachable or answered with an error.
-    pub async fn sync_once(&mut self, state: &AppState) -> Result<SyncReport, SharedError> {
+    pub async fn sync_once(&mut self, state: &dyn SyncTarget) -> Result<SyncReport, SharedError> {
         let result = self.sync_inner(state).await;
         if matches!(result, Err(SharedError::Redis(_))) {
             self.conn = None;
-            if let Some(shared) = &state.shared {
+            if let Some(shared) = state.shared() {
                 shared.claims.publish(None);
             }
         }
         result
     }
 
-    async fn sync_inner(&mut self, state: &AppState) -> Result<SyncReport, SharedError> {
-        let Some(shared) = &state.shared else {
+    async fn sync_inner(&mut self, state: &dyn SyncTarget) -> Result<SyncReport, SharedError> {
+        let Some(shared) = state.shared() else {
             return Ok(SyncReport::default());
         };
         let mut conn = self.connection(Some(shared)).await?;
@@ -1086,15 +1128,12 @@ impl Syncer {
     /// Applies one observation of the stream to the confirmed policies; 1 if applied.
     fn apply_observation(
         &mut self,
-        state: &AppState,
+        state: &dyn SyncTarget,
         iface: &str,
         obs: &Observation,
         own: bool,
     ) -> usize {
-        let candidates = state
-            .interfaces
-            .get(iface)
-            .map_or(0, |i| i.candidates.len());
+        let candidates = state.candidate_count(iface);
         match self.confirmed.get_mut(iface) {
             Some(p) if obs.candidate() < candidates => {
                 obs.apply(p.as_mut());
@@ -1108,7 +1147,7 @@ impl Syncer {
     /// Applies one stream entry; returns the number of policy observations in it.
     fn apply_entry(
         &mut self,
-        state: &AppState,
+        state: &dyn SyncTarget,
         fields: &[Vec<u8>],
         report: &mut SyncReport,
     ) -> usize {
@@ -1160,21 +1199,18 @@ impl Syncer {
                         report.duplicate_feedback += 1;
                     }
                     if !own {
-                        if let Ok(mut pending) = state.pending.lock() {
-                            pending.consume(request_id);
-                        }
+                        state.consume_pending(request_id);
                     }
                 }
                 Event::Pending { request_id, ctx } if !own => {
-                    if let Ok(mut pending) = state.pending.lock() {
-                        pending.insert(request_id, ctx);
-                    }
+                    state.insert_pending(request_id, ctx);
                 }
                 Event::BreakerOpen {
                     iface,
                     candidate,
                     until,
-                } if !own => state.open_breaker(iface, *candidate, *until),
+                    pinned,
+                } if !own => state.open_breaker(iface, *candidate, *until, *pinned),
                 Event::Pending { .. } | Event::BreakerOpen { .. } => {}
             }
         }
@@ -1182,33 +1218,27 @@ impl Syncer {
     }
 
     /// Live policy = confirmed + this instance's observations the log does not hold yet.
-    fn rebuild_live(&self, state: &AppState) {
-        let Some(shared) = &state.shared else {
+    fn rebuild_live(&self, state: &dyn SyncTarget) {
+        let Some(shared) = state.shared() else {
             return;
         };
         for (name, confirmed) in &self.confirmed {
-            let Some(iface) = state.interfaces.get(name) else {
-                continue;
-            };
-            let mut fresh = confirmed.clone_box();
-            // Under the write lock, so that no observation lands between the replay and
-            // the swap (the request path journals under the same lock).
-            let Ok(mut live) = state.policy_mut(iface) else {
-                continue;
-            };
-            shared
-                .journal
-                .replay_after(self.own_confirmed, name, fresh.as_mut(), &|id| {
-                    self.seen.contains(id)
-                });
-            *live = fresh;
+            state.replace_live_policy(name, &mut || {
+                let mut fresh = confirmed.clone_box();
+                shared
+                    .journal
+                    .replay_after(self.own_confirmed, name, fresh.as_mut(), &|id| {
+                        self.seen.contains(id)
+                    });
+                fresh
+            });
         }
     }
 
     /// Syncs every interval until `stop` resolves, then pushes once more.
     pub async fn run(
         mut self,
-        state: std::sync::Arc<AppState>,
+        state: std::sync::Arc<dyn SyncTarget>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
         let mut ticker = tokio::time::interval(self.cfg.sync_interval);
@@ -1218,14 +1248,14 @@ impl Syncer {
                 _ = ticker.tick() => {}
                 _ = stop.changed() => break,
             }
-            self.tick(&state).await;
+            self.tick(state.as_ref()).await;
         }
-        self.tick(&state).await;
+        self.tick(state.as_ref()).await;
     }
 
     /// One sync with its bookkeeping: status, metrics, one warning per outage.
-    pub async fn tick(&mut self, state: &AppState) {
-        let Some(shared) = &state.shared else {
+    pub async fn tick(&mut self, state: &dyn SyncTarget) {
+        let Some(shared) = state.shared() else {
             return;
         };
         let started = std::time::Instant::now();

@@ -175,6 +175,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     // Shared state (never connected here) so that its metrics are rendered too.
     let text = "[state]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\
         [interfaces.chat]\nkind = \"chat\"\n\
+        shadow = \"least-latency\"\nrollout = { policy = \"round-robin\", percent = 5 }\n\
         [[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\n\
         sim = { latency = { p50_ms = 1, p95_ms = 2 } }\n";
     let cfg = load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
@@ -184,6 +185,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.request("chat", "ok");
     m.attempt("chat", "a", "ok");
     m.fallback("chat");
+    m.last_resort("chat");
     m.breaker("a", "open");
     m.task_class_unlisted("chat");
     m.slices_evicted("chat", 1);
@@ -197,6 +199,20 @@ fn the_documented_metrics_are_the_exposed_metrics() {
         .as_ref()
         .expect("redis backend")
         .render_metrics(&mut exposition);
+    // One live decision, finished, in the shadow's window: its value gauges appear.
+    let iface = &state.interfaces["chat"];
+    let features = iface.featurizer.featurize("a question");
+    let ctx = equiroute_core::policies::RankContext::new(&iface.candidates, &[0], &features);
+    let (_, routed) = equiroute_gateway::server::arms::rank(iface, &ctx, None, u64::MAX, 0)
+        .unwrap_or_else(|_| panic!("poisoned"));
+    equiroute_gateway::server::arms::finish(
+        iface,
+        "req-1",
+        routed,
+        equiroute_core::executor::RequestStatus::Succeeded { candidate: 0 },
+        0.0,
+    );
+    equiroute_gateway::server::arms::render_metrics(&state.interfaces, &mut exposition);
     let exposed = families(&exposition);
     assert_eq!(
         exposed,
@@ -274,6 +290,8 @@ fn every_toml_block_of_the_configuration_docs_is_checked() {
             .any(|t| first.starts_with(t))
         {
             format!("{block}\n{SIM_INTERFACE}")
+        } else if first.starts_with("[interfaces.") {
+            block.clone()
         } else {
             panic!("a TOML block of docs/configuration.md that no test checks; add its kind here:\n{block}");
         };

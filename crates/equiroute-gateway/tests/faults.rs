@@ -142,20 +142,25 @@ impl Rig {
     }
     /// The audit record of the request `reply` answered (waits for the writer, bounded).
     async fn audit_of(&self, reply: &Reply) -> Value {
-        let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
-        let until = Instant::now() + Duration::from_secs(5);
-        loop {
-            let text = std::fs::read_to_string(&self.audit).unwrap_or_default();
-            if let Some(r) = text
-                .lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap())
-                .find(|r| r["request_id"] == id.as_str())
-            {
-                return r;
-            }
-            assert!(Instant::now() < until, "no audit record for {id}: {text}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        audit_record(&self.audit, reply).await
+    }
+}
+
+/// The audit record of `reply`'s request in the log at `path`, once it is written.
+async fn audit_record(path: &std::path::Path, reply: &Reply) -> Value {
+    let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(r) = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|r| r["request_id"] == id.as_str())
+        {
+            return r;
         }
+        assert!(Instant::now() < until, "no audit record for {id}: {text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -467,6 +472,55 @@ async fn a_stream_cut_mid_answer_ends_in_an_error_event() {
     assert_broken_stream(&rig, "stream_cut", &r).await;
 }
 
+/// Asserts a stream that failed while held fell back invisibly: the client got exactly `b`'s
+/// stream; `a`'s attempt is a billed provider error, counted against it, `b` answered.
+async fn assert_fell_back_while_held(rig: &Rig, fault: &str, r: &Reply) {
+    assert_fell_over(r);
+    assert_eq!(
+        r.body,
+        equiroute_gateway::mock::stream_chunks("healthy").concat(),
+        "{fault}: only b's stream reaches the client"
+    );
+    let record = rig.audit_of(r).await;
+    assert_eq!(record["outcome"], "ok", "{record}");
+    assert_eq!(
+        attempts(&record),
+        [
+            ("a".to_owned(), "provider_error".to_owned(), PRICE_A),
+            ("b".to_owned(), "ok".to_owned(), PRICE_B)
+        ],
+        "{fault}"
+    );
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
+    assert_eq!(
+        rig.faulty_calls(fault).await,
+        1,
+        "{fault}: a is not retried"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_while_held_falls_back_invisibly() {
+    for fault in [
+        "stream_cut",
+        "malformed_chunk",
+        "stream_stall",
+        "no_done_unfinished",
+    ] {
+        let rig = rig(fault, "", "stream_hold = { ms = 2000 }").await;
+        let r = rig.stream().await;
+        assert_fell_back_while_held(&rig, fault, &r).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_after_its_hold_still_ends_in_an_error_event() {
+    // Held for one data event only: the cut after the second reaches the client as a cut.
+    let rig = rig("stream_cut", "", "stream_hold = { ms = 2000, events = 1 }").await;
+    let r = rig.stream().await;
+    assert_broken_stream(&rig, "stream_cut", &r).await;
+}
+
 #[tokio::test]
 async fn a_stalled_stream_ends_in_an_error_event_after_the_idle_limit() {
     let rig = rig("stream_stall", "", "").await;
@@ -562,29 +616,32 @@ async fn the_mock_reads_a_body_without_content_type_as_the_gateway_does() {
 
 #[tokio::test]
 async fn a_stream_with_its_finish_reason_but_no_done_is_completed_for_the_client() {
-    let rig = rig("no_done_finished", "", "").await;
-    let r = rig.stream().await;
-    assert_eq!(
-        (r.status, r.header("x-equiroute-provider")),
-        (200, Some("a"))
-    );
-    // Every byte the provider sent, then the end marker it left out; no error event.
-    let mut want = equiroute_gateway::mock::faulty_stream_chunks(
-        "no_done_finished",
-        Some(equiroute_gateway::mock::Fault::NoDoneFinished),
-    )
-    .concat();
-    want.push_str("data: [DONE]\n\n");
-    assert_eq!(r.body, want);
-    assert_eq!(rig.attempts_metric("a", "ok").await, 1);
-    assert_eq!(rig.attempts_metric("a", "provider_error").await, 0);
-    let record = rig.audit_of(&r).await;
-    assert_eq!(record["outcome"], "ok");
-    assert_eq!(
-        attempts(&record),
-        [("a".to_owned(), "ok".to_owned(), PRICE_A)]
-    );
-    assert_eq!(rig.breaker("a").await, "closed");
+    // Sent from its first byte, and held whole (the answer ends within the hold): the same.
+    for hold in ["", "stream_hold = { ms = 2000 }"] {
+        let rig = rig("no_done_finished", "", hold).await;
+        let r = rig.stream().await;
+        assert_eq!(
+            (r.status, r.header("x-equiroute-provider")),
+            (200, Some("a"))
+        );
+        // Every byte the provider sent, then the end marker it left out; no error event.
+        let mut want = equiroute_gateway::mock::faulty_stream_chunks(
+            "no_done_finished",
+            Some(equiroute_gateway::mock::Fault::NoDoneFinished),
+        )
+        .concat();
+        want.push_str("data: [DONE]\n\n");
+        assert_eq!(r.body, want);
+        assert_eq!(rig.attempts_metric("a", "ok").await, 1);
+        assert_eq!(rig.attempts_metric("a", "provider_error").await, 0);
+        let record = rig.audit_of(&r).await;
+        assert_eq!(record["outcome"], "ok");
+        assert_eq!(
+            attempts(&record),
+            [("a".to_owned(), "ok".to_owned(), PRICE_A)]
+        );
+        assert_eq!(rig.breaker("a").await, "closed");
+    }
 }
 
 #[tokio::test]
@@ -647,6 +704,73 @@ async fn all_breakers_open_answers_503_with_the_time_to_the_first_half_open() {
     assert_eq!(r.header("retry-after"), Some("30"), "{:?}", r.headers);
     assert_eq!(r.header("x-equiroute-attempts"), Some("0"));
     assert_eq!(rig.faulty_calls("rate_limited").await, 1);
+}
+
+#[tokio::test]
+async fn with_every_breaker_tripped_by_failures_the_one_reopening_soonest_is_probed() {
+    // `a` fails its first call only, `b` every call; one failure trips a breaker for a minute.
+    let faulty = mock(
+        "[models.a]\nfault = \"outage_then_recovers\"\noutage_calls = [1, 2]\n[models.b]\nfault = \"unavailable\"\n",
+    )
+    .await;
+    let audit = std::env::temp_dir().join(format!(
+        "equiroute-faults-{}-last-resort.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&audit);
+    let cfg = format!(
+        r#"
+[audit]
+path = {audit:?}
+
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "a" }}
+retry = {{ server_error = false }}
+breaker = {{ consecutive_failures = 1, open_ms = 60000 }}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "a"
+base_url = "http://{f}/v1"
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "b"
+base_url = "http://{f}/v1"
+"#,
+        f = faulty.addr,
+        audit = audit.display().to_string(),
+    );
+    let gw = start(&cfg, &[]).await;
+    let body = chat_body(false);
+    let first = http(gw.addr, "POST", "/v1/chat/completions", &[], &body).await;
+    assert_eq!(first.status, 502, "both fail: {}", first.body);
+    // Both breakers are open for a minute, neither pinned by a Retry-After: rather than a
+    // 503 for that minute, `a` (open first, so reopening first) is probed, and answers.
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (
+            r.header("x-equiroute-provider"),
+            r.header("x-equiroute-attempts")
+        ),
+        (Some("a"), Some("1"))
+    );
+    assert_eq!(
+        (calls(faulty.addr, "a").await, calls(faulty.addr, "b").await),
+        (2, 1)
+    );
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains(r#"equiroute_last_resort_total{interface="chat"} 1"#),
+        "{m}"
+    );
+    let record = audit_record(&audit, &r).await;
+    assert_eq!(record["last_resort"], true, "{record}");
+    let _ = std::fs::remove_file(&audit);
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The gateway crate's modules read in one direction (docs/architecture.md): each top-level
-//! module uses only modules of its own layer or below. `config` and `request` need nothing
-//! of the crate, `upstream` and `mock` only those, and the runtime (`server`, `feedback`,
-//! `shared`, `store`, which meet in the server's state) sits on top.
+//! module uses only modules of its own layer or below: `config` and `request` need nothing
+//! of the crate; `upstream`, `mock`, `pending` and `feedback` (the judge) only those; then
+//! `shared` (Redis), the `server` (whose `AppState` the others never name), and on top
+//! `store`, which saves and restores that state.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,10 +17,11 @@ const LAYERS: &[(&str, u8)] = &[
     ("request", 0),
     ("upstream", 1),
     ("mock", 1),
-    ("server", 2),
-    ("feedback", 2),
+    ("pending", 1),
+    ("feedback", 1),
     ("shared", 2),
-    ("store", 2),
+    ("server", 3),
+    ("store", 4),
 ];
 
 fn layer(module: &str) -> u8 {
@@ -80,4 +82,19 @@ fn the_scan_sees_the_crate_paths_of_a_file() {
         "{:?}",
         sim.2
     );
+}
+
+#[test]
+fn no_two_modules_use_each_other() {
+    let mut edges = BTreeSet::new();
+    for (_, module, named) in uses() {
+        for dep in named.into_iter().filter(|d| *d != module) {
+            edges.insert((module.clone(), dep));
+        }
+    }
+    let cycles: Vec<_> = edges
+        .iter()
+        .filter(|(a, b)| a < b && edges.contains(&(b.clone(), a.clone())))
+        .collect();
+    assert!(cycles.is_empty(), "modules that use each other: {cycles:?}");
 }

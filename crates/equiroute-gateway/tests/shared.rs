@@ -446,18 +446,18 @@ async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instance
     );
     // Feedback for A's request, posted to B, is accepted there and counted once everywhere.
     assert_eq!(
-        equiroute_gateway::feedback::apply(&b, "req-1", 0.9)
+        equiroute_gateway::server::feedback::apply(&b, "req-1", 0.9)
             .await
             .unwrap(),
-        equiroute_gateway::feedback::Applied::Accepted
+        equiroute_gateway::server::feedback::Applied::Accepted
     );
     sb.sync_once(&b).await.unwrap();
     sa.sync_once(&a).await.unwrap();
     assert_eq!(
-        equiroute_gateway::feedback::apply(&a, "req-1", 0.9)
+        equiroute_gateway::server::feedback::apply(&a, "req-1", 0.9)
             .await
             .unwrap(),
-        equiroute_gateway::feedback::Applied::Duplicate
+        equiroute_gateway::server::feedback::Applied::Duplicate
     );
     for s in [&a, &b] {
         let v = live_state(s);
@@ -659,11 +659,11 @@ fn answered(app: &AppState, id: &str, candidate: usize) {
 }
 
 fn status_of(
-    r: &Result<equiroute_gateway::feedback::Applied, impl std::fmt::Debug>,
+    r: &Result<equiroute_gateway::server::feedback::Applied, impl std::fmt::Debug>,
 ) -> &'static str {
     match r {
-        Ok(equiroute_gateway::feedback::Applied::Accepted) => "accepted",
-        Ok(equiroute_gateway::feedback::Applied::Duplicate) => "duplicate",
+        Ok(equiroute_gateway::server::feedback::Applied::Accepted) => "accepted",
+        Ok(equiroute_gateway::server::feedback::Applied::Duplicate) => "duplicate",
         Err(_) => "error",
     }
 }
@@ -688,7 +688,7 @@ async fn feedback_posted_to_two_instances_counts_once_even_without_redis() {
     }
     sa.sync_once(&a).await.unwrap();
     sb.sync_once(&b).await.unwrap();
-    let apply = equiroute_gateway::feedback::apply;
+    let apply = equiroute_gateway::server::feedback::apply;
 
     // 1. Posted to both at once: one accepted, one duplicate.
     let (ra, rb) = tokio::join!(apply(&a, "req-con", 0.9), apply(&b, "req-con", 0.2));
@@ -851,7 +851,7 @@ async fn feedback_latency_with_and_without_the_claim() {
         let id = format!("req-apply-{i}");
         answered(&a, &id, i % 3);
         let started = Instant::now();
-        equiroute_gateway::feedback::apply(&a, &id, 0.5)
+        equiroute_gateway::server::feedback::apply(&a, &id, 0.5)
             .await
             .unwrap();
         applied.push(started.elapsed().as_secs_f64() * 1e6);

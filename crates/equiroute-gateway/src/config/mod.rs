@@ -14,7 +14,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod first_byte;
+mod rollout;
 mod state;
+
+pub use rollout::{GuardConfig, RolloutConfig};
 
 /// Defaults of `kind = "anthropic"` providers (here, below the upstreams that use them).
 pub mod anthropic_defaults {
@@ -253,6 +256,8 @@ struct RawInterface {
     retry: Option<RawRetry>,
     /// How a streamed attempt's first-byte limit is learnt from the provider.
     first_byte: Option<first_byte::FirstByteLimit>,
+    /// How much of a stream is held back so that an early failure can fall back.
+    stream_hold: Option<first_byte::StreamHold>,
     /// An LLM-as-judge that scores a sample of answers.
     judge: Option<RawJudge>,
     feature_dim: Option<usize>,
@@ -262,6 +267,10 @@ struct RawInterface {
     breaker: Option<BreakerConfig>,
     /// Task classes (`x-equiroute-task-class`) learnt in slices of their own; absent: any.
     task_classes: Option<Vec<String>>,
+    /// A policy that ranks every request beside the live one, learns, and never acts.
+    shadow: Option<PolicyConfig>,
+    /// A candidate policy on a share of the requests, rolled back automatically.
+    rollout: Option<rollout::RawRollout>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -491,6 +500,8 @@ pub struct InterfaceConfig {
     pub stream_idle: Millis,
     /// How a streamed attempt's first-byte limit is learnt (at most the attempt's timeout).
     pub first_byte: first_byte::FirstByteLimit,
+    /// How much of a stream is held before anything is sent (see `StreamHold`).
+    pub stream_hold: first_byte::StreamHold,
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub feature_max_words: usize,
@@ -498,6 +509,10 @@ pub struct InterfaceConfig {
     pub breaker: BreakerConfig,
     /// Task classes learnt in slices of their own; others are learnt untagged. `None`: any.
     pub task_classes: Option<Vec<String>>,
+    /// A policy run in shadow (ranks and learns, never acts).
+    pub shadow: Option<PolicyConfig>,
+    /// A canary rollout of another policy.
+    pub rollout: Option<RolloutConfig>,
     pub providers: Vec<ProviderConfig>,
 }
 
@@ -850,16 +865,11 @@ fn load_interface(
         .unwrap_or(equiroute_core::prelude::Featurizer::DEFAULT_MAX_WORDS);
     equiroute_core::prelude::Featurizer::check_max_words(feature_max_words)
         .map_err(|e| vec![(at("feature_max_words"), e.to_string())])?;
-    let policy = raw
-        .policy
-        .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
-    refuse_laboratory_policies(&policy).map_err(|fix| vec![(at("policy"), fix)])?;
+    let policies = (raw.policy.as_ref(), raw.shadow.as_ref(), raw.rollout);
+    let (policy, rollout) =
+        load_policies(policies, &providers, feature_dim).map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let exploration_floor =
         exploration_floor(raw.min_propensity).map_err(|fix| vec![(at("min_propensity"), fix)])?;
-    let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
-    policy
-        .build(&candidates, feature_dim)
-        .map_err(|e| vec![(at("policy"), e.to_string())])?;
     let positive = |v: Option<f64>, field: &str| -> Result<Option<Millis>, Vec<(String, String)>> {
         match v {
             Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Millis(t))),
@@ -875,6 +885,10 @@ fn load_interface(
     first_byte
         .check()
         .map_err(|(f, fix)| vec![(at(&format!("first_byte.{f}")), fix)])?;
+    let stream_hold = raw.stream_hold.unwrap_or_default();
+    stream_hold
+        .check()
+        .map_err(|(f, fix)| vec![(at(&format!("stream_hold.{f}")), fix)])?;
     let breaker = raw.breaker.unwrap_or_default();
     breaker
         .validate()
@@ -894,6 +908,7 @@ fn load_interface(
         exploration_floor,
         stream_idle,
         first_byte,
+        stream_hold,
         judge,
         kind: raw.kind,
         policy,
@@ -903,6 +918,8 @@ fn load_interface(
         feature_max_words,
         breaker,
         task_classes: raw.task_classes,
+        shadow: raw.shadow,
+        rollout,
         providers,
     })
 }
@@ -919,6 +936,30 @@ fn exploration_floor(
         .validate()
         .map_err(|e| format!("{e} (e.g. 0.01: each provider first on at least 1% of requests)"))?;
     Ok(floor)
+}
+
+/// An interface's `policy` (`lqm-ts` by default), `shadow` and `rollout`: the policy built
+/// against the providers, the shadow checked, the rollout validated; the error is (field under the interface, fix).
+fn load_policies(
+    (policy, shadow, rollout): (
+        Option<&PolicyConfig>,
+        Option<&PolicyConfig>,
+        Option<rollout::RawRollout>,
+    ),
+    providers: &[ProviderConfig],
+    feature_dim: usize,
+) -> Result<(PolicyConfig, Option<RolloutConfig>), (String, String)> {
+    let candidates: Vec<Candidate> = providers.iter().map(|p| p.candidate.clone()).collect();
+    let candidates = &candidates[..];
+    let policy = policy
+        .cloned()
+        .unwrap_or_else(|| PolicyConfig::default_for(equiroute_core::policies::PolicyKind::LqmTs));
+    refuse_laboratory_policies(&policy).map_err(|fix| ("policy".to_owned(), fix))?;
+    policy
+        .build(candidates, feature_dim)
+        .map_err(|e| ("policy".to_owned(), e.to_string()))?;
+    let rollout = rollout::side_policies(shadow, rollout, candidates, feature_dim)?;
+    Ok((policy, rollout))
 }
 
 /// The fields set on a provider that its kind does not read, each with why.
@@ -1284,6 +1325,41 @@ mod tests {
             2,
             "warnings never drop a provider"
         );
+    }
+
+    #[test]
+    fn a_stream_hold_out_of_range_names_its_field_and_the_fix() {
+        let base = "[interfaces.chat]\nkind = \"chat\"\nHOLD\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let with = |hold: &str| load(&base.replace("HOLD", hold), "x.toml", &no_env);
+        assert!(
+            !with("").unwrap().interfaces[0].stream_hold.is_on(),
+            "off by default"
+        );
+        let on = with("stream_hold = { ms = 800, events = 20 }").unwrap();
+        assert_eq!(
+            on.interfaces[0].stream_hold,
+            first_byte::StreamHold {
+                ms: 800.0,
+                events: 20
+            }
+        );
+        for (hold, field) in [
+            (
+                "stream_hold = { ms = -1 }",
+                "interfaces.chat.stream_hold.ms",
+            ),
+            (
+                "stream_hold = { ms = 60001 }",
+                "interfaces.chat.stream_hold.ms",
+            ),
+            (
+                "stream_hold = { events = 100001 }",
+                "interfaces.chat.stream_hold.events",
+            ),
+        ] {
+            let e = with(hold).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("must be"), "{hold}: {e}");
+        }
     }
 
     #[test]

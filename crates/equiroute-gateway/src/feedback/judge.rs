@@ -2,7 +2,6 @@
 
 use crate::config::InterfaceKind;
 use crate::config::JudgeConfig;
-use crate::server::state::AppState;
 use crate::upstream::http::HttpUpstream;
 use crate::upstream::UpstreamRequest;
 use equiroute_core::AttemptStatus;
@@ -48,47 +47,16 @@ impl Judge {
         u < self.sample_rate
     }
 
-    /// Scores `answer` to `question` in the background and feeds the score as feedback for
-    /// `request_id`. Skipped (and counted) when every judge slot is busy.
-    pub fn spawn(
-        self: &Arc<Self>,
-        state: Arc<AppState>,
-        request_id: String,
-        question: String,
-        answer: String,
-    ) {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            state.metrics.feedback("judge_skipped");
-            tracing::debug!(%request_id, "judge skipped: every judge slot is busy");
-            return;
-        };
-        let judge = self.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            if let Some(q) = judge.score(&question, &answer).await {
-                let label = match crate::feedback::apply_from(
-                    &state,
-                    &request_id,
-                    q,
-                    equiroute_core::FeedbackSource::Judge,
-                )
-                .await
-                {
-                    Ok(_) => "judge_accepted",
-                    Err(e) => {
-                        tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
-                        "judge_unmatched"
-                    }
-                };
-                state.metrics.feedback(label);
-            } else {
-                tracing::warn!(%request_id, "judge failed to score the answer");
-                state.metrics.feedback("judge_failed");
-            }
-        });
+    /// One of the judge's slots, or `None` when every slot is busy (the caller skips the
+    /// answer: judging never queues behind the request path).
+    #[must_use]
+    pub fn try_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.slots.clone().try_acquire_owned().ok()
     }
 
-    async fn score(&self, question: &str, answer: &str) -> Option<f64> {
+    /// The judge model's score of `answer` to `question`, in [0, 1]; `None` when the call
+    /// fails or the reply holds no score.
+    pub async fn score(&self, question: &str, answer: &str) -> Option<f64> {
         let prompt = self
             .prompt
             .replace("{question}", question)

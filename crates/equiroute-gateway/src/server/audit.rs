@@ -85,6 +85,9 @@ pub struct AuditRecord {
     /// The request's statistics slice and token estimate, as the policy ranked with them.
     pub slice: SlicePath,
     pub tokens: TokenEstimate,
+    /// Every usable provider's breaker was open; the first was probed as a last resort.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub last_resort: bool,
     pub attempts: Vec<AuditAttempt>,
     pub outcome: String,
     pub fallback_reason: Option<String>,

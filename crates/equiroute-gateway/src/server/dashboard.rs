@@ -304,7 +304,7 @@ async fn data(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiErro
         let mut entry = iface.history.view(now, &ids);
         entry["name"] = json!(iface.name);
         entry["kind"] = json!(iface.kind);
-        entry["policy"] = json!(iface.policy_name);
+        entry["policy"] = json!(iface.policy_name());
         entry["deadline_ms"] = json!(iface.deadline.map(|d| d.0));
         entry["providers"] = json!(iface
             .candidates
@@ -625,6 +625,7 @@ mod tests {
             scores: vec![],
             order: vec!["a".into(), "b".into()],
             propensity: None,
+            last_resort: false,
             attempts: vec![],
             outcome: "ok".into(),
             fallback_reason: None,

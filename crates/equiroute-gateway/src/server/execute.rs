@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
+use crate::config::first_byte::StreamHold;
 use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
@@ -16,7 +17,6 @@ use equiroute_core::{
     AttemptOutcome, AttemptStatus, Millis, ProviderFailure, Requirements, SlicePath, TokenEstimate,
     Usd,
 };
-use rand::SeedableRng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -99,6 +99,7 @@ async fn execute_unstreamed(
             now,
             body,
             &features,
+            decided.routed.arm,
             decided.slice,
             tokens,
             seed,
@@ -242,8 +243,12 @@ struct Decided {
     order: Vec<usize>,
     /// The statistics slice of the request.
     slice: SlicePath,
+    /// Which arm (live or canary) ranked it.
+    routed: super::arms::Routed,
     ranking: equiroute_core::policies::Ranking,
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
+    /// Every usable provider's breaker was open: the first is probed as a last resort.
+    last_resort: bool,
     /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
     first_byte_limits: Vec<Option<f64>>,
 }
@@ -270,15 +275,30 @@ fn decide(
         Some(equiroute_core::input_size_bucket(tokens.input)),
         SlicePath::MAX_DEPTH,
     );
-    let eligible = {
-        let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+    let (eligible, last_resort) = {
+        let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
         let mut input = EligibilityInput::new(&iface.candidates, requirements);
         input.breakers = Some((&breakers, &iface.breaker_config));
         input.pinned = pinned;
         input.tenant = meta.tenant.as_deref();
         input.tokens = tokens;
         input.now = now;
-        check_eligibility(&input)
+        let mut eligible = check_eligibility(&input);
+        // Every usable provider shut out by failures: probe the one reopening soonest now
+        // rather than refuse the request (see `equiroute_core::breaker`).
+        let last_resort = eligible.last_resort(&breakers, &iface.breaker_config);
+        if let Some(i) = last_resort {
+            if let Some(t) = breakers[i].last_resort() {
+                state
+                    .metrics
+                    .breaker(&iface.candidates[i].id.0, super::state::transition_name(t));
+            }
+            state.metrics.last_resort(&iface.name);
+            tracing::info!(provider = %iface.candidates[i].id, "every provider's breaker is open: probing the one that reopens soonest as a last resort");
+            eligible.excluded.retain(|e| e.candidate != i);
+            eligible.eligible.push(i);
+        }
+        (eligible, last_resort.is_some())
     };
     if eligible.eligible.is_empty() {
         state.metrics.request(&iface.name, "no_eligible_provider");
@@ -308,15 +328,15 @@ fn decide(
             )
         });
     }
-    let ranking = {
-        let policy = iface.policy.read().map_err(|_| poisoned())?;
+    let (ranking, routed) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
         ctx.tokens = tokens;
         ctx.slice = slice;
         ctx.now = now;
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(state.seed_for(n));
-        policy.rank(&ctx, &mut rng)
+        // The live policy, or the canary's for its share; the shadow ranks beside it.
+        super::arms::rank(iface, &ctx, meta.session.as_deref(), state.seed_for(n), n)
+            .map_err(|_| poisoned())?
     };
     state
         .metrics
@@ -332,7 +352,9 @@ fn decide(
         tokens,
         order,
         slice,
+        routed,
         ranking,
+        last_resort,
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
     })
@@ -396,7 +418,7 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
         decided_ms: decided.at.0,
         request_id: request_id.to_owned(),
         interface: iface.name.clone(),
-        policy: iface.policy_name,
+        policy: decided.routed.policy,
         candidates: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
         eligible: decided.eligible.iter().map(|&i| id(i)).collect(),
         excluded: decided
@@ -419,6 +441,7 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
             .then(|| super::audit::features_hash(features)),
         slice: decided.slice,
         tokens: decided.tokens,
+        last_resort: decided.last_resort,
         attempts: attempts
             .iter()
             .enumerate()
@@ -464,7 +487,7 @@ fn propensity_kind(
     ranking: &equiroute_core::policies::Ranking,
 ) -> (Option<&'static str>, Option<u32>) {
     // A floor's probability mixes the policy's own: exact unless that one is estimated.
-    match (ranking.first_choice_probability, iface.policy_name) {
+    match (ranking.first_choice_probability, iface.policy_name()) {
         (None, _) => (None, None),
         (Some(_), "ts-deadline" | "lqm-ts") => (Some("estimated"), None),
         (Some(_), "random") => (Some("exact"), None),
@@ -483,6 +506,13 @@ fn record_request(
     result: &equiroute_core::executor::RequestResult,
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
+    super::arms::finish(
+        iface,
+        request_id,
+        decided.routed,
+        result.status,
+        state.now().0,
+    );
     iface.history.count(
         state.now(),
         decided.order.first().copied(),
@@ -588,6 +618,7 @@ async fn attempt(
     now: equiroute_core::Timestamp,
     body: &ClientBody,
     features: &[f64],
+    arm: super::arms::Arm,
     slice: SlicePath,
     tokens: TokenEstimate,
     seed: u64,
@@ -604,8 +635,9 @@ async fn attempt(
     let reply = iface.upstreams[next.candidate].call(req, timeout).await;
     let booked = Instant::now();
     let outcome = outcome_of(&reply, candidate, tokens);
-    state.record_attempt(
+    state.record_routed_attempt(
         iface,
+        arm,
         next.candidate,
         features,
         slice,
@@ -817,42 +849,54 @@ async fn execute_streamed(
             .open_stream(req, limit)
             .await;
         learn_first_byte(&state, &iface, next.candidate, &start, first_byte_limit)?;
-        match start {
-            StreamStart::Failed(reply) => {
-                let outcome = outcome_of(&reply, candidate, tokens);
-                log_attempt(candidate, next, &outcome);
-                state.record_attempt(
-                    &iface,
-                    next.candidate,
-                    &features,
-                    decided.slice,
-                    &outcome,
-                    run.remaining(now),
-                )?;
-                run.record(next.candidate, outcome, now);
-                tried.push(next.candidate);
-                if reply.context_overflow {
-                    refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
-                }
-                last = Some(reply);
-            }
+        // An attempt that ends here sent nothing to the client: booked, and on to the next.
+        let (outcome, reply) = match start {
+            StreamStart::Failed(reply) => (outcome_of(&reply, candidate, tokens), Some(reply)),
             StreamStart::Started { first, rest, ttfb } => {
                 tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
-                let relay = Relay {
-                    tokens,
-                    state: state.clone(),
-                    iface: iface.clone(),
-                    candidate: next.candidate,
-                    features,
-                    request_id: request_id.clone(),
-                    started,
-                    ttfb,
-                    attempt_started: now,
-                    run,
-                    decided,
-                };
-                return Ok(relay.start(first, rest));
+                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
+                    Held::Commit { first, rest } => {
+                        let relay = Relay {
+                            tokens,
+                            state: state.clone(),
+                            iface: iface.clone(),
+                            candidate: next.candidate,
+                            features,
+                            request_id: request_id.clone(),
+                            started,
+                            ttfb,
+                            attempt_started: now,
+                            run,
+                            decided,
+                        };
+                        return Ok(relay.start(first, rest));
+                    }
+                    Held::Broken(reason) => {
+                        tracing::warn!(%request_id, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
+                        let latency = state.now().since(now);
+                        (streamed(candidate, tokens, broken, latency, ttfb), None)
+                    }
+                }
             }
+        };
+        log_attempt(candidate, next, &outcome);
+        state.record_routed_attempt(
+            &iface,
+            decided.routed.arm,
+            next.candidate,
+            &features,
+            decided.slice,
+            &outcome,
+            run.remaining(now),
+        )?;
+        run.record(next.candidate, outcome, now);
+        tried.push(next.candidate);
+        if let Some(reply) = reply {
+            if reply.context_overflow {
+                refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
+            }
+            last = Some(reply);
         }
     }
     let result = run.finish(state.now());
@@ -866,6 +910,85 @@ async fn execute_streamed(
         last,
         deadline,
     ))
+}
+
+/// The outcome of a streamed attempt that began (it had its first byte, so it is billed).
+fn streamed(
+    candidate: &equiroute_core::Candidate,
+    tokens: TokenEstimate,
+    status: AttemptStatus,
+    latency: Millis,
+    ttfb: Millis,
+) -> AttemptOutcome {
+    AttemptOutcome {
+        latency,
+        status,
+        cost: candidate.price.cost(tokens),
+        time_to_first_byte: Some(ttfb),
+        retry_after: None,
+    }
+}
+
+/// What holding the start of a stream came to.
+enum Held {
+    /// Send `first` (every byte read so far), then relay `rest`.
+    Commit { first: Bytes, rest: ChunkStream },
+    /// The stream broke, stalled or started malformed before anything was sent.
+    Broken(String),
+}
+
+/// Reads the start of a stream without sending it, for as long as `policy` says (see
+/// [`StreamHold`](crate::config::first_byte::StreamHold)), checking each event as the relay
+/// does; with no hold configured, commits at once.
+async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStream) -> Held {
+    use futures_util::StreamExt;
+    if !policy.is_on() {
+        return Held::Commit { first, rest };
+    }
+    let until = tokio::time::Instant::now() + Duration::from_secs_f64(policy.ms / 1000.0);
+    let idle = Duration::from_secs_f64(idle.0 / 1000.0);
+    let mut scan = SseScan::default();
+    let mut held = Vec::with_capacity(first.len());
+    let mut next = Some(first);
+    loop {
+        if let Some(bytes) = next.take() {
+            held.extend_from_slice(&bytes);
+            if let (_, Err(why)) = scan.feed(&bytes) {
+                return Held::Broken(why);
+            }
+        }
+        let enough = policy.events > 0 && scan.seen.data_events >= policy.events;
+        let now = tokio::time::Instant::now();
+        if enough || scan.seen.done || held.len() >= StreamHold::MAX_BYTES || now >= until {
+            return Held::Commit {
+                first: Bytes::from(held),
+                rest,
+            };
+        }
+        match tokio::time::timeout((until - now).min(idle), rest.next()).await {
+            // The hold is over before the stream was silent for its idle limit.
+            Err(_) if tokio::time::Instant::now() >= until => {}
+            Err(_) => {
+                return Held::Broken(format!(
+                    "the provider's stream stalled for more than {:.0} ms",
+                    idle.as_secs_f64() * 1000.0
+                ));
+            }
+            Ok(Some(Err(reason))) => return Held::Broken(reason),
+            Ok(Some(Ok(bytes))) => next = Some(bytes),
+            Ok(None) => {
+                // The whole answer arrived within the hold: send it if it is complete.
+                return match scan.end() {
+                    (_, Err(why)) => Held::Broken(why),
+                    (_, Ok(())) if scan.seen.done || scan.seen.finished => Held::Commit {
+                        first: Bytes::from(held),
+                        rest: Box::pin(futures_util::stream::empty()),
+                    },
+                    (_, Ok(())) => Held::Broken("the provider's stream ended before [DONE]".into()),
+                };
+            }
+        }
+    }
 }
 
 /// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
@@ -1033,15 +1156,10 @@ impl Relay {
         } else {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
-        let outcome = AttemptOutcome {
-            latency,
-            status,
-            cost: c.price.cost(self.tokens),
-            time_to_first_byte: Some(self.ttfb),
-            retry_after: None,
-        };
-        let _ = self.state.record_attempt(
+        let outcome = streamed(c, self.tokens, status, latency, self.ttfb);
+        let _ = self.state.record_routed_attempt(
             &self.iface,
+            self.decided.routed.arm,
             self.candidate,
             &self.features,
             self.decided.slice,
@@ -1101,6 +1219,8 @@ struct Seen {
     done: bool,
     /// A chunk carried a `finish_reason`.
     finished: bool,
+    /// Data events read (chunks, not counting `[DONE]`).
+    data_events: u64,
 }
 
 /// The parts of a chat chunk the relay reads; the rest is only checked to be JSON.
@@ -1184,6 +1304,7 @@ impl Seen {
             Err(_) => Err("the provider sent an event that is not JSON".into()),
             Ok(c) if c.error.is_some() => Err("the provider sent an error mid-stream".into()),
             Ok(c) => {
+                self.data_events += 1;
                 if c.choices.iter().any(|ch| ch.finish_reason.is_some()) {
                     self.finished = true;
                 }

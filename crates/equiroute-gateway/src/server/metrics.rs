@@ -266,6 +266,12 @@ impl Metrics {
         self.bump("equiroute_fallbacks_total", &[("interface", interface)]);
     }
 
+    /// A request that found every provider shut out by breakers that failures opened, and
+    /// probed one as a last resort.
+    pub fn last_resort(&self, interface: &str) {
+        self.bump("equiroute_last_resort_total", &[("interface", interface)]);
+    }
+
     pub fn breaker(&self, provider: &str, transition: &str) {
         self.bump(
             "equiroute_breaker_transitions_total",

@@ -13,13 +13,15 @@
 //!    (`/dashboard…`) takes the same keys, also as HTTP Basic (see [`dashboard`]);
 //! 3. the routes below.
 
+pub mod arms;
 pub mod audit;
 pub mod conn;
 pub mod dashboard;
 pub mod error;
 mod execute;
+pub mod feedback;
 pub mod metrics;
-pub mod pending;
+mod rollouts;
 pub mod state;
 pub mod ttfb;
 
@@ -51,6 +53,13 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     let admin = Router::new()
         .route("/v1/interfaces", get(list_interfaces))
         .route("/v1/interfaces/{name}/state", get(interface_state))
+        .route("/v1/interfaces/{name}/shadow", get(rollouts::shadow))
+        .route("/v1/interfaces/{name}/rollout", get(rollouts::rollout))
+        .route(
+            "/v1/interfaces/{name}/rollout/promote",
+            post(rollouts::promote),
+        )
+        .route("/v1/interfaces/{name}/rollout/abort", post(rollouts::abort))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_admin_key,
@@ -218,6 +227,9 @@ fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
 pub struct RequestMeta {
     pub tenant: Option<String>,
     pub task_class: Option<String>,
+    /// The session key that keeps a conversation on one arm of a canary rollout
+    /// ([`arms::SESSION_HEADER`]).
+    pub session: Option<String>,
 }
 
 impl RequestMeta {
@@ -233,6 +245,7 @@ impl RequestMeta {
         RequestMeta {
             tenant: get("x-equiroute-tenant"),
             task_class: get("x-equiroute-task-class"),
+            session: get(arms::SESSION_HEADER),
         }
     }
 
@@ -323,12 +336,37 @@ fn maybe_judge(
             .unwrap_or_default(),
         InterfaceKind::Tool => String::from_utf8_lossy(answered.body.bytes()).into_owned(),
     };
-    judge.spawn(
-        state.clone(),
-        answered.request_id.clone(),
-        query_text(iface.kind, question).into_owned(),
-        answer,
-    );
+    let Some(permit) = judge.try_slot() else {
+        state.metrics.feedback("judge_skipped");
+        tracing::debug!(request_id = %answered.request_id, "judge skipped: every judge slot is busy");
+        return;
+    };
+    let (judge, state) = (judge.clone(), state.clone());
+    let request_id = answered.request_id.clone();
+    let question = query_text(iface.kind, question).into_owned();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let label = if let Some(q) = judge.score(&question, &answer).await {
+            match feedback::apply_from(
+                &state,
+                &request_id,
+                q,
+                equiroute_core::FeedbackSource::Judge,
+            )
+            .await
+            {
+                Ok(_) => "judge_accepted",
+                Err(e) => {
+                    tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                    "judge_unmatched"
+                }
+            }
+        } else {
+            tracing::warn!(%request_id, "judge failed to score the answer");
+            "judge_failed"
+        };
+        state.metrics.feedback(label);
+    });
 }
 
 /// The provider's answer with the routing headers; `model` names the model that answered.
@@ -630,8 +668,8 @@ async fn feedback(
         ));
     }
     let source = b.source.unwrap_or(equiroute_core::FeedbackSource::Api);
-    match crate::feedback::apply_from(&state, &b.request_id, b.quality, source).await {
-        Ok(crate::feedback::Applied::Duplicate) => {
+    match feedback::apply_from(&state, &b.request_id, b.quality, source).await {
+        Ok(feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((
                 StatusCode::OK,
@@ -639,7 +677,7 @@ async fn feedback(
             )
                 .into_response());
         }
-        Ok(crate::feedback::Applied::Accepted) => {}
+        Ok(feedback::Applied::Accepted) => {}
         Err(e) => {
             let why = if e.status == StatusCode::GONE {
                 "expired"
@@ -664,7 +702,7 @@ async fn feedback(
 
 /// The routes, for the answer to a request that matches none.
 const ROUTES: &str = "POST /v1/chat/completions, POST /v1/tools/{interface}, POST /v1/feedback, \
-GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
+GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /v1/interfaces/{name}/shadow, GET /v1/interfaces/{name}/rollout, POST /v1/interfaces/{name}/rollout/promote, POST /v1/interfaces/{name}/rollout/abort, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
 
 /// A path the gateway does not serve: an OpenAI-style 404 (SDKs show its message) instead of
 /// an empty body.
@@ -741,7 +779,7 @@ async fn list_interfaces(State(state): State<Arc<AppState>>) -> Json<Value> {
             json!({
                 "name": i.name,
                 "kind": i.kind,
-                "policy": i.policy_name,
+                "policy": i.policy_name(),
                 "deadline_ms": i.deadline.map(|d| d.0),
                 "providers": i.candidates.iter().map(|c| json!({"id": c.id, "model": c.model, "tier": c.tier, "price": c.price})).collect::<Vec<_>>(),
             })
@@ -952,7 +990,7 @@ async fn interface_state(
         .collect();
     let mut body = json!({
         "interface": name,
-        "policy": iface.policy_name,
+        "policy": iface.policy_name(),
         "candidates": candidates,
         "traffic_window": {
             "scope": "process",
@@ -995,6 +1033,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let mut text = state.metrics.render();
+    arms::render_metrics(&state.interfaces, &mut text);
     if let Some(shared) = &state.shared {
         shared.render_metrics(&mut text);
     }

@@ -5,8 +5,8 @@
 //! bookkeeping) and never across an `.await`.
 
 use super::metrics::Metrics;
-pub use super::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
+pub use crate::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::shared::Event;
 use crate::upstream::Upstream;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
@@ -32,6 +32,8 @@ pub struct InterfaceRuntime {
     pub limits: ExecutionLimits,
     /// Longest silence between two chunks of a relayed stream.
     pub stream_idle: Millis,
+    /// How much of a stream is held before anything is sent to the client.
+    pub stream_hold: crate::config::first_byte::StreamHold,
     /// How a streamed attempt's first-byte limit is derived from `first_bytes`.
     pub first_byte: super::ttfb::FirstByteLimit,
     /// Each candidate's first-byte times (streamed attempts), for its first-byte limit.
@@ -52,9 +54,10 @@ pub struct InterfaceRuntime {
     pub breaker_config: BreakerConfig,
     /// How often each candidate was the first choice.
     pub first_choices: Vec<AtomicU64>,
-    pub policy_name: &'static str,
     /// The policy is wrapped in an exploration floor (`min_propensity`).
     pub floored: bool,
+    /// The shadow policy and the canary rollout, when configured (see [`super::arms`]).
+    pub arms: super::arms::Arms,
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
     pub task_classes: Option<Vec<String>>,
     /// Recent traffic, for the dashboard (fixed size).
@@ -83,6 +86,7 @@ impl InterfaceRuntime {
             deadline: cfg.deadline,
             limits: cfg.limits,
             stream_idle: cfg.stream_idle,
+            stream_hold: cfg.stream_hold,
             first_byte: cfg.first_byte,
             first_bytes: Mutex::new(vec![
                 equiroute_core::estimators::nig::LogLatencyStats::default();
@@ -92,8 +96,8 @@ impl InterfaceRuntime {
                 .judge
                 .as_ref()
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
-            policy_name: cfg.policy.kind().as_str(),
             floored: cfg.exploration_floor.is_active(),
+            arms: super::arms::Arms::new(cfg)?,
             policy: RwLock::new(policy),
             deferred: Mutex::new(Vec::new()),
             deferred_len: AtomicUsize::new(0),
@@ -104,6 +108,12 @@ impl InterfaceRuntime {
             history: super::dashboard::History::new(candidates.len()),
             candidates,
         })
+    }
+
+    /// The live policy's name (a promoted canary's once promoted).
+    #[must_use]
+    pub fn policy_name(&self) -> &'static str {
+        self.arms.live_name()
     }
 
     /// The index of the candidate called `id`.
@@ -299,6 +309,26 @@ impl AppState {
         outcome: &AttemptOutcome,
         remaining: Option<Millis>,
     ) -> Result<(), Poisoned> {
+        let arm = super::arms::Arm::Live;
+        self.record_routed_attempt(iface, arm, index, features, slice, outcome, remaining)
+    }
+
+    /// [`AppState::record_attempt`] of a request routed by `arm`: a canary's attempts teach
+    /// the candidate policy instead of the live one (see [`super::arms`]).
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_routed_attempt(
+        &self,
+        iface: &InterfaceRuntime,
+        arm: super::arms::Arm,
+        index: usize,
+        features: &[f64],
+        slice: SlicePath,
+        outcome: &AttemptOutcome,
+        remaining: Option<Millis>,
+    ) -> Result<(), Poisoned> {
         let end = self.now();
         let id = &iface.candidates[index].id.0;
         self.metrics
@@ -313,23 +343,27 @@ impl AppState {
         };
         // The journal is written under the policy lock: the sync task rebuilds the live
         // policy under the same lock (see `shared`). When the lock is busy the observation
-        // waits in `deferred` rather than the request waiting for the lock.
-        match iface.policy.try_write() {
-            Ok(mut policy) => {
-                self.apply_deferred(iface, policy.as_mut());
-                policy.observe_attempt(&obs);
-                self.journal_learn(iface, || Observation::attempt(&obs));
-                let evicted = policy.take_slice_evictions();
-                if evicted > 0 {
-                    self.metrics.slices_evicted(&iface.name, evicted);
+        // waits in `deferred` rather than the request waiting for the lock. A canary's
+        // attempts teach its own policy only.
+        let live = super::arms::observe_attempt(iface, arm, &obs);
+        if live {
+            match iface.policy.try_write() {
+                Ok(mut policy) => {
+                    self.apply_deferred(iface, policy.as_mut());
+                    policy.observe_attempt(&obs);
+                    self.journal_learn(iface, || Observation::attempt(&obs));
+                    let evicted = policy.take_slice_evictions();
+                    if evicted > 0 {
+                        self.metrics.slices_evicted(&iface.name, evicted);
+                    }
                 }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
+                    queue.push(Observation::attempt(&obs));
+                    iface.deferred_len.store(queue.len(), Ordering::Release);
+                }
+                Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
             }
-            Err(std::sync::TryLockError::WouldBlock) => {
-                let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
-                queue.push(Observation::attempt(&obs));
-                iface.deferred_len.store(queue.len(), Ordering::Release);
-            }
-            Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
         }
         let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
         let before = breakers[index].state;
@@ -342,10 +376,12 @@ impl AppState {
         }
         if let BreakerState::Open { until } = breakers[index].state {
             if breakers[index].state != before {
+                let pinned = breakers[index].is_pinned();
                 self.journal(|| Event::BreakerOpen {
                     iface: iface.name.clone(),
                     candidate: index,
                     until,
+                    pinned,
                 });
             }
         }
@@ -373,6 +409,9 @@ impl AppState {
         request_id: &str,
         obs: &QualityObservation<'_>,
     ) -> Result<(), Poisoned> {
+        if !super::arms::observe_quality(iface, request_id, obs, self.now().0) {
+            return Ok(());
+        }
         let mut policy = self.policy_mut(iface)?;
         policy.observe_quality(obs);
         self.journal(|| Event::Feedback {
@@ -395,14 +434,15 @@ impl AppState {
         }
     }
 
-    /// Opens a breaker until `until` because another instance opened its own.
-    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp) {
+    /// Opens a breaker until `until` because another instance opened its own (`pinned`: by
+    /// a `Retry-After`).
+    pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
         let Some(i) = self.interfaces.get(iface) else {
             return;
         };
         if let Ok(mut breakers) = i.breakers.lock() {
             if let Some(b) = breakers.get_mut(candidate) {
-                if let Some(t) = b.open(until) {
+                if let Some(t) = b.open_until(until, pinned) {
                     self.metrics
                         .breaker(&i.candidates[candidate].id.0, transition_name(t));
                 }
@@ -414,6 +454,74 @@ impl AppState {
 impl From<Poisoned> for super::error::ApiError {
     fn from(_: Poisoned) -> Self {
         super::error::ApiError::internal()
+    }
+}
+
+impl crate::shared::SyncTarget for AppState {
+    fn shared(&self) -> Option<&crate::shared::SharedHandle> {
+        self.shared.as_ref()
+    }
+
+    fn synced_interfaces(
+        &self,
+    ) -> Result<Vec<crate::shared::SyncedInterface>, crate::shared::SharedError> {
+        self.interfaces
+            .iter()
+            .map(|(name, iface)| {
+                let policy = iface.policy.read().map_err(|_| {
+                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                })?;
+                Ok(crate::shared::SyncedInterface {
+                    name: name.clone(),
+                    providers: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
+                    policy_name: iface.policy_name(),
+                    feature_dim: iface.featurizer.dim(),
+                    feature_max_words: iface.featurizer.max_words(),
+                    policy: policy.clone_box(),
+                })
+            })
+            .collect()
+    }
+
+    fn candidate_count(&self, iface: &str) -> usize {
+        self.interfaces.get(iface).map_or(0, |i| i.candidates.len())
+    }
+
+    fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
+        let Some(iface) = self.interfaces.get(iface) else {
+            return;
+        };
+        if let Ok(mut live) = self.policy_mut(iface) {
+            *live = rebuild();
+        }
+    }
+
+    fn feedback_ttl(&self) -> Millis {
+        self.feedback_ttl
+    }
+
+    fn pending_capacity(&self) -> usize {
+        self.pending.lock().map_or(0, |p| p.capacity())
+    }
+
+    fn insert_pending(&self, request_id: &str, ctx: &PendingFeedback) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(request_id, ctx);
+        }
+    }
+
+    fn consume_pending(&self, request_id: &str) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.consume(request_id);
+        }
+    }
+
+    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
+        AppState::open_breaker(self, iface, candidate, until, pinned);
+    }
+
+    fn now(&self) -> Timestamp {
+        AppState::now(self)
     }
 }
 

@@ -24,44 +24,6 @@ const PRIOR: NigPrior = NigPrior {
 };
 
 impl FirstByteLimit {
-    /// The first field out of range, and its fix.
-    ///
-    /// # Errors
-    /// `(field, fix)`.
-    pub fn check(&self) -> Result<(), (&'static str, String)> {
-        if !(self.quantile > 0.5 && self.quantile < 1.0) {
-            return Err((
-                "quantile",
-                format!(
-                    "must be above 0.5 and below 1 (default 0.99), got {}",
-                    self.quantile
-                ),
-            ));
-        }
-        if !(self.factor.is_finite() && self.factor >= 1.0) {
-            return Err((
-                "factor",
-                format!(
-                    "must be a finite number of at least 1 (default 3), got {}",
-                    self.factor
-                ),
-            ));
-        }
-        if !(self.floor_ms.is_finite() && self.floor_ms > 0.0) {
-            return Err((
-                "floor_ms",
-                format!(
-                    "must be a positive number of ms (default 1000), got {}",
-                    self.floor_ms
-                ),
-            ));
-        }
-        if self.min_observations == 0 {
-            return Err(("min_observations", "must be at least 1 (default 5)".into()));
-        }
-        Ok(())
-    }
-
     /// The limit for an attempt whose timeout is `max`, given the provider's statistics at
     /// `now`: `clamp(factor × exp(μ + z_q·σ), floor_ms, max)`, with (μ, σ²) the posterior
     /// mean of the log first-byte time and its predictive variance `E[σ²]·(1 + 1/κ)`.

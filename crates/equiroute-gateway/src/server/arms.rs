@@ -1,0 +1,922 @@
+//! The policies beside an interface's live one (see docs/rollout.md):
+//!
+//! - a **shadow** ranks every live request's eligible set from its own state and learns
+//!   from every observation the live policy learns from, but never acts: it only counts how
+//!   often its first choice agrees with the live policy's and keeps a bounded window of
+//!   recent decisions for an off-policy estimate;
+//! - a **rollout** (canary) routes a share of the requests, chosen by a stable hash of the
+//!   `x-equiroute-session-id` header (else of the request's own number), with a candidate
+//!   policy that has its own state and learns from its own traffic only; an anytime-valid
+//!   guard ([`equiroute_core::sequential`]) rolls it back automatically when its bad-outcome
+//!   rate or quality is worse than the live arm's beyond a margin. Promotion is by an operator.
+//!
+//! Like the live policy, a side policy ranks on the read side of its lock and learns on the
+//! write side only when it is free; otherwise the observation waits in a bounded queue,
+//! applied by the next writer. Nothing here is held across an `.await`.
+
+use super::state::{InterfaceRuntime, Poisoned};
+use crate::config::{GuardConfig, RolloutConfig};
+use equiroute_core::executor::RequestStatus;
+use equiroute_core::ope::{evaluate, Estimate, Estimator, LoggedDecision, OpeOptions};
+use equiroute_core::policies::{
+    AttemptObservation, Observation, Policy, PolicyConfig, PolicyKind, QualityObservation,
+    RankContext, Ranking,
+};
+use equiroute_core::sequential::{mixing_precision, BoundedMean, Comparison, Guard};
+use rand::SeedableRng;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock, RwLockWriteGuard};
+
+/// The request header whose value keeps one conversation on one arm of a rollout.
+pub const SESSION_HEADER: &str = "x-equiroute-session-id";
+
+/// Observations a side policy queues while its lock is busy; beyond, they are dropped and
+/// counted (a side policy must never slow the live path down).
+const MAX_DEFERRED: usize = 4096;
+
+/// Recent live decisions the shadow keeps for its off-policy estimate.
+pub const SHADOW_WINDOW: usize = 1024;
+
+/// Candidate-arm request ids remembered so that their quality feedback reaches the candidate.
+const MAX_CANDIDATE_REQUESTS: usize = 16_384;
+
+/// Which policy routed a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Arm {
+    #[default]
+    Live,
+    Candidate,
+}
+
+impl Arm {
+    /// The metric label.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arm::Live => "live",
+            Arm::Candidate => "candidate",
+        }
+    }
+}
+
+/// Which arm routed request number `n`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Routed {
+    pub arm: Arm,
+    pub n: u64,
+    /// The name of the policy that ranked it (for the audit log).
+    pub policy: &'static str,
+}
+
+/// A policy with its own state beside the live one.
+#[derive(Debug)]
+pub struct SidePolicy {
+    pub kind: PolicyKind,
+    policy: RwLock<Box<dyn Policy>>,
+    deferred: Mutex<VecDeque<Observation>>,
+    deferred_len: AtomicUsize,
+    /// Observations learnt.
+    pub learnt: AtomicU64,
+    /// Observations dropped because the queue was full.
+    pub dropped: AtomicU64,
+}
+
+impl SidePolicy {
+    fn new(
+        config: &PolicyConfig,
+        iface: &crate::config::InterfaceConfig,
+    ) -> Result<SidePolicy, equiroute_core::ConfigError> {
+        let candidates: Vec<_> = iface
+            .providers
+            .iter()
+            .map(|p| p.candidate.clone())
+            .collect();
+        Ok(SidePolicy {
+            kind: config.kind(),
+            policy: RwLock::new(config.build(&candidates, iface.feature_dim)?),
+            deferred: Mutex::new(VecDeque::new()),
+            deferred_len: AtomicUsize::new(0),
+            learnt: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    fn rank(
+        &self,
+        ctx: &RankContext<'_>,
+        rng: &mut dyn rand::RngCore,
+    ) -> Result<Ranking, Poisoned> {
+        let policy = self.policy.read().map_err(|_| Poisoned)?;
+        Ok(policy.rank(ctx, rng))
+    }
+
+    /// Learns `obs` now if the write side is free, else queues it (bounded).
+    fn observe(&self, obs: impl FnOnce() -> Observation) {
+        match self.policy.try_write() {
+            Ok(mut policy) => {
+                self.drain(policy.as_mut());
+                obs().apply(policy.as_mut());
+                self.learnt.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                let Ok(mut queue) = self.deferred.lock() else {
+                    return;
+                };
+                if queue.len() < MAX_DEFERRED {
+                    queue.push_back(obs());
+                    self.deferred_len.store(queue.len(), Ordering::Release);
+                } else {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => {}
+        }
+    }
+
+    fn drain(&self, policy: &mut dyn Policy) {
+        if self.deferred_len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let batch = match self.deferred.lock() {
+            Ok(mut queue) => {
+                self.deferred_len.store(0, Ordering::Release);
+                std::mem::take(&mut *queue)
+            }
+            Err(_) => return,
+        };
+        for obs in batch {
+            obs.apply(policy);
+            self.learnt.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The write side, with the queued observations applied first.
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    pub fn write(&self) -> Result<RwLockWriteGuard<'_, Box<dyn Policy>>, Poisoned> {
+        let mut policy = self.policy.write().map_err(|_| Poisoned)?;
+        self.drain(policy.as_mut());
+        Ok(policy)
+    }
+}
+
+/// One live decision as the shadow saw it.
+#[derive(Clone, Debug)]
+struct ShadowRecord {
+    n: u64,
+    request_id: Option<String>,
+    features: Vec<f64>,
+    eligible: Vec<usize>,
+    /// The live policy's first choice and its probability, when the policy defines one.
+    live_first: usize,
+    live_propensity: Option<f64>,
+    shadow_first: usize,
+    /// The request ended failed or past its deadline (`None`: not finished, or the client's
+    /// own error).
+    bad: Option<bool>,
+    quality: Option<f64>,
+}
+
+/// A shadow policy and what it has seen.
+#[derive(Debug)]
+pub struct Shadow {
+    pub policy: SidePolicy,
+    /// Live decisions the shadow ranked, and those whose first choice it shared.
+    pub decisions: AtomicU64,
+    pub agreements: AtomicU64,
+    window: Mutex<VecDeque<ShadowRecord>>,
+}
+
+/// The state of a rollout.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RolloutStatus {
+    Running,
+    /// Rolled back by the guard on `metric` (`bad_rate` or `quality`).
+    RolledBack {
+        metric: &'static str,
+        evidence: Comparison,
+        at_unix_ms: f64,
+    },
+    Promoted {
+        at_unix_ms: f64,
+    },
+    Aborted {
+        at_unix_ms: f64,
+    },
+}
+
+impl RolloutStatus {
+    fn name(&self) -> &'static str {
+        match self {
+            RolloutStatus::Running => "running",
+            RolloutStatus::RolledBack { .. } => "rolled_back",
+            RolloutStatus::Promoted { .. } => "promoted",
+            RolloutStatus::Aborted { .. } => "aborted",
+        }
+    }
+}
+
+/// What a rollout has measured, per arm (index 0 live, 1 candidate).
+#[derive(Debug)]
+struct RolloutStats {
+    status: RolloutStatus,
+    /// 1 for a failed request or one past its deadline, 0 for an answered one.
+    bad: [BoundedMean; 2],
+    /// Quality scores (stored as `1 − quality`, so that lower is better, as for `bad`).
+    unquality: [BoundedMean; 2],
+    candidate_requests: VecDeque<String>,
+}
+
+/// A canary rollout of a candidate policy.
+#[derive(Debug)]
+pub struct Rollout {
+    pub policy: SidePolicy,
+    pub config: RolloutConfig,
+    /// Routing new requests to the candidate (false once rolled back, promoted or aborted).
+    active: AtomicBool,
+    stats: Mutex<RolloutStats>,
+    /// Events by kind: rolled back on the bad rate, on quality, promoted, aborted.
+    events: [AtomicU64; 4],
+}
+
+const EVENTS: [&str; 4] = ["rollback_bad_rate", "rollback_quality", "promote", "abort"];
+
+/// An interface's side policies, and the name of its live policy (which a promotion changes).
+#[derive(Debug)]
+pub struct Arms {
+    /// Index into [`PolicyKind::ALL`] of the live policy.
+    live_kind: AtomicUsize,
+    pub shadow: Option<Shadow>,
+    pub rollout: Option<Rollout>,
+}
+
+impl Arms {
+    /// The side policies `cfg` configures.
+    ///
+    /// # Errors
+    /// A policy that cannot be built (already checked by config loading).
+    pub fn new(cfg: &crate::config::InterfaceConfig) -> Result<Arms, equiroute_core::ConfigError> {
+        Ok(Arms {
+            live_kind: AtomicUsize::new(kind_index(cfg.policy.kind())),
+            shadow: match &cfg.shadow {
+                None => None,
+                Some(p) => Some(Shadow {
+                    policy: SidePolicy::new(p, cfg)?,
+                    decisions: AtomicU64::new(0),
+                    agreements: AtomicU64::new(0),
+                    window: Mutex::new(VecDeque::with_capacity(SHADOW_WINDOW)),
+                }),
+            },
+            rollout: match &cfg.rollout {
+                None => None,
+                Some(r) => Some(Rollout {
+                    policy: SidePolicy::new(&r.policy, cfg)?,
+                    config: r.clone(),
+                    active: AtomicBool::new(true),
+                    stats: Mutex::new(RolloutStats {
+                        status: RolloutStatus::Running,
+                        bad: [BoundedMean::default(); 2],
+                        unquality: [BoundedMean::default(); 2],
+                        candidate_requests: VecDeque::new(),
+                    }),
+                    events: Default::default(),
+                }),
+            },
+        })
+    }
+
+    /// The live policy's name.
+    #[must_use]
+    pub fn live_name(&self) -> &'static str {
+        PolicyKind::ALL
+            .get(self.live_kind.load(Ordering::Relaxed))
+            .map_or("unknown", |k| k.as_str())
+    }
+
+    /// Makes `kind` the live policy's name (a promotion).
+    pub fn set_live(&self, kind: PolicyKind) {
+        self.live_kind.store(kind_index(kind), Ordering::Relaxed);
+    }
+
+    /// The arm of a request whose session key is `session` (else the request's `seed`).
+    fn assign(&self, session: Option<&str>, seed: u64) -> Arm {
+        let Some(r) = self
+            .rollout
+            .as_ref()
+            .filter(|r| r.active.load(Ordering::Relaxed))
+        else {
+            return Arm::Live;
+        };
+        let h = session.map_or(seed, |s| fnv1a(s.as_bytes()));
+        // A point in [0, 100) from the hash's top 53 bits.
+        let point = (h >> 11) as f64 / (1u64 << 53) as f64 * 100.0;
+        if point < r.config.percent {
+            Arm::Candidate
+        } else {
+            Arm::Live
+        }
+    }
+}
+
+fn kind_index(kind: PolicyKind) -> usize {
+    PolicyKind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+/// FNV-1a, 64 bits: stable across processes and versions, so a session stays on its arm
+/// across restarts and instances.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Ranks request number `n` with the arm it belongs to, and lets the shadow rank it too.
+///
+/// # Errors
+/// A poisoned lock.
+pub fn rank(
+    iface: &InterfaceRuntime,
+    ctx: &RankContext<'_>,
+    session: Option<&str>,
+    seed: u64,
+    n: u64,
+) -> Result<(Ranking, Routed), Poisoned> {
+    let arms = &iface.arms;
+    let arm = arms.assign(session, seed);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (ranking, policy) = if let (Arm::Candidate, Some(r)) = (arm, &arms.rollout) {
+        (r.policy.rank(ctx, &mut rng)?, r.policy.kind.as_str())
+    } else {
+        let policy = iface.policy.read().map_err(|_| Poisoned)?;
+        (policy.rank(ctx, &mut rng), arms.live_name())
+    };
+    if let (Arm::Live, Some(shadow), Some(first)) = (arm, &arms.shadow, ranking.order.first()) {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5ade_5ade_5ade_5ade);
+        let theirs = shadow.policy.rank(ctx, &mut rng)?;
+        if let Some(mine) = theirs.order.first() {
+            shadow.decisions.fetch_add(1, Ordering::Relaxed);
+            if mine.index == first.index {
+                shadow.agreements.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut window = shadow.window.lock().map_err(|_| Poisoned)?;
+            if window.len() == SHADOW_WINDOW {
+                window.pop_front();
+            }
+            window.push_back(ShadowRecord {
+                n,
+                request_id: None,
+                features: ctx.features.to_vec(),
+                eligible: ctx.eligible.to_vec(),
+                live_first: first.index,
+                live_propensity: ranking.first_choice_probability,
+                shadow_first: mine.index,
+                bad: None,
+                quality: None,
+            });
+        }
+    }
+    Ok((ranking, Routed { arm, n, policy }))
+}
+
+/// Feeds a finished attempt of an `arm` request to the side policies; `true` when the live
+/// policy learns from it too (live-arm requests only).
+pub fn observe_attempt(iface: &InterfaceRuntime, arm: Arm, obs: &AttemptObservation<'_>) -> bool {
+    if let (Arm::Candidate, Some(r)) = (arm, &iface.arms.rollout) {
+        r.policy.observe(|| Observation::attempt(obs));
+        return false;
+    }
+    if let Some(shadow) = &iface.arms.shadow {
+        shadow.policy.observe(|| Observation::attempt(obs));
+    }
+    true
+}
+
+/// Feeds a quality score to the side policies and the rollout's statistics; `true` when
+/// the live policy learns from it too (the request was not the candidate's).
+pub fn observe_quality(
+    iface: &InterfaceRuntime,
+    request_id: &str,
+    obs: &QualityObservation<'_>,
+    now_unix_ms: f64,
+) -> bool {
+    let arms = &iface.arms;
+    let mut arm = Arm::Live;
+    if let Some(r) = &arms.rollout {
+        if let Ok(mut stats) = r.stats.lock() {
+            if stats.candidate_requests.iter().any(|id| id == request_id) {
+                arm = Arm::Candidate;
+            }
+            if stats.status == RolloutStatus::Running {
+                stats.unquality[arm as usize].push(1.0 - obs.quality);
+                r.check(&iface.name, &mut stats, now_unix_ms);
+            }
+        }
+        if arm == Arm::Candidate {
+            if let Ok(mut p) = r.policy.write() {
+                p.observe_quality(obs);
+                r.policy.learnt.fetch_add(1, Ordering::Relaxed);
+            }
+            return false;
+        }
+    }
+    if let Some(shadow) = &arms.shadow {
+        if let Ok(mut p) = shadow.policy.write() {
+            p.observe_quality(obs);
+            shadow.policy.learnt.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Ok(mut window) = shadow.window.lock() {
+            if let Some(r) = window
+                .iter_mut()
+                .rev()
+                .find(|r| r.request_id.as_deref() == Some(request_id))
+            {
+                r.quality = Some(obs.quality);
+            }
+        }
+    }
+    true
+}
+
+/// Books the end of a request: its outcome in the shadow's window and the rollout's
+/// statistics (a client's own error counts for neither arm), then checks the guard.
+pub fn finish(
+    iface: &InterfaceRuntime,
+    request_id: &str,
+    routed: Routed,
+    status: RequestStatus,
+    now_unix_ms: f64,
+) {
+    let bad = match status {
+        RequestStatus::Succeeded { .. } => Some(false),
+        RequestStatus::DeadlineExceeded | RequestStatus::Exhausted => Some(true),
+        RequestStatus::ClientError { .. } => None,
+    };
+    if let (Arm::Live, Some(shadow)) = (routed.arm, &iface.arms.shadow) {
+        if let Ok(mut window) = shadow.window.lock() {
+            if let Some(r) = window.iter_mut().rev().find(|r| r.n == routed.n) {
+                r.request_id = Some(request_id.to_owned());
+                r.bad = bad;
+            }
+        }
+    }
+    let Some(r) = &iface.arms.rollout else { return };
+    let Ok(mut stats) = r.stats.lock() else {
+        return;
+    };
+    if routed.arm == Arm::Candidate {
+        if stats.candidate_requests.len() == MAX_CANDIDATE_REQUESTS {
+            stats.candidate_requests.pop_front();
+        }
+        stats.candidate_requests.push_back(request_id.to_owned());
+    }
+    if let (Some(bad), RolloutStatus::Running) = (bad, &stats.status) {
+        stats.bad[routed.arm as usize].push(f64::from(u8::from(bad)));
+        r.check(&iface.name, &mut stats, now_unix_ms);
+    }
+}
+
+impl Rollout {
+    /// The guards of both metrics; the error budget `1 − confidence` is split between them.
+    fn guards(&self) -> [(&'static str, Guard); 2] {
+        let g: GuardConfig = self.config.guard;
+        let alpha = (1.0 - g.confidence) / 2.0;
+        // Each arm's sequence runs at alpha/2 (see `Guard::compare`).
+        let rho = mixing_precision(g.tuned_for, alpha / 2.0);
+        [
+            (
+                "bad_rate",
+                Guard {
+                    margin: g.bad_rate_margin,
+                    alpha,
+                    rho,
+                },
+            ),
+            (
+                "quality",
+                Guard {
+                    margin: g.quality_margin,
+                    alpha,
+                    rho,
+                },
+            ),
+        ]
+    }
+
+    fn comparisons(&self, stats: &RolloutStats) -> [(&'static str, Comparison); 2] {
+        let [(bn, bg), (qn, qg)] = self.guards();
+        [
+            (bn, bg.compare(&stats.bad[1], &stats.bad[0])),
+            (qn, qg.compare(&stats.unquality[1], &stats.unquality[0])),
+        ]
+    }
+
+    /// Rolls back when a guard fires (called under the statistics' lock after each update).
+    fn check(&self, iface: &str, stats: &mut RolloutStats, now_unix_ms: f64) {
+        if stats.status != RolloutStatus::Running {
+            return;
+        }
+        for (i, (metric, c)) in self.comparisons(stats).into_iter().enumerate() {
+            if !c.worse {
+                continue;
+            }
+            self.active.store(false, Ordering::Relaxed);
+            self.events[i].fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                interface = iface,
+                candidate = self.policy.kind.as_str(),
+                metric,
+                candidate_requests = c.candidate.n,
+                live_requests = c.live.n,
+                candidate_mean = c.candidate.mean(),
+                live_mean = c.live.mean(),
+                difference_low = c.difference.low,
+                difference_high = c.difference.high,
+                margin = if i == 0 {
+                    self.config.guard.bad_rate_margin
+                } else {
+                    self.config.guard.quality_margin
+                },
+                confidence = self.config.guard.confidence,
+                "canary rolled back: every request goes to the live policy again"
+            );
+            stats.status = RolloutStatus::RolledBack {
+                metric,
+                evidence: c,
+                at_unix_ms: now_unix_ms,
+            };
+            return;
+        }
+    }
+
+    /// Stops the rollout by an operator's decision (`promote`, else abort).
+    ///
+    /// # Errors
+    /// The rollout is not running (the message says its state).
+    pub fn end(&self, iface: &str, promote: bool, now_unix_ms: f64) -> Result<(), String> {
+        let mut stats = self.stats.lock().map_err(|_| "poisoned".to_owned())?;
+        if stats.status != RolloutStatus::Running {
+            return Err(format!(
+                "the rollout is {}, not running: only a running rollout can be promoted or aborted",
+                stats.status.name()
+            ));
+        }
+        self.active.store(false, Ordering::Relaxed);
+        let evidence = self.comparisons(&stats);
+        let (event, status) = if promote {
+            (
+                2,
+                RolloutStatus::Promoted {
+                    at_unix_ms: now_unix_ms,
+                },
+            )
+        } else {
+            (
+                3,
+                RolloutStatus::Aborted {
+                    at_unix_ms: now_unix_ms,
+                },
+            )
+        };
+        self.events[event].fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            interface = iface,
+            candidate = self.policy.kind.as_str(),
+            action = EVENTS[event],
+            candidate_requests = evidence[0].1.candidate.n,
+            live_requests = evidence[0].1.live.n,
+            bad_rate_difference_low = evidence[0].1.difference.low,
+            bad_rate_difference_high = evidence[0].1.difference.high,
+            quality_scores = evidence[1].1.candidate.n,
+            "canary ended by an operator"
+        );
+        stats.status = status;
+        Ok(())
+    }
+
+    /// The rollout's state for the admin route.
+    #[must_use]
+    pub fn report(&self) -> Value {
+        let Ok(stats) = self.stats.lock() else {
+            return Value::Null;
+        };
+        let arm = |i: usize| {
+            json!({
+                "requests": stats.bad[i].n,
+                "bad_outcomes": stats.bad[i].sum,
+                "bad_rate": stats.bad[i].mean(),
+                "quality_scores": stats.unquality[i].n,
+                "mean_quality": stats.unquality[i].mean().map(|m| 1.0 - m),
+            })
+        };
+        let guards: Vec<Value> = self
+            .comparisons(&stats)
+            .iter()
+            .zip(self.guards())
+            .map(|((metric, c), (_, g))| {
+                // Quality is compared as 1 − quality: report live − candidate in its own terms.
+                json!({
+                    "metric": metric,
+                    "margin": g.margin,
+                    "difference": if *metric == "quality" { "live - candidate" } else { "candidate - live" },
+                    "interval": [c.difference.low, c.difference.high],
+                    "worse_beyond_margin": c.worse,
+                })
+            })
+            .collect();
+        let status = match &stats.status {
+            RolloutStatus::RolledBack {
+                metric,
+                evidence,
+                at_unix_ms,
+            } => json!({
+                "state": "rolled_back", "metric": metric, "at_unix_ms": at_unix_ms,
+                "evidence": {"interval": [evidence.difference.low, evidence.difference.high], "candidate_n": evidence.candidate.n, "live_n": evidence.live.n},
+            }),
+            RolloutStatus::Promoted { at_unix_ms } | RolloutStatus::Aborted { at_unix_ms } => {
+                json!({"state": stats.status.name(), "at_unix_ms": at_unix_ms})
+            }
+            RolloutStatus::Running => json!({"state": "running"}),
+        };
+        json!({
+            "candidate_policy": self.policy.kind.as_str(),
+            "percent": self.config.percent,
+            "session_header": SESSION_HEADER,
+            "status": status,
+            "confidence": self.config.guard.confidence,
+            "arms": {"live": arm(0), "candidate": arm(1)},
+            "guards": guards,
+            "candidate_learnt": self.policy.learnt.load(Ordering::Relaxed),
+        })
+    }
+}
+
+impl Shadow {
+    /// The shadow's agreement and window for its route.
+    #[must_use]
+    pub fn report(&self) -> Value {
+        let decisions = self.decisions.load(Ordering::Relaxed);
+        let agreements = self.agreements.load(Ordering::Relaxed);
+        let (size, finished, scored, agreeing) = self.window.lock().map_or((0, 0, 0, 0), |w| {
+            (
+                w.len(),
+                w.iter().filter(|r| r.bad.is_some()).count(),
+                w.iter().filter(|r| r.quality.is_some()).count(),
+                w.iter().filter(|r| r.live_first == r.shadow_first).count(),
+            )
+        });
+        json!({
+            "shadow_policy": self.policy.kind.as_str(),
+            "decisions": decisions,
+            "agreements": agreements,
+            "agreement_rate": (decisions > 0).then(|| agreements as f64 / decisions as f64),
+            "learnt": self.policy.learnt.load(Ordering::Relaxed),
+            "dropped_observations": self.policy.dropped.load(Ordering::Relaxed),
+            "window": {
+                "capacity": SHADOW_WINDOW,
+                "decisions": size,
+                "agreements": agreeing,
+                "finished": finished,
+                "quality_scores": scored,
+            },
+        })
+    }
+}
+
+/// The metrics a shadow is evaluated on (`bad_rate`: lower is better; `quality`: higher).
+const OPE_METRICS: [&str; 2] = ["bad_rate", "quality"];
+
+impl Shadow {
+    /// The window's finished decisions as logged decisions for `metric` (`bad_rate`: 1 for a
+    /// failed or late request; `quality`: the score, where one arrived): first as the live
+    /// policy logged them, evaluated for the shadow (its own first choice as the target: one
+    /// draw of its first-choice distribution, unbiased at no extra ranking); then as the live
+    /// policy's own on-policy outcomes (propensity 1 on its choice: the plain mean).
+    fn logged(
+        &self,
+        metric: &str,
+        candidates: usize,
+    ) -> (Vec<LoggedDecision>, Vec<LoggedDecision>) {
+        let Ok(window) = self.window.lock() else {
+            return (Vec::new(), Vec::new());
+        };
+        let one_hot = |i: usize| {
+            let mut t = vec![0.0; candidates];
+            t[i] = 1.0;
+            t
+        };
+        let mut shadow = Vec::new();
+        let mut live = Vec::new();
+        for r in window.iter() {
+            let outcome = match metric {
+                "bad_rate" => r.bad.map(|b| f64::from(u8::from(b))),
+                _ => r.quality,
+            };
+            let Some(outcome) = outcome else { continue };
+            let propensity = r.live_propensity.filter(|p| *p > 0.0 && *p <= 1.0);
+            let logged = LoggedDecision {
+                features: r.features.clone(),
+                eligible: r.eligible.clone(),
+                action: r.live_first,
+                propensity: propensity.unwrap_or(1.0),
+                // A policy that reports 1 (or nothing) for its choice is deterministic.
+                propensity_exact: propensity.is_some_and(|p| p < 1.0),
+                target: one_hot(r.shadow_first),
+                outcome,
+            };
+            live.push(LoggedDecision {
+                propensity: 1.0,
+                propensity_exact: true,
+                target: one_hot(r.live_first),
+                ..logged.clone()
+            });
+            shadow.push(logged);
+        }
+        (shadow, live)
+    }
+
+    /// Off-policy estimates of the shadow's value against the live policy's on the window,
+    /// per metric, by `estimators` for the shadow (the live policy's is its plain mean), with
+    /// bootstrap intervals; `null` for a metric without finished records.
+    #[must_use]
+    pub fn estimates(&self, candidates: usize, estimators: &[Estimator], resamples: u32) -> Value {
+        let opts = OpeOptions {
+            bootstrap_resamples: resamples,
+            ..OpeOptions::default()
+        };
+        let show = |e: Result<Estimate, equiroute_core::ope::OpeError>| match e {
+            Ok(e) => json!({
+                "value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                "effective_sample_size": e.effective_sample_size, "n": e.n,
+                "warnings": e.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            }),
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        let mut out = serde_json::Map::new();
+        for metric in OPE_METRICS {
+            let (shadow, live) = self.logged(metric, candidates);
+            if shadow.is_empty() {
+                out.insert(metric.into(), Value::Null);
+                continue;
+            }
+            let mut by = serde_json::Map::new();
+            for &e in estimators {
+                by.insert(e.as_str().into(), show(evaluate(&shadow, e, &opts)));
+            }
+            out.insert(
+                metric.into(),
+                json!({
+                    "records": shadow.len(),
+                    "live": show(evaluate(&live, Estimator::Ips, &opts)),
+                    "shadow": by,
+                }),
+            );
+        }
+        Value::Object(out)
+    }
+}
+
+/// The `equiroute_shadow_value` samples of one interface's shadow.
+fn shadow_values(out: &mut String, family: &str, name: &str, shadow: &Shadow, candidates: usize) {
+    let est = shadow.estimates(candidates, &[Estimator::Snips], 200);
+    for metric in OPE_METRICS {
+        for (arm, at) in [("live", "/live"), ("shadow", "/shadow/snips")] {
+            let e = est[metric].pointer(at).cloned().unwrap_or(Value::Null);
+            for (bound, key) in [
+                ("estimate", "value"),
+                ("low", "ci_low"),
+                ("high", "ci_high"),
+            ] {
+                if let Some(v) = e[key].as_f64() {
+                    let _ = writeln!(
+                        out,
+                        "{family}{{interface=\"{name}\",arm=\"{arm}\",metric=\"{metric}\",bound=\"{bound}\"}} {v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The side policies' lines of `/metrics` (labels: interface, arm, event: bounded), each
+/// family's samples together under its `HELP` and `TYPE`.
+pub fn render_metrics(
+    ifaces: &std::collections::BTreeMap<String, std::sync::Arc<InterfaceRuntime>>,
+    out: &mut String,
+) {
+    let families: [(&str, &str, &str); 7] = [
+        (
+            "equiroute_shadow_decisions_total",
+            "counter",
+            "Live decisions the shadow policy ranked.",
+        ),
+        (
+            "equiroute_shadow_agreements_total",
+            "counter",
+            "Live decisions whose first choice the shadow policy shared.",
+        ),
+        (
+            "equiroute_rollout_active",
+            "gauge",
+            "1 while the canary routes its share of the requests.",
+        ),
+        (
+            "equiroute_rollout_requests_total",
+            "counter",
+            "Finished requests of each rollout arm (client errors excluded).",
+        ),
+        (
+            "equiroute_rollout_bad_outcomes_total",
+            "counter",
+            "Requests of each rollout arm that failed or missed their deadline.",
+        ),
+        (
+            "equiroute_rollout_events_total",
+            "counter",
+            "Canary rollbacks (by metric), promotions and aborts.",
+        ),
+        (
+            "equiroute_shadow_value",
+            "gauge",
+            "Value of the live policy (its mean) and of the shadow (self-normalised IPS) on the shadow's window of recent decisions, with the 95% interval's bounds.",
+        ),
+    ];
+    let mut samples: [String; 7] = Default::default();
+    for (name, iface) in ifaces {
+        if let Some(s) = &iface.arms.shadow {
+            let _ = writeln!(
+                samples[0],
+                "{}{{interface=\"{name}\"}} {}",
+                families[0].0,
+                s.decisions.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(
+                samples[1],
+                "{}{{interface=\"{name}\"}} {}",
+                families[1].0,
+                s.agreements.load(Ordering::Relaxed)
+            );
+            shadow_values(
+                &mut samples[6],
+                families[6].0,
+                name,
+                s,
+                iface.candidates.len(),
+            );
+        }
+        let Some(r) = &iface.arms.rollout else {
+            continue;
+        };
+        let _ = writeln!(
+            samples[2],
+            "{}{{interface=\"{name}\"}} {}",
+            families[2].0,
+            u8::from(r.active.load(Ordering::Relaxed))
+        );
+        if let Ok(stats) = r.stats.lock() {
+            for arm in [Arm::Live, Arm::Candidate] {
+                let m = stats.bad[arm as usize];
+                let label = arm.as_str();
+                let _ = writeln!(
+                    samples[3],
+                    "{}{{interface=\"{name}\",arm=\"{label}\"}} {}",
+                    families[3].0, m.n
+                );
+                let _ = writeln!(
+                    samples[4],
+                    "{}{{interface=\"{name}\",arm=\"{label}\"}} {}",
+                    families[4].0, m.sum
+                );
+            }
+        }
+        for (event, count) in EVENTS.iter().zip(&r.events) {
+            let _ = writeln!(
+                samples[5],
+                "{}{{interface=\"{name}\",event=\"{event}\"}} {}",
+                families[5].0,
+                count.load(Ordering::Relaxed)
+            );
+        }
+    }
+    for ((family, kind, help), lines) in families.iter().zip(&samples) {
+        if !lines.is_empty() {
+            let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} {kind}");
+            out.push_str(lines);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fnv1a;
+
+    #[test]
+    fn the_session_hash_is_fnv1a() {
+        // The published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

@@ -1,0 +1,169 @@
+//! The admin routes of an interface's shadow and canary rollout (behind the admin keys, like
+//! the state route):
+//!
+//! - `GET /v1/interfaces/{name}/shadow`: the shadow's agreement with the live policy;
+//! - `GET /v1/interfaces/{name}/rollout`: the rollout's state, each arm's measurements and
+//!   the guard's intervals;
+//! - `POST /v1/interfaces/{name}/rollout/promote`: the candidate becomes the live policy, in
+//!   memory (the configuration must be changed too, before the next restart);
+//! - `POST /v1/interfaces/{name}/rollout/abort`: every request goes to the live policy again.
+
+use super::error::{echo, ApiError};
+use super::state::{AppState, InterfaceRuntime};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use equiroute_core::ope::Estimator;
+use equiroute_core::policies::RankContext;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+fn interface(state: &AppState, name: &str) -> Result<Arc<InterfaceRuntime>, ApiError> {
+    state.interfaces.get(name).cloned().ok_or_else(|| {
+        ApiError::not_found(
+            "interface_not_found",
+            format!("no interface `{}`", echo(name)),
+        )
+    })
+}
+
+/// `GET /v1/interfaces/{name}/shadow`.
+pub(super) async fn shadow(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let iface = interface(&state, &name)?;
+    let Some(shadow) = &iface.arms.shadow else {
+        return Err(ApiError::not_found(
+            "no_shadow",
+            format!("interface `{name}` runs no shadow policy: add `shadow = \"NAME\"` (or a table like `policy`) to [interfaces.{name}]"),
+        ));
+    };
+    // The shadow's ranking of an empty request with every candidate, as the state route
+    // shows the live policy's: its estimates, from the write side so that queued
+    // observations are in.
+    let features = iface.featurizer.featurize("");
+    let all: Vec<usize> = (0..iface.candidates.len()).collect();
+    let ranking = {
+        let policy = shadow.policy.write()?;
+        let mut ctx = RankContext::new(&iface.candidates, &all, &features);
+        ctx.deadline = iface.deadline;
+        ctx.now = state.now();
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+        policy.rank(&ctx, &mut rng)
+    };
+    let candidates: Vec<Value> = ranking
+        .order
+        .iter()
+        .map(|s| {
+            let mut c = serde_json::to_value(s.breakdown).unwrap_or_else(|_| json!({}));
+            c["id"] = json!(iface.candidates[s.index].id);
+            c["score"] = json!(s.score);
+            c
+        })
+        .collect();
+    // Bootstrap and cross-fitting over the window: off the event loop.
+    let estimate = {
+        let iface = iface.clone();
+        tokio::task::spawn_blocking(move || {
+            iface.arms.shadow.as_ref().map(|s| {
+                s.estimates(
+                    iface.candidates.len(),
+                    &[Estimator::Snips, Estimator::Dr],
+                    400,
+                )
+            })
+        })
+        .await
+        .map_err(|_| ApiError::internal())?
+    };
+    let mut body = shadow.report();
+    if let Some(b) = body.as_object_mut() {
+        b.insert("estimate".into(), json!(estimate));
+        b.insert("candidates".into(), json!(candidates));
+        b.insert("interface".into(), json!(name));
+        b.insert("live_policy".into(), json!(iface.policy_name()));
+        b.insert(
+            "traffic_window".into(),
+            json!({"scope": "process", "since_unix_ms": state.started_unix_ms()}),
+        );
+    }
+    Ok(Json(body))
+}
+
+fn rollout_of<'a>(
+    iface: &'a InterfaceRuntime,
+    name: &str,
+) -> Result<&'a super::arms::Rollout, ApiError> {
+    iface.arms.rollout.as_ref().ok_or_else(|| {
+        ApiError::not_found(
+            "no_rollout",
+            format!("interface `{name}` has no rollout: add `rollout = {{ policy = \"NAME\", percent = 5 }}` to [interfaces.{name}]"),
+        )
+    })
+}
+
+/// `GET /v1/interfaces/{name}/rollout`.
+pub(super) async fn rollout(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let iface = interface(&state, &name)?;
+    let mut body = rollout_of(&iface, &name)?.report();
+    if let Some(b) = body.as_object_mut() {
+        b.insert("interface".into(), json!(name));
+        b.insert("live_policy".into(), json!(iface.policy_name()));
+    }
+    Ok(Json(body))
+}
+
+/// `POST /v1/interfaces/{name}/rollout/promote`: swaps the live policy for the candidate (its
+/// configuration and learnt state) in memory.
+pub(super) async fn promote(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let iface = interface(&state, &name)?;
+    let rollout = rollout_of(&iface, &name)?;
+    if state.shared.is_some() {
+        // Every instance would have to swap at once, and the shared state is the live policy's.
+        return Err(ApiError::invalid(
+            StatusCode::CONFLICT,
+            "promotion_needs_config",
+            "learning state is shared through Redis: promote by setting the interface's `policy` to the candidate's in the configuration of every instance and restarting them",
+        ));
+    }
+    let candidate = rollout.policy.write()?.clone_box();
+    rollout
+        .end(&name, true, state.now().0)
+        .map_err(|why| ApiError::invalid(StatusCode::CONFLICT, "rollout_not_running", why))?;
+    {
+        let mut live = state.policy_mut(&iface)?;
+        *live = candidate;
+    }
+    iface.arms.set_live(rollout.policy.kind);
+    let policy = rollout.policy.kind.as_str();
+    Ok(Json(json!({
+        "interface": name,
+        "status": "promoted",
+        "live_policy": policy,
+        "note": format!("promoted in memory only: set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters) and remove `rollout` before the next restart, else the restart runs the old policy again (and refuses the saved state of the promoted one)"),
+    })))
+}
+
+/// `POST /v1/interfaces/{name}/rollout/abort`.
+pub(super) async fn abort(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let iface = interface(&state, &name)?;
+    rollout_of(&iface, &name)?
+        .end(&name, false, state.now().0)
+        .map_err(|why| ApiError::invalid(StatusCode::CONFLICT, "rollout_not_running", why))?;
+    Ok(Json(json!({
+        "interface": name,
+        "status": "aborted",
+        "live_policy": iface.policy_name(),
+        "note": format!("every request goes to the live policy again; remove `rollout` from [interfaces.{name}] before the next restart, else the canary starts again"),
+    })))
+}
