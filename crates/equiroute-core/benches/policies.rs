@@ -1,11 +1,14 @@
 //! Decision and update cost with K = 10 candidates and d = 64 features (the bar:
-//! ≤ 5 µs median each). Not run by CI: `cargo bench -p equiroute-core --bench policies`.
+//! ≤ 5 µs median each), the cost of a first-choice distribution (propensities for off-policy
+//! evaluation) and of a ranking behind an exploration floor. Not run by CI:
+//! `cargo bench -p equiroute-core --bench policies`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use equiroute_core::policies::{
-    AttemptObservation, PolicyConfig, PolicyKind, QualityObservation, RankContext,
+    AttemptObservation, ExplorationFloor, ExplorationFloorConfig, Policy, PolicyConfig, PolicyKind,
+    QualityObservation, RankContext,
 };
 use equiroute_core::prelude::Featurizer;
 use equiroute_core::{
@@ -85,6 +88,37 @@ fn bench(c: &mut Criterion) {
                 ctx.slice = slice;
                 ctx.now = Timestamp(30_000.0);
                 black_box(p.rank(&ctx, &mut rng))
+            });
+        });
+        // The propensity's cost: a Thompson policy's first-choice distribution from `draws`
+        // rankings (the deterministic ones cost one ranking), and a ranking behind a floor.
+        let draw_counts: &[u32] = if kind == PolicyKind::Lqm {
+            &[1]
+        } else {
+            &[16, 100]
+        };
+        for &draws in draw_counts {
+            c.bench_function(&format!("first_choice/{kind}/draws{draws}"), |b| {
+                b.iter(|| {
+                    n += 1;
+                    let mut ctx = RankContext::new(&cands, &eligible, &xs[n % xs.len()]);
+                    ctx.deadline = Some(Millis(2000.0));
+                    ctx.slice = slice;
+                    ctx.now = Timestamp(30_000.0);
+                    black_box(p.first_choice_distribution(&ctx, &mut rng, draws))
+                });
+            });
+        }
+        let floored =
+            ExplorationFloor::new(p.clone_box(), ExplorationFloorConfig::new(0.01)).unwrap();
+        c.bench_function(&format!("rank/{kind}+floor0.01/k10_d64"), |b| {
+            b.iter(|| {
+                n += 1;
+                let mut ctx = RankContext::new(&cands, &eligible, &xs[n % xs.len()]);
+                ctx.deadline = Some(Millis(2000.0));
+                ctx.slice = slice;
+                ctx.now = Timestamp(30_000.0);
+                black_box(floored.rank(&ctx, &mut rng))
             });
         });
         let mut t = 40_000.0;

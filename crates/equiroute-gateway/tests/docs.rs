@@ -286,7 +286,10 @@ fn every_toml_block_of_the_configuration_docs_is_checked() {
             continue;
         } else if first.starts_with("[[interfaces.chat.providers]]") {
             format!("[interfaces.chat]\nkind = \"chat\"\n{block}")
-        } else if first.starts_with("[state]") || first.starts_with("[server]") {
+        } else if ["[state]", "[server]", "[audit]"]
+            .iter()
+            .any(|t| first.starts_with(t))
+        {
             format!("{block}\n{SIM_INTERFACE}")
         } else if first.starts_with("[interfaces.") {
             // A whole interface with its providers (e.g. the hedging example).

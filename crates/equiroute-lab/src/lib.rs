@@ -12,6 +12,7 @@
 //! ```
 
 pub mod calibration;
+pub mod ope;
 pub mod report;
 pub mod runner;
 pub mod scenario;

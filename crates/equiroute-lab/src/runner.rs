@@ -2,6 +2,7 @@
 //! eligibility, breakers, executor and policies as the gateway.
 
 use crate::calibration::Calibration;
+use crate::ope::{LoggedAttempt, LoggedFeedback, LoggedRound, TrafficLog};
 use crate::scenario::ScenarioSpec;
 use crate::world::World;
 use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
@@ -111,13 +112,13 @@ pub fn run(
     let world = World::new(spec);
     let policy = spec
         .policy(label)
-        .and_then(|c| c.build(&world.candidates(), spec.feature_dim))
+        .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
         .map_err(|source| RunError::Policy {
             scenario: spec.name.clone(),
             policy: label.to_owned(),
             source,
         })?;
-    simulate(spec, label, policy, world, seed, rounds, None)
+    simulate(spec, label, policy, world, seed, rounds, Extras::default())
 }
 
 /// [`run`] with hedged requests: the first attempt gets a hedge on the next candidate after
@@ -143,7 +144,18 @@ pub fn run_hedged(
         .policy(label)
         .and_then(|c| c.build(&world.candidates(), spec.feature_dim))
         .map_err(err)?;
-    simulate(spec, label, policy, world, seed, rounds, Some(*hedge))
+    simulate(
+        spec,
+        label,
+        policy,
+        world,
+        seed,
+        rounds,
+        Extras {
+            hedging: Some(*hedge),
+            record: None,
+        },
+    )
 }
 
 /// Runs a policy built by the caller (one that is not among the built-in ones, e.g. a
@@ -159,7 +171,61 @@ pub fn run_policy(
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
-    simulate(spec, label, policy, World::new(spec), seed, rounds, None)
+    simulate(
+        spec,
+        label,
+        policy,
+        World::new(spec),
+        seed,
+        rounds,
+        Extras::default(),
+    )
+}
+
+/// Runs `label` through `spec` exactly as [`run`] does, and also returns the traffic log an
+/// off-policy evaluator needs (every decision's context, first choice and propensity, every
+/// observation in the order the policy learnt it, every request's outcome). Propensities come
+/// from the ranking when the policy reports one, else from
+/// [`first_choice_distribution`](equiroute_core::policies::Policy::first_choice_distribution)
+/// with `propensity_draws` draws on a separate random stream (so the run is the same as
+/// [`run`]'s).
+///
+/// # Errors
+/// The policy cannot be built for this scenario.
+pub fn run_logged(
+    spec: &ScenarioSpec,
+    label: &str,
+    seed: u64,
+    rounds: usize,
+    propensity_draws: u32,
+) -> Result<(RunResult, TrafficLog), RunError> {
+    let world = World::new(spec);
+    let policy = spec
+        .policy(label)
+        .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
+        .map_err(|source| RunError::Policy {
+            scenario: spec.name.clone(),
+            policy: label.to_owned(),
+            source,
+        })?;
+    let mut log = TrafficLog {
+        candidates: world.candidates(),
+        tokens: spec.tokens,
+        rounds: Vec::with_capacity(rounds),
+    };
+    let result = simulate(
+        spec,
+        label,
+        policy,
+        world,
+        seed,
+        rounds,
+        Extras {
+            hedging: None,
+            record: Some((&mut log.rounds, propensity_draws)),
+        },
+    )?;
+    Ok((result, log))
 }
 
 /// Feeds one finished attempt to the policy, the breaker and the execution.
@@ -187,6 +253,14 @@ fn feed(
     run.record(candidate, outcome, started);
 }
 
+/// What a simulation does besides the plain run: hedge requests, record the traffic log
+/// (with the number of draws behind an estimated propensity).
+#[derive(Default)]
+struct Extras<'a> {
+    hedging: Option<HedgeConfig>,
+    record: Option<(&'a mut Vec<LoggedRound>, u32)>,
+}
+
 /// The simulation behind [`run`] and [`run_policy`], in the world built for it.
 #[allow(clippy::too_many_lines)]
 fn simulate(
@@ -196,8 +270,12 @@ fn simulate(
     mut world: World,
     seed: u64,
     rounds: usize,
-    hedging: Option<HedgeConfig>,
+    extras: Extras<'_>,
 ) -> Result<RunResult, RunError> {
+    let Extras {
+        hedging,
+        mut record,
+    } = extras;
     let err = |source| RunError::Policy {
         scenario: spec.name.clone(),
         policy: label.to_owned(),
@@ -242,6 +320,9 @@ fn simulate(
     let mut budget = hedging.as_ref().map(HedgeBudget::new);
     let mut recent = vec![RecentLatencies::default(); k];
     let (mut hedges, mut hedges_won) = (0usize, 0usize);
+    // Propensity draws of the traffic log, apart from the policy's own stream.
+    let mut propensity_rng = ChaCha8Rng::seed_from_u64(seed ^ salt(label) ^ 0x5851_f42d_4c95_7f2d);
+    let mut delivered: Vec<LoggedFeedback> = Vec::new();
 
     for round in 0..rounds {
         let concurrency = world.concurrency(round);
@@ -250,6 +331,15 @@ fn simulate(
         // Quality that has arrived by now reaches the policy first.
         while pending.front().is_some_and(|p| p.due_round <= round) {
             if let Some(p) = pending.pop_front() {
+                if record.is_some() {
+                    delivered.push(LoggedFeedback {
+                        candidate: p.candidate,
+                        features: p.features.clone(),
+                        quality: p.judged,
+                        latency: p.latency,
+                        now: t,
+                    });
+                }
                 policy.observe_quality(&QualityObservation {
                     candidate: p.candidate,
                     features: &p.features,
@@ -302,6 +392,30 @@ fn simulate(
         share_over_time[bin][first] += 1.0;
         bin_counts[bin] += 1;
         regret_over_time[bin] = regret;
+        let mut logged = record.as_mut().map(|(_, draws)| {
+            let (propensity, propensity_exact) = if let Some(p) = ranking.first_choice_probability {
+                (p, p < 1.0)
+            } else {
+                let fc = policy.first_choice_distribution(&ctx, &mut propensity_rng, *draws);
+                (fc.probability(first), fc.is_stochastic())
+            };
+            LoggedRound {
+                feedback: std::mem::take(&mut delivered),
+                features: features.clone(),
+                eligible: eligible.clone(),
+                deadline,
+                now: t,
+                in_flight: in_flight.clone(),
+                values: values.clone(),
+                action: first,
+                propensity,
+                propensity_exact,
+                attempts: Vec::new(),
+                quality: 0.0,
+                missed: false,
+                cost: 0.0,
+            }
+        });
 
         let delay = hedging.and_then(|h| {
             let outlook = |i: usize| policy.latency_outlook(i, &ctx);
@@ -447,12 +561,29 @@ fn simulate(
         cost_sum += result.cost.0;
         latencies.push(result.latency.0);
         let late = deadline.is_some_and(|d| result.latency.0 > d.0);
-        if matches!(result.status, RequestStatus::DeadlineExceeded) || late {
+        let missed = matches!(result.status, RequestStatus::DeadlineExceeded) || late;
+        if missed {
             misses += 1;
+        }
+        if let Some(l) = logged.as_mut() {
+            // Every attempt, in the order the policy learnt it (as `feed` gave it).
+            for a in &result.attempts {
+                l.attempts.push(LoggedAttempt {
+                    candidate: a.candidate,
+                    deadline: deadline.map(|d| Millis((d.0 - a.started.since(t).0).max(0.0))),
+                    outcome: a.outcome,
+                    now: a.started.plus(a.outcome.latency),
+                });
+            }
+            l.missed = missed;
+            l.cost = result.cost.0;
         }
         if let RequestStatus::Succeeded { candidate } = result.status {
             let gold = world.gold_quality(candidate, round, query.cluster, &mut outcome_rng);
             quality_sum += gold;
+            if let Some(l) = logged.as_mut() {
+                l.quality = gold;
+            }
             let drift = match spec.judge.drift_at_round {
                 Some(at) if round >= at && drift_ids.contains(&candidate) => spec.judge.drift_bias,
                 _ => 0.0,
@@ -478,6 +609,9 @@ fn simulate(
         } else {
             failures += 1;
             failures_over_time[bin] += 1.0;
+        }
+        if let (Some((rounds_log, _)), Some(l)) = (record.as_mut(), logged) {
+            rounds_log.push(l);
         }
     }
 

@@ -5,7 +5,7 @@
 //! scenarios are TOML files in `crates/equiroute-lab/scenarios/`, compiled in; users pass their
 //! own with `--scenario-file`. `docs/scenarios.md` documents every field.
 
-use equiroute_core::policies::PolicyConfig;
+use equiroute_core::policies::{ExplorationFloorConfig, PolicyConfig};
 use equiroute_core::{Price, ServiceTier, TokenEstimate};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -93,6 +93,15 @@ pub struct DeadlineShare {
 pub struct Variant {
     pub label: String,
     pub policy: PolicyConfig,
+    /// An exploration floor around the policy (0: none): every eligible provider keeps at
+    /// least this probability of going first.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_propensity: f64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)] // serde passes a reference; 0 is "unset"
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// How quality reaches the router: `u_judge = clip(u_gold + bias + N(0, noise_sd))`, after
@@ -586,6 +595,14 @@ impl ScenarioSpec {
             v.policy
                 .build(&candidates, self.feature_dim)
                 .map_err(|e| (format!("variants ({}).policy", v.label), e.to_string()))?;
+            ExplorationFloorConfig::new(v.min_propensity)
+                .validate()
+                .map_err(|e| {
+                    (
+                        format!("variants ({}).min_propensity", v.label),
+                        e.to_string(),
+                    )
+                })?;
         }
         Ok(())
     }
@@ -699,6 +716,17 @@ impl ScenarioSpec {
         self.deadline_mix
             .last()
             .map(|d| equiroute_core::Millis(d.ms))
+    }
+
+    /// The exploration floor of a variant label (none for plain policy names).
+    #[must_use]
+    pub fn floor(&self, label: &str) -> ExplorationFloorConfig {
+        ExplorationFloorConfig::new(
+            self.variants
+                .iter()
+                .find(|v| v.label == label)
+                .map_or(0.0, |v| v.min_propensity),
+        )
     }
 
     /// The policy configuration behind a name or variant label, tuned to the scenario

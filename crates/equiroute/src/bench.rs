@@ -50,6 +50,7 @@ pub struct Args {
     /// Change one parameter of a named policy in every scenario of the run, e.g.
     /// `--set lqm-ts.latency=renewal` or `--set lqm-ts.lqm.alpha_ucb=0.3` (a dotted path into
     /// the policy's configuration, as `equiroute policies NAME` lists it; the value is read as JSON, else as a string). May repeat.
+    /// `--set lqm-ts.min_propensity=0.01` wraps the policy in an exploration floor.
     #[arg(long = "set", value_name = "POLICY.FIELD=VALUE")]
     sets: Vec<String>,
 }
@@ -67,12 +68,34 @@ fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
     if policy.is_empty() || fields.is_empty() {
         bail!("--set `{set}`: {fix}");
     }
+    // The exploration floor wraps any policy: it is the variant's, not the policy's.
+    let floor = if fields == ["min_propensity"] {
+        let v: f64 = value.parse().with_context(|| {
+            format!("--set `{set}`: min_propensity is a number in [0, 0.5], e.g. 0.01")
+        })?;
+        equiroute_core::policies::ExplorationFloorConfig::new(v)
+            .validate()
+            .map_err(|e| anyhow::anyhow!("--set `{set}`: {e}"))?;
+        Some(v)
+    } else {
+        None
+    };
     let cfg = spec.policy(policy).with_context(|| {
         format!(
             "--set `{set}`: `{policy}` is not a policy of scenario {}",
             spec.name
         )
     })?;
+    let min_propensity = floor.unwrap_or_else(|| spec.floor(policy).min_propensity);
+    if floor.is_some() {
+        spec.variants.retain(|v| v.label != policy);
+        spec.variants.push(equiroute_lab::scenario::Variant {
+            label: policy.to_owned(),
+            policy: cfg,
+            min_propensity,
+        });
+        return Ok(());
+    }
     let mut json = serde_json::to_value(&cfg)?;
     let parsed: serde_json::Value =
         serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
@@ -97,6 +120,7 @@ fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
     spec.variants.push(equiroute_lab::scenario::Variant {
         label: policy.to_owned(),
         policy: patched,
+        min_propensity,
     });
     Ok(())
 }

@@ -6,6 +6,7 @@ mod logs;
 mod mock;
 mod png;
 mod policies;
+mod replay;
 mod scenarios;
 mod serve;
 mod state;
@@ -47,6 +48,9 @@ enum Command {
     Scenarios,
     /// List the routing policies, or one policy's parameters with defaults and meaning.
     Policies(policies::Args),
+    /// Estimate what other policies would have done on the traffic in a gateway's audit log
+    /// (off-policy evaluation: IPS, SNIPS, doubly robust).
+    Replay(replay::Args),
 }
 
 /// Runs the command; an error is printed as `Error: ` and its chain of causes, one line, and
@@ -80,6 +84,7 @@ fn run(
         Command::Bench(args) => bench::run(&args)?,
         Command::Scenarios => scenarios::run()?,
         Command::Policies(args) => policies::run(&args)?,
+        Command::Replay(args) => replay::run(&args)?,
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -50,6 +50,25 @@ pub struct AuditConfig {
     /// Rotated files kept (`path.1` … `path.N`).
     #[serde(default = "default_keep")]
     pub keep: u32,
+    /// How a request's feature vector is recorded (privacy): `full`, `hash` or `none`.
+    #[serde(default)]
+    pub features: AuditFeatures,
+}
+
+/// How the audit log records a request's feature vector. The features are hashed words of the
+/// request's text, so `full` lets a dictionary recover some of the words; `hash` keeps only a
+/// stable digest (equal vectors, equal digests), enough to group requests but not to evaluate
+/// a contextual policy offline; `none` keeps nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditFeatures {
+    /// The vector itself (`"features": [..]`): every policy can be replayed.
+    Full,
+    /// A stable 64-bit digest (`"features_hash": "16 hex digits"`).
+    #[default]
+    Hash,
+    /// Nothing.
+    None,
 }
 
 fn default_max_bytes() -> u64 {
@@ -225,6 +244,9 @@ struct RawInterface {
     kind: InterfaceKind,
     #[serde(default)]
     policy: Option<PolicyConfig>,
+    /// An exploration floor: every eligible provider keeps at least this probability of
+    /// going first, so that the audit log supports evaluating other policies.
+    min_propensity: Option<f64>,
     deadline_ms: Option<f64>,
     max_attempts: Option<u32>,
     attempt_timeout_ms: Option<f64>,
@@ -529,6 +551,8 @@ pub struct InterfaceConfig {
     pub name: String,
     pub kind: InterfaceKind,
     pub policy: PolicyConfig,
+    /// `min_propensity` (inactive at 0): the policy is wrapped in an exploration floor.
+    pub exploration_floor: equiroute_core::policies::ExplorationFloorConfig,
     pub deadline: Option<Millis>,
     pub limits: ExecutionLimits,
     /// Hedged requests (off by default).
@@ -850,29 +874,18 @@ fn check_task_classes(classes: &[String]) -> Result<(), (usize, String)> {
     Ok(())
 }
 
-/// One interface; errors carry the field path and the fix. Fields that are set but not read
-/// go to `warnings`, with their path and why.
-fn load_interface(
-    name: &str,
-    raw: RawInterface,
+/// Loads an interface's providers; every one is checked, so that one run reports every
+/// broken provider.
+fn load_providers(
+    raw: Vec<RawProvider>,
+    at: &dyn Fn(&str) -> String,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<(String, String)>,
-) -> Result<InterfaceConfig, Vec<(String, String)>> {
-    let at = |f: &str| format!("interfaces.{name}.{f}");
-    if let Err(why) = check_name("interface names", name) {
-        return Err(vec![(format!("interfaces.{name}"), why)]);
-    }
-    if raw.providers.is_empty() {
-        return Err(vec![(
-            at("providers"),
-            "add at least one [[interfaces.NAME.providers]] entry".into(),
-        )]);
-    }
-    // Every provider is checked, so that one run reports every broken provider.
+) -> Result<Vec<ProviderConfig>, Vec<(String, String)>> {
     let mut providers: Vec<ProviderConfig> = Vec::new();
     let mut problems = Vec::new();
     let mut ids: Vec<String> = Vec::new();
-    for (n, p) in raw.providers.into_iter().enumerate() {
+    for (n, p) in raw.into_iter().enumerate() {
         let field = |f: &str| at(&format!("providers[{n}].{f}"));
         if ids.contains(&p.id) {
             problems.push((
@@ -892,9 +905,32 @@ fn load_interface(
             Err((f, fix)) => problems.push((field(f), fix)),
         }
     }
-    if !problems.is_empty() {
-        return Err(problems);
+    if problems.is_empty() {
+        Ok(providers)
+    } else {
+        Err(problems)
     }
+}
+
+/// One interface; errors carry the field path and the fix. Fields that are set but not read
+/// go to `warnings`, with their path and why.
+fn load_interface(
+    name: &str,
+    raw: RawInterface,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<(String, String)>,
+) -> Result<InterfaceConfig, Vec<(String, String)>> {
+    let at = |f: &str| format!("interfaces.{name}.{f}");
+    if let Err(why) = check_name("interface names", name) {
+        return Err(vec![(format!("interfaces.{name}"), why)]);
+    }
+    if raw.providers.is_empty() {
+        return Err(vec![(
+            at("providers"),
+            "add at least one [[interfaces.NAME.providers]] entry".into(),
+        )]);
+    }
+    let providers = load_providers(raw.providers, &at, env, warnings)?;
     let feature_dim = raw.feature_dim.unwrap_or(64);
     let feature_max_words = raw
         .feature_max_words
@@ -904,6 +940,8 @@ fn load_interface(
     let policies = (raw.policy.as_ref(), raw.shadow.as_ref(), raw.rollout);
     let (policy, rollout) =
         load_policies(policies, &providers, feature_dim).map_err(|(f, fix)| vec![(at(&f), fix)])?;
+    let exploration_floor =
+        exploration_floor(raw.min_propensity).map_err(|fix| vec![(at("min_propensity"), fix)])?;
     let positive = |v: Option<f64>, field: &str| -> Result<Option<Millis>, Vec<(String, String)>> {
         match v {
             Some(t) if t.is_finite() && t > 0.0 => Ok(Some(Millis(t))),
@@ -941,6 +979,7 @@ fn load_interface(
     };
     Ok(InterfaceConfig {
         name: name.to_owned(),
+        exploration_floor,
         stream_idle,
         first_byte,
         stream_hold,
@@ -958,6 +997,20 @@ fn load_interface(
         rollout,
         providers,
     })
+}
+
+/// An interface's `min_propensity` as an exploration floor (inactive when absent), or the fix.
+fn exploration_floor(
+    min_propensity: Option<f64>,
+) -> Result<equiroute_core::policies::ExplorationFloorConfig, String> {
+    let floor = equiroute_core::policies::ExplorationFloorConfig {
+        min_propensity: min_propensity.unwrap_or(0.0),
+        ..equiroute_core::policies::ExplorationFloorConfig::default()
+    };
+    floor
+        .validate()
+        .map_err(|e| format!("{e} (e.g. 0.01: each provider first on at least 1% of requests)"))?;
+    Ok(floor)
 }
 
 /// An interface's `policy` (`lqm-ts` by default), `shadow` and `rollout`: the policy built
@@ -1310,6 +1363,20 @@ mod tests {
         assert!(cfg.interfaces.len() >= 2);
         assert!(cfg.listen.ip().is_loopback());
         assert_eq!(cfg.warnings, []);
+    }
+
+    #[test]
+    fn min_propensity_wraps_the_policy_in_an_exploration_floor_and_a_bad_one_is_named() {
+        let text = |floor: &str| {
+            format!("[interfaces.chat]\nkind = \"chat\"\npolicy = \"lqm\"\n{floor}[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n")
+        };
+        let off = load(&text(""), "x.toml", &no_env).unwrap();
+        assert!(!off.interfaces[0].exploration_floor.is_active());
+        let on = load(&text("min_propensity = 0.05\n"), "x.toml", &no_env).unwrap();
+        assert!((on.interfaces[0].exploration_floor.min_propensity - 0.05).abs() < 1e-12);
+        let e = load(&text("min_propensity = 0.7\n"), "x.toml", &no_env).unwrap_err();
+        assert_eq!(e.field, "interfaces.chat.min_propensity");
+        assert!(e.fix.contains("e.g. 0.01"), "{e}");
     }
 
     #[test]

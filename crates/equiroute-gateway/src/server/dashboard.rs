@@ -632,6 +632,7 @@ mod tests {
             fallback_reason: None,
             latency_ms: 1.0,
             cost_usd: 0.0,
+            ..AuditRecord::default()
         };
         for i in 0..DECISIONS + 5 {
             h.keep(&record(i), if i % 2 == 0 { &fallback } else { &ok });

@@ -149,7 +149,7 @@ async fn execute_unstreamed(
     let end = state.now();
     let result = run.finish(end);
     let attempts = result.attempts.len();
-    record_request(state, iface, &request_id, &decided, &result);
+    record_request(state, iface, &request_id, &decided, &features, &result);
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
             state.metrics.request(&iface.name, "ok");
@@ -265,6 +265,12 @@ fn begin(
 
 /// What was decided for a request, kept for the audit log.
 struct Decided {
+    /// When the request was decided.
+    at: equiroute_core::Timestamp,
+    /// The eligible candidates, in configuration order.
+    eligible: Vec<usize>,
+    deadline: Option<Millis>,
+    tokens: TokenEstimate,
     order: Vec<usize>,
     /// The statistics slice of the request.
     slice: SlicePath,
@@ -388,6 +394,10 @@ fn decide(
         iface.first_choices[first].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(Decided {
+        at: now,
+        eligible: eligible.eligible,
+        deadline,
+        tokens,
         order,
         slice,
         routed,
@@ -420,30 +430,46 @@ fn breaker_retry_after(
         .min()
 }
 
+/// A finished request, as the audit log sees it.
+#[derive(Clone, Copy)]
+struct Audited<'a> {
+    request_id: &'a str,
+    decided: &'a Decided,
+    features: &'a [f64],
+    result: &'a equiroute_core::executor::RequestResult,
+}
+
 /// Writes the audit record of a finished request, when an audit log is configured, and keeps
 /// it for the dashboard when the dashboard wants it.
-#[allow(clippy::too_many_arguments)]
-fn audit(
-    state: &AppState,
-    iface: &InterfaceRuntime,
-    request_id: &str,
-    decided: &Decided,
-    attempts: &[equiroute_core::executor::AttemptRecord],
-    outcome: &str,
-    fallback_reason: Option<String>,
-    latency: Millis,
-) {
+fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
+    let Audited {
+        request_id,
+        decided,
+        features,
+        result,
+    } = done;
+    let attempts = &result.attempts[..];
     let wanted = iface.history.wants_record(state.now(), attempts);
     if state.audit.is_none() && !wanted {
         return;
     }
     let id = |i: usize| iface.candidates[i].id.0.clone();
+    let keep = state.audit.as_ref().map_or(
+        super::audit::AuditFeatures::Hash,
+        super::audit::AuditLog::features,
+    );
+    let deadline_miss = matches!(result.status, RequestStatus::DeadlineExceeded)
+        || decided.deadline.is_some_and(|d| result.latency.0 > d.0);
+    let (propensity_kind, propensity_draws) = propensity_kind(iface, &decided.ranking);
     let record = super::audit::AuditRecord {
+        kind: "request",
         ts_ms: state.now().0,
+        decided_ms: decided.at.0,
         request_id: request_id.to_owned(),
         interface: iface.name.clone(),
         policy: decided.routed.policy,
         candidates: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
+        eligible: decided.eligible.iter().map(|&i| id(i)).collect(),
         excluded: decided
             .excluded
             .iter()
@@ -457,6 +483,13 @@ fn audit(
             .collect(),
         order: decided.order.iter().map(|&i| id(i)).collect(),
         propensity: decided.ranking.first_choice_probability,
+        propensity_kind,
+        propensity_draws,
+        features: (keep == super::audit::AuditFeatures::Full).then(|| features.to_vec()),
+        features_hash: (keep == super::audit::AuditFeatures::Hash)
+            .then(|| super::audit::features_hash(features)),
+        slice: decided.slice,
+        tokens: decided.tokens,
         last_resort: decided.last_resort,
         attempts: attempts
             .iter()
@@ -464,17 +497,30 @@ fn audit(
             .map(|(n, a)| super::audit::AuditAttempt {
                 provider: id(a.candidate),
                 status: a.outcome.status.as_str(),
+                failure: match a.outcome.status {
+                    AttemptStatus::ProviderError(f) => Some(f),
+                    _ => None,
+                },
                 retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
                 hedge: a.hedge,
                 first_byte_limit_ms: decided.first_byte_limits.get(n).copied().flatten(),
+                started_ms: a.started.0,
                 latency_ms: a.outcome.latency.0,
+                ttfb_ms: a.outcome.time_to_first_byte.map(|t| t.0),
+                retry_after_ms: a.outcome.retry_after.map(|t| t.0),
                 cost_usd: a.outcome.cost.0,
             })
             .collect(),
-        outcome: outcome.to_owned(),
-        fallback_reason,
-        latency_ms: latency.0,
+        outcome: outcome_label(result.status).to_owned(),
+        fallback_reason: fallback_reason(attempts),
+        latency_ms: result.latency.0,
         cost_usd: attempts.iter().map(|a| a.outcome.cost.0).sum(),
+        deadline_ms: decided.deadline.map(|d| d.0),
+        deadline_miss,
+        failed: matches!(
+            result.status,
+            RequestStatus::Exhausted | RequestStatus::DeadlineExceeded
+        ),
     };
     if wanted {
         iface.history.keep(&record, attempts);
@@ -484,12 +530,29 @@ fn audit(
     }
 }
 
+/// How the first choice's probability is known, for the audit log: `exact` (the policy
+/// defines it), `estimated` (re-drawn rankings) or `deterministic` (1 by construction).
+fn propensity_kind(
+    iface: &InterfaceRuntime,
+    ranking: &equiroute_core::policies::Ranking,
+) -> (Option<&'static str>, Option<u32>) {
+    // A floor's probability mixes the policy's own: exact unless that one is estimated.
+    match (ranking.first_choice_probability, iface.policy_name()) {
+        (None, _) => (None, None),
+        (Some(_), "ts-deadline" | "lqm-ts") => (Some("estimated"), None),
+        (Some(_), "random") => (Some("exact"), None),
+        (Some(_), _) if iface.floored => (Some("exact"), None),
+        (Some(_), _) => (Some("deterministic"), None),
+    }
+}
+
 /// The latency metric, the dashboard's counts and the audit record of a finished request.
 fn record_request(
     state: &AppState,
     iface: &InterfaceRuntime,
     request_id: &str,
     decided: &Decided,
+    features: &[f64],
     result: &equiroute_core::executor::RequestResult,
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
@@ -509,12 +572,12 @@ fn record_request(
     audit(
         state,
         iface,
-        request_id,
-        decided,
-        &result.attempts,
-        outcome_label(result.status),
-        fallback_reason(&result.attempts),
-        result.latency,
+        Audited {
+            request_id,
+            decided,
+            features,
+            result,
+        },
     );
 }
 
@@ -903,7 +966,7 @@ async fn execute_streamed(
         }
     }
     let result = run.finish(state.now());
-    record_request(&state, &iface, &request_id, &decided, &result);
+    record_request(&state, &iface, &request_id, &decided, &features, &result);
     Err(failure(
         &state,
         &iface,
@@ -1178,6 +1241,7 @@ impl Relay {
             &self.iface,
             &self.request_id,
             &self.decided,
+            &self.features,
             &result,
         );
         let label = match status {

@@ -8,6 +8,7 @@ use super::state::AppState;
 use crate::shared::Claim;
 use axum::http::StatusCode;
 use equiroute_core::policies::QualityObservation;
+use equiroute_core::FeedbackSource;
 
 /// What happened to a score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,14 +17,28 @@ pub enum Applied {
     Duplicate,
 }
 
-/// Hands `quality` for `request_id` to its interface's policy, once. With shared state the
+/// [`apply_from`] for a score from the API.
+///
+/// # Errors
+/// As [`apply_from`].
+pub async fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied, ApiError> {
+    apply_from(state, request_id, quality, FeedbackSource::Api).await
+}
+
+/// Hands `quality` for `request_id` to its interface's policy, once, and writes it to the
+/// audit log (a `"kind": "feedback"` line naming `source`). With shared state the
 /// request id is claimed in Redis first: the instance that claims it applies the score, the
 /// others answer `Duplicate`. A claim that gets no answer within `claim_timeout_ms` falls
 /// back to this instance's local check (the stream then counts the score once).
 ///
 /// # Errors
 /// Unknown id (404), or older than the feedback window (410).
-pub async fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied, ApiError> {
+pub async fn apply_from(
+    state: &AppState,
+    request_id: &str,
+    quality: f64,
+    source: FeedbackSource,
+) -> Result<Applied, ApiError> {
     let now = state.now();
     state.prune_pending(now);
     let entry = {
@@ -68,6 +83,15 @@ pub async fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<A
                 },
             )
             .map_err(|_| ApiError::internal())?;
+    }
+    if let Some(log) = &state.audit {
+        log.feedback(super::audit::FeedbackRecord::new(
+            now.0,
+            request_id,
+            &entry.interface,
+            quality,
+            source,
+        ));
     }
     Ok(Applied::Accepted)
 }

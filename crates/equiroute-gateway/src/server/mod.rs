@@ -348,7 +348,14 @@ fn maybe_judge(
     tokio::spawn(async move {
         let _permit = permit;
         let label = if let Some(q) = judge.score(&question, &answer).await {
-            match feedback::apply(&state, &request_id, q).await {
+            match feedback::apply_from(
+                &state,
+                &request_id,
+                q,
+                equiroute_core::FeedbackSource::Judge,
+            )
+            .await
+            {
                 Ok(_) => "judge_accepted",
                 Err(e) => {
                     tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
@@ -661,7 +668,8 @@ async fn feedback(
             "`quality` must be between 0 and 1",
         ));
     }
-    match feedback::apply(&state, &b.request_id, b.quality).await {
+    let source = b.source.unwrap_or(equiroute_core::FeedbackSource::Api);
+    match feedback::apply_from(&state, &b.request_id, b.quality, source).await {
         Ok(feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((
@@ -688,7 +696,7 @@ async fn feedback(
     let fb = QualityFeedback {
         decision_id: 0,
         quality: b.quality,
-        source: b.source.unwrap_or(equiroute_core::FeedbackSource::Api),
+        source,
     };
     Ok((StatusCode::OK, Json(json!({"status": "accepted", "request_id": b.request_id, "quality": fb.quality, "source": fb.source}))).into_response())
 }

@@ -57,6 +57,8 @@ pub struct InterfaceRuntime {
     pub breaker_config: BreakerConfig,
     /// How often each candidate was the first choice.
     pub first_choices: Vec<AtomicU64>,
+    /// The policy is wrapped in an exploration floor (`min_propensity`).
+    pub floored: bool,
     /// The shadow policy and the canary rollout, when configured (see [`super::arms`]).
     pub arms: super::arms::Arms,
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
@@ -72,7 +74,9 @@ impl InterfaceRuntime {
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
-        let policy = cfg.policy.build(&candidates, cfg.feature_dim)?;
+        let policy =
+            cfg.policy
+                .build_with_floor(&candidates, cfg.feature_dim, &cfg.exploration_floor)?;
         Ok(InterfaceRuntime {
             name: cfg.name.clone(),
             kind: cfg.kind,
@@ -97,6 +101,7 @@ impl InterfaceRuntime {
                 .judge
                 .as_ref()
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
+            floored: cfg.exploration_floor.is_active(),
             arms: super::arms::Arms::new(cfg)?,
             policy: RwLock::new(policy),
             deferred: Mutex::new(Vec::new()),
