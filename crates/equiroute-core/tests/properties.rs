@@ -149,6 +149,15 @@ proptest! {
             for i in (0..4).filter(|i| !eligible.contains(i)) {
                 prop_assert!(fc.probabilities[i].abs() < 1e-15, "{}: ineligible {} has mass", kind, i);
             }
+            // Every policy but the random, least-busy and Thompson ones says it is
+            // deterministic (an evaluator refuses logs of those alone).
+            let stochastic = matches!(
+                kind,
+                PolicyKind::Random | PolicyKind::LeastBusy | PolicyKind::TsDeadline | PolicyKind::LqmTs
+            );
+            if !eligible.is_empty() {
+                prop_assert_eq!(fc.kind == PropensityKind::Deterministic, !stochastic, "{}", kind);
+            }
             // A deterministic policy's distribution is its ranking's first choice.
             if fc.kind == PropensityKind::Deterministic && !eligible.is_empty() {
                 let first = p.rank(&ctx, &mut rng).order[0].index;

@@ -7,8 +7,8 @@
 
 use super::heads::{failure_lesson, HeadsState};
 use super::{
-    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
-    QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+    wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation,
+    RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::linucb::LinUcbConfig;
 use crate::StateError;
@@ -112,14 +112,6 @@ impl Policy for Additive {
         r
     }
 
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         self.heads.note_try(obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {

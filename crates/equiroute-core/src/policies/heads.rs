@@ -2,7 +2,7 @@
 //! and the disjoint-LinUCB baseline itself (`û + α·sqrt(xᵀA⁻¹x)`, latency ignored).
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::linalg::{
@@ -306,14 +306,6 @@ impl Policy for LinUcbPolicy {
         r
     }
 
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         self.heads.note_try(obs);
         if let Some(u) = failure_lesson(obs, self.cfg.failure_quality) {

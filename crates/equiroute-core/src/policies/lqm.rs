@@ -18,7 +18,7 @@
 
 use super::heads::{failure_lesson, HeadsState};
 use super::{
-    check_len, wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::ewma::LatencyEma;
@@ -217,14 +217,6 @@ impl Policy for Lqm {
         r
     }
 
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         self.state.heads.note_try(obs);
         self.state.observe_latency(&self.cfg, obs);

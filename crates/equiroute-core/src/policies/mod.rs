@@ -294,14 +294,20 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// First-choice probabilities over `ctx.candidates` (0 for ineligible), exact where the
     /// policy defines them, else estimated from `draws` independent rankings; also says
     /// which. Does not change the policy's state (round-robin's rotation included). The
-    /// default estimates from `draws` calls to [`Policy::rank`]; every built-in policy
-    /// overrides it.
+    /// default: a policy whose ranking says its first choice had probability 1 is
+    /// deterministic (one-hot); any other is estimated from `draws` calls to
+    /// [`Policy::rank`]. Policies with exact probabilities, or a state that ranking moves,
+    /// override it.
     fn first_choice_distribution(
         &self,
         ctx: &RankContext<'_>,
         rng: &mut dyn RngCore,
         draws: u32,
     ) -> FirstChoice {
+        let ranking = self.rank(ctx, rng);
+        if matches!(ranking.first_choice_probability, Some(p) if p >= 1.0) {
+            return FirstChoice::deterministic(ctx, &ranking);
+        }
         FirstChoice::from_draws(ctx, draws, || {
             self.rank(ctx, rng).order.first().map(|s| s.index)
         })

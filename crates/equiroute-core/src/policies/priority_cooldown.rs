@@ -5,7 +5,7 @@
 //! (soonest available first) so that they remain a last resort.
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::decision::{AttemptStatus, Timestamp};
@@ -127,14 +127,6 @@ impl Policy for PriorityCooldown {
         r
     }
 
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         let i = obs.candidate;
         let status = obs.outcome.status;

@@ -168,14 +168,6 @@ impl Policy for Static {
             first_choice_probability: Some(1.0),
         }
     }
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}
     fn export_state(&self) -> PolicyState {
@@ -253,14 +245,6 @@ impl Policy for LeastLatency {
         };
         r.sort();
         r
-    }
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
     }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         if obs.outcome.status != AttemptStatus::ClientError {
@@ -416,14 +400,6 @@ impl Policy for Cheapest {
         r.sort();
         r
     }
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         let s = obs.outcome.status;
         if matches!(
@@ -489,14 +465,6 @@ impl Policy for Oracle {
         };
         r.sort();
         r
-    }
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
     fn observe_quality(&mut self, _obs: &QualityObservation<'_>) {}

@@ -7,7 +7,7 @@
 //! window first.
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::decision::Timestamp;
@@ -162,14 +162,6 @@ impl Policy for SwUcb {
         r
     }
 
-    fn first_choice_distribution(
-        &self,
-        ctx: &RankContext<'_>,
-        rng: &mut dyn RngCore,
-        _draws: u32,
-    ) -> FirstChoice {
-        FirstChoice::deterministic(ctx, &self.rank(ctx, rng))
-    }
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         if let Some(reward) = super::heads::failure_lesson(obs, self.cfg.failure_reward) {
             self.push(Reward {
