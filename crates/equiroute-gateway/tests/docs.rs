@@ -194,6 +194,9 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.decision_time(3.0);
     m.router_time(5.0);
     m.request_latency("chat", 40.0);
+    m.first_byte("chat", 12.0);
+    m.request_cost("chat", 0.002);
+    m.feedback_delay("chat", 3.0);
     let mut exposition = m.render();
     state
         .shared

@@ -508,3 +508,42 @@ async fn models_are_listed_and_unknown_routes_answer_in_json() {
         (405, json!("method_not_allowed"))
     );
 }
+
+#[tokio::test]
+async fn first_byte_cost_and_feedback_delay_are_histograms_per_interface() {
+    let cfg = r#"
+[interfaces.chat]
+kind = "chat"
+
+[[interfaces.chat.providers]]
+id = "only"
+kind = "sim"
+price = { per_call = 0.0004 }
+sim = { latency = { p50_ms = 5, p95_ms = 10 } }
+"#;
+    let gw = start(cfg, &[]).await;
+    let streamed =
+        json!({"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let a = post_chat(gw.addr, &streamed).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let b = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat("chat")).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    let id = b.header("x-equiroute-request-id").unwrap();
+    let fb = json!({"request_id": id, "quality": 0.8}).to_string();
+    let r = http(gw.addr, "POST", "/v1/feedback", &[], &fb).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    // One streamed attempt had a first byte; two requests cost 0.0004 each (the sum kept in
+    // micro-dollars, so it is exact); one score arrived, well within a minute.
+    for line in [
+        r#"equiroute_first_byte_ms_count{interface="chat"} 1"#,
+        r#"equiroute_request_cost_usd_count{interface="chat"} 2"#,
+        r#"equiroute_request_cost_usd_sum{interface="chat"} 0.0008"#,
+        r#"equiroute_request_cost_usd_bucket{interface="chat",le="0.0003"} 0"#,
+        r#"equiroute_request_cost_usd_bucket{interface="chat",le="0.001"} 2"#,
+        r#"equiroute_feedback_delay_seconds_count{interface="chat"} 1"#,
+        r#"equiroute_feedback_delay_seconds_bucket{interface="chat",le="60"} 1"#,
+    ] {
+        assert!(m.contains(line), "{line} not in:\n{m}");
+    }
+}

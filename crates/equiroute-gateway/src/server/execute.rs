@@ -556,6 +556,7 @@ fn record_request(
     result: &equiroute_core::executor::RequestResult,
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
+    state.metrics.request_cost(&iface.name, result.cost.0);
     super::arms::finish(
         iface,
         request_id,
@@ -1082,7 +1083,10 @@ fn learn_first_byte(
     let mut stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
     let stats = &mut stats[candidate];
     match (start, limit) {
-        (StreamStart::Started { ttfb, .. }, _) => super::ttfb::observe(stats, state.now(), *ttfb),
+        (StreamStart::Started { ttfb, .. }, _) => {
+            state.metrics.first_byte(&iface.name, ttfb.0);
+            super::ttfb::observe(stats, state.now(), *ttfb);
+        }
         (StreamStart::Failed(reply), Some(limit)) if reply.status == AttemptStatus::Timeout => {
             super::ttfb::observe_cut_off(stats, state.now(), limit);
         }

@@ -83,6 +83,10 @@ pub async fn apply_from(
                 },
             )
             .map_err(|_| ApiError::internal())?;
+        // Under the interface's configured name (`iface.name`), never the stored one.
+        state
+            .metrics
+            .feedback_delay(&iface.name, now.since(entry.at).0 / 1000.0);
     }
     if let Some(log) = &state.audit {
         log.feedback(super::audit::FeedbackRecord::new(

@@ -73,6 +73,61 @@ const LATENCY_BUCKETS_MS: [f64; 10] = [
     10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
 ];
 
+/// Upper bounds (USD) of the request-cost histogram buckets.
+const COST_BUCKETS_USD: [f64; 10] = [0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0];
+
+/// Upper bounds (s) of the feedback-delay histogram buckets.
+const DELAY_BUCKETS_S: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
+
+/// The histograms kept per interface (the interface is the only label: it comes from the
+/// configuration, never from a client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum PerInterface {
+    /// End-to-end request latency (ms).
+    RequestLatency,
+    /// A streamed attempt's time to its first byte (ms).
+    FirstByte,
+    /// What a finished request cost, every attempt included (USD).
+    RequestCost,
+    /// From the answer to its accepted quality score (s).
+    FeedbackDelay,
+}
+
+impl PerInterface {
+    const ALL: [PerInterface; 4] = [
+        PerInterface::RequestLatency,
+        PerInterface::FirstByte,
+        PerInterface::RequestCost,
+        PerInterface::FeedbackDelay,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            PerInterface::RequestLatency => "equiroute_request_latency_ms",
+            PerInterface::FirstByte => "equiroute_first_byte_ms",
+            PerInterface::RequestCost => "equiroute_request_cost_usd",
+            PerInterface::FeedbackDelay => "equiroute_feedback_delay_seconds",
+        }
+    }
+
+    fn bounds(self) -> &'static [f64] {
+        match self {
+            PerInterface::RequestLatency | PerInterface::FirstByte => &LATENCY_BUCKETS_MS,
+            PerInterface::RequestCost => &COST_BUCKETS_USD,
+            PerInterface::FeedbackDelay => &DELAY_BUCKETS_S,
+        }
+    }
+
+    /// The sum is kept in whole units of `1/scale` (USD: micro-dollars, so that sub-cent
+    /// costs add up).
+    fn scale(self) -> f64 {
+        match self {
+            PerInterface::RequestCost => 1e6,
+            _ => 1e3,
+        }
+    }
+}
+
 /// The most buckets a histogram has (the decision buckets and the one past every bound).
 const MAX_BUCKETS: usize = DECISION_BUCKETS_US.len() + 1;
 
@@ -85,16 +140,23 @@ struct Histogram {
     bounds: &'static [f64],
     /// `bounds.len() + 1` of these are used.
     buckets: [AtomicU64; MAX_BUCKETS],
+    /// The sum, in units of `1/scale`.
     sum_milli: AtomicU64,
+    scale: f64,
 }
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram::scaled(bounds, 1e3)
+    }
+
+    fn scaled(bounds: &'static [f64], scale: f64) -> Histogram {
         debug_assert!(bounds.len() < MAX_BUCKETS);
         Histogram {
             bounds,
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_milli: AtomicU64::new(0),
+            scale,
         }
     }
 
@@ -105,7 +167,7 @@ impl Histogram {
         self.buckets[i].fetch_add(1, Ordering::Relaxed);
         // Saturating float-to-int: a negative or NaN value adds nothing.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let milli = (value * 1000.0).round() as u64;
+        let milli = (value * self.scale).round() as u64;
         self.sum_milli.fetch_add(milli, Ordering::Relaxed);
     }
 
@@ -127,6 +189,7 @@ fn render_histogram(
     labels: &str,
     bounds: &[f64],
     totals: &[u64; MAX_BUCKETS + 1],
+    scale: f64,
 ) {
     let (le, set) = if labels.is_empty() {
         (String::new(), String::new())
@@ -140,7 +203,7 @@ fn render_histogram(
         let _ = writeln!(s, "{name}_bucket{{{le}le=\"{b}\"}} {total}");
     }
     #[allow(clippy::cast_precision_loss)]
-    let sum = totals[MAX_BUCKETS] as f64 / 1000.0;
+    let sum = totals[MAX_BUCKETS] as f64 / scale;
     let _ = writeln!(s, "{name}_sum{set} {sum}");
     let _ = writeln!(s, "{name}_count{set} {total}");
 }
@@ -163,8 +226,8 @@ struct Shard {
     counters: RwLock<CounterMap>,
     decision: Histogram,
     router: Histogram,
-    /// Per interface: end-to-end request latency (ms).
-    latency: RwLock<BTreeMap<String, Histogram>>,
+    /// Per interface: latency, first byte, cost and feedback delay.
+    per_interface: RwLock<BTreeMap<(PerInterface, String), Histogram>>,
 }
 
 impl Default for Shard {
@@ -173,7 +236,7 @@ impl Default for Shard {
             counters: RwLock::default(),
             decision: Histogram::new(&DECISION_BUCKETS_US),
             router: Histogram::new(&DECISION_BUCKETS_US),
-            latency: RwLock::default(),
+            per_interface: RwLock::default(),
         }
     }
 }
@@ -325,17 +388,37 @@ impl Metrics {
 
     /// Records one request's end-to-end latency on `interface`, in ms.
     pub fn request_latency(&self, interface: &str, ms: f64) {
+        self.per_interface(PerInterface::RequestLatency, interface, ms);
+    }
+
+    /// Records a streamed attempt's time to its first byte on `interface`, in ms.
+    pub fn first_byte(&self, interface: &str, ms: f64) {
+        self.per_interface(PerInterface::FirstByte, interface, ms);
+    }
+
+    /// Records what a finished request on `interface` cost, every attempt included, in USD.
+    pub fn request_cost(&self, interface: &str, usd: f64) {
+        self.per_interface(PerInterface::RequestCost, interface, usd);
+    }
+
+    /// Records the time from an answer on `interface` to its accepted quality score, in s.
+    pub fn feedback_delay(&self, interface: &str, seconds: f64) {
+        self.per_interface(PerInterface::FeedbackDelay, interface, seconds);
+    }
+
+    fn per_interface(&self, family: PerInterface, interface: &str, value: f64) {
         let shard = self.shard();
-        if let Ok(l) = shard.latency.read() {
-            if let Some(h) = l.get(interface) {
-                h.observe(ms);
+        if let Ok(l) = shard.per_interface.read() {
+            // The key is built only to look it up; interface names are short.
+            if let Some(h) = l.get(&(family, interface.to_owned())) {
+                h.observe(value);
                 return;
             }
         }
-        if let Ok(mut l) = shard.latency.write() {
-            l.entry(interface.to_owned())
-                .or_insert_with(|| Histogram::new(&LATENCY_BUCKETS_MS))
-                .observe(ms);
+        if let Ok(mut l) = shard.per_interface.write() {
+            l.entry((family, interface.to_owned()))
+                .or_insert_with(|| Histogram::scaled(family.bounds(), family.scale()))
+                .observe(value);
         }
     }
 
@@ -346,7 +429,8 @@ impl Metrics {
         let mut counters: BTreeMap<String, u64> = BTreeMap::new();
         let mut decision = [0; MAX_BUCKETS + 1];
         let mut router = [0; MAX_BUCKETS + 1];
-        let mut latency: BTreeMap<String, [u64; MAX_BUCKETS + 1]> = BTreeMap::new();
+        let mut per_interface: BTreeMap<(PerInterface, String), [u64; MAX_BUCKETS + 1]> =
+            BTreeMap::new();
         for shard in &*self.shards {
             if let Ok(map) = shard.counters.read() {
                 for c in map.values().flatten() {
@@ -355,9 +439,13 @@ impl Metrics {
             }
             shard.decision.add_to(&mut decision);
             shard.router.add_to(&mut router);
-            if let Ok(l) = shard.latency.read() {
-                for (iface, h) in l.iter() {
-                    h.add_to(latency.entry(iface.clone()).or_insert([0; MAX_BUCKETS + 1]));
+            if let Ok(l) = shard.per_interface.read() {
+                for (key, h) in l.iter() {
+                    h.add_to(
+                        per_interface
+                            .entry(key.clone())
+                            .or_insert([0; MAX_BUCKETS + 1]),
+                    );
                 }
             }
         }
@@ -369,18 +457,21 @@ impl Metrics {
             ("equiroute_router_microseconds", &router),
         ] {
             let _ = writeln!(s, "# TYPE {name} histogram");
-            render_histogram(&mut s, name, "", &DECISION_BUCKETS_US, totals);
+            render_histogram(&mut s, name, "", &DECISION_BUCKETS_US, totals, 1e3);
         }
-        let _ = writeln!(s, "# TYPE equiroute_request_latency_ms histogram");
-        for (iface, totals) in &latency {
-            let labels = format!("interface=\"{}\"", label(iface));
-            render_histogram(
-                &mut s,
-                "equiroute_request_latency_ms",
-                &labels,
-                &LATENCY_BUCKETS_MS,
-                totals,
-            );
+        for family in PerInterface::ALL {
+            let _ = writeln!(s, "# TYPE {} histogram", family.name());
+            for ((_, iface), totals) in per_interface.iter().filter(|((f, _), _)| *f == family) {
+                let labels = format!("interface=\"{}\"", label(iface));
+                render_histogram(
+                    &mut s,
+                    family.name(),
+                    &labels,
+                    family.bounds(),
+                    totals,
+                    family.scale(),
+                );
+            }
         }
         s
     }
