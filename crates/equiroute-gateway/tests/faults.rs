@@ -8,9 +8,8 @@
 
 mod common;
 
-use common::{http, mock, start, Gateway, Reply};
+use common::{audit_record, calls, http, mock, start, Gateway, Reply};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -142,25 +141,8 @@ impl Rig {
     }
     /// The audit record of the request `reply` answered (waits for the writer, bounded).
     async fn audit_of(&self, reply: &Reply) -> Value {
-        audit_record(&self.audit, reply).await
-    }
-}
-
-/// The audit record of `reply`'s request in the log at `path`, once it is written.
-async fn audit_record(path: &std::path::Path, reply: &Reply) -> Value {
-    let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if let Some(r) = text
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).unwrap())
-            .find(|r| r["request_id"] == id.as_str())
-        {
-            return r;
-        }
-        assert!(Instant::now() < until, "no audit record for {id}: {text}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let id = reply.header("x-equiroute-request-id").unwrap();
+        audit_record(&self.audit, id).await
     }
 }
 
@@ -168,12 +150,6 @@ impl Drop for Rig {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.audit);
     }
-}
-
-async fn calls(addr: SocketAddr, model: &str) -> u64 {
-    http(addr, "GET", "/_stats", &[], "").await.json()["models"][model]
-        .as_u64()
-        .unwrap_or(0)
 }
 
 /// The audit record's attempts as `(provider, status, cost)`.
@@ -768,7 +744,7 @@ base_url = "http://{f}/v1"
         m.contains(r#"equiroute_last_resort_total{interface="chat"} 1"#),
         "{m}"
     );
-    let record = audit_record(&audit, &r).await;
+    let record = audit_record(&audit, r.header("x-equiroute-request-id").unwrap()).await;
     assert_eq!(record["last_resort"], true, "{record}");
     let _ = std::fs::remove_file(&audit);
 }

@@ -7,16 +7,9 @@
 
 mod common;
 
-use common::{http, mock, start, Gateway};
+use common::{audit_record, calls, http, mock, start, Gateway};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-
-async fn calls(addr: SocketAddr, model: &str) -> u64 {
-    http(addr, "GET", "/_stats", &[], "").await.json()["models"][model]
-        .as_u64()
-        .unwrap_or(0)
-}
 
 fn metric(text: &str, key: &str) -> u64 {
     text.lines()
@@ -79,19 +72,7 @@ price = {{ per_call = 1.0 }}
 
 impl Rig {
     async fn audit_of(&self, id: &str) -> Value {
-        let until = Instant::now() + Duration::from_secs(5);
-        loop {
-            let text = std::fs::read_to_string(&self.audit).unwrap_or_default();
-            if let Some(r) = text
-                .lines()
-                .map(|l| serde_json::from_str::<Value>(l).unwrap())
-                .find(|r| r["request_id"] == id)
-            {
-                return r;
-            }
-            assert!(Instant::now() < until, "no audit record for {id}: {text}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        audit_record(&self.audit, id).await
     }
 }
 

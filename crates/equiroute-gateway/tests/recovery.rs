@@ -9,16 +9,9 @@
 
 mod common;
 
-use common::{http, mock, start};
+use common::{calls, http, mock, start};
 use serde_json::json;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-
-async fn calls(addr: SocketAddr, model: &str) -> u64 {
-    http(addr, "GET", "/_stats", &[], "").await.json()["models"][model]
-        .as_u64()
-        .unwrap_or(0)
-}
 
 #[tokio::test]
 async fn lqm_ts_sends_traffic_back_to_a_recovered_primary_within_a_bounded_time() {

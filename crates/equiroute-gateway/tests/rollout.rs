@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{http, mock, start, Reply};
+use common::{calls, http, mock, start, Reply};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 
@@ -50,12 +50,6 @@ async fn chat(addr: SocketAddr, session: &str) -> Reply {
         &body.to_string(),
     )
     .await
-}
-
-async fn calls(mock: SocketAddr, model: &str) -> u64 {
-    http(mock, "GET", "/_stats", &[], "").await.json()["models"][model]
-        .as_u64()
-        .unwrap_or(0)
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Value {

@@ -181,3 +181,31 @@ pub fn sources() -> Vec<(std::path::PathBuf, String)> {
     }
     out
 }
+
+/// How many calls the mock upstream at `addr` received for `model` (its `/_stats`).
+pub async fn calls(addr: SocketAddr, model: &str) -> u64 {
+    http(addr, "GET", "/_stats", &[], "").await.json()["models"][model]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// The audit record of request `id` in the log at `path`, once the writer has written it
+/// (waits at most 5 s).
+pub async fn audit_record(path: &std::path::Path, id: &str) -> Value {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(r) = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|r| r["request_id"] == id)
+        {
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no audit record for {id}: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
