@@ -377,8 +377,9 @@ fn decide(
         let (ranking, routed) =
             super::arms::rank(iface, &ctx, meta.session.as_deref(), state.seed_for(n), n)
                 .map_err(|_| poisoned())?;
-        // Hedges are planned from the live policy's beliefs (canary requests do not hedge).
-        let delay = if routed.arm == super::arms::Arm::Live {
+        // Hedges are planned from the live policy's beliefs (canary requests do not hedge);
+        // without hedging the policy is not read a second time.
+        let delay = if routed.arm == super::arms::Arm::Live && iface.hedge.active() {
             let policy = iface.policy.read().map_err(|_| poisoned())?;
             super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking)
         } else {

@@ -81,7 +81,8 @@ const DELAY_BUCKETS_S: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0,
 
 /// The histograms kept per interface (the interface is the only label: it comes from the
 /// configuration, never from a client).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Its discriminant indexes a shard's maps, in [`PerInterface::ALL`]'s order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PerInterface {
     /// End-to-end request latency (ms).
     RequestLatency,
@@ -226,8 +227,8 @@ struct Shard {
     counters: RwLock<CounterMap>,
     decision: Histogram,
     router: Histogram,
-    /// Per interface: latency, first byte, cost and feedback delay.
-    per_interface: RwLock<BTreeMap<(PerInterface, String), Histogram>>,
+    /// Per family (latency, first byte, cost, feedback delay), per interface.
+    per_interface: [RwLock<BTreeMap<String, Histogram>>; PerInterface::ALL.len()],
 }
 
 impl Default for Shard {
@@ -236,7 +237,7 @@ impl Default for Shard {
             counters: RwLock::default(),
             decision: Histogram::new(&DECISION_BUCKETS_US),
             router: Histogram::new(&DECISION_BUCKETS_US),
-            per_interface: RwLock::default(),
+            per_interface: Default::default(),
         }
     }
 }
@@ -407,16 +408,15 @@ impl Metrics {
     }
 
     fn per_interface(&self, family: PerInterface, interface: &str, value: f64) {
-        let shard = self.shard();
-        if let Ok(l) = shard.per_interface.read() {
-            // The key is built only to look it up; interface names are short.
-            if let Some(h) = l.get(&(family, interface.to_owned())) {
+        let map = &self.shard().per_interface[family as usize];
+        if let Ok(l) = map.read() {
+            if let Some(h) = l.get(interface) {
                 h.observe(value);
                 return;
             }
         }
-        if let Ok(mut l) = shard.per_interface.write() {
-            l.entry((family, interface.to_owned()))
+        if let Ok(mut l) = map.write() {
+            l.entry(interface.to_owned())
                 .or_insert_with(|| Histogram::scaled(family.bounds(), family.scale()))
                 .observe(value);
         }
@@ -429,8 +429,8 @@ impl Metrics {
         let mut counters: BTreeMap<String, u64> = BTreeMap::new();
         let mut decision = [0; MAX_BUCKETS + 1];
         let mut router = [0; MAX_BUCKETS + 1];
-        let mut per_interface: BTreeMap<(PerInterface, String), [u64; MAX_BUCKETS + 1]> =
-            BTreeMap::new();
+        let mut per_interface: [BTreeMap<String, [u64; MAX_BUCKETS + 1]>; PerInterface::ALL.len()] =
+            Default::default();
         for shard in &*self.shards {
             if let Ok(map) = shard.counters.read() {
                 for c in map.values().flatten() {
@@ -439,13 +439,11 @@ impl Metrics {
             }
             shard.decision.add_to(&mut decision);
             shard.router.add_to(&mut router);
-            if let Ok(l) = shard.per_interface.read() {
-                for (key, h) in l.iter() {
-                    h.add_to(
-                        per_interface
-                            .entry(key.clone())
-                            .or_insert([0; MAX_BUCKETS + 1]),
-                    );
+            for (map, totals) in shard.per_interface.iter().zip(per_interface.iter_mut()) {
+                if let Ok(l) = map.read() {
+                    for (iface, h) in l.iter() {
+                        h.add_to(totals.entry(iface.clone()).or_insert([0; MAX_BUCKETS + 1]));
+                    }
                 }
             }
         }
@@ -459,9 +457,9 @@ impl Metrics {
             let _ = writeln!(s, "# TYPE {name} histogram");
             render_histogram(&mut s, name, "", &DECISION_BUCKETS_US, totals, 1e3);
         }
-        for family in PerInterface::ALL {
+        for (family, by_interface) in PerInterface::ALL.into_iter().zip(&per_interface) {
             let _ = writeln!(s, "# TYPE {} histogram", family.name());
-            for ((_, iface), totals) in per_interface.iter().filter(|((f, _), _)| *f == family) {
+            for (iface, totals) in by_interface {
                 let labels = format!("interface=\"{}\"", label(iface));
                 render_histogram(
                     &mut s,
