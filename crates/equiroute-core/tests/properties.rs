@@ -114,7 +114,7 @@ proptest! {
             for s in &r.order {
                 prop_assert!(s.score.is_finite(), "{}: score {}", kind, s.score);
             }
-            if let Some(pr) = r.first_choice_probability {
+            if let Some(pr) = r.first_choice_probability() {
                 prop_assert!((0.0..=1.0).contains(&pr));
             }
         }

@@ -648,7 +648,10 @@ fn propensity_is_estimated_by_resampling() {
     let mut ctx = RankContext::new(&cands, &[0, 1], &x);
     ctx.deadline = Some(Millis(1000.0));
     // Two identical unobserved candidates: each first about half the time.
-    let p = ts.rank(&ctx, &mut rng(2)).first_choice_probability.unwrap();
+    let p = ts
+        .rank(&ctx, &mut rng(2))
+        .first_choice_probability()
+        .unwrap();
     assert!((p - 0.5).abs() < 0.1, "{p}");
 }
 
@@ -664,7 +667,10 @@ fn lqm_ts_estimates_its_propensity_by_resampling_like_ts_deadline() {
     let mut ctx = RankContext::new(&cands, &[0, 1], &x);
     ctx.deadline = Some(Millis(1000.0));
     // Two identical unobserved candidates: each first about half the time.
-    let first = p.rank(&ctx, &mut rng(2)).first_choice_probability.unwrap();
+    let first = p
+        .rank(&ctx, &mut rng(2))
+        .first_choice_probability()
+        .unwrap();
     assert!((first - 0.5).abs() < 0.1, "{first}");
     let fc = p.first_choice_distribution(&ctx, &mut rng(3), 400);
     assert_eq!(fc.kind, PropensityKind::Estimated { draws: 400 });
@@ -715,6 +721,14 @@ fn exact_and_deterministic_first_choices_say_which_they_are() {
     ctx.in_flight = Some(&in_flight);
     let fc = busy.first_choice_distribution(&ctx, &mut rng(1), 1);
     assert_eq!(fc.probabilities, vec![0.5, 0.0, 0.5, 0.0]);
+    // Each ranking says the same: its first had probability 1/2, exactly.
+    let p = busy.rank(&ctx, &mut rng(1)).propensity.unwrap();
+    assert_eq!(p.kind, PropensityKind::Exact);
+    assert!((p.probability - 0.5).abs() < 1e-15);
+    let alone = [0, 5, 1, 2];
+    ctx.in_flight = Some(&alone);
+    let p = busy.rank(&ctx, &mut rng(1)).propensity.unwrap();
+    assert!((p.probability - 1.0).abs() < 1e-15, "{p:?}");
 }
 
 #[test]
@@ -794,7 +808,7 @@ fn simple_baselines_do_what_they_say() {
     let mut r = rng(1);
     for _ in 0..3000 {
         let rank = random.rank(&ctx, &mut r);
-        assert!((rank.first_choice_probability.unwrap() - 1.0 / 3.0).abs() < 1e-12);
+        assert!((rank.first_choice_probability().unwrap() - 1.0 / 3.0).abs() < 1e-12);
         counts[rank.order[0].index] += 1;
     }
     assert!(

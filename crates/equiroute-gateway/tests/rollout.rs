@@ -384,3 +384,62 @@ fn shadow_and_rollout_errors_name_the_field_and_the_fix() {
         (5.0, 0.99, 500)
     );
 }
+
+#[tokio::test]
+async fn each_arm_logs_its_own_policy_s_propensity_and_how_it_is_known() {
+    let upstream = mock("").await;
+    let audit = std::env::temp_dir().join(format!(
+        "equiroute-rollout-propensity-{}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&audit);
+    // A deterministic live policy beside a uniformly random canary: the canary's requests
+    // must carry the random policy's exact 1/2, not the live policy's "deterministic".
+    let gw = start(
+        &format!(
+            "[audit]\npath = {:?}\n{}",
+            audit.display().to_string(),
+            config(
+                upstream.addr,
+                "policy = { name = \"static\", candidate = \"a\" }\n\
+                 rollout = { policy = \"random\", percent = 50 }",
+                "",
+            )
+        ),
+        &[],
+    )
+    .await;
+    let n = 40;
+    for i in 0..n {
+        assert_eq!(chat(gw.addr, &format!("session-{i}")).await.status, 200);
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let records: Vec<Value> = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|r| r["kind"] == "request")
+            .collect();
+        if records.len() >= n {
+            break records;
+        }
+        assert!(std::time::Instant::now() < until, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let arm = |policy: &str| -> Vec<&Value> {
+        records.iter().filter(|r| r["policy"] == policy).collect()
+    };
+    let (live, canary) = (arm("static"), arm("random"));
+    assert_eq!(live.len() + canary.len(), n, "{records:?}");
+    assert!(!live.is_empty() && !canary.is_empty(), "{records:?}");
+    for r in live {
+        assert_eq!(r["propensity_kind"], "deterministic", "{r}");
+        assert_eq!(r["propensity"], 1.0, "{r}");
+    }
+    for r in canary {
+        assert_eq!(r["propensity_kind"], "exact", "{r}");
+        assert_eq!(r["propensity"], 0.5, "{r}");
+    }
+    let _ = std::fs::remove_file(&audit);
+}

@@ -73,7 +73,7 @@ impl Policy for MeanThompson {
                     breakdown: ScoreBreakdown::default(),
                 })
                 .collect(),
-            first_choice_probability: None,
+            propensity: None,
         };
         r.order.sort_by(|a, b| b.score.total_cmp(&a.score));
         r

@@ -393,8 +393,8 @@ fn simulate(
         bin_counts[bin] += 1;
         regret_over_time[bin] = regret;
         let mut logged = record.as_mut().map(|(_, draws)| {
-            let (propensity, propensity_exact) = if let Some(p) = ranking.first_choice_probability {
-                (p, p < 1.0)
+            let (propensity, propensity_exact) = if let Some(p) = ranking.propensity {
+                (p.probability, !p.is_deterministic())
             } else {
                 let fc = policy.first_choice_distribution(&ctx, &mut propensity_rng, *draws);
                 (fc.probability(first), fc.is_stochastic())

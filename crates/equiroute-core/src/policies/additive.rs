@@ -7,8 +7,8 @@
 
 use super::heads::{failure_lesson, HeadsState};
 use super::{
-    wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation,
-    RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+    wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, Propensity,
+    QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::linucb::LinUcbConfig;
 use crate::StateError;
@@ -105,7 +105,7 @@ impl Policy for Additive {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         super::heads::warmup_first(&mut r, &self.heads, &self.cfg.head);

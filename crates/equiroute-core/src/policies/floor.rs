@@ -10,7 +10,7 @@
 //! P(first = c) = (1 − w)·p_policy(c) + w/K      (= (1 − K·floor)·p + floor when K·floor ≤ 1)
 //! ```
 //!
-//! and is what [`Ranking::first_choice_probability`] reports. `p_policy(c)` is read from the
+//! and is what [`Ranking::propensity`] reports. `p_policy(c)` is read from the
 //! wrapped ranking when it says it (a deterministic policy's 1 or a Thompson policy's
 //! estimate for its own first choice), else from its
 //! [`Policy::first_choice_distribution`] with `propensity_samples` draws (only needed when
@@ -18,7 +18,7 @@
 //! estimate its propensity itself).
 
 use super::{
-    AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState, PropensityKind,
+    AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState, Propensity, PropensityKind,
     QualityObservation, RankContext, Ranking,
 };
 use crate::StateError;
@@ -138,14 +138,21 @@ impl Policy for ExplorationFloor {
         } else {
             policy_first
         };
-        let p_policy = match r.first_choice_probability {
-            Some(p) if chosen == policy_first => p,
+        // The mixture is exact when the policy's part is; estimated when that one is.
+        let (p_policy, kind) = match r.propensity {
+            Some(p) if chosen == policy_first => (p.probability, p.kind),
             // A deterministic policy's 1: every other candidate had 0.
-            Some(p) if p >= 1.0 => 0.0,
-            _ => self
-                .inner
-                .first_choice_distribution(ctx, rng, self.cfg.propensity_samples)
-                .probability(chosen),
+            Some(p) if p.is_deterministic() => (0.0, p.kind),
+            _ => {
+                let fc =
+                    self.inner
+                        .first_choice_distribution(ctx, rng, self.cfg.propensity_samples);
+                (fc.probability(chosen), fc.kind)
+            }
+        };
+        let kind = match kind {
+            PropensityKind::Deterministic if w > 0.0 => PropensityKind::Exact,
+            kind => kind,
         };
         if chosen != policy_first {
             if let Some(pos) = r.order.iter().position(|s| s.index == chosen) {
@@ -153,7 +160,10 @@ impl Policy for ExplorationFloor {
                 r.order.insert(0, moved);
             }
         }
-        r.first_choice_probability = Some((1.0 - w) * p_policy + w / k as f64);
+        r.propensity = Some(Propensity {
+            probability: (1.0 - w) * p_policy + w / k as f64,
+            kind,
+        });
         r
     }
 
@@ -248,7 +258,13 @@ mod tests {
             let first = r.order[0].index;
             counts[first] += 1;
             let want = if first == 2 { 0.85 } else { 0.05 };
-            assert!((r.first_choice_probability.unwrap() - want).abs() < 1e-12);
+            let p = r.propensity.unwrap();
+            assert!((p.probability - want).abs() < 1e-12);
+            assert_eq!(
+                p.kind,
+                PropensityKind::Exact,
+                "a floor makes static's 1 exact"
+            );
             let mut idx: Vec<usize> = r.indices().collect();
             idx.sort_unstable();
             assert_eq!(idx, eligible);
@@ -280,11 +296,10 @@ mod tests {
             fc.probabilities.iter().all(|&p| p >= 0.02 - 1e-12),
             "{fc:?}"
         );
-        let p = floored
-            .rank(&ctx, &mut rng)
-            .first_choice_probability
-            .unwrap();
-        assert!((0.02..=1.0).contains(&p));
+        let p = floored.rank(&ctx, &mut rng).propensity.unwrap();
+        assert!((0.02..=1.0).contains(&p.probability));
+        // The mixture is only as exact as the Thompson part it mixes.
+        assert!(matches!(p.kind, PropensityKind::Estimated { .. }), "{p:?}");
     }
 
     #[test]

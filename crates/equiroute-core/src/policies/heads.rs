@@ -2,7 +2,7 @@
 //! and the disjoint-LinUCB baseline itself (`û + α·sqrt(xᵀA⁻¹x)`, latency ignored).
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::linalg::{
@@ -299,7 +299,7 @@ impl Policy for LinUcbPolicy {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         warmup_first(&mut r, &self.heads, &self.cfg.head);

@@ -18,7 +18,7 @@
 
 use super::heads::{failure_lesson, HeadsState};
 use super::{
-    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::ewma::LatencyEma;
@@ -210,7 +210,7 @@ impl Policy for Lqm {
     fn rank(&self, ctx: &RankContext<'_>, _rng: &mut dyn RngCore) -> Ranking {
         let mut r = Ranking {
             order: self.state.score(&self.cfg, ctx, LatencyTerm::Renewal),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         super::heads::warmup_first(&mut r, &self.state.heads, &self.cfg.head);

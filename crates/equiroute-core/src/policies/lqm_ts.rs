@@ -53,7 +53,7 @@ use super::lqm::{LatencyTerm, LqmConfig, LqmState};
 use super::risk::{CostObjective, RiskConfig, RiskModel, RiskState};
 use super::ts_deadline::sample_scores;
 use super::{
-    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoredCandidate,
 };
 use crate::estimators::linucb::LinUcbConfig;
@@ -251,7 +251,7 @@ impl LqmTs {
         });
         let mut ranking = Ranking {
             order: keyed.iter().map(|k| order[k.pos]).collect(),
-            first_choice_probability: None,
+            propensity: None,
         };
         if learnt {
             super::heads::warmup_first(&mut ranking, &self.quality.heads, &self.cfg.lqm.head);
@@ -280,8 +280,7 @@ impl Policy for LqmTs {
                             == Some(first)
                     })
                     .count();
-                ranking.first_choice_probability =
-                    Some(hits as f64 / f64::from(self.cfg.propensity_samples));
+                ranking.propensity = Some(Propensity::estimated(hits, self.cfg.propensity_samples));
             }
         }
         ranking

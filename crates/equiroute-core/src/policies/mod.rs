@@ -144,13 +144,70 @@ pub struct ScoredCandidate {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ranking {
     pub order: Vec<ScoredCandidate>,
-    /// Probability with which the first choice was picked, where the policy defines one
-    /// (1 for deterministic policies, 1/K for uniform random; Thompson policies estimate it
-    /// by re-sampling when `propensity_samples > 0`).
-    pub first_choice_probability: Option<f64>,
+    /// Probability with which the first choice was picked and how it is known, where the
+    /// policy says (1 and deterministic for deterministic policies, 1/K and exact for uniform
+    /// random; Thompson policies estimate it by re-sampling when `propensity_samples > 0`).
+    pub propensity: Option<Propensity>,
+}
+
+/// The probability with which a ranking's first choice was picked, and how it is known: what
+/// the audit log records for off-policy evaluation. It travels with the [`Ranking`], so a
+/// request ranked by a canary's or a floored policy reports that policy's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Propensity {
+    pub probability: f64,
+    pub kind: PropensityKind,
+}
+
+impl Propensity {
+    /// A deterministic policy's choice: probability 1 by construction.
+    pub const DETERMINISTIC: Propensity = Propensity {
+        probability: 1.0,
+        kind: PropensityKind::Deterministic,
+    };
+
+    /// A probability the policy defines.
+    #[must_use]
+    pub fn exact(probability: f64) -> Propensity {
+        Propensity {
+            probability,
+            kind: PropensityKind::Exact,
+        }
+    }
+
+    /// The share of `draws` re-drawn rankings whose first choice was the same.
+    #[must_use]
+    pub fn estimated(hits: usize, draws: u32) -> Propensity {
+        Propensity {
+            probability: hits as f64 / f64::from(draws.max(1)),
+            kind: PropensityKind::Estimated { draws },
+        }
+    }
+
+    /// True for a deterministic policy's "probability 1".
+    #[must_use]
+    pub fn is_deterministic(&self) -> bool {
+        self.kind == PropensityKind::Deterministic
+    }
+
+    /// The kind's name in the audit log: `exact`, `estimated` or `deterministic`.
+    #[must_use]
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            PropensityKind::Exact => "exact",
+            PropensityKind::Estimated { .. } => "estimated",
+            PropensityKind::Deterministic => "deterministic",
+        }
+    }
 }
 
 impl Ranking {
+    /// The probability with which the first choice was picked, where the policy says.
+    #[must_use]
+    pub fn first_choice_probability(&self) -> Option<f64> {
+        self.propensity.map(|p| p.probability)
+    }
+
     /// Candidate indices in ranked order.
     pub fn indices(&self) -> impl Iterator<Item = usize> + '_ {
         self.order.iter().map(|s| s.index)
@@ -294,8 +351,7 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// First-choice probabilities over `ctx.candidates` (0 for ineligible), exact where the
     /// policy defines them, else estimated from `draws` independent rankings; also says
     /// which. Does not change the policy's state (round-robin's rotation included). The
-    /// default: a policy whose ranking says its first choice had probability 1 is
-    /// deterministic (one-hot); any other is estimated from `draws` calls to
+    /// default: a policy whose ranking says its propensity is deterministic is one-hot; any other is estimated from `draws` calls to
     /// [`Policy::rank`]. Policies with exact probabilities, or a state that ranking moves,
     /// override it.
     fn first_choice_distribution(
@@ -305,7 +361,7 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
         draws: u32,
     ) -> FirstChoice {
         let ranking = self.rank(ctx, rng);
-        if matches!(ranking.first_choice_probability, Some(p) if p >= 1.0) {
+        if ranking.propensity.is_some_and(|p| p.is_deterministic()) {
             return FirstChoice::deterministic(ctx, &ranking);
         }
         FirstChoice::from_draws(ctx, draws, || {

@@ -5,7 +5,7 @@
 //! (soonest available first) so that they remain a last resort.
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::decision::{AttemptStatus, Timestamp};
@@ -121,7 +121,7 @@ impl Policy for PriorityCooldown {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         r

@@ -3,7 +3,8 @@
 
 use super::{
     check_len, wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
-    PropensityKind, QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+    Propensity, PropensityKind, QualityObservation, RankContext, Ranking, ScoreBreakdown,
+    ScoredCandidate,
 };
 use crate::decision::AttemptStatus;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig, LatencyEma};
@@ -57,7 +58,7 @@ impl Policy for RoundRobin {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         Ranking {
             order: in_order((0..n).map(|p| ctx.eligible[(start + p) % n.max(1)]), n),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         }
     }
     fn first_choice_distribution(
@@ -103,7 +104,7 @@ impl Policy for RandomOrder {
         let n = idx.len();
         Ranking {
             order: in_order(idx, n),
-            first_choice_probability: (n > 0).then(|| 1.0 / n as f64),
+            propensity: (n > 0).then(|| Propensity::exact(1.0 / n as f64)),
         }
     }
     fn first_choice_distribution(
@@ -165,7 +166,7 @@ impl Policy for Static {
             .filter(|&i| i != self.preferred);
         Ranking {
             order: in_order(first.chain(rest), ctx.eligible.len()),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         }
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
@@ -241,7 +242,7 @@ impl Policy for LeastLatency {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         r
@@ -285,6 +286,10 @@ impl Policy for LeastBusy {
         idx.shuffle(rng);
         let busy = |i: usize| ctx.in_flight.and_then(|f| f.get(i)).copied().unwrap_or(0);
         idx.sort_by_key(|&i| busy(i));
+        // The first is uniform among those tied for least busy.
+        let ties = idx
+            .first()
+            .map_or(0, |&f| idx.iter().filter(|&&i| busy(i) == busy(f)).count());
         Ranking {
             order: idx
                 .into_iter()
@@ -294,7 +299,7 @@ impl Policy for LeastBusy {
                     breakdown: ScoreBreakdown::default(),
                 })
                 .collect(),
-            first_choice_probability: None,
+            propensity: (ties > 0).then(|| Propensity::exact(1.0 / ties as f64)),
         }
     }
     fn first_choice_distribution(
@@ -395,7 +400,7 @@ impl Policy for Cheapest {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         r
@@ -461,7 +466,7 @@ impl Policy for Oracle {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         r

@@ -7,7 +7,7 @@
 //! window first.
 
 use super::{
-    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState,
+    check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::decision::Timestamp;
@@ -156,7 +156,7 @@ impl Policy for SwUcb {
                     }
                 })
                 .collect(),
-            first_choice_probability: Some(1.0),
+            propensity: Some(Propensity::DETERMINISTIC),
         };
         r.sort();
         r

@@ -10,7 +10,7 @@
 
 use super::risk::{cost_factor, cost_reference, CostObjective, RiskConfig, RiskModel};
 use super::{
-    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState,
+    wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::StateError;
@@ -137,7 +137,7 @@ impl Policy for TsDeadline {
     fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
         let mut r = Ranking {
             order: sample_scores(&self.risk, self.cfg.objective, ctx, rng),
-            first_choice_probability: None,
+            propensity: None,
         };
         r.sort();
         if self.cfg.propensity_samples > 0 {
@@ -148,8 +148,7 @@ impl Policy for TsDeadline {
                             == Some(first)
                     })
                     .count();
-                r.first_choice_probability =
-                    Some(hits as f64 / f64::from(self.cfg.propensity_samples));
+                r.propensity = Some(Propensity::estimated(hits, self.cfg.propensity_samples));
             }
         }
         r

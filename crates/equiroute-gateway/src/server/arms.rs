@@ -372,7 +372,7 @@ pub fn rank(
                 features: ctx.features.to_vec(),
                 eligible: ctx.eligible.to_vec(),
                 live_first: first.index,
-                live_propensity: ranking.first_choice_probability,
+                live_propensity: ranking.first_choice_probability(),
                 shadow_first: mine.index,
                 bad: None,
                 quality: None,

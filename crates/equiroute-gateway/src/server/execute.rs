@@ -243,7 +243,7 @@ fn begin(
             chosen = decided.order.first().map(id),
             candidates = ?decided.order.iter().map(id).collect::<Vec<_>>(),
             excluded = decided.excluded.len(),
-            propensity = decided.ranking.first_choice_probability,
+            propensity = decided.ranking.first_choice_probability(),
             "decided"
         );
     }
@@ -461,7 +461,7 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
     );
     let deadline_miss = matches!(result.status, RequestStatus::DeadlineExceeded)
         || decided.deadline.is_some_and(|d| result.latency.0 > d.0);
-    let (propensity_kind, propensity_draws) = propensity_kind(iface, &decided.ranking);
+    let propensity = decided.ranking.propensity;
     let record = super::audit::AuditRecord {
         kind: "request",
         ts_ms: state.now().0,
@@ -483,9 +483,12 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
             .map(|s| serde_json::json!({"provider": id(s.index), "score": s.score, "breakdown": s.breakdown}))
             .collect(),
         order: decided.order.iter().map(|&i| id(i)).collect(),
-        propensity: decided.ranking.first_choice_probability,
-        propensity_kind,
-        propensity_draws,
+        propensity: propensity.map(|p| p.probability),
+        propensity_kind: propensity.map(|p| p.kind_name()),
+        propensity_draws: propensity.and_then(|p| match p.kind {
+            equiroute_core::policies::PropensityKind::Estimated { draws } => Some(draws),
+            _ => None,
+        }),
         features: (keep == super::audit::AuditFeatures::Full).then(|| features.to_vec()),
         features_hash: (keep == super::audit::AuditFeatures::Hash)
             .then(|| super::audit::features_hash(features)),
@@ -528,22 +531,6 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
     }
     if let Some(log) = &state.audit {
         log.record(record);
-    }
-}
-
-/// How the first choice's probability is known, for the audit log: `exact` (the policy
-/// defines it), `estimated` (re-drawn rankings) or `deterministic` (1 by construction).
-fn propensity_kind(
-    iface: &InterfaceRuntime,
-    ranking: &equiroute_core::policies::Ranking,
-) -> (Option<&'static str>, Option<u32>) {
-    // A floor's probability mixes the policy's own: exact unless that one is estimated.
-    match (ranking.first_choice_probability, iface.policy_name()) {
-        (None, _) => (None, None),
-        (Some(_), "ts-deadline" | "lqm-ts") => (Some("estimated"), None),
-        (Some(_), "random") => (Some("exact"), None),
-        (Some(_), _) if iface.floored => (Some("exact"), None),
-        (Some(_), _) => (Some("deterministic"), None),
     }
 }
 

@@ -57,8 +57,6 @@ pub struct InterfaceRuntime {
     pub breaker_config: BreakerConfig,
     /// How often each candidate was the first choice.
     pub first_choices: Vec<AtomicU64>,
-    /// The policy is wrapped in an exploration floor (`min_propensity`).
-    pub floored: bool,
     /// The shadow policy and the canary rollout, when configured (see [`super::arms`]).
     pub arms: super::arms::Arms,
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
@@ -101,7 +99,6 @@ impl InterfaceRuntime {
                 .judge
                 .as_ref()
                 .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
-            floored: cfg.exploration_floor.is_active(),
             arms: super::arms::Arms::new(cfg)?,
             policy: RwLock::new(policy),
             deferred: Mutex::new(Vec::new()),
