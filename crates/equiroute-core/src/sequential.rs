@@ -16,10 +16,10 @@
 //! whole interval of `candidate − live` lies above `m` (lower-is-better metrics). Any `ρ` is
 //! valid; it only decides where the boundary is tightest ([`mixing_precision`]).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A running mean of observations in `[0, 1]` (values outside are clamped).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BoundedMean {
     pub n: u64,
     pub sum: f64,

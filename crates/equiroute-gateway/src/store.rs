@@ -60,6 +60,9 @@ struct InterfaceSnapshot {
     candidates: Vec<String>,
     policy: PolicyState,
     breakers: Vec<Breaker>,
+    /// The shadow's and the rollout's state (absent in snapshots written before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    arms: Option<crate::server::arms::ArmsSnapshot>,
 }
 
 /// Everything saved.
@@ -278,6 +281,13 @@ impl Store {
                 .policy
                 .write()
                 .map_err(|_| self.unusable("policy lock poisoned"))?;
+            // A promoted rollout makes the live policy the candidate's first.
+            if let Some(arms) = &saved.arms {
+                iface
+                    .arms
+                    .restore(name, arms, &mut policy)
+                    .map_err(|e| self.unusable(format!("interface `{name}`: {e}")))?;
+            }
             policy
                 .merge_state(&saved.policy)
                 .map_err(|e| self.unusable(format!("interface `{name}`: {e}")))?;
@@ -309,6 +319,7 @@ fn snapshot(state: &AppState) -> Snapshot {
                 candidates: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
                 policy,
                 breakers,
+                arms: iface.arms.export().ok().flatten(),
             },
         );
     }

@@ -4,8 +4,7 @@
 
 mod common;
 
-use common::http;
-use equiroute_gateway::config::load;
+use common::{http, serve_until as run};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
@@ -18,31 +17,6 @@ fn config(path: &std::path::Path, providers: &[&str]) -> String {
         let _ = write!(s, "[[interfaces.search.providers]]\nid = \"{p}\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 2, p95_ms = 4 }} }}\n");
     }
     s
-}
-
-/// Runs a gateway until `work` is done, then stops it and waits for its final snapshot.
-async fn run<F, Fut>(text: &str, work: F) -> std::io::Result<()>
-where
-    F: FnOnce(std::net::SocketAddr) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let cfg = load(text, "test.toml", &|_| None).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        equiroute_gateway::serve(&cfg, listener, async {
-            let _ = rx.await;
-        })
-        .await
-    });
-    // A gateway that refused its state file has already ended.
-    if server.is_finished() {
-        return server.await.unwrap();
-    }
-    work(addr).await;
-    let _ = tx.send(());
-    server.await.unwrap()
 }
 
 fn temp(name: &str) -> std::path::PathBuf {

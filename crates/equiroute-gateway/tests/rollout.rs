@@ -443,3 +443,107 @@ async fn each_arm_logs_its_own_policy_s_propensity_and_how_it_is_known() {
     }
     let _ = std::fs::remove_file(&audit);
 }
+
+/// A state file in a fresh temporary directory.
+fn state_file(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("equiroute-rollout-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("state.redb")
+}
+
+#[tokio::test]
+async fn a_rolled_back_canary_stays_rolled_back_across_a_restart() {
+    let upstream = mock("[models.\"m-a\"]\nfault = \"unavailable\"\n").await;
+    let path = state_file("rolled-back");
+    let text = format!(
+        "[state]\npath = {:?}\nsnapshot_interval_s = 3600\n{}",
+        path.display().to_string(),
+        config(
+            upstream.addr,
+            "policy = { name = \"static\", candidate = \"b\" }\n\
+             breaker = { consecutive_failures = 1000, window = 64, min_attempts = 64, failure_rate = 1.0 }\n\
+             rollout = { policy = { name = \"static\", candidate = \"a\" }, percent = 50, guard = { tuned_for = 20 } }",
+            "",
+        )
+    );
+    let mut report = Value::Null;
+    common::serve_until(&text, |addr| async move {
+        for i in 0..ROLLBACK_BOUND {
+            chat(addr, &format!("session-{i}")).await;
+            if get(addr, "/v1/interfaces/chat/rollout").await["status"]["state"] == "rolled_back" {
+                break;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let failed = calls(upstream.addr, "m-a").await;
+    assert!(failed >= 10, "the canary was tried: {failed}");
+    // After the restart the canary is still rolled back, with its evidence: none of the
+    // sessions that were on it goes to the failing provider again.
+    let report_ref = &mut report;
+    common::serve_until(&text, |addr| async move {
+        *report_ref = get(addr, "/v1/interfaces/chat/rollout").await;
+        for i in 0..ROLLBACK_BOUND {
+            let r = chat(addr, &format!("session-{i}")).await;
+            assert_eq!(r.routed(), (200, Some("b"), Some("1")), "{}", r.body);
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(report["status"]["state"], "rolled_back", "{report}");
+    assert_eq!(report["status"]["metric"], "bad_rate", "{report}");
+    assert_eq!(
+        report["arms"]["candidate"]["requests"].as_u64(),
+        Some(failed),
+        "{report}"
+    );
+    assert_eq!(calls(upstream.addr, "m-a").await, failed);
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[tokio::test]
+async fn a_promotion_survives_a_restart_with_the_promoted_policy_s_learning() {
+    let upstream = mock("").await;
+    let path = state_file("promoted");
+    let text = format!(
+        "[state]\npath = {:?}\nsnapshot_interval_s = 3600\n{}",
+        path.display().to_string(),
+        config(
+            upstream.addr,
+            "policy = { name = \"static\", candidate = \"a\" }\n\
+             rollout = { policy = \"least-latency\", percent = 50 }",
+            "",
+        )
+    );
+    common::serve_until(&text, |addr| async move {
+        for i in 0..20 {
+            assert_eq!(chat(addr, &format!("session-{i}")).await.status, 200);
+        }
+        let r = http(addr, "POST", "/v1/interfaces/chat/rollout/promote", &[], "").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        for i in 0..10 {
+            assert_eq!(chat(addr, &format!("after-{i}")).await.status, 200);
+        }
+    })
+    .await
+    .unwrap();
+    // Before: the saved live state (least-latency's) was refused by the configured `static`,
+    // and the gateway did not start.
+    let mut seen = (Value::Null, Value::Null);
+    let seen_ref = &mut seen;
+    common::serve_until(&text, |addr| async move {
+        *seen_ref = (
+            get(addr, "/v1/interfaces/chat/rollout").await,
+            get(addr, "/v1/interfaces/chat/state").await,
+        );
+    })
+    .await
+    .unwrap();
+    let (rollout, state) = seen;
+    assert_eq!(rollout["status"]["state"], "promoted", "{rollout}");
+    assert_eq!(rollout["live_policy"], "least-latency", "{rollout}");
+    assert_eq!(state["policy"], "least-latency", "{state}");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}

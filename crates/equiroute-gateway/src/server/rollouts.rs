@@ -4,8 +4,8 @@
 //! - `GET /v1/interfaces/{name}/shadow`: the shadow's agreement with the live policy;
 //! - `GET /v1/interfaces/{name}/rollout`: the rollout's state, each arm's measurements and
 //!   the guard's intervals;
-//! - `POST /v1/interfaces/{name}/rollout/promote`: the candidate becomes the live policy, in
-//!   memory (the configuration must be changed too, before the next restart);
+//! - `POST /v1/interfaces/{name}/rollout/promote`: the candidate becomes the live policy (the
+//!   state file keeps the promotion across restarts; the configuration should say it too);
 //! - `POST /v1/interfaces/{name}/rollout/abort`: every request goes to the live policy again.
 
 use super::error::{echo, ApiError};
@@ -147,7 +147,7 @@ pub(super) async fn promote(
         "interface": name,
         "status": "promoted",
         "live_policy": policy,
-        "note": format!("promoted in memory only: set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters) and remove `rollout` before the next restart, else the restart runs the old policy again (and refuses the saved state of the promoted one)"),
+        "note": format!("promoted: the state file keeps the promotion across restarts; set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters) and remove `rollout` to make it permanent (without a state file a restart runs the old policy again)"),
     })))
 }
 
@@ -164,6 +164,6 @@ pub(super) async fn abort(
         "interface": name,
         "status": "aborted",
         "live_policy": iface.policy_name(),
-        "note": format!("every request goes to the live policy again; remove `rollout` from [interfaces.{name}] before the next restart, else the canary starts again"),
+        "note": format!("every request goes to the live policy again; the state file keeps the rollout ended across restarts; remove `rollout` from [interfaces.{name}] (without a state file a restart starts the canary again)"),
     })))
 }

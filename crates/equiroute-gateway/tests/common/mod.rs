@@ -209,3 +209,28 @@ pub async fn audit_record(path: &std::path::Path, id: &str) -> Value {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// Runs a gateway until `work` is done, then stops it and waits for its final snapshot.
+pub async fn serve_until<F, Fut>(text: &str, work: F) -> std::io::Result<()>
+where
+    F: FnOnce(std::net::SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let cfg = load(text, "test.toml", &|_| None).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        equiroute_gateway::serve(&cfg, listener, async {
+            let _ = rx.await;
+        })
+        .await
+    });
+    // A gateway that refused its state file has already ended.
+    if server.is_finished() {
+        return server.await.unwrap();
+    }
+    work(addr).await;
+    let _ = tx.send(());
+    server.await.unwrap()
+}
