@@ -298,7 +298,11 @@ fn hedge_config(
     raw: Option<&RawHedge>,
     kind: InterfaceKind,
 ) -> Result<equiroute_core::hedge::HedgeConfig, (String, String)> {
-    let d = equiroute_core::hedge::HedgeConfig::default();
+    // The gateway races streams only when asked (`streams = true`).
+    let d = equiroute_core::hedge::HedgeConfig {
+        streams: false,
+        ..equiroute_core::hedge::HedgeConfig::default()
+    };
     let Some(raw) = raw else { return Ok(d) };
     let cfg = equiroute_core::hedge::HedgeConfig {
         enabled: raw.enabled.unwrap_or(true),

@@ -251,7 +251,11 @@ fn begin(
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
         .with_jitter(jitter)
-        .with_hedge_delay(decided.hedge_delay.filter(|_| !body_streams(body)));
+        .with_hedge_delay(
+            decided
+                .hedge_delay
+                .filter(|_| iface.hedge.streams || !body_streams(body)),
+        );
     Ok(Begun {
         n,
         request_id,
@@ -280,16 +284,15 @@ struct Decided {
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
     /// Every usable provider's breaker was open: the first is probed as a last resort.
     last_resort: bool,
-    /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
-    first_byte_limits: Vec<Option<f64>>,
+    /// Each streamed attempt's first-byte limit in ms (streamed requests only).
+    first_byte_limits: Vec<FirstByteLimitRecord>,
     /// When the first attempt gets a hedge (`None`: no hedge), from the policy's beliefs.
     hedge_delay: Option<Millis>,
     /// The attempts (by number) that continued a broken stream, and how (`stream_resume`).
     continuations: Vec<(usize, &'static str)>,
 }
 
-/// Streamed requests do not hedge yet (docs/hedging.md): a stream is committed at its first
-/// byte, and racing two streams to it is not built.
+/// Streamed requests hedge only with `hedge.streams` (a race to the first byte).
 fn body_streams(body: &serde_json::Value) -> bool {
     body.get("stream").and_then(serde_json::Value::as_bool) == Some(true)
 }
@@ -512,7 +515,11 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
                     .iter()
                     .find(|(i, _)| *i == n)
                     .map(|(_, mode)| *mode),
-                first_byte_limit_ms: decided.first_byte_limits.get(n).copied().flatten(),
+                first_byte_limit_ms: decided
+                    .first_byte_limits
+                    .iter()
+                    .find(|(c, at, _)| *c == a.candidate && at.0.to_bits() == a.started.0.to_bits())
+                    .and_then(|(_, _, limit)| *limit),
                 started_ms: a.started.0,
                 latency_ms: a.outcome.latency.0,
                 ttfb_ms: a.outcome.time_to_first_byte.map(|t| t.0),
@@ -901,6 +908,7 @@ async fn execute_streamed(
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
     let mut refusals = ContextRefusals::default();
+    let mut router = Duration::ZERO;
     while let Some(next) = run.next_attempt(state.now()) {
         let now = pause(&state, next).await;
         if !admit(&state, &iface, next.candidate, now)? {
@@ -910,73 +918,90 @@ async fn execute_streamed(
         if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
-        let candidate = &iface.candidates[next.candidate];
-        let req = UpstreamRequest {
-            kind: iface.kind,
-            body: &body,
-            model: &candidate.model,
-            seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+        let open =
+            |next: NextAttempt, now| open_attempt(&state, &iface, &body, n, next, now, tokens);
+        // The first attempt with a hedge planned beside it races to its first byte.
+        let opened = if let Some(hedge) = run.hedge(&next, now) {
+            let ctx = super::hedge::Booking {
+                features: &features,
+                arm: decided.routed.arm,
+                slice: decided.slice,
+                tokens,
+            };
+            super::hedge::race_streams(
+                &state,
+                &iface,
+                &mut run,
+                (next, hedge),
+                now,
+                &open,
+                &mut decided.first_byte_limits,
+                &ctx,
+                &mut router,
+            )
+            .await?
+        } else {
+            let opening = open(next, now)?;
+            decided
+                .first_byte_limits
+                .push((next.candidate, now, opening.limit.map(|l| l.0)));
+            vec![opening.opened.await]
         };
-        let first_byte_limit = first_byte_limit(&iface, next.candidate, now, next.timeout)?;
-        decided
-            .first_byte_limits
-            .push(first_byte_limit.map(|l| l.0));
-        let limit = first_byte_limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-        let start = iface.upstreams[next.candidate]
-            .open_stream(req, limit)
-            .await;
-        learn_first_byte(&state, &iface, next.candidate, &start, first_byte_limit)?;
-        // An attempt that ends here sent nothing to the client: booked, and on to the next.
-        let (outcome, reply) = match start {
-            StreamStart::Failed(reply) => (outcome_of(&reply, candidate, tokens), Some(reply)),
-            StreamStart::Started { first, rest, ttfb } => {
-                tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
-                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
-                    Held::Commit { first, rest } => {
-                        let relay = Relay {
-                            tokens,
-                            state: state.clone(),
-                            iface: iface.clone(),
-                            candidate: next.candidate,
-                            features,
-                            request_id: request_id.clone(),
-                            n,
-                            body,
-                            started,
-                            attempt_clock: started,
-                            ttfb,
-                            attempt_started: now,
-                            run,
-                            decided,
-                        };
-                        return Ok(relay.start(first, rest));
-                    }
-                    Held::Broken(reason) => {
-                        tracing::warn!(%request_id, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
-                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
-                        let latency = state.now().since(now);
-                        (streamed(candidate, tokens, broken, latency, ttfb), None)
-                    }
+        for opened in opened {
+            let candidate = &iface.candidates[opened.next.candidate];
+            // An attempt that ends here sent nothing to the client: booked, and on to the next.
+            let (outcome, reply) = match opened.result {
+                OpenResult::Ready { first, rest, ttfb } => {
+                    let relay = Relay {
+                        tokens,
+                        state: state.clone(),
+                        iface: iface.clone(),
+                        candidate: opened.next.candidate,
+                        features,
+                        request_id: request_id.clone(),
+                        n,
+                        body,
+                        started,
+                        // A hedge's latency counts from its own start (it began after the
+                        // attempt it raced); others' from the request's, as before.
+                        attempt_clock: if opened.started.0 > now.0 {
+                            opened.clock
+                        } else {
+                            started
+                        },
+                        ttfb,
+                        attempt_started: opened.started,
+                        run,
+                        decided,
+                    };
+                    return Ok(relay.start(first, rest));
                 }
+                OpenResult::Ended { outcome, reply } => (outcome, reply),
+            };
+            log_attempt(candidate, opened.next, &outcome);
+            state.record_routed_attempt(
+                &iface,
+                decided.routed.arm,
+                opened.next.candidate,
+                &features,
+                decided.slice,
+                &outcome,
+                run.remaining(opened.started),
+            )?;
+            run.record(opened.next.candidate, outcome, opened.started);
+            tried.push(opened.next.candidate);
+            if let Some(reply) = reply {
+                if reply.context_overflow {
+                    refusals.reroute(
+                        &iface,
+                        &decided.order,
+                        &tried,
+                        opened.next.candidate,
+                        &mut run,
+                    );
+                }
+                last = Some(reply);
             }
-        };
-        log_attempt(candidate, next, &outcome);
-        state.record_routed_attempt(
-            &iface,
-            decided.routed.arm,
-            next.candidate,
-            &features,
-            decided.slice,
-            &outcome,
-            run.remaining(now),
-        )?;
-        run.record(next.candidate, outcome, now);
-        tried.push(next.candidate);
-        if let Some(reply) = reply {
-            if reply.context_overflow {
-                refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
-            }
-            last = Some(reply);
         }
     }
     let result = run.finish(state.now());
@@ -990,6 +1015,100 @@ async fn execute_streamed(
         last,
         deadline,
     ))
+}
+
+/// A streamed attempt's first-byte limit, as the audit record shows it: the attempt's
+/// candidate, when it started, and the limit in ms.
+pub(super) type FirstByteLimitRecord = (usize, equiroute_core::Timestamp, Option<f64>);
+
+/// A streamed attempt once it ended before anything was sent, or is ready to be relayed.
+pub(super) struct Opened {
+    next: NextAttempt,
+    /// When it started.
+    started: equiroute_core::Timestamp,
+    clock: Instant,
+    result: OpenResult,
+}
+
+impl Opened {
+    /// Whether it has its first byte (and its hold, if any), ready to commit.
+    pub(super) fn is_ready(&self) -> bool {
+        matches!(self.result, OpenResult::Ready { .. })
+    }
+}
+
+enum OpenResult {
+    /// Commit: send `first` (every byte read so far), then relay `rest`.
+    Ready {
+        first: Bytes,
+        rest: ChunkStream,
+        ttfb: Millis,
+    },
+    /// It ended before anything was sent (error, timeout, or broken while held).
+    Ended {
+        outcome: AttemptOutcome,
+        reply: Option<UpstreamReply>,
+    },
+}
+
+/// Starts a streamed attempt at `now`: its first-byte limit, and the future that opens it up
+/// to its first byte and through its hold.
+fn open_attempt<'a>(
+    state: &'a AppState,
+    iface: &'a InterfaceRuntime,
+    body: &'a ClientBody,
+    n: u64,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    tokens: TokenEstimate,
+) -> Result<super::hedge::Opening<'a>, ApiError> {
+    let limit = first_byte_limit(iface, next.candidate, now, next.timeout)?;
+    let opened = async move {
+        let clock = Instant::now();
+        let candidate = &iface.candidates[next.candidate];
+        let req = UpstreamRequest {
+            kind: iface.kind,
+            body,
+            model: &candidate.model,
+            seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+        };
+        let start = iface.upstreams[next.candidate]
+            .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
+            .await;
+        // Only a poisoned lock fails here; the first-byte statistics then miss one time.
+        let _ = learn_first_byte(state, iface, next.candidate, &start, limit);
+        let result = match start {
+            StreamStart::Failed(reply) => OpenResult::Ended {
+                outcome: outcome_of(&reply, candidate, tokens),
+                reply: Some(reply),
+            },
+            StreamStart::Started { first, rest, ttfb } => {
+                tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
+                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
+                    Held::Commit { first, rest } => OpenResult::Ready { first, rest, ttfb },
+                    Held::Broken(reason) => {
+                        tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
+                        let latency = state.now().since(now);
+                        OpenResult::Ended {
+                            outcome: streamed(candidate, tokens, broken, latency, ttfb),
+                            reply: None,
+                        }
+                    }
+                }
+            }
+        };
+        Opened {
+            next,
+            started: now,
+            clock,
+            result,
+        }
+    };
+    Ok(super::hedge::Opening {
+        limit,
+        opened: Box::pin(opened),
+    })
 }
 
 /// The outcome of a streamed attempt that began (it had its first byte, so it is billed).
@@ -1386,7 +1505,9 @@ impl Relay {
                     ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
             };
             let limit = first_byte_limit(&iface, next.candidate, now, next.timeout).ok()?;
-            self.decided.first_byte_limits.push(limit.map(|l| l.0));
+            self.decided
+                .first_byte_limits
+                .push((next.candidate, now, limit.map(|l| l.0)));
             let clock = Instant::now();
             let start = iface.upstreams[next.candidate]
                 .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
