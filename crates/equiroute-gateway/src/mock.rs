@@ -52,7 +52,8 @@
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
 //! the error rates apply to calls it lets through. Calls are counted per route and per model
-//! (the first 1024 model names; later ones under `(other)`).
+//! (the first 1024 model names; later ones under `(other)`); `/_stats` also shows the body
+//! of the last chat call as it came (`last_chat`, in the route's dialect).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -343,6 +344,8 @@ struct MockState {
     streams_open: Arc<AtomicU64>,
     /// When the mock started (the `outage` fault's clock).
     started: std::time::Instant,
+    /// The body of the last chat call, as it came (in its dialect), for `/_stats`.
+    last_chat: Mutex<Option<serde_json::Value>>,
 }
 
 /// The connection a request came on: the `reset` fault resets it.
@@ -357,6 +360,7 @@ fn router(profile: MockProfile) -> Router {
         seq: AtomicU64::new(1),
         streams_open: Arc::new(AtomicU64::new(0)),
         started: std::time::Instant::now(),
+        last_chat: Mutex::new(None),
     });
     Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -991,6 +995,9 @@ async fn serve_chat(
     if let Some(problem) = native_request_problem(speaks, headers, &body) {
         return mock_error(speaks, StatusCode::BAD_REQUEST, &problem);
     }
+    if let Ok(mut last) = state.last_chat.lock() {
+        *last = Some(body.clone());
+    }
     let model = url_model
         .or_else(|| body.get("model").and_then(serde_json::Value::as_str))
         .unwrap_or("mock-model");
@@ -1215,7 +1222,9 @@ fn stream_answer(route: &RouteProfile, chunks: Vec<String>, fault: Option<Fault>
     };
     let stream = futures_util::stream::unfold((0usize, chunks), move |(i, chunks)| async move {
         if cut == Some(i) {
-            // An error item makes the server drop the connection mid-body.
+            // An error item makes the server drop the connection mid-body; waiting the gap
+            // first lets the chunks before it go out (else the last may die in the buffer).
+            tokio::time::sleep(gap).await;
             return Some((Err(std::io::Error::other("cut")), (usize::MAX, chunks)));
         }
         if stall == Some(i) {
@@ -1306,12 +1315,17 @@ async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
         .models
         .lock()
         .map_or_else(|_| json!({}), |m| json!(*m));
+    let last_chat = state
+        .last_chat
+        .lock()
+        .map_or(serde_json::Value::Null, |b| b.clone().unwrap_or_default());
     Json(json!({
         "chat": state.counters.chat.load(Ordering::Relaxed),
         "search": state.counters.search.load(Ordering::Relaxed),
         "authorized": state.counters.authorized.load(Ordering::Relaxed),
         "streams_open": state.streams_open.load(Ordering::Relaxed),
         "models": models,
+        "last_chat": last_chat,
     }))
 }
 

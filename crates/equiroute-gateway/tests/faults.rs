@@ -32,11 +32,31 @@ static RIGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0)
 /// `fault_lines` go into the fault's `[models."FAULT"]` table; `iface_lines` into the chat
 /// interface's table.
 async fn rig(fault: &str, fault_lines: &str, iface_lines: &str) -> Rig {
+    rig_onto(fault, fault_lines, iface_lines, Fallback::default()).await
+}
+
+/// The fallback `b` of a rig: its provider kind and its mock's profile.
+struct Fallback {
+    kind: &'static str,
+    profile: &'static str,
+}
+
+impl Default for Fallback {
+    fn default() -> Self {
+        Fallback {
+            kind: "openai",
+            profile: "",
+        }
+    }
+}
+
+/// [`rig`] with `b` of another kind, or on a mock with faults of its own.
+async fn rig_onto(fault: &str, fault_lines: &str, iface_lines: &str, b: Fallback) -> Rig {
     let faulty = mock(&format!(
         "[models.\"{fault}\"]\nfault = \"{fault}\"\n{fault_lines}\n"
     ))
     .await;
-    let healthy = mock("").await;
+    let healthy = mock(b.profile).await;
     let audit = std::env::temp_dir().join(format!(
         "equiroute-faults-{}-{fault}-{}.jsonl",
         std::process::id(),
@@ -64,7 +84,7 @@ price = {{ per_call = {PRICE_A} }}
 
 [[interfaces.chat.providers]]
 id = "b"
-kind = "openai"
+kind = "{b_kind}"
 model = "healthy"
 base_url = "http://{}/v1"
 price = {{ per_call = {PRICE_B} }}
@@ -72,6 +92,7 @@ price = {{ per_call = {PRICE_B} }}
         faulty.addr,
         healthy.addr,
         audit = audit.display().to_string(),
+        b_kind = b.kind,
     );
     let gw = start(&cfg, &[]).await;
     Rig {
@@ -495,6 +516,170 @@ async fn a_stream_that_breaks_after_its_hold_still_ends_in_an_error_event() {
     let rig = rig("stream_cut", "", "stream_hold = { ms = 2000, events = 1 }").await;
     let r = rig.stream().await;
     assert_broken_stream(&rig, "stream_cut", &r).await;
+}
+
+/// The text of a relayed stream: every chunk's `delta.content`, in order; and the
+/// `equiroute` members of its marker events.
+fn streamed_text(body: &str) -> (String, Vec<Value>) {
+    let (mut text, mut markers) = (String::new(), Vec::new());
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if let Some(m) = chunk.get("equiroute") {
+            markers.push(m.clone());
+        }
+        for c in chunk["choices"].as_array().into_iter().flatten() {
+            text.push_str(c["delta"]["content"].as_str().unwrap_or_default());
+        }
+    }
+    (text, markers)
+}
+
+/// `equiroute_stream_continuations_total` of `mode`.
+async fn continuations_metric(rig: &Rig, mode: &str) -> u64 {
+    let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;
+    let key =
+        format!("equiroute_stream_continuations_total{{interface=\"chat\",mode=\"{mode}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_commit_is_continued_from_its_prefix_on_a_provider_that_takes_prefill() {
+    // `a` is cut after its role chunk and "mock ": `b` (Anthropic's Messages, which takes a
+    // prefill by default) gets the request with "mock" as the last assistant message.
+    let b = Fallback {
+        kind: "anthropic",
+        profile: "",
+    };
+    let rig = rig_onto("stream_cut", "", "stream_resume = { mode = \"prefix\" }", b).await;
+    let r = rig.stream().await;
+    assert_eq!(r.status, 200);
+    // Committed to `a`: its headers stand; the marker says who continued.
+    assert_eq!(r.header("x-equiroute-provider"), Some("a"));
+    let a_sent = equiroute_gateway::mock::stream_chunks("stream_cut")[..2].concat();
+    assert!(r.body.starts_with(&a_sent), "{}", r.body);
+    assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
+    assert!(!r.body.contains("stream_broken"), "{}", r.body);
+    let (text, markers) = streamed_text(&r.body);
+    // a's "mock ", then b's whole (mock) answer appended.
+    assert_eq!(text, "mock mock streamed answer");
+    assert_eq!(markers.len(), 1, "{}", r.body);
+    assert_eq!(
+        (
+            &markers[0]["event"],
+            &markers[0]["from"],
+            &markers[0]["provider"]
+        ),
+        (&json!("continue"), &json!("a"), &json!("b"))
+    );
+    assert!(r.body.contains("\n: equiroute continue:"), "{}", r.body);
+    // What b received: the conversation, then the partial answer as the assistant's turn.
+    let stats = http(rig.healthy.addr, "GET", "/_stats", &[], "")
+        .await
+        .json();
+    let messages = stats["last_chat"]["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{stats}");
+    let last = &messages[1];
+    assert_eq!(last["role"], "assistant", "{stats}");
+    assert_eq!(last["content"][0]["text"], "mock", "{stats}");
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "ok", "{record}");
+    assert_eq!(
+        attempts(&record),
+        [
+            ("a".to_owned(), "provider_error".to_owned(), PRICE_A),
+            ("b".to_owned(), "ok".to_owned(), PRICE_B)
+        ]
+    );
+    assert_eq!(record["attempts"][1]["continuation"], "prefix", "{record}");
+    assert!(record["attempts"][0].get("continuation").is_none());
+    assert_eq!(continuations_metric(&rig, "prefix").await, 1);
+    assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_commit_restarts_marked_on_a_provider_without_prefill() {
+    // `b` speaks OpenAI's chat, which takes no prefill: the answer starts again after the
+    // marker, and `b` gets the client's request as it was.
+    let rig = rig("stream_cut", "", "stream_resume = { mode = \"prefix\" }").await;
+    let r = rig.stream().await;
+    assert_eq!(r.status, 200);
+    let a_sent = equiroute_gateway::mock::stream_chunks("stream_cut")[..2].concat();
+    let b_sent = equiroute_gateway::mock::stream_chunks("healthy").concat();
+    assert!(r.body.starts_with(&a_sent), "{}", r.body);
+    assert!(
+        r.body.ends_with(&b_sent),
+        "b's whole answer, [DONE] last: {}",
+        r.body
+    );
+    let marker = &r.body[a_sent.len()..r.body.len() - b_sent.len()];
+    assert!(
+        marker.starts_with(": equiroute restart: the stream of `a` broke"),
+        "{marker}"
+    );
+    let (_, markers) = streamed_text(marker);
+    assert_eq!(markers.len(), 1, "{marker}");
+    assert_eq!(
+        (
+            &markers[0]["event"],
+            &markers[0]["mode"],
+            &markers[0]["provider"]
+        ),
+        (&json!("restart"), &json!("restart"), &json!("b"))
+    );
+    let stats = http(rig.healthy.addr, "GET", "/_stats", &[], "")
+        .await
+        .json();
+    assert_eq!(
+        stats["last_chat"]["messages"],
+        json!([{"role": "user", "content": "hi"}]),
+        "no prefix for a provider without prefill"
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "ok", "{record}");
+    assert_eq!(record["attempts"][1]["continuation"], "restart", "{record}");
+    assert_eq!(continuations_metric(&rig, "restart").await, 1);
+    assert_eq!(continuations_metric(&rig, "prefix").await, 0);
+}
+
+#[tokio::test]
+async fn a_continuation_that_breaks_too_ends_in_an_error_event() {
+    // `b` is cut as well: the client gets the stream_broken event, never [DONE].
+    let b = Fallback {
+        kind: "openai",
+        profile: "[models.\"healthy\"]\nfault = \"stream_cut\"\n",
+    };
+    let rig = rig_onto(
+        "stream_cut",
+        "",
+        "stream_resume = { mode = \"restart\" }",
+        b,
+    )
+    .await;
+    let r = rig.stream().await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("\"event\":\"restart\""), "{}", r.body);
+    assert!(r.body.contains("\"code\":\"stream_broken\""), "{}", r.body);
+    assert!(
+        !r.body.contains("data: [DONE]"),
+        "must not look complete: {}",
+        r.body
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(record["outcome"], "failed", "{record}");
+    assert_eq!(
+        attempts(&record),
+        [
+            ("a".to_owned(), "provider_error".to_owned(), PRICE_A),
+            ("b".to_owned(), "provider_error".to_owned(), PRICE_B)
+        ],
+        "both broken attempts are billed"
+    );
+    assert_eq!(record["attempts"][1]["continuation"], "restart");
+    assert_eq!(rig.attempts_metric("b", "provider_error").await, 1);
 }
 
 #[tokio::test]

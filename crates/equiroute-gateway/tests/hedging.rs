@@ -155,6 +155,96 @@ async fn a_hedge_cuts_a_slow_first_attempt_and_the_loser_is_cancelled() {
     );
 }
 
+fn stream_body() -> String {
+    json!({"model": "chat", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_stream_hedges_until_its_first_byte_and_the_slow_one_is_dropped() {
+    let rig = rig(
+        "stream",
+        r#"hedge = { rule = { kind = "predictive-quantile", quantile = 0.5 }, streams = true }"#,
+    )
+    .await;
+    let t = Instant::now();
+    let reply = http(
+        rig.gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &stream_body(),
+    )
+    .await;
+    let took = t.elapsed();
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    // The hedge's first byte came first (the slow one sends none for 2.5 s): its stream,
+    // whole, is the client's.
+    assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
+    assert_eq!(
+        reply.body,
+        equiroute_gateway::mock::stream_chunks("fast").concat()
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(
+        (
+            calls(rig.slow.addr, "slow").await,
+            calls(rig.fast.addr, "fast").await
+        ),
+        (1, 1)
+    );
+    let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;
+    let hedges = |event: &str| {
+        metric(
+            &m,
+            &format!("equiroute_hedges_total{{interface=\"chat\",event=\"{event}\"}} "),
+        )
+    };
+    assert_eq!(
+        (hedges("started"), hedges("won"), hedges("cancelled")),
+        (1, 1, 1)
+    );
+    // The audit record: the slow attempt dropped when the hedge's first byte came (booked
+    // then, billed at its price), the hedge's stream relayed to its end.
+    let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
+    let record = rig.audit_of(&id).await;
+    let attempts = record["attempts"].as_array().unwrap();
+    let seen: Vec<(&str, &str, bool)> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a["provider"].as_str().unwrap(),
+                a["status"].as_str().unwrap(),
+                a["hedge"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect();
+    assert_eq!(seen, [("a", "cancelled", false), ("b", "ok", true)]);
+    assert!((attempts[0]["cost_usd"].as_f64().unwrap() - 0.0001).abs() < 1e-12);
+    assert!(attempts[1]["ttfb_ms"].as_f64().is_some(), "{record}");
+    assert_eq!(record["outcome"], "ok");
+}
+
+#[tokio::test]
+async fn a_stream_does_not_hedge_unless_the_interface_says_streams_hedge() {
+    let rig = rig(
+        "stream-off",
+        r#"hedge = { rule = { kind = "predictive-quantile", quantile = 0.5 } }"#,
+    )
+    .await;
+    let reply = http(
+        rig.gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &stream_body(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-equiroute-provider"), Some("a"));
+    assert_eq!(calls(rig.fast.addr, "fast").await, 0);
+}
+
 #[tokio::test]
 async fn without_hedging_the_slow_first_attempt_is_waited_for() {
     let rig = rig("off", "").await;

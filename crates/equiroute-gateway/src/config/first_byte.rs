@@ -124,3 +124,93 @@ impl StreamHold {
         Ok(())
     }
 }
+
+/// How a stream that breaks after it was committed goes on (`stream_resume` of an
+/// interface): not at all (`off`, the default: it ends with the `stream_broken` error event),
+/// or on the next candidate of the ranking, announced in the stream by a marker event:
+/// `prefix` sends the partial answer as a final assistant message to a provider that takes
+/// one (`assistant_prefill`) and appends its deltas, else restarts; `restart` always sends
+/// the original request and relays the new answer whole after the marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamResume {
+    pub mode: ResumeMode,
+    /// Continuations per request.
+    pub max: u32,
+    /// The most assistant text kept for a continuation; an answer longer than this is not
+    /// continued (a bound on memory per stream).
+    pub max_kept_bytes: usize,
+}
+
+/// What [`StreamResume`] does with a broken stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeMode {
+    #[default]
+    Off,
+    Prefix,
+    Restart,
+}
+
+impl ResumeMode {
+    /// The mode's name in the configuration, the audit log and the metrics.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            ResumeMode::Off => "off",
+            ResumeMode::Prefix => "prefix",
+            ResumeMode::Restart => "restart",
+        }
+    }
+}
+
+impl Default for StreamResume {
+    fn default() -> Self {
+        StreamResume {
+            mode: ResumeMode::Off,
+            max: 1,
+            max_kept_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl StreamResume {
+    /// The largest `max_kept_bytes` accepted.
+    pub const MAX_KEPT_BYTES: usize = 1 << 20;
+    /// The largest `max` accepted.
+    pub const MAX_CONTINUATIONS: u32 = 3;
+
+    /// Whether broken streams are continued at all.
+    #[must_use]
+    pub fn is_on(&self) -> bool {
+        self.mode != ResumeMode::Off
+    }
+
+    /// The first field out of range, and its fix.
+    ///
+    /// # Errors
+    /// `(field, fix)`.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if !(1..=Self::MAX_CONTINUATIONS).contains(&self.max) {
+            return Err((
+                "max",
+                format!(
+                    "must be from 1 (the default) to {}, got {}",
+                    Self::MAX_CONTINUATIONS,
+                    self.max
+                ),
+            ));
+        }
+        if !(1..=Self::MAX_KEPT_BYTES).contains(&self.max_kept_bytes) {
+            return Err((
+                "max_kept_bytes",
+                format!(
+                    "must be from 1 to {} (default 65536), got {}",
+                    Self::MAX_KEPT_BYTES,
+                    self.max_kept_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -258,6 +258,8 @@ struct RawInterface {
     first_byte: Option<first_byte::FirstByteLimit>,
     /// How much of a stream is held back so that an early failure can fall back.
     stream_hold: Option<first_byte::StreamHold>,
+    /// Whether a stream that breaks after it was committed goes on elsewhere.
+    stream_resume: Option<first_byte::StreamResume>,
     /// An LLM-as-judge that scores a sample of answers.
     judge: Option<RawJudge>,
     feature_dim: Option<usize>,
@@ -296,7 +298,11 @@ fn hedge_config(
     raw: Option<&RawHedge>,
     kind: InterfaceKind,
 ) -> Result<equiroute_core::hedge::HedgeConfig, (String, String)> {
-    let d = equiroute_core::hedge::HedgeConfig::default();
+    // The gateway races streams only when asked (`streams = true`).
+    let d = equiroute_core::hedge::HedgeConfig {
+        streams: false,
+        ..equiroute_core::hedge::HedgeConfig::default()
+    };
     let Some(raw) = raw else { return Ok(d) };
     let cfg = equiroute_core::hedge::HedgeConfig {
         enabled: raw.enabled.unwrap_or(true),
@@ -456,6 +462,8 @@ struct RawProvider {
     api_key_env: Option<String>,
     /// Tenants allowed to use this provider (`x-equiroute-tenant`); absent: every tenant.
     tenants: Option<Vec<String>>,
+    /// Whether the provider continues a final assistant message (default: `anthropic` only).
+    assistant_prefill: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -503,6 +511,9 @@ pub struct SimSpec {
 pub struct ProviderConfig {
     pub candidate: Candidate,
     pub upstream: UpstreamConfig,
+    /// The provider continues a final assistant message (a prefill): a broken stream is
+    /// continued on it with the partial answer as that message (`stream_resume`).
+    pub assistant_prefill: bool,
 }
 
 /// How to reach a provider.
@@ -562,6 +573,8 @@ pub struct InterfaceConfig {
     pub first_byte: first_byte::FirstByteLimit,
     /// How much of a stream is held before anything is sent (see `StreamHold`).
     pub stream_hold: first_byte::StreamHold,
+    /// How a stream that breaks after it was committed goes on (see `StreamResume`).
+    pub stream_resume: first_byte::StreamResume,
     pub judge: Option<JudgeConfig>,
     pub feature_dim: usize,
     pub feature_max_words: usize,
@@ -961,6 +974,10 @@ fn load_interface(
     stream_hold
         .check()
         .map_err(|(f, fix)| vec![(at(&format!("stream_hold.{f}")), fix)])?;
+    let stream_resume = raw.stream_resume.unwrap_or_default();
+    stream_resume
+        .check()
+        .map_err(|(f, fix)| vec![(at(&format!("stream_resume.{f}")), fix)])?;
     let hedge =
         hedge_config(raw.hedge.as_ref(), raw.kind).map_err(|(f, fix)| vec![(at(&f), fix)])?;
     let breaker = raw.breaker.unwrap_or_default();
@@ -983,6 +1000,7 @@ fn load_interface(
         stream_idle,
         first_byte,
         stream_hold,
+        stream_resume,
         judge,
         kind: raw.kind,
         policy,
@@ -1072,6 +1090,11 @@ fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
             matches!(p.kind, AzureOpenai | Anthropic),
         ),
         ("max_tokens", p.max_tokens.is_some(), p.kind == Anthropic),
+        (
+            "assistant_prefill",
+            p.assistant_prefill.is_some(),
+            p.kind != Http,
+        ),
     ]
     .into_iter()
     .filter(|&(_, set, read)| set && !read)
@@ -1175,6 +1198,10 @@ fn load_provider(
     Ok(ProviderConfig {
         candidate,
         upstream,
+        // Anthropic's Messages continues a final assistant turn; OpenAI's chat does not.
+        assistant_prefill: p
+            .assistant_prefill
+            .unwrap_or(p.kind == ProviderKind::Anthropic),
     })
 }
 
@@ -1434,6 +1461,50 @@ mod tests {
         ] {
             let e = with(hold).unwrap_err().to_string();
             assert!(e.contains(field) && e.contains("must be"), "{hold}: {e}");
+        }
+    }
+
+    #[test]
+    fn stream_resume_is_off_by_default_and_its_fields_are_checked_by_name() {
+        let base = "[interfaces.chat]\nkind = \"chat\"\nRESUME\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"anthropic\"\n[[interfaces.chat.providers]]\nid = \"c\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nassistant_prefill = true\n";
+        let with = |r: &str| load(&base.replace("RESUME", r), "x.toml", &no_env);
+        let off = with("").unwrap();
+        assert!(!off.interfaces[0].stream_resume.is_on(), "off by default");
+        // Prefill: Anthropic's by default, anyone's when declared.
+        let prefill: Vec<bool> = off.interfaces[0]
+            .providers
+            .iter()
+            .map(|p| p.assistant_prefill)
+            .collect();
+        assert_eq!(prefill, [false, true, true]);
+        let on = with("stream_resume = { mode = \"prefix\", max = 2 }").unwrap();
+        assert_eq!(
+            on.interfaces[0].stream_resume,
+            first_byte::StreamResume {
+                mode: first_byte::ResumeMode::Prefix,
+                max: 2,
+                max_kept_bytes: 64 * 1024
+            }
+        );
+        for (resume, field, fix) in [
+            (
+                "stream_resume = { mode = \"prefix\", max = 0 }",
+                "interfaces.chat.stream_resume.max",
+                "must be from 1",
+            ),
+            (
+                "stream_resume = { mode = \"restart\", max_kept_bytes = 0 }",
+                "interfaces.chat.stream_resume.max_kept_bytes",
+                "must be from 1",
+            ),
+            (
+                "stream_resume = { mode = \"continue\" }",
+                "interfaces.chat.stream_resume.mode",
+                "unknown variant",
+            ),
+        ] {
+            let e = with(resume).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains(fix), "{resume}: {e}");
         }
     }
 

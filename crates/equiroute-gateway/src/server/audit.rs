@@ -36,6 +36,11 @@ pub struct AuditAttempt {
     /// The attempt was a hedge (started beside the first while it was still out).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub hedge: bool,
+    /// The attempt continued a stream that broke after it reached the client
+    /// (`stream_resume`): `prefix` (the partial answer sent as an assistant prefill) or
+    /// `restart` (the answer sent again whole, after a marker event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<&'static str>,
     /// A streamed attempt's time-to-first-byte limit (see `first_byte`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_byte_limit_ms: Option<f64>,

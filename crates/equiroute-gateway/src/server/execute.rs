@@ -4,7 +4,7 @@
 
 use super::error::ApiError;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
-use crate::config::first_byte::StreamHold;
+use crate::config::first_byte::{ResumeMode, StreamHold, StreamResume};
 use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
@@ -251,7 +251,11 @@ fn begin(
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
         .with_jitter(jitter)
-        .with_hedge_delay(decided.hedge_delay.filter(|_| !body_streams(body)));
+        .with_hedge_delay(
+            decided
+                .hedge_delay
+                .filter(|_| iface.hedge.streams || !body_streams(body)),
+        );
     Ok(Begun {
         n,
         request_id,
@@ -280,14 +284,15 @@ struct Decided {
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
     /// Every usable provider's breaker was open: the first is probed as a last resort.
     last_resort: bool,
-    /// Each attempt's first-byte limit in ms, in attempt order (streamed requests only).
-    first_byte_limits: Vec<Option<f64>>,
+    /// Each streamed attempt's first-byte limit in ms (streamed requests only).
+    first_byte_limits: Vec<FirstByteLimitRecord>,
     /// When the first attempt gets a hedge (`None`: no hedge), from the policy's beliefs.
     hedge_delay: Option<Millis>,
+    /// The attempts (by number) that continued a broken stream, and how (`stream_resume`).
+    continuations: Vec<(usize, &'static str)>,
 }
 
-/// Streamed requests do not hedge yet (docs/hedging.md): a stream is committed at its first
-/// byte, and racing two streams to it is not built.
+/// Streamed requests hedge only with `hedge.streams` (a race to the first byte).
 fn body_streams(body: &serde_json::Value) -> bool {
     body.get("stream").and_then(serde_json::Value::as_bool) == Some(true)
 }
@@ -407,6 +412,7 @@ fn decide(
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
         hedge_delay,
+        continuations: Vec::new(),
     })
 }
 
@@ -507,7 +513,16 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
                 },
                 retry: a.retry.map(equiroute_core::executor::RetryReason::as_str),
                 hedge: a.hedge,
-                first_byte_limit_ms: decided.first_byte_limits.get(n).copied().flatten(),
+                continuation: decided
+                    .continuations
+                    .iter()
+                    .find(|(i, _)| *i == n)
+                    .map(|(_, mode)| *mode),
+                first_byte_limit_ms: decided
+                    .first_byte_limits
+                    .iter()
+                    .find(|(c, at, _)| *c == a.candidate && at.0.to_bits() == a.started.0.to_bits())
+                    .and_then(|(_, _, limit)| *limit),
                 started_ms: a.started.0,
                 latency_ms: a.outcome.latency.0,
                 ttfb_ms: a.outcome.time_to_first_byte.map(|t| t.0),
@@ -859,6 +874,7 @@ pub async fn execute_stream(
         .await
 }
 
+#[allow(clippy::too_many_lines)]
 async fn execute_streamed(
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
@@ -879,6 +895,7 @@ async fn execute_streamed(
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
     let mut refusals = ContextRefusals::default();
+    let mut router = Duration::ZERO;
     while let Some(next) = run.next_attempt(state.now()) {
         let now = pause(&state, next).await;
         if !admit(&state, &iface, next.candidate, now)? {
@@ -888,70 +905,90 @@ async fn execute_streamed(
         if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
-        let candidate = &iface.candidates[next.candidate];
-        let req = UpstreamRequest {
-            kind: iface.kind,
-            body: &body,
-            model: &candidate.model,
-            seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+        let open =
+            |next: NextAttempt, now| open_attempt(&state, &iface, &body, n, next, now, tokens);
+        // The first attempt with a hedge planned beside it races to its first byte.
+        let opened = if let Some(hedge) = run.hedge(&next, now) {
+            let ctx = super::hedge::Booking {
+                features: &features,
+                arm: decided.routed.arm,
+                slice: decided.slice,
+                tokens,
+            };
+            super::hedge::race_streams(
+                &state,
+                &iface,
+                &mut run,
+                (next, hedge),
+                now,
+                &open,
+                &mut decided.first_byte_limits,
+                &ctx,
+                &mut router,
+            )
+            .await?
+        } else {
+            let opening = open(next, now)?;
+            decided
+                .first_byte_limits
+                .push((next.candidate, now, opening.limit.map(|l| l.0)));
+            vec![opening.opened.await]
         };
-        let first_byte_limit = first_byte_limit(&iface, next.candidate, now, next.timeout)?;
-        decided
-            .first_byte_limits
-            .push(first_byte_limit.map(|l| l.0));
-        let limit = first_byte_limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-        let start = iface.upstreams[next.candidate]
-            .open_stream(req, limit)
-            .await;
-        learn_first_byte(&state, &iface, next.candidate, &start, first_byte_limit)?;
-        // An attempt that ends here sent nothing to the client: booked, and on to the next.
-        let (outcome, reply) = match start {
-            StreamStart::Failed(reply) => (outcome_of(&reply, candidate, tokens), Some(reply)),
-            StreamStart::Started { first, rest, ttfb } => {
-                tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
-                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
-                    Held::Commit { first, rest } => {
-                        let relay = Relay {
-                            tokens,
-                            state: state.clone(),
-                            iface: iface.clone(),
-                            candidate: next.candidate,
-                            features,
-                            request_id: request_id.clone(),
-                            started,
-                            ttfb,
-                            attempt_started: now,
-                            run,
-                            decided,
-                        };
-                        return Ok(relay.start(first, rest));
-                    }
-                    Held::Broken(reason) => {
-                        tracing::warn!(%request_id, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
-                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
-                        let latency = state.now().since(now);
-                        (streamed(candidate, tokens, broken, latency, ttfb), None)
-                    }
+        for opened in opened {
+            let candidate = &iface.candidates[opened.next.candidate];
+            // An attempt that ends here sent nothing to the client: booked, and on to the next.
+            let (outcome, reply) = match opened.result {
+                OpenResult::Ready { first, rest, ttfb } => {
+                    let relay = Relay {
+                        tokens,
+                        state: state.clone(),
+                        iface: iface.clone(),
+                        candidate: opened.next.candidate,
+                        features,
+                        request_id: request_id.clone(),
+                        n,
+                        body,
+                        started,
+                        // A hedge's latency counts from its own start (it began after the
+                        // attempt it raced); others' from the request's, as before.
+                        attempt_clock: if opened.started.0 > now.0 {
+                            opened.clock
+                        } else {
+                            started
+                        },
+                        ttfb,
+                        attempt_started: opened.started,
+                        run,
+                        decided,
+                    };
+                    return Ok(relay.start(first, rest));
                 }
+                OpenResult::Ended { outcome, reply } => (outcome, reply),
+            };
+            log_attempt(candidate, opened.next, &outcome);
+            state.record_routed_attempt(
+                &iface,
+                decided.routed.arm,
+                opened.next.candidate,
+                &features,
+                decided.slice,
+                &outcome,
+                run.remaining(opened.started),
+            )?;
+            run.record(opened.next.candidate, outcome, opened.started);
+            tried.push(opened.next.candidate);
+            if let Some(reply) = reply {
+                if reply.context_overflow {
+                    refusals.reroute(
+                        &iface,
+                        &decided.order,
+                        &tried,
+                        opened.next.candidate,
+                        &mut run,
+                    );
+                }
+                last = Some(reply);
             }
-        };
-        log_attempt(candidate, next, &outcome);
-        state.record_routed_attempt(
-            &iface,
-            decided.routed.arm,
-            next.candidate,
-            &features,
-            decided.slice,
-            &outcome,
-            run.remaining(now),
-        )?;
-        run.record(next.candidate, outcome, now);
-        tried.push(next.candidate);
-        if let Some(reply) = reply {
-            if reply.context_overflow {
-                refusals.reroute(&iface, &decided.order, &tried, next.candidate, &mut run);
-            }
-            last = Some(reply);
         }
     }
     let result = run.finish(state.now());
@@ -965,6 +1002,100 @@ async fn execute_streamed(
         last,
         deadline,
     ))
+}
+
+/// A streamed attempt's first-byte limit, as the audit record shows it: the attempt's
+/// candidate, when it started, and the limit in ms.
+pub(super) type FirstByteLimitRecord = (usize, equiroute_core::Timestamp, Option<f64>);
+
+/// A streamed attempt once it ended before anything was sent, or is ready to be relayed.
+pub(super) struct Opened {
+    next: NextAttempt,
+    /// When it started.
+    started: equiroute_core::Timestamp,
+    clock: Instant,
+    result: OpenResult,
+}
+
+impl Opened {
+    /// Whether it has its first byte (and its hold, if any), ready to commit.
+    pub(super) fn is_ready(&self) -> bool {
+        matches!(self.result, OpenResult::Ready { .. })
+    }
+}
+
+enum OpenResult {
+    /// Commit: send `first` (every byte read so far), then relay `rest`.
+    Ready {
+        first: Bytes,
+        rest: ChunkStream,
+        ttfb: Millis,
+    },
+    /// It ended before anything was sent (error, timeout, or broken while held).
+    Ended {
+        outcome: AttemptOutcome,
+        reply: Option<UpstreamReply>,
+    },
+}
+
+/// Starts a streamed attempt at `now`: its first-byte limit, and the future that opens it up
+/// to its first byte and through its hold.
+fn open_attempt<'a>(
+    state: &'a AppState,
+    iface: &'a InterfaceRuntime,
+    body: &'a ClientBody,
+    n: u64,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    tokens: TokenEstimate,
+) -> Result<super::hedge::Opening<'a>, ApiError> {
+    let limit = first_byte_limit(iface, next.candidate, now, next.timeout)?;
+    let opened = async move {
+        let clock = Instant::now();
+        let candidate = &iface.candidates[next.candidate];
+        let req = UpstreamRequest {
+            kind: iface.kind,
+            body,
+            model: &candidate.model,
+            seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+        };
+        let start = iface.upstreams[next.candidate]
+            .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
+            .await;
+        // Only a poisoned lock fails here; the first-byte statistics then miss one time.
+        let _ = learn_first_byte(state, iface, next.candidate, &start, limit);
+        let result = match start {
+            StreamStart::Failed(reply) => OpenResult::Ended {
+                outcome: outcome_of(&reply, candidate, tokens),
+                reply: Some(reply),
+            },
+            StreamStart::Started { first, rest, ttfb } => {
+                tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
+                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
+                    Held::Commit { first, rest } => OpenResult::Ready { first, rest, ttfb },
+                    Held::Broken(reason) => {
+                        tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
+                        let latency = state.now().since(now);
+                        OpenResult::Ended {
+                            outcome: streamed(candidate, tokens, broken, latency, ttfb),
+                            reply: None,
+                        }
+                    }
+                }
+            }
+        };
+        Opened {
+            next,
+            started: now,
+            clock,
+            result,
+        }
+    };
+    Ok(super::hedge::Opening {
+        limit,
+        opened: Box::pin(opened),
+    })
 }
 
 /// The outcome of a streamed attempt that began (it had its first byte, so it is billed).
@@ -1084,20 +1215,36 @@ fn learn_first_byte(
 }
 
 /// A committed stream being relayed to the client: the request's execution goes on in the
-/// relay task, which records the streamed attempt and audits the request when it ends.
+/// relay task, which records the streamed attempt and audits the request when it ends. A
+/// stream that breaks is continued on the next candidate when the interface says so
+/// (`stream_resume`): the relay is then on the continuing attempt.
 struct Relay {
     tokens: TokenEstimate,
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
+    /// The candidate whose stream is being relayed.
     candidate: usize,
     features: Vec<f64>,
     request_id: String,
+    /// The request's number (seeds a continuation's attempt).
+    n: u64,
+    /// The client's request, for a continuation.
+    body: ClientBody,
     started: Instant,
+    /// What the relayed attempt's latency is counted from.
+    attempt_clock: Instant,
     ttfb: Millis,
-    /// When the streamed attempt began.
+    /// When the relayed attempt began.
     attempt_started: equiroute_core::Timestamp,
     run: Execution,
     decided: Decided,
+}
+
+/// A continuation's stream, started.
+struct Continued {
+    first: Bytes,
+    rest: ChunkStream,
+    mode: ResumeMode,
 }
 
 impl Relay {
@@ -1136,13 +1283,13 @@ impl Relay {
     /// whether the client left.
     async fn relay(
         &self,
+        events: &mut SseScan,
         first: Bytes,
         mut rest: ChunkStream,
         tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     ) -> (Option<String>, bool) {
         use futures_util::StreamExt;
         let idle = Duration::from_secs_f64(self.iface.stream_idle.0 / 1000.0);
-        let mut events = SseScan::default();
         let mut next = Some(first);
         loop {
             let Some(bytes) = next.take() else {
@@ -1196,36 +1343,49 @@ impl Relay {
         rest: ChunkStream,
         tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
     ) {
-        let (broken, client_gone) = self.relay(first, rest, &tx).await;
+        let resume = self.iface.stream_resume;
+        let mut events = SseScan::keeping(resume.is_on().then_some(resume.max_kept_bytes));
+        let (mut broken, mut client_gone) = self.relay(&mut events, first, rest, &tx).await;
+        let mut status = self.book_relayed(broken.as_deref(), client_gone);
+        let mut continuations = 0;
+        let mut not_continued = None;
+        while let Some(reason) = broken.clone() {
+            if let Some(why) = Self::unresumable(resume, &events, continuations) {
+                not_continued = Some(why);
+                break;
+            }
+            let broke_on = self.candidate;
+            let Some(next) = self.open_continuation(&events).await else {
+                not_continued = Some("no provider could take the continuation".into());
+                break;
+            };
+            continuations += 1;
+            let marker = continuation_marker(
+                &self.request_id,
+                &self.iface.candidates[broke_on].id.0,
+                &self.iface.candidates[self.candidate],
+                next.mode,
+                &reason,
+            );
+            if tx.send(Ok(marker)).await.is_err() {
+                // The client left: the continuation is dropped unread.
+                (broken, client_gone) = (None, true);
+            } else {
+                events.next_stream(next.mode);
+                (broken, client_gone) = self.relay(&mut events, next.first, next.rest, &tx).await;
+            }
+            status = self.book_relayed(broken.as_deref(), client_gone);
+        }
         if let Some(reason) = &broken {
-            let event = serde_json::json!({"error": {"message": reason, "type": "api_error", "param": null, "code": "stream_broken"}});
+            let message = match &not_continued {
+                Some(why) if resume.is_on() => format!("{reason}; not continued: {why}"),
+                _ => reason.clone(),
+            };
+            let event = serde_json::json!({"error": {"message": message, "type": "api_error", "param": null, "code": "stream_broken"}});
             let _ = tx.send(Ok(Bytes::from(format!("data: {event}\n\n")))).await;
         }
         drop(tx);
-        let status = match (&broken, client_gone) {
-            (Some(_), _) => AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
-            (None, true) => AttemptStatus::Cancelled,
-            (None, false) => AttemptStatus::Ok,
-        };
-        let c = &self.iface.candidates[self.candidate];
         let latency = Millis(self.started.elapsed().as_secs_f64() * 1000.0);
-        if let Some(reason) = &broken {
-            tracing::warn!(request_id = %self.request_id, provider = %c.id, error = %reason, "stream broken");
-        } else {
-            tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
-        }
-        let outcome = streamed(c, self.tokens, status, latency, self.ttfb);
-        let _ = self.state.record_routed_attempt(
-            &self.iface,
-            self.decided.routed.arm,
-            self.candidate,
-            &self.features,
-            self.decided.slice,
-            &outcome,
-            None,
-        );
-        self.run
-            .record(self.candidate, outcome, self.attempt_started);
         let end = self.state.now();
         let result = self.run.clone().finish(end);
         record_request(
@@ -1255,6 +1415,170 @@ impl Relay {
             );
         }
     }
+
+    /// Books the relayed attempt, which ended (`broken`: why it broke); returns its status.
+    fn book_relayed(&mut self, broken: Option<&str>, client_gone: bool) -> AttemptStatus {
+        let status = match (broken, client_gone) {
+            (Some(_), _) => AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
+            (None, true) => AttemptStatus::Cancelled,
+            (None, false) => AttemptStatus::Ok,
+        };
+        let c = &self.iface.candidates[self.candidate];
+        let latency = Millis(self.attempt_clock.elapsed().as_secs_f64() * 1000.0);
+        if let Some(reason) = broken {
+            tracing::warn!(request_id = %self.request_id, provider = %c.id, error = %reason, "stream broken");
+        } else {
+            tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
+        }
+        let outcome = streamed(c, self.tokens, status, latency, self.ttfb);
+        let _ = self.state.record_routed_attempt(
+            &self.iface,
+            self.decided.routed.arm,
+            self.candidate,
+            &self.features,
+            self.decided.slice,
+            &outcome,
+            None,
+        );
+        self.run
+            .record(self.candidate, outcome, self.attempt_started);
+        status
+    }
+
+    /// Why a stream that broke is not continued, if it is not.
+    fn unresumable(resume: StreamResume, events: &SseScan, done: u32) -> Option<String> {
+        if !resume.is_on() {
+            return Some("stream_resume is off".into());
+        }
+        if done >= resume.max {
+            return Some(format!(
+                "the request had its {} continuation(s) (stream_resume.max)",
+                resume.max
+            ));
+        }
+        if events.seen.finished {
+            return Some("the answer had its finish_reason before the break".into());
+        }
+        events.seen.kept.as_ref()?.unfit.map(str::to_owned)
+    }
+
+    /// Opens the continuation of the broken stream on the next candidate the execution
+    /// gives (the breaker admitting it, within the deadline and the attempt limit); attempts
+    /// that end before their first byte are booked and passed, as before a commit.
+    async fn open_continuation(&mut self, events: &SseScan) -> Option<Continued> {
+        let state = self.state.clone();
+        let iface = self.iface.clone();
+        loop {
+            let next = self.run.next_attempt(state.now())?;
+            let now = pause(&state, next).await;
+            if !admit(&state, &iface, next.candidate, now).ok()? {
+                self.run.skip();
+                continue;
+            }
+            let candidate = &iface.candidates[next.candidate];
+            let mode = match iface.stream_resume.mode {
+                ResumeMode::Prefix if iface.prefill[next.candidate] => ResumeMode::Prefix,
+                _ => ResumeMode::Restart,
+            };
+            let prefixed = match (mode, &events.seen.kept) {
+                (ResumeMode::Prefix, Some(kept)) => with_assistant_prefix(&self.body, &kept.text),
+                _ => None,
+            };
+            let req = UpstreamRequest {
+                kind: iface.kind,
+                body: prefixed.as_ref().unwrap_or(&self.body),
+                model: &candidate.model,
+                seed: state.seed_for(self.n)
+                    ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+            };
+            let limit = first_byte_limit(&iface, next.candidate, now, next.timeout).ok()?;
+            self.decided
+                .first_byte_limits
+                .push((next.candidate, now, limit.map(|l| l.0)));
+            let clock = Instant::now();
+            let start = iface.upstreams[next.candidate]
+                .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
+                .await;
+            let _ = learn_first_byte(&state, &iface, next.candidate, &start, limit);
+            match start {
+                StreamStart::Started { first, rest, ttfb } => {
+                    let name = mode.name();
+                    tracing::info!(request_id = %self.request_id, provider = %candidate.id, mode = name, "continuing a broken stream");
+                    state.metrics.stream_continuation(&iface.name, name);
+                    self.decided
+                        .continuations
+                        .push((next.number as usize, name));
+                    self.candidate = next.candidate;
+                    self.ttfb = ttfb;
+                    self.attempt_started = now;
+                    self.attempt_clock = clock;
+                    return Some(Continued { first, rest, mode });
+                }
+                StreamStart::Failed(reply) => {
+                    let outcome = outcome_of(&reply, candidate, self.tokens);
+                    log_attempt(candidate, next, &outcome);
+                    let _ = state.record_routed_attempt(
+                        &iface,
+                        self.decided.routed.arm,
+                        next.candidate,
+                        &self.features,
+                        self.decided.slice,
+                        &outcome,
+                        self.run.remaining(now),
+                    );
+                    self.run.record(next.candidate, outcome, now);
+                }
+            }
+        }
+    }
+}
+
+/// The client's request with `text` (the partial answer already sent) as a final assistant
+/// message, for a provider that continues it; `None` when there is no text to continue.
+/// Trailing whitespace is left out: Anthropic refuses a prefill that ends with it.
+fn with_assistant_prefix(body: &ClientBody, text: &str) -> Option<ClientBody> {
+    let text = text.trim_end();
+    if text.is_empty() {
+        return None;
+    }
+    let mut json = body.json().clone();
+    let messages = json.get_mut("messages")?.as_array_mut()?;
+    messages.push(serde_json::json!({"role": "assistant", "content": text}));
+    Some(ClientBody::from_json(json))
+}
+
+/// The events that announce a continuation in the client's stream: an SSE comment (for a
+/// person reading the stream) and a chat chunk with an empty delta on choice 0 (which any
+/// OpenAI client reads as no text) and an `equiroute` member saying what happened:
+/// `{"event": "continue" | "restart", "from": …, "provider": …, "reason": …}`. After
+/// `restart` the answer starts again from its beginning: what came before is to be dropped.
+fn continuation_marker(
+    request_id: &str,
+    from: &str,
+    to: &equiroute_core::Candidate,
+    mode: ResumeMode,
+    reason: &str,
+) -> Bytes {
+    let event = match mode {
+        ResumeMode::Restart => "restart",
+        ResumeMode::Prefix | ResumeMode::Off => "continue",
+    };
+    let one_line = reason.replace(['\r', '\n'], " ");
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let chunk = serde_json::json!({
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": to.model,
+        "choices": [{"index": 0, "delta": {}, "finish_reason": null}],
+        "equiroute": {"event": event, "mode": mode.name(), "from": from, "provider": to.id.0, "reason": one_line},
+    });
+    Bytes::from(format!(
+        ": equiroute {event}: the stream of `{from}` broke ({one_line}); continued on `{}`\n\ndata: {chunk}\n\n",
+        to.id
+    ))
 }
 
 /// The longest server-sent event the relay holds while it waits for the event's end.
@@ -1279,6 +1603,47 @@ struct Seen {
     finished: bool,
     /// Data events read (chunks, not counting `[DONE]`).
     data_events: u64,
+    /// The answer's text so far, when a broken stream may be continued.
+    kept: Option<Kept>,
+}
+
+/// The assistant text a relayed answer has sent, kept (up to `cap` bytes) so that a broken
+/// stream can be continued from it.
+#[derive(Debug, Default)]
+struct Kept {
+    text: String,
+    cap: usize,
+    /// Why the answer cannot be continued, once it cannot (the text is no longer kept).
+    unfit: Option<&'static str>,
+}
+
+impl Kept {
+    fn take(&mut self, choices: &[ChoicePeek]) {
+        if self.unfit.is_some() {
+            return;
+        }
+        for ch in choices {
+            let Some(delta) = &ch.delta else { continue };
+            let unfit = if ch.index != 0 {
+                Some("the answer has more than one choice")
+            } else if delta.tool_calls.is_some() || delta.function_call.is_some() {
+                Some("the answer calls tools")
+            } else {
+                let text = delta.content.as_deref().unwrap_or_default();
+                if self.text.len() + text.len() > self.cap {
+                    Some("the answer is longer than stream_resume.max_kept_bytes")
+                } else {
+                    self.text.push_str(text);
+                    None
+                }
+            };
+            if unfit.is_some() {
+                self.unfit = unfit;
+                self.text = String::new();
+                return;
+            }
+        }
+    }
 }
 
 /// The parts of a chat chunk the relay reads; the rest is only checked to be JSON.
@@ -1293,10 +1658,47 @@ struct ChunkPeek {
 #[derive(serde::Deserialize)]
 struct ChoicePeek {
     #[serde(default)]
+    index: u64,
+    #[serde(default)]
     finish_reason: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    delta: Option<DeltaPeek>,
+}
+
+/// The parts of a chunk's delta a continuation needs.
+#[derive(serde::Deserialize)]
+struct DeltaPeek {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    function_call: Option<serde::de::IgnoredAny>,
 }
 
 impl SseScan {
+    /// A scan that keeps the answer's text, up to `cap` bytes, when `cap` is given.
+    fn keeping(cap: Option<usize>) -> SseScan {
+        let mut scan = SseScan::default();
+        scan.seen.kept = cap.map(|cap| Kept {
+            cap,
+            ..Kept::default()
+        });
+        scan
+    }
+
+    /// Starts on a continuation's stream: the events are read afresh; the text kept goes on
+    /// after a prefix continuation, and starts again after a restart.
+    fn next_stream(&mut self, mode: ResumeMode) {
+        let mut kept = self.seen.kept.take();
+        if let (Some(k), ResumeMode::Restart) = (&mut kept, mode) {
+            k.text.clear();
+            k.unfit = None;
+        }
+        *self = SseScan::default();
+        self.seen.kept = kept;
+    }
+
     /// Takes the next bytes; returns the whole events they complete (to relay) and whether
     /// the stream is still sound (`Err`: why it is broken; the bad event is not returned).
     fn feed(&mut self, bytes: &[u8]) -> (Bytes, Result<(), String>) {
@@ -1366,6 +1768,9 @@ impl Seen {
                 if c.choices.iter().any(|ch| ch.finish_reason.is_some()) {
                     self.finished = true;
                 }
+                if let Some(kept) = &mut self.kept {
+                    kept.take(&c.choices);
+                }
                 Ok(())
             }
         }
@@ -1424,6 +1829,50 @@ mod tests {
         let (out, ok) = scan.end();
         assert_eq!((&out[..], ok), (&b"data: [DONE]\n"[..], Ok(())));
         assert!(scan.seen.done);
+    }
+
+    #[test]
+    fn the_text_sent_is_kept_for_a_continuation_until_it_cannot_be_continued() {
+        let chunk =
+            |delta: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
+        let mut scan = SseScan::keeping(Some(10));
+        let _ = scan.feed(chunk(r#"{"role":"assistant","content":""}"#).as_bytes());
+        let _ = scan.feed(chunk(r#"{"content":"Hello, "}"#).as_bytes());
+        let _ = scan.feed(chunk(r#"{"content":"wor"}"#).as_bytes());
+        let kept = scan.seen.kept.as_ref().unwrap();
+        assert_eq!((kept.text.as_str(), kept.unfit), ("Hello, wor", None));
+        // One byte more than the cap: no longer continued, the text let go.
+        let _ = scan.feed(chunk(r#"{"content":"ld"}"#).as_bytes());
+        let kept = scan.seen.kept.as_ref().unwrap();
+        assert_eq!(kept.text, "");
+        assert!(kept.unfit.unwrap().contains("max_kept_bytes"));
+        // A restart keeps text afresh; a tool call makes the answer unfit.
+        scan.next_stream(super::ResumeMode::Restart);
+        let _ = scan.feed(chunk(r#"{"content":"Hi"}"#).as_bytes());
+        assert_eq!(scan.seen.kept.as_ref().unwrap().text, "Hi");
+        let _ =
+            scan.feed(chunk(r#"{"tool_calls":[{"index":0,"function":{"name":"f"}}]}"#).as_bytes());
+        assert_eq!(
+            scan.seen.kept.as_ref().unwrap().unfit,
+            Some("the answer calls tools")
+        );
+        // Without stream_resume nothing is kept.
+        let mut scan = SseScan::default();
+        let _ = scan.feed(chunk(r#"{"content":"Hello"}"#).as_bytes());
+        assert!(scan.seen.kept.is_none());
+    }
+
+    #[test]
+    fn a_prefix_is_the_text_sent_without_trailing_whitespace_as_the_last_assistant_turn() {
+        let body = crate::upstream::ClientBody::from_json(
+            serde_json::json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        let prefixed = super::with_assistant_prefix(&body, "Hello, wor \n").unwrap();
+        assert_eq!(
+            prefixed.json()["messages"][1],
+            serde_json::json!({"role": "assistant", "content": "Hello, wor"})
+        );
+        assert!(super::with_assistant_prefix(&body, " \n").is_none());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! [`Execution`] records both, so the audit log shows the hedge per attempt.
 
 use super::error::ApiError;
-use super::execute::{admit, book, outcome_of};
+use super::execute::{admit, book, outcome_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
 use equiroute_core::executor::{Execution, NextAttempt};
@@ -180,4 +180,105 @@ fn spend_hedge(iface: &InterfaceRuntime) -> Result<(), ApiError> {
         .map_err(|_| ApiError::internal())?;
     budget.try_spend();
     Ok(())
+}
+
+/// A streamed attempt being opened: its first-byte limit, and the future that opens it
+/// (to its first byte, or to the end of its hold).
+pub(super) struct Opening<'a> {
+    pub limit: Option<Millis>,
+    pub opened: std::pin::Pin<Box<dyn std::future::Future<Output = Opened> + Send + 'a>>,
+}
+
+/// Races a streamed first attempt and its hedge to their first byte (or the end of their
+/// hold): as [`race`], with the first byte in place of the answer. `open` starts an attempt.
+/// Returns the attempts to book (in the order they ended) then, last, the one that is ready
+/// to be relayed, if one is; the other of the pair, when dropped for a winner, is booked here
+/// as `cancelled`. Each attempt's first-byte limit goes to `limits`.
+#[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+pub(super) async fn race_streams<'a>(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    (first, hedge): (NextAttempt, NextAttempt),
+    now: Timestamp,
+    open: &(dyn Fn(NextAttempt, Timestamp) -> Result<Opening<'a>, ApiError> + Sync),
+    limits: &mut Vec<super::execute::FirstByteLimitRecord>,
+    ctx: &Booking<'_>,
+    router: &mut Duration,
+) -> Result<Vec<Opened>, ApiError> {
+    let Opening {
+        limit,
+        opened: mut a,
+    } = open(first, now)?;
+    limits.push((first.candidate, now, limit.map(|l| l.0)));
+    let wait = Duration::from_secs_f64(hedge.wait.0 / 1000.0);
+    let early = tokio::select! {
+        opened = &mut a => Some(opened),
+        () = tokio::time::sleep(wait) => None,
+    };
+    if let Some(opened) = early {
+        return Ok(vec![opened]);
+    }
+    let hedge_now = state.now();
+    if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
+        return Ok(vec![a.await]);
+    }
+    spend_hedge(iface)?;
+    run.start_hedge(&hedge);
+    state.metrics.hedge(&iface.name, "started");
+    let hedge_started = Instant::now();
+    let first_started = hedge_started
+        .checked_sub(Duration::from_secs_f64(
+            (hedge_now.0 - now.0).max(0.0) / 1000.0,
+        ))
+        .unwrap_or(hedge_started);
+    let Opening {
+        limit,
+        opened: mut b,
+    } = open(hedge, hedge_now)?;
+    limits.push((hedge.candidate, hedge_now, limit.map(|l| l.0)));
+    let (hedge_first, opened) = tokio::select! {
+        opened = &mut a => (false, opened),
+        opened = &mut b => (true, opened),
+    };
+    if opened.is_ready() {
+        // Drop the other: its connection closes, before or during its hold.
+        drop(a);
+        drop(b);
+        let (loser, loser_start, loser_clock) = if hedge_first {
+            (first, now, first_started)
+        } else {
+            (hedge, hedge_now, hedge_started)
+        };
+        let candidate = &iface.candidates[loser.candidate];
+        let cancelled = AttemptOutcome {
+            latency: Millis(loser_clock.elapsed().as_secs_f64() * 1000.0),
+            status: AttemptStatus::Cancelled,
+            // Billed as the unstreamed hedge's loser is: by the request's estimate.
+            cost: candidate.price.cost(ctx.tokens),
+            time_to_first_byte: None,
+            retry_after: None,
+        };
+        book(
+            state,
+            iface,
+            run,
+            loser,
+            loser_start,
+            cancelled,
+            ctx,
+            router,
+        )?;
+        state.metrics.hedge(&iface.name, "cancelled");
+        if hedge_first {
+            state.metrics.hedge(&iface.name, "won");
+        }
+        return Ok(vec![opened]);
+    }
+    // The first to end failed before anything was sent: the other may still deliver.
+    let other = if hedge_first { a.await } else { b.await };
+    if !hedge_first && other.is_ready() {
+        state.metrics.hedge(&iface.name, "won");
+    }
+    Ok(vec![opened, other])
 }

@@ -345,6 +345,15 @@ impl Metrics {
         );
     }
 
+    /// A stream that broke after it reached the client, continued on another provider
+    /// (`mode`: `prefix` or `restart`).
+    pub fn stream_continuation(&self, interface: &str, mode: &'static str) {
+        self.bump(
+            "equiroute_stream_continuations_total",
+            &[("interface", interface), ("mode", mode)],
+        );
+    }
+
     pub fn breaker(&self, provider: &str, transition: &str) {
         self.bump(
             "equiroute_breaker_transitions_total",

@@ -37,6 +37,10 @@ pub struct InterfaceRuntime {
     pub stream_idle: Millis,
     /// How much of a stream is held before anything is sent to the client.
     pub stream_hold: crate::config::first_byte::StreamHold,
+    /// How a stream that broke after it was committed goes on.
+    pub stream_resume: crate::config::first_byte::StreamResume,
+    /// Per candidate: the provider continues a final assistant message (`assistant_prefill`).
+    pub prefill: Vec<bool>,
     /// How a streamed attempt's first-byte limit is derived from `first_bytes`.
     pub first_byte: super::ttfb::FirstByteLimit,
     /// Each candidate's first-byte times (streamed attempts), for its first-byte limit.
@@ -90,6 +94,8 @@ impl InterfaceRuntime {
             hedge_budget: Mutex::new(equiroute_core::hedge::HedgeBudget::new(&cfg.hedge)),
             stream_idle: cfg.stream_idle,
             stream_hold: cfg.stream_hold,
+            stream_resume: cfg.stream_resume,
+            prefill: cfg.providers.iter().map(|p| p.assistant_prefill).collect(),
             first_byte: cfg.first_byte,
             first_bytes: Mutex::new(vec![
                 equiroute_core::estimators::nig::LogLatencyStats::default();
