@@ -266,7 +266,7 @@ async fn the_rollout_routes_need_the_admin_key_and_promotion_swaps_the_live_poli
     assert!(r.json()["note"]
         .as_str()
         .unwrap()
-        .contains("before the next restart"));
+        .contains("the state file keeps the promotion across restarts"));
     // The candidate (`static` on `b`) is live now, for every session.
     for i in 0..5 {
         let body = json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]});
