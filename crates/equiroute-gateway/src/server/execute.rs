@@ -51,11 +51,7 @@ pub async fn execute(
 
 /// The span around one request's handling; its id is recorded once [`begin`] numbers it.
 fn request_span(iface: &InterfaceRuntime) -> tracing::Span {
-    tracing::info_span!(
-        "request",
-        request_id = tracing::field::Empty,
-        interface = %iface.name
-    )
+    super::spans::request(iface)
 }
 
 #[allow(clippy::too_many_lines)]
@@ -221,22 +217,40 @@ fn begin(
         .featurize(&super::query_text(iface.kind, body));
     let t0 = state.now();
     let (requirements, tokens) = super::request_profile(iface.kind, body);
-    let decided = decide(
-        state,
+    let span = super::spans::decision();
+    let decided = span
+        .in_scope(|| {
+            decide(
+                state,
+                iface,
+                &features,
+                n,
+                pinned,
+                deadline,
+                t0,
+                &requirements,
+                tokens,
+                meta,
+            )
+        })
+        .map_err(|e| {
+            span.record("otel.status_code", "ERROR");
+            tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
+            e.for_request(&request_id, 0)
+        })?;
+    super::spans::record_decision(
+        &span,
         iface,
-        &features,
-        n,
-        pinned,
-        deadline,
-        t0,
-        &requirements,
-        tokens,
-        meta,
-    )
-    .map_err(|e| {
-        tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
-        e.for_request(&request_id, 0)
-    })?;
+        &super::spans::DecisionView {
+            policy: decided.routed.policy,
+            eligible: &decided.eligible,
+            excluded: &decided.excluded,
+            ranking: &decided.ranking,
+            last_resort: decided.last_resort,
+            hedge_delay: decided.hedge_delay.map(|d| d.0),
+        },
+    );
+    drop(span);
     if tracing::enabled!(tracing::Level::DEBUG) {
         let id = |i: &usize| iface.candidates[*i].id.0.as_str();
         tracing::debug!(
@@ -558,6 +572,12 @@ fn record_request(
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
     state.metrics.request_cost(&iface.name, result.cost.0);
+    super::spans::finish_request(
+        iface,
+        result,
+        outcome_label(result.status),
+        fallback_reason(&result.attempts).as_deref(),
+    );
     super::arms::finish(
         iface,
         request_id,
@@ -683,8 +703,13 @@ async fn attempt(
         seed,
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-    let reply = iface.upstreams[next.candidate].call(req, timeout).await;
+    let span = super::spans::attempt(iface, next, false);
+    let reply = iface.upstreams[next.candidate]
+        .call(req, timeout)
+        .instrument(span.clone())
+        .await;
     let outcome = outcome_of(&reply, candidate, ctx.tokens);
+    super::spans::record_attempt(&span, iface, next.candidate, &outcome, usage_of(&reply));
     book(state, iface, run, next, now, outcome, ctx, router)?;
     Ok((outcome, reply))
 }
@@ -728,6 +753,14 @@ fn log_attempt(candidate: &equiroute_core::Candidate, next: NextAttempt, outcome
         latency_ms = outcome.latency.0,
         "attempt"
     );
+}
+
+/// The token usage a provider reported in its answer, if it did.
+pub(super) fn usage_of(reply: &UpstreamReply) -> Option<TokenEstimate> {
+    reply
+        .body
+        .as_ref()
+        .and_then(crate::upstream::answer::ProviderJson::usage)
 }
 
 /// The attempt outcome of a provider's reply.
@@ -872,6 +905,7 @@ pub async fn execute_stream(
         .await
 }
 
+#[allow(clippy::too_many_lines)]
 async fn execute_streamed(
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
@@ -913,8 +947,11 @@ async fn execute_streamed(
             .first_byte_limits
             .push(first_byte_limit.map(|l| l.0));
         let limit = first_byte_limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
+        // The span of a committed stream ends at its commit (the relay's end is the request's).
+        let span = super::spans::attempt(&iface, next, false);
         let start = iface.upstreams[next.candidate]
             .open_stream(req, limit)
+            .instrument(span.clone())
             .await;
         learn_first_byte(&state, &iface, next.candidate, &start, first_byte_limit)?;
         // An attempt that ends here sent nothing to the client: booked, and on to the next.
@@ -924,6 +961,11 @@ async fn execute_streamed(
                 tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
                 match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
                     Held::Commit { first, rest } => {
+                        if !span.is_disabled() {
+                            span.record("equiroute.outcome", "streaming");
+                            span.record("equiroute.ttfb_ms", ttfb.0);
+                        }
+                        drop(span);
                         let relay = Relay {
                             tokens,
                             state: state.clone(),
@@ -948,6 +990,14 @@ async fn execute_streamed(
                 }
             }
         };
+        super::spans::record_attempt(
+            &span,
+            &iface,
+            next.candidate,
+            &outcome,
+            reply.as_ref().and_then(usage_of),
+        );
+        drop(span);
         log_attempt(candidate, next, &outcome);
         state.record_routed_attempt(
             &iface,
