@@ -12,6 +12,7 @@ pub mod request;
 pub mod server;
 pub mod shared;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;
 
 use std::future::Future;
@@ -164,7 +165,11 @@ impl Prepared {
                 loop {
                     tokio::time::sleep(every).await;
                     let (s, st) = (s.clone(), st.clone());
-                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.save(&st)).await {
+                    let saved = tracing::Instrument::instrument(
+                        tokio::task::spawn_blocking(move || s.save(&st)),
+                        tracing::debug_span!("snapshot"),
+                    );
+                    if let Ok(Err(e)) = saved.await {
                         tracing::warn!(error = %e, "periodic snapshot of the learning state failed; the previous one stays");
                     }
                 }

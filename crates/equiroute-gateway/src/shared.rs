@@ -1259,7 +1259,11 @@ impl Syncer {
             return;
         };
         let started = std::time::Instant::now();
-        let result = self.sync_once(state).await;
+        let result = tracing::Instrument::instrument(
+            self.sync_once(state),
+            tracing::debug_span!("redis_sync"),
+        )
+        .await;
         let status = &shared.status;
         status.syncs.fetch_add(1, Ordering::Relaxed);
         match result {

@@ -290,7 +290,7 @@ fn every_toml_block_of_the_configuration_docs_is_checked() {
             continue;
         } else if first.starts_with("[[interfaces.chat.providers]]") {
             format!("[interfaces.chat]\nkind = \"chat\"\n{block}")
-        } else if ["[state]", "[server]", "[audit]"]
+        } else if ["[state]", "[server]", "[audit]", "[telemetry]"]
             .iter()
             .any(|t| first.starts_with(t))
         {

@@ -4,7 +4,9 @@
 
 use equiroute_gateway::config::LogFormat;
 use std::io::IsTerminal;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 /// `--log-format` on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +27,12 @@ impl From<Format> for LogFormat {
 /// Installs the subscriber, once per process (a second call changes nothing). A `RUST_LOG`
 /// that does not parse falls back to `info` with a warning rather than stopping the command.
 pub fn init(format: LogFormat) {
+    init_with(format, None);
+}
+
+/// [`init`], with the gateway's spans also exported through `telemetry` (`[telemetry]`).
+/// `RUST_LOG` filters the logs only: the exported spans are the gateway's whatever it says.
+pub fn init_with(format: LogFormat, telemetry: Option<&equiroute_gateway::telemetry::Telemetry>) {
     let (filter, bad) = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
             Ok(f) => (f, None),
@@ -32,19 +40,24 @@ pub fn init(format: LogFormat) {
         },
         _ => (EnvFilter::new("info"), None),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let installed = match format {
-        LogFormat::Human => builder
+    let logs = match format {
+        LogFormat::Human => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
             .with_ansi(std::io::stderr().is_terminal())
-            .try_init(),
-        LogFormat::Json => builder
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
             .json()
             .with_current_span(true)
             .with_span_list(false)
-            .try_init(),
+            .with_filter(filter)
+            .boxed(),
     };
+    let installed = tracing_subscriber::registry()
+        .with(logs)
+        .with(telemetry.map(equiroute_gateway::telemetry::Telemetry::layer))
+        .try_init();
     if let (Ok(()), Some(why)) = (installed, bad) {
         tracing::warn!("RUST_LOG is not a valid filter ({why}); logging at info");
     }

@@ -62,7 +62,24 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
         ),
     };
     let mut config = load(&text, &file, &|name| std::env::var(name).ok())?;
-    crate::logs::init(log_format.unwrap_or(config.log_format));
+    // The runtime first: the trace export (if any) runs on it, and starts with the logs.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let telemetry = config
+        .telemetry
+        .as_ref()
+        .map(|t| equiroute_gateway::telemetry::Telemetry::start(t, runtime.handle()))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
+    crate::logs::init_with(log_format.unwrap_or(config.log_format), telemetry.as_ref());
+    if let Some(t) = &config.telemetry {
+        tracing::info!(
+            endpoint = %t.traces_url,
+            sampling_ratio = t.sampling_ratio,
+            "exporting traces over OTLP/HTTP"
+        );
+    }
     for w in &config.warnings {
         tracing::warn!(config = %file, "{w}");
     }
@@ -88,10 +105,7 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
     let loops = config.worker_threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         if args.reset_state {
             reset_state(config.state.as_ref()).await?;
         }
@@ -115,7 +129,11 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
         tracing::info!("stopped");
         println!("equiroute stopped");
         anyhow::Ok(())
-    })
+    });
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    served
 }
 
 /// `loops` listening sockets on `addr` (the first one's port when `addr` asks for any), with

@@ -16,6 +16,7 @@ use std::time::Duration;
 pub mod first_byte;
 mod rollout;
 mod state;
+mod telemetry;
 
 pub use rollout::{GuardConfig, RolloutConfig};
 
@@ -30,6 +31,7 @@ pub mod anthropic_defaults {
 }
 
 pub use state::{default_state_file, RedisStateConfig, StateConfig, StoreConfig};
+pub use telemetry::TelemetryConfig;
 
 /// The embedded default: two interfaces of in-process simulated providers, so that
 /// `equiroute serve` routes for real on a fresh machine with no keys and no services.
@@ -203,6 +205,9 @@ struct RawConfig {
     /// Where learning state is saved across restarts; none: in memory only.
     #[serde(default)]
     state: Option<state::RawState>,
+    /// OpenTelemetry export of traces; none when absent.
+    #[serde(default)]
+    telemetry: Option<telemetry::RawTelemetry>,
     #[serde(default)]
     interfaces: BTreeMap<String, RawInterface>,
 }
@@ -618,6 +623,8 @@ pub struct GatewayConfig {
     pub audit: Option<AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
+    /// OTLP export of traces; none: traces stay in the process (logs only).
+    pub telemetry: Option<TelemetryConfig>,
     pub interfaces: Vec<InterfaceConfig>,
     /// Fields that are accepted but have no effect (a `base_url` on a `sim` provider):
     /// `check-config` and `serve` print them; they never stop the gateway.
@@ -759,6 +766,22 @@ fn log_format(
     }
 }
 
+/// An optional table checked by `check`; its problems, as (field, fix), go to `problems`.
+fn validated<R, T>(
+    raw: Option<R>,
+    check: impl FnOnce(R) -> Result<T, Vec<(String, String)>>,
+    err: &dyn Fn(&str, String) -> ConfigError,
+    problems: &mut Vec<ConfigError>,
+) -> Option<T> {
+    match check(raw?) {
+        Ok(t) => Some(t),
+        Err(ps) => {
+            problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
+            None
+        }
+    }
+}
+
 /// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
 /// it; otherwise every server field, interface and provider is checked).
 ///
@@ -832,13 +855,8 @@ pub fn load_all(
             "define at least one [interfaces.NAME] table".into(),
         ));
     }
-    let state = raw.state.and_then(|r| match state::validate(r, env) {
-        Ok(s) => Some(s),
-        Err(ps) => {
-            problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
-            None
-        }
-    });
+    let state = validated(raw.state, |r| state::validate(r, env), &err, &mut problems);
+    let telemetry = validated(raw.telemetry, telemetry::validate, &err, &mut problems);
     let mut warnings = Vec::new();
     let mut interfaces = Vec::new();
     for (name, raw_if) in raw.interfaces {
@@ -860,6 +878,7 @@ pub fn load_all(
             connections,
             audit: raw.audit,
             state,
+            telemetry,
             interfaces,
             warnings: warnings
                 .into_iter()

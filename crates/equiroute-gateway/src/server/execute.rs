@@ -51,11 +51,7 @@ pub async fn execute(
 
 /// The span around one request's handling; its id is recorded once [`begin`] numbers it.
 fn request_span(iface: &InterfaceRuntime) -> tracing::Span {
-    tracing::info_span!(
-        "request",
-        request_id = tracing::field::Empty,
-        interface = %iface.name
-    )
+    super::spans::request(iface)
 }
 
 #[allow(clippy::too_many_lines)]
@@ -221,22 +217,40 @@ fn begin(
         .featurize(&super::query_text(iface.kind, body));
     let t0 = state.now();
     let (requirements, tokens) = super::request_profile(iface.kind, body);
-    let decided = decide(
-        state,
+    let span = super::spans::decision();
+    let decided = span
+        .in_scope(|| {
+            decide(
+                state,
+                iface,
+                &features,
+                n,
+                pinned,
+                deadline,
+                t0,
+                &requirements,
+                tokens,
+                meta,
+            )
+        })
+        .map_err(|e| {
+            span.record("otel.status_code", "ERROR");
+            tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
+            e.for_request(&request_id, 0)
+        })?;
+    super::spans::record_decision(
+        &span,
         iface,
-        &features,
-        n,
-        pinned,
-        deadline,
-        t0,
-        &requirements,
-        tokens,
-        meta,
-    )
-    .map_err(|e| {
-        tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
-        e.for_request(&request_id, 0)
-    })?;
+        &super::spans::DecisionView {
+            policy: decided.routed.policy,
+            eligible: &decided.eligible,
+            excluded: &decided.excluded,
+            ranking: &decided.ranking,
+            last_resort: decided.last_resort,
+            hedge_delay: decided.hedge_delay.map(|d| d.0),
+        },
+    );
+    drop(span);
     if tracing::enabled!(tracing::Level::DEBUG) {
         let id = |i: &usize| iface.candidates[*i].id.0.as_str();
         tracing::debug!(
@@ -560,6 +574,12 @@ fn record_request(
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
     state.metrics.request_cost(&iface.name, result.cost.0);
+    super::spans::finish_request(
+        iface,
+        result,
+        outcome_label(result.status),
+        fallback_reason(&result.attempts).as_deref(),
+    );
     super::arms::finish(
         iface,
         request_id,
@@ -685,8 +705,13 @@ async fn attempt(
         seed,
     };
     let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-    let reply = iface.upstreams[next.candidate].call(req, timeout).await;
+    let span = super::spans::attempt(iface, next, false);
+    let reply = iface.upstreams[next.candidate]
+        .call(req, timeout)
+        .instrument(span.clone())
+        .await;
     let outcome = outcome_of(&reply, candidate, ctx.tokens);
+    super::spans::record_attempt(&span, iface, next.candidate, &outcome, usage_of(&reply));
     book(state, iface, run, next, now, outcome, ctx, router)?;
     Ok((outcome, reply))
 }
@@ -730,6 +755,14 @@ fn log_attempt(candidate: &equiroute_core::Candidate, next: NextAttempt, outcome
         latency_ms = outcome.latency.0,
         "attempt"
     );
+}
+
+/// The token usage a provider reported in its answer, if it did.
+pub(super) fn usage_of(reply: &UpstreamReply) -> Option<TokenEstimate> {
+    reply
+        .body
+        .as_ref()
+        .and_then(crate::upstream::answer::ProviderJson::usage)
 }
 
 /// The attempt outcome of a provider's reply.
@@ -939,6 +972,12 @@ async fn execute_streamed(
             // An attempt that ends here sent nothing to the client: booked, and on to the next.
             let (outcome, reply) = match opened.result {
                 OpenResult::Ready { first, rest, ttfb } => {
+                    // The span of a committed stream ends at its commit (the relay's end is
+                    // the request's).
+                    if !opened.span.is_disabled() {
+                        opened.span.record("equiroute.outcome", "streaming");
+                        opened.span.record("equiroute.ttfb_ms", ttfb.0);
+                    }
                     let relay = Relay {
                         tokens,
                         state: state.clone(),
@@ -965,6 +1004,13 @@ async fn execute_streamed(
                 }
                 OpenResult::Ended { outcome, reply } => (outcome, reply),
             };
+            super::spans::record_attempt(
+                &opened.span,
+                &iface,
+                opened.next.candidate,
+                &outcome,
+                reply.as_ref().and_then(usage_of),
+            );
             log_attempt(candidate, opened.next, &outcome);
             state.record_routed_attempt(
                 &iface,
@@ -1011,6 +1057,8 @@ pub(super) type FirstByteLimitRecord = (usize, equiroute_core::Timestamp, Option
 /// A streamed attempt once it ended before anything was sent, or is ready to be relayed.
 pub(super) struct Opened {
     next: NextAttempt,
+    /// The attempt's span (`attempt`, a child of the request's).
+    pub(super) span: tracing::Span,
     /// When it started.
     started: equiroute_core::Timestamp,
     clock: Instant,
@@ -1050,6 +1098,8 @@ fn open_attempt<'a>(
     tokens: TokenEstimate,
 ) -> Result<super::hedge::Opening<'a>, ApiError> {
     let limit = first_byte_limit(iface, next.candidate, now, next.timeout)?;
+    let span = super::spans::attempt(iface, next, false);
+    let attempt_span = span.clone();
     let opened = async move {
         let clock = Instant::now();
         let candidate = &iface.candidates[next.candidate];
@@ -1087,6 +1137,7 @@ fn open_attempt<'a>(
         };
         Opened {
             next,
+            span: attempt_span,
             started: now,
             clock,
             result,
@@ -1094,7 +1145,8 @@ fn open_attempt<'a>(
     };
     Ok(super::hedge::Opening {
         limit,
-        opened: Box::pin(opened),
+        opened: Box::pin(opened.instrument(span.clone())),
+        span,
     })
 }
 

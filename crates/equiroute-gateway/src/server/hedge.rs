@@ -8,7 +8,7 @@
 //! [`Execution`] records both, so the audit log shows the hedge per attempt.
 
 use super::error::ApiError;
-use super::execute::{admit, book, outcome_of, Opened};
+use super::execute::{admit, book, outcome_of, usage_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
 use equiroute_core::executor::{Execution, NextAttempt};
@@ -16,6 +16,7 @@ use equiroute_core::hedge::{hedge_delay, HedgeRule};
 use equiroute_core::policies::{Policy, RankContext, Ranking};
 use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, SlicePath, Timestamp, TokenEstimate};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// The hedge delay of a request just ranked, when the interface hedges.
 pub(super) fn delay(
@@ -71,7 +72,7 @@ pub(super) async fn race(
     seed: u64,
     router: &mut Duration,
 ) -> Result<Vec<(usize, AttemptOutcome, UpstreamReply)>, ApiError> {
-    let call = |next: NextAttempt, seed: u64| {
+    let call = |next: NextAttempt, seed: u64, is_hedge: bool| {
         let req = UpstreamRequest {
             kind: iface.kind,
             body,
@@ -79,31 +80,39 @@ pub(super) async fn race(
             seed,
         };
         let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-        Box::pin(iface.upstreams[next.candidate].call(req, timeout))
+        let span = super::spans::attempt(iface, next, is_hedge);
+        let call = Box::pin(
+            iface.upstreams[next.candidate]
+                .call(req, timeout)
+                .instrument(span.clone()),
+        );
+        (call, span)
     };
     let book_reply = |run: &mut Execution,
                       router: &mut Duration,
                       next: NextAttempt,
                       started: Timestamp,
-                      reply: UpstreamReply|
+                      reply: UpstreamReply,
+                      span: &tracing::Span|
      -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
         let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
+        super::spans::record_attempt(span, iface, next.candidate, &outcome, usage_of(&reply));
         book(state, iface, run, next, started, outcome, ctx, router)?;
         Ok((next.candidate, outcome, reply))
     };
-    let mut a = call(first, seed);
+    let (mut a, a_span) = call(first, seed, false);
     let wait = Duration::from_secs_f64(hedge.wait.0 / 1000.0);
     let early = tokio::select! {
         reply = &mut a => Some(reply),
         () = tokio::time::sleep(wait) => None,
     };
     if let Some(reply) = early {
-        return Ok(vec![book_reply(run, router, first, now, reply)?]);
+        return Ok(vec![book_reply(run, router, first, now, reply, &a_span)?]);
     }
     let hedge_now = state.now();
     if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
         let reply = a.await;
-        return Ok(vec![book_reply(run, router, first, now, reply)?]);
+        return Ok(vec![book_reply(run, router, first, now, reply, &a_span)?]);
     }
     spend_hedge(iface)?;
     run.start_hedge(&hedge);
@@ -114,7 +123,7 @@ pub(super) async fn race(
             (hedge_now.0 - now.0).max(0.0) / 1000.0,
         ))
         .unwrap_or(hedge_started);
-    let mut b = call(hedge, seed ^ 0x5bd1_e995_0000_0001);
+    let (mut b, b_span) = call(hedge, seed ^ 0x5bd1_e995_0000_0001, true);
     let (hedge_first, reply) = tokio::select! {
         reply = &mut a => (false, reply),
         reply = &mut b => (true, reply),
@@ -125,7 +134,19 @@ pub(super) async fn race(
     } else {
         (first, now, hedge, hedge_now, hedge_started)
     };
-    let mut ended = vec![book_reply(run, router, winner, winner_start, reply)?];
+    let (winner_span, loser_span) = if hedge_first {
+        (&b_span, &a_span)
+    } else {
+        (&a_span, &b_span)
+    };
+    let mut ended = vec![book_reply(
+        run,
+        router,
+        winner,
+        winner_start,
+        reply,
+        winner_span,
+    )?];
     if answered {
         // Cancel the other: dropping its call closes its connection.
         drop(a);
@@ -140,6 +161,7 @@ pub(super) async fn race(
             time_to_first_byte: None,
             retry_after: None,
         };
+        super::spans::record_attempt(loser_span, iface, loser.candidate, &cancelled, None);
         book(
             state,
             iface,
@@ -157,7 +179,14 @@ pub(super) async fn race(
     } else {
         let reply = if hedge_first { a.await } else { b.await };
         let hedge_won = !hedge_first && reply.status == AttemptStatus::Ok;
-        ended.push(book_reply(run, router, loser, loser_start, reply)?);
+        ended.push(book_reply(
+            run,
+            router,
+            loser,
+            loser_start,
+            reply,
+            loser_span,
+        )?);
         if hedge_won {
             state.metrics.hedge(&iface.name, "won");
         }
@@ -186,6 +215,8 @@ fn spend_hedge(iface: &InterfaceRuntime) -> Result<(), ApiError> {
 /// (to its first byte, or to the end of its hold).
 pub(super) struct Opening<'a> {
     pub limit: Option<Millis>,
+    /// The attempt's span (also carried by what `opened` yields).
+    pub span: tracing::Span,
     pub opened: std::pin::Pin<Box<dyn std::future::Future<Output = Opened> + Send + 'a>>,
 }
 
@@ -209,6 +240,7 @@ pub(super) async fn race_streams<'a>(
     let Opening {
         limit,
         opened: mut a,
+        span: a_span,
     } = open(first, now)?;
     limits.push((first.candidate, now, limit.map(|l| l.0)));
     let wait = Duration::from_secs_f64(hedge.wait.0 / 1000.0);
@@ -235,7 +267,11 @@ pub(super) async fn race_streams<'a>(
     let Opening {
         limit,
         opened: mut b,
+        span: b_span,
     } = open(hedge, hedge_now)?;
+    if !b_span.is_disabled() {
+        b_span.record("equiroute.hedge", true);
+    }
     limits.push((hedge.candidate, hedge_now, limit.map(|l| l.0)));
     let (hedge_first, opened) = tokio::select! {
         opened = &mut a => (false, opened),
@@ -245,10 +281,10 @@ pub(super) async fn race_streams<'a>(
         // Drop the other: its connection closes, before or during its hold.
         drop(a);
         drop(b);
-        let (loser, loser_start, loser_clock) = if hedge_first {
-            (first, now, first_started)
+        let (loser, loser_start, loser_clock, loser_span) = if hedge_first {
+            (first, now, first_started, a_span)
         } else {
-            (hedge, hedge_now, hedge_started)
+            (hedge, hedge_now, hedge_started, b_span)
         };
         let candidate = &iface.candidates[loser.candidate];
         let cancelled = AttemptOutcome {
@@ -259,6 +295,7 @@ pub(super) async fn race_streams<'a>(
             time_to_first_byte: None,
             retry_after: None,
         };
+        super::spans::record_attempt(&loser_span, iface, loser.candidate, &cancelled, None);
         book(
             state,
             iface,

@@ -480,6 +480,23 @@ impl Metrics {
                 );
             }
         }
+        // The trace export's counters are the process's (one export pipeline per process).
+        for (name, value) in [
+            (
+                "equiroute_trace_spans_dropped_total",
+                crate::telemetry::spans_dropped(),
+            ),
+            (
+                "equiroute_trace_spans_exported_total",
+                crate::telemetry::spans_exported(),
+            ),
+            (
+                "equiroute_trace_export_failures_total",
+                crate::telemetry::export_failures(),
+            ),
+        ] {
+            let _ = writeln!(s, "# TYPE {name} counter\n{name} {value}");
+        }
         s
     }
 }
@@ -498,7 +515,9 @@ mod tests {
         let text = m.render();
         let lines: Vec<&str> = text
             .lines()
-            .filter(|l| !l.starts_with('#') && !l.contains("_microseconds"))
+            .filter(|l| {
+                !l.starts_with('#') && !l.contains("_microseconds") && !l.contains("_trace_")
+            })
             .collect();
         assert_eq!(
             lines,

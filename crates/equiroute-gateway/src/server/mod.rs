@@ -23,6 +23,7 @@ pub mod feedback;
 mod hedge;
 pub mod metrics;
 mod rollouts;
+mod spans;
 pub mod state;
 pub mod ttfb;
 
@@ -669,7 +670,9 @@ async fn feedback(
         ));
     }
     let source = b.source.unwrap_or(equiroute_core::FeedbackSource::Api);
-    match feedback::apply_from(&state, &b.request_id, b.quality, source).await {
+    let applying = feedback::apply_from(&state, &b.request_id, b.quality, source);
+    let span = tracing::debug_span!("feedback", equiroute.source = ?source);
+    match tracing::Instrument::instrument(applying, span).await {
         Ok(feedback::Applied::Duplicate) => {
             state.metrics.feedback("duplicate");
             return Ok((

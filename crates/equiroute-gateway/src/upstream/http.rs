@@ -51,6 +51,18 @@ enum Dialect {
 }
 
 impl HttpUpstream {
+    /// The provider's name in OpenTelemetry's `gen_ai.provider.name` (Azure deployments speak
+    /// OpenAI's dialect and are named `openai`).
+    #[must_use]
+    pub fn system(&self) -> &'static str {
+        match self.dialect {
+            Dialect::OpenAi => "openai",
+            Dialect::Json => "http",
+            Dialect::Anthropic { .. } => "anthropic",
+            Dialect::Gemini { .. } => "gcp.gemini",
+        }
+    }
+
     /// An OpenAI-compatible upstream at `base_url`.
     #[must_use]
     pub fn openai(

@@ -91,6 +91,15 @@ pub enum Upstream {
 }
 
 impl Upstream {
+    /// The provider's name in OpenTelemetry's `gen_ai.provider.name`.
+    #[must_use]
+    pub fn system(&self) -> &'static str {
+        match self {
+            Upstream::Sim(_) => "equiroute.sim",
+            Upstream::Http(h) => h.system(),
+        }
+    }
+
     /// The upstream described by `config`; HTTP upstreams share `client`'s connection pool.
     #[must_use]
     pub fn new(

@@ -1,0 +1,287 @@
+//! OpenTelemetry export (`[telemetry]`): the gateway's spans reach a real OTLP/HTTP receiver
+//! (started here, decoding the protobuf), with the `gen_ai.*` attributes and the parent links
+//! of the request, decision and attempt spans; and a collector that never answers neither
+//! delays nor fails a request, its spans dropped and counted.
+//!
+//! Each test runs on its own single-threaded runtime with the export layer as the thread's
+//! subscriber, so that the gateway it starts (on the same thread) is the only one traced.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{http, mock, start};
+use equiroute_gateway::config::load;
+use equiroute_gateway::telemetry::Telemetry;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// A prompt no span may carry.
+const PROMPT: &str = "the-secret-prompt-7f3a";
+
+/// An OTLP/HTTP receiver on a loopback port: every span of every `POST /v1/traces` is sent
+/// to the channel, and the request's raw bytes are checked for the prompt.
+async fn receiver() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Span>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: bytes::Bytes| {
+            let tx = tx.clone();
+            async move {
+                assert_eq!(
+                    headers.get("content-type").unwrap(),
+                    "application/x-protobuf"
+                );
+                assert!(
+                    !String::from_utf8_lossy(&body).contains(PROMPT),
+                    "an exported span carries the prompt"
+                );
+                let request = ExportTraceServiceRequest::decode(body).unwrap();
+                for resource in request.resource_spans {
+                    let service = resource
+                        .resource
+                        .iter()
+                        .flat_map(|r| &r.attributes)
+                        .find(|kv| kv.key == "service.name")
+                        .and_then(|kv| kv.value.clone());
+                    assert_eq!(
+                        service.and_then(|v| v.value),
+                        Some(Any::StringValue("equiroute-test".into()))
+                    );
+                    for scope in resource.scope_spans {
+                        for span in scope.spans {
+                            let _ = tx.send(span);
+                        }
+                    }
+                }
+                // An empty ExportTraceServiceResponse: full success.
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, rx)
+}
+
+fn config(endpoint: &str, telemetry_lines: &str, a: SocketAddr, b: SocketAddr) -> String {
+    format!(
+        r#"
+[telemetry]
+endpoint = "{endpoint}"
+service_name = "equiroute-test"
+{telemetry_lines}
+
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "a" }}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "down"
+base_url = "http://{a}/v1"
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "healthy"
+base_url = "http://{b}/v1"
+"#
+    )
+}
+
+/// The export pipeline of `cfg`, installed as this thread's subscriber.
+fn traced(cfg: &str) -> (Telemetry, tracing::subscriber::DefaultGuard) {
+    let loaded = load(cfg, "test.toml", &|_| None).unwrap();
+    let telemetry = Telemetry::start(
+        loaded.telemetry.as_ref().unwrap(),
+        &tokio::runtime::Handle::current(),
+    )
+    .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let guard = tracing::subscriber::set_default(subscriber);
+    (telemetry, guard)
+}
+
+fn chat() -> String {
+    json!({"model": "chat", "messages": [{"role": "user", "content": PROMPT}]}).to_string()
+}
+
+fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Any> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .and_then(|v| v.value.as_ref())
+}
+
+fn text<'a>(span: &'a Span, key: &str) -> &'a str {
+    match attr(span, key) {
+        Some(Any::StringValue(s)) => s,
+        other => panic!("{} has {key} = {other:?}", span.name),
+    }
+}
+
+fn int(span: &Span, key: &str) -> i64 {
+    match attr(span, key) {
+        Some(Any::IntValue(n)) => *n,
+        other => panic!("{} has {key} = {other:?}", span.name),
+    }
+}
+
+#[tokio::test]
+async fn a_fallback_request_exports_request_decision_and_two_attempt_spans() {
+    let (otlp, mut spans) = receiver().await;
+    let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
+    let healthy = mock("").await;
+    let cfg = config(
+        &format!("http://{otlp}"),
+        "batch_delay_ms = 50",
+        down.addr,
+        healthy.addr,
+    );
+    let (_telemetry, _guard) = traced(&cfg);
+    let gw = start(&cfg, &[]).await;
+    let reply = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
+
+    // Wait for the request span (it ends last), keeping every span received.
+    let mut got: Vec<Span> = Vec::new();
+    while !got.iter().any(|s| s.name == "request") {
+        let span = tokio::time::timeout(Duration::from_secs(30), spans.recv())
+            .await
+            .expect("no request span within 30 s")
+            .unwrap();
+        got.push(span);
+    }
+    let request = got.iter().find(|s| s.name == "request").unwrap();
+    assert!(
+        request.parent_span_id.is_empty(),
+        "the request span is a root"
+    );
+    assert_eq!(text(request, "gen_ai.operation.name"), "chat");
+    assert_eq!(text(request, "gen_ai.request.model"), "chat");
+    assert_eq!(text(request, "gen_ai.response.model"), "healthy");
+    assert_eq!(text(request, "gen_ai.provider.name"), "openai");
+    assert_eq!(text(request, "equiroute.outcome"), "ok");
+    assert!(attr(request, "equiroute.fallback_reason").is_some());
+    let request_id = text(request, "request_id");
+    assert_eq!(reply.header("x-equiroute-request-id"), Some(request_id));
+
+    let children = |name: &str| -> Vec<&Span> {
+        got.iter()
+            .filter(|s| s.name == name)
+            .inspect(|s| {
+                assert_eq!(
+                    s.trace_id, request.trace_id,
+                    "{name} is in the request's trace"
+                );
+                assert_eq!(
+                    s.parent_span_id, request.span_id,
+                    "{name} is the request's child"
+                );
+            })
+            .collect()
+    };
+    let decision = children("decision");
+    assert_eq!(decision.len(), 1);
+    assert_eq!(text(decision[0], "equiroute.candidates"), "a,b");
+    assert_eq!(text(decision[0], "equiroute.chosen"), "a");
+    assert_eq!(text(decision[0], "equiroute.policy"), "static");
+    assert!(text(decision[0], "equiroute.scores").starts_with("a="));
+
+    let attempts = children("attempt");
+    let providers: Vec<&str> = attempts
+        .iter()
+        .map(|s| text(s, "equiroute.provider"))
+        .collect();
+    assert!(
+        attempts.len() >= 2 && providers.first() == Some(&"a") && providers.last() == Some(&"b"),
+        "attempts on {providers:?}"
+    );
+    let (failed, answered) = (attempts[0], attempts[attempts.len() - 1]);
+    assert_ne!(text(failed, "equiroute.outcome"), "ok");
+    assert_eq!(text(failed, "gen_ai.request.model"), "down");
+    assert_eq!(text(answered, "equiroute.outcome"), "ok");
+    assert_eq!(text(answered, "gen_ai.provider.name"), "openai");
+    assert_eq!(text(answered, "gen_ai.response.model"), "healthy");
+    // The mock's OpenAI answer reports 3 prompt and 2 completion tokens.
+    assert_eq!(int(answered, "gen_ai.usage.input_tokens"), 3);
+    assert_eq!(int(answered, "gen_ai.usage.output_tokens"), 2);
+    assert_eq!(
+        int(answered, "equiroute.attempt"),
+        i64::try_from(attempts.len()).unwrap() - 1
+    );
+    assert!(answered.start_time_unix_nano >= failed.end_time_unix_nano);
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_neither_delays_nor_fails_requests() {
+    // A socket that is listened on but never accepted: connections open, exports hang.
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
+    let healthy = mock("").await;
+    let cfg = config(
+        &format!("http://{}", black_hole.local_addr().unwrap()),
+        "queue_size = 4\nbatch_size = 2\nbatch_delay_ms = 10\nexport_timeout_ms = 200",
+        down.addr,
+        healthy.addr,
+    );
+    let (_telemetry, _guard) = traced(&cfg);
+    let gw = start(&cfg, &[]).await;
+    let started = Instant::now();
+    for _ in 0..40 {
+        let reply = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    // 40 requests on loopback mocks: far under a second each even on a loaded machine,
+    // whereas one waiting on the collector would take the export timeout or forever.
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "{:?}",
+        started.elapsed()
+    );
+    // Over 160 spans into a queue of 4 behind a hung export: most are dropped, and counted.
+    let metrics = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    assert!(value("equiroute_trace_spans_dropped_total") > 0);
+    // The hung export is abandoned at its timeout and counted as a failure.
+    let waited = Instant::now();
+    loop {
+        let metrics = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+        let failures: u64 = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("equiroute_trace_export_failures_total")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap();
+        if failures > 0 {
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(30),
+            "no export failure counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(black_hole);
+}
