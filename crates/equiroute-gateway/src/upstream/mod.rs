@@ -2,9 +2,11 @@
 
 pub mod answer;
 pub mod anthropic;
+pub mod bedrock;
 pub mod body;
 pub mod client;
 pub mod dialect;
+pub mod eventstream;
 pub mod gemini;
 pub mod http;
 pub mod sim;
@@ -138,6 +140,16 @@ impl Upstream {
             UpstreamConfig::Gemini { base_url, api_key } => Upstream::Http(
                 http::HttpUpstream::gemini(client.clone(), base_url, api_key.as_ref()),
             ),
+            UpstreamConfig::Bedrock {
+                base_url,
+                region,
+                credentials,
+            } => Upstream::Http(http::HttpUpstream::bedrock(
+                client.clone(),
+                base_url,
+                region,
+                credentials,
+            )),
         }
     }
 
