@@ -244,8 +244,6 @@ async fn a_refused_signature_names_no_credential_in_the_error() {
 async fn invalid_requests_guardrails_and_long_prompts_go_back_to_the_caller() {
     let backup = mock("").await;
     for (profile, code, says) in [
-        ("", "upstream_rejected_request", "`logprobs`"),
-        ("", "upstream_rejected_request", "`tool_choice`"),
         (
             "[chat]\nerror_400 = 1.0\n",
             "upstream_rejected_request",
@@ -263,28 +261,38 @@ async fn invalid_requests_guardrails_and_long_prompts_go_back_to_the_caller() {
             &aws_env(false),
         )
         .await;
-        let mut body = request(false, false);
-        if says == "`logprobs`" {
-            body["logprobs"] = json!(true);
-        }
-        if says == "`tool_choice`" {
-            body = request(false, true);
-            body["tool_choice"] = json!("none");
-        }
-        let r = chat(gw.addr, &body).await;
+        let r = chat(gw.addr, &request(false, false)).await;
         assert_eq!(r.status, 400, "{profile}: {}", r.body);
         let e = r.json();
         assert_eq!(e["error"]["code"], code, "{profile}: {}", r.body);
         let message = e["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{profile}: {message}");
-        let sent = stats(native.addr).await["chat"].as_u64().unwrap();
-        assert_eq!(
-            sent,
-            u64::from(!says.starts_with('`')),
-            "a refused field is never sent"
-        );
+        assert_eq!(stats(native.addr).await["chat"], 1);
         assert_eq!(stats(backup.addr).await["chat"], 0, "not retried elsewhere");
     }
+    // What Converse cannot express: passed over for the OpenAI provider; alone, a 400 naming
+    // the member. Never sent to Bedrock.
+    let native = mock("").await;
+    let mut no_logprobs = request(false, false);
+    no_logprobs["logprobs"] = json!(true);
+    let mut no_none = request(false, true);
+    no_none["tool_choice"] = json!("none");
+    for (body, field) in [(no_logprobs, "`logprobs`"), (no_none, "`tool_choice`")] {
+        let mixed = start(
+            &config(native.addr, Some(openai(backup.addr))),
+            &aws_env(false),
+        )
+        .await;
+        let r = chat(mixed.addr, &body).await;
+        assert_eq!(r.status, 200, "{field}: {}", r.body);
+        assert_eq!(r.header("x-equiroute-provider"), Some("backup"));
+        let alone = start(&config(native.addr, None), &aws_env(false)).await;
+        let r = chat(alone.addr, &body).await;
+        assert_eq!(r.status, 400, "{field}: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "upstream_rejected_request");
+        assert!(r.body.contains(field), "{}", r.body);
+    }
+    assert_eq!(stats(native.addr).await["chat"], 0);
     // A prompt too long for the model: a context-window refusal, named as Bedrock words it.
     let native = mock("[chat]\nfault = \"context_length_exceeded\"\n").await;
     let gw = start(&config(native.addr, None), &aws_env(false)).await;

@@ -230,6 +230,19 @@ impl HttpUpstream {
         })
     }
 
+    /// The first member of `body` the dialect cannot express (the translation, done and
+    /// dropped: the attempt translates again with the provider's model).
+    pub(crate) fn refusal(&self, body: &serde_json::Value) -> Option<Refusal> {
+        match &self.dialect {
+            Dialect::OpenAi | Dialect::Json => None,
+            Dialect::Anthropic { max_tokens } => {
+                anthropic::request(body, "", false, *max_tokens).err()
+            }
+            Dialect::Gemini { .. } => gemini::request(body).err(),
+            Dialect::Bedrock { .. } => bedrock::request(body).err(),
+        }
+    }
+
     /// The stream translation of a native dialect (`None`: relayed as it came).
     fn translation(&self, req: UpstreamRequest<'_>) -> Option<Box<dyn dialect::StreamTranslator>> {
         let usage = req

@@ -153,6 +153,20 @@ impl Upstream {
         }
     }
 
+    /// The first member of a chat request `body` this upstream's API cannot express, if any
+    /// (only native dialects refuse members; OpenAI-compatible and simulated upstreams take all).
+    #[must_use]
+    pub fn refusal(
+        &self,
+        kind: InterfaceKind,
+        body: &serde_json::Value,
+    ) -> Option<dialect::Refusal> {
+        match self {
+            Upstream::Http(h) if kind == InterfaceKind::Chat => h.refusal(body),
+            Upstream::Sim(_) | Upstream::Http(_) => None,
+        }
+    }
+
     /// Opens a streamed attempt; gives up if no byte arrives within `first_byte_limit`.
     pub async fn open_stream(
         &self,
