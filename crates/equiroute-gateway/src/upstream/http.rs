@@ -636,3 +636,95 @@ impl HttpUpstream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY_ID: &str = "AKIATESTKEYID0000";
+    const SECRET: &str = "test-secret-never-shown";
+    const TOKEN: &str = "test-session-token-never-shown";
+
+    fn bedrock_upstream() -> HttpUpstream {
+        HttpUpstream::bedrock(
+            HttpClient::new(),
+            "http://127.0.0.1:1",
+            "us-east-1",
+            &AwsCredentials::new(KEY_ID, SECRET, Some(TOKEN)),
+        )
+    }
+
+    fn head(code: u16, kind: &str) -> Head {
+        Head {
+            code,
+            retry_after: None,
+            error_type: Some(format!("{kind}:http://internal.amazon.com/coral/")),
+        }
+    }
+
+    #[test]
+    fn no_aws_credential_reaches_a_reason_or_a_debug_line() {
+        let up = bedrock_upstream();
+        assert!(
+            ![KEY_ID, SECRET, TOKEN]
+                .iter()
+                .any(|s| format!("{up:?}").contains(s)),
+            "Debug of the upstream"
+        );
+        // A host that echoes what it got: every value is cut from the reason, whatever class.
+        let echo = format!(
+            r#"{{"message": "bad request; x-amz-security-token:{TOKEN} Credential={KEY_ID} {SECRET}"}}"#
+        );
+        for (code, kind, status) in [
+            (400, "ValidationException", AttemptStatus::ClientError),
+            (
+                429,
+                "ThrottlingException",
+                AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+            ),
+            (
+                403,
+                "InvalidSignatureException",
+                AttemptStatus::ProviderError(ProviderFailure::Server),
+            ),
+            (418, "SomethingNewException", AttemptStatus::ClientError),
+        ] {
+            let r = up.classify(
+                &head(code, kind),
+                Bytes::from(echo.clone()),
+                Millis(1.0),
+                "m",
+            );
+            assert_eq!(r.status, status, "{kind}");
+            let reason = r.reason.unwrap();
+            for secret in [KEY_ID, SECRET, TOKEN] {
+                assert!(!reason.contains(secret), "{kind}: {reason}");
+            }
+            if kind == "InvalidSignatureException" {
+                assert!(reason.contains("AWS_ACCESS_KEY_ID"), "{reason}");
+            } else {
+                assert!(reason.contains("<redacted>"), "{kind}: {reason}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_too_long_prompt_is_a_context_overflow_and_retry_after_is_kept() {
+        let up = bedrock_upstream();
+        let r = up.classify(
+            &head(400, "ValidationException"),
+            Bytes::from(r#"{"message": "The model returned the following errors: Input is too long for requested model."}"#),
+            Millis(1.0),
+            "m",
+        );
+        assert!(r.context_overflow && r.status == AttemptStatus::ClientError);
+        let mut h = head(503, "ServiceUnavailableException");
+        h.retry_after = Some(Millis(2000.0));
+        let r = up.classify(&h, Bytes::from(r#"{"message": "busy"}"#), Millis(1.0), "m");
+        assert_eq!(
+            r.status,
+            AttemptStatus::ProviderError(ProviderFailure::Server)
+        );
+        assert_eq!(r.retry_after, Some(Millis(2000.0)));
+    }
+}
