@@ -43,6 +43,12 @@ pub enum ExclusionReason {
     CircuitOpen {
         until: Option<Timestamp>,
     },
+    /// The provider's API cannot express a member of the request (a native dialect without
+    /// `logprobs`, say): another provider may; judged by the gateway, which knows the APIs.
+    Inexpressible {
+        field: String,
+        why: String,
+    },
 }
 
 impl fmt::Display for ExclusionReason {
@@ -81,6 +87,9 @@ impl fmt::Display for ExclusionReason {
                 )
             }
             ExclusionReason::CircuitOpen { .. } => write!(f, "circuit breaker open"),
+            ExclusionReason::Inexpressible { field, why } => {
+                write!(f, "its API cannot express `{field}`: {why}")
+            }
         }
     }
 }

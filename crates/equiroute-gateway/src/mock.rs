@@ -2,7 +2,8 @@
 //! chat API (`POST /v1/chat/completions`), the native dialects of the other hosts (Anthropic's
 //! `POST /v1/messages`, Azure OpenAI's `POST /openai/deployments/{deployment}/chat/completions
 //! ?api-version=...`, Gemini's `POST /v1beta/models/{model}:generateContent` and
-//! `:streamGenerateContent?alt=sse`) and a search-style JSON API (`POST /search`), with
+//! `:streamGenerateContent?alt=sse`, Bedrock's `POST /model/{model}/converse` and
+//! `/converse-stream` in AWS event-stream framing) and a search-style JSON API (`POST /search`), with
 //! per-route latency and error rates (500, 503, 429 with or without `Retry-After`, 400), a
 //! library of named faults, and call counters at `GET /_stats`.
 //!
@@ -32,6 +33,7 @@
 //! | `endless_stream` | a streamed answer of 16 KiB content chunks that never ends |
 //! | `outage` | 503 on every call for the first `outage_ms` (1000 when unset) after the mock started, then healthy |
 //! | `outage_then_recovers` | 503 on calls `outage_calls = [from, to)` of the model (from 1; `[1, 6)` when unset), healthy before and after |
+//! | `access_denied` | 403 in the host's shape (Bedrock: `InvalidSignatureException` quoting the signed headers, as AWS does) |
 //!
 //! A route can instead mix faults at random: `fault_mix = { reset = 0.02, stream_cut = 0.05 }`
 //! plays each fault on that share of the calls, one draw per call from the call's seeded
@@ -43,11 +45,15 @@
 //! `healthy_calls = N` spares a model's first N chat calls from its fault.
 //!
 //! The native routes check what their host requires (Anthropic's `anthropic-version` header
-//! and `max_tokens`, no OpenAI-only members; Gemini's `contents`; Azure's `api-version`) and
+//! and `max_tokens`, no OpenAI-only members; Gemini's `contents`; Azure's `api-version`;
+//! Bedrock's Signature Version 4 `Authorization` for service `bedrock` with `x-amz-date`, counted in
+//! `/_stats` as `authorized`, and `session_tokens` for those with `x-amz-security-token`) and
 //! answer every error and fault in their host's shape: Anthropic's `overloaded_error` is a
-//! 529, Gemini's errors carry a `status` name, a content filter is Anthropic's `refusal` stop
-//! and Gemini's blocked prompt (both with HTTP 200). Given tools, a native answer calls the
-//! first one.
+//! 529, Gemini's errors carry a `status` name, Bedrock's are `{"message"}` with the type in
+//! `x-amzn-errortype` (429 `ThrottlingException`, 503 `ServiceUnavailableException`, 400
+//! `ValidationException`, ...), a content filter is Anthropic's `refusal` stop, Gemini's
+//! blocked prompt and Bedrock's `guardrail_intervened` (all with HTTP 200). Given tools, a
+//! native answer calls the first one.
 //!
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
@@ -95,6 +101,7 @@ pub enum Fault {
     Outage,
     EndlessStream,
     OutageThenRecovers,
+    AccessDenied,
 }
 
 /// Behaviour of one route (or of one model's chat calls).
@@ -313,6 +320,8 @@ struct Counters {
     chat: AtomicU64,
     search: AtomicU64,
     authorized: AtomicU64,
+    /// Bedrock calls signed with a session token (`x-amz-security-token`).
+    session_tokens: AtomicU64,
     /// Chat calls per request `model`.
     models: Mutex<BTreeMap<String, u64>>,
 }
@@ -370,6 +379,7 @@ fn router(profile: MockProfile) -> Router {
             post(azure_chat),
         )
         .route("/v1beta/models/{call}", post(gemini_call))
+        .route("/model/{model}/{method}", post(bedrock_call))
         .route("/search", post(search))
         .route("/_stats", get(stats))
         .with_state(state)
@@ -471,6 +481,7 @@ enum Speaks {
     Azure,
     Anthropic,
     Gemini,
+    Bedrock,
 }
 
 /// An error answer in the route's shape (OpenAI's: `error.message`, `type`, `code`).
@@ -519,7 +530,29 @@ fn error_answer(
                 json!({"error": {"code": status.as_u16(), "message": message, "status": name}});
             (status, Json(body)).into_response()
         }
+        Speaks::Bedrock => {
+            let name = match status.as_u16() {
+                400 => "ValidationException",
+                403 => "AccessDeniedException",
+                404 => "ResourceNotFoundException",
+                429 => "ThrottlingException",
+                503 => "ServiceUnavailableException",
+                _ => "InternalServerException",
+            };
+            bedrock_error(status, name, message)
+        }
     }
+}
+
+/// Bedrock's error shape: `{"message"}`, the type in `x-amzn-errortype`.
+fn bedrock_error(status: StatusCode, name: &str, message: &str) -> Response {
+    let mut r = (status, Json(json!({ "message": message }))).into_response();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&format!(
+        "{name}:http://internal.amazon.com/coral/com.amazon.bedrock/"
+    )) {
+        r.headers_mut().insert("x-amzn-errortype", v);
+    }
+    r
 }
 
 /// The mock's own error (`type: mock_error`, the status as `code`).
@@ -570,6 +603,7 @@ fn context_message(speaks: Speaks) -> &'static str {
     match speaks {
         Speaks::Anthropic => "prompt is too long: 210000 tokens > 200000 maximum",
         Speaks::Gemini => "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+        Speaks::Bedrock => "The model returned the following errors: Input is too long for requested model.",
         Speaks::OpenAi | Speaks::Azure => "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens. Please reduce the length of the messages.",
     }
 }
@@ -583,6 +617,10 @@ fn native_refusal(speaks: Speaks) -> Option<Response> {
             "usage": {"input_tokens": 3, "output_tokens": 0}}),
         Speaks::Gemini => json!({"promptFeedback": {"blockReason": "SAFETY"},
             "usageMetadata": {"promptTokenCount": 3, "totalTokenCount": 3}}),
+        Speaks::Bedrock => json!({"output": {"message": {"role": "assistant",
+            "content": [{"text": "Sorry, the model cannot answer this question."}]}},
+            "stopReason": "guardrail_intervened",
+            "usage": {"inputTokens": 3, "outputTokens": 0, "totalTokens": 3}}),
     };
     Some(Json(body).into_response())
 }
@@ -676,12 +714,13 @@ async fn play_fault(
                 "mock outage",
             ));
         }
-        Some(Fault::Unavailable) => {
-            return Err(mock_error(
-                speaks,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "mock overloaded",
-            ));
+        Some(f @ (Fault::Unavailable | Fault::AccessDenied)) => {
+            let (status, text) = if f == Fault::AccessDenied {
+                (StatusCode::FORBIDDEN, "mock denies access")
+            } else {
+                (StatusCode::SERVICE_UNAVAILABLE, "mock overloaded")
+            };
+            return Err(mock_error(speaks, status, text));
         }
         Some(Fault::Reset) => {
             if let Some(c) = conn {
@@ -771,9 +810,51 @@ fn count_auth(state: &MockState, headers: &HeaderMap) {
     let native = ["x-api-key", "api-key", "x-goog-api-key"]
         .iter()
         .any(|h| headers.get(*h).is_some_and(|v| !v.is_empty()));
-    if bearer || native {
+    if bearer || native || sigv4_problem(headers).is_none() {
         state.counters.authorized.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// What is wrong with a request's AWS Signature Version 4 for Bedrock, if anything: the
+/// `Authorization` header's form (`AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/bedrock/
+/// aws4_request, SignedHeaders=..., Signature=...`), `x-amz-date` present and signed, and a
+/// session token, when sent, signed too.
+fn sigv4_problem(headers: &HeaderMap) -> Option<&'static str> {
+    let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
+    let Some(auth) = header("authorization") else {
+        return Some("Missing Authentication Token");
+    };
+    let Some(rest) = auth.strip_prefix("AWS4-HMAC-SHA256 Credential=") else {
+        return Some("Authorization header requires the AWS4-HMAC-SHA256 algorithm");
+    };
+    let mut parts = rest.split(", ");
+    let scope = parts.next().unwrap_or_default();
+    let signed = parts
+        .next()
+        .and_then(|p| p.strip_prefix("SignedHeaders="))
+        .unwrap_or_default();
+    let signature = parts
+        .next()
+        .and_then(|p| p.strip_prefix("Signature="))
+        .unwrap_or_default();
+    let scope_parts: Vec<&str> = scope.split('/').collect();
+    if scope_parts.len() != 5 || scope_parts[3] != "bedrock" || scope_parts[4] != "aws4_request" {
+        return Some("Credential should be scoped to correct service: 'bedrock'.");
+    }
+    if signature.len() != 64 || !signature.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Some("Authorization header requires a 64-digit hex Signature");
+    }
+    let signed: Vec<&str> = signed.split(';').collect();
+    if header("x-amz-date").is_none()
+        || !signed.contains(&"x-amz-date")
+        || !signed.contains(&"host")
+    {
+        return Some("Authorization header requires existence of either a 'X-Amz-Date' or a 'Date' header, signed with the host");
+    }
+    if header("x-amz-security-token").is_some() && !signed.contains(&"x-amz-security-token") {
+        return Some("The security token included in the request is not signed");
+    }
+    None
 }
 
 /// The request body as JSON, whatever its `Content-Type` (the gateway is as lenient).
@@ -898,6 +979,86 @@ async fn gemini_call(
     }
 }
 
+/// `POST /model/{model}/converse` and `/converse-stream`: Bedrock's Converse, SigV4-signed.
+async fn bedrock_call(
+    State(state): State<Arc<MockState>>,
+    axum::extract::Path((model, method)): axum::extract::Path<(String, String)>,
+    conn: Option<axum::Extension<Connection>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let speaks = Speaks::Bedrock;
+    let stream = match method.as_str() {
+        "converse" => false,
+        "converse-stream" => true,
+        _ => {
+            return bedrock_error(
+                StatusCode::NOT_FOUND,
+                "UnknownOperationException",
+                "no such operation",
+            )
+        }
+    };
+    if let Some(problem) = sigv4_problem(&headers) {
+        state.counters.chat.fetch_add(1, Ordering::Relaxed);
+        let name = if headers.contains_key("authorization") {
+            "IncompleteSignatureException"
+        } else {
+            "MissingAuthenticationTokenException"
+        };
+        return bedrock_error(StatusCode::FORBIDDEN, name, problem);
+    }
+    if headers.contains_key("x-amz-security-token") {
+        state
+            .counters
+            .session_tokens
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    let mut json = match json_body(speaks, &body) {
+        Ok(b) => b,
+        Err(r) => return *r,
+    };
+    if let Some(o) = json.as_object_mut() {
+        if let Some(k) = ["stream", "model"].iter().find(|k| o.contains_key(**k)) {
+            state.counters.chat.fetch_add(1, Ordering::Relaxed);
+            return bedrock_error(
+                StatusCode::BAD_REQUEST,
+                "ValidationException",
+                &format!("Malformed input request: extraneous key [{k}] is not permitted"),
+            );
+        }
+        // The URL says whether to stream; the shared path reads `stream`.
+        o.insert("stream".into(), json!(stream));
+    }
+    let route = state.profile.chat_for(Some(&model));
+    if route.fault == Some(Fault::AccessDenied) && route.healthy_calls == 0 {
+        state.counters.chat.fetch_add(1, Ordering::Relaxed);
+        // AWS's signature errors quote the canonical request, signed headers and all.
+        let echoed: Vec<String> = headers
+            .iter()
+            .filter_map(|(k, v)| Some(format!("{k}:{}", v.to_str().ok()?)))
+            .collect();
+        return bedrock_error(
+            StatusCode::FORBIDDEN,
+            "InvalidSignatureException",
+            &format!(
+                "The request signature we calculated does not match the signature you provided. The Canonical String for this request should have been\n'POST\n/model/{model}/{method}\n\n{}'",
+                echoed.join("\n")
+            ),
+        );
+    }
+    let bytes = Bytes::from(json.to_string());
+    serve_chat(
+        &state,
+        conn.as_deref(),
+        &headers,
+        &bytes,
+        speaks,
+        Some(&model),
+    )
+    .await
+}
+
 /// What a native route refuses that its host would: a missing required field or header, or a
 /// member of OpenAI's API that is not the host's.
 fn native_request_problem(
@@ -945,6 +1106,23 @@ fn native_request_problem(
             ],
             &["contents"],
         ),
+        Speaks::Bedrock => (
+            // `stream` is the mock's own note of the method (see `bedrock_call`).
+            &[
+                "messages",
+                "system",
+                "inferenceConfig",
+                "toolConfig",
+                "guardrailConfig",
+                "additionalModelRequestFields",
+                "additionalModelResponseFieldPaths",
+                "promptVariables",
+                "requestMetadata",
+                "performanceConfig",
+                "stream",
+            ],
+            &["messages"],
+        ),
     };
     let obj = body.as_object()?;
     if let Some(extra) = obj.keys().find(|k| !allowed.contains(&k.as_str())) {
@@ -971,6 +1149,7 @@ fn first_tool(speaks: Speaks, body: &serde_json::Value) -> Option<String> {
         Speaks::OpenAi | Speaks::Azure => return None,
         Speaks::Anthropic => "/tools/0/name",
         Speaks::Gemini => "/tools/0/functionDeclarations/0/name",
+        Speaks::Bedrock => "/toolConfig/tools/0/toolSpec/name",
     };
     body.pointer(pointer)
         .and_then(serde_json::Value::as_str)
@@ -1021,16 +1200,34 @@ async fn serve_chat(
         if fault == Some(Fault::EndlessStream) {
             return endless_stream(route, model, &state.streams_open);
         }
-        let chunks = match speaks {
-            Speaks::OpenAi | Speaks::Azure => faulty_stream_chunks(model, fault),
-            Speaks::Anthropic => {
-                with_fault(anthropic_stream_events(model, tool.as_deref()), fault, true)
-            }
-            Speaks::Gemini => {
-                with_fault(gemini_stream_events(model, tool.as_deref()), fault, false)
-            }
+        let text = |events: Vec<String>| events.into_iter().map(Bytes::from).collect();
+        let (chunks, content_type) = match speaks {
+            Speaks::OpenAi | Speaks::Azure => (
+                text(faulty_stream_chunks(model, fault)),
+                "text/event-stream",
+            ),
+            Speaks::Anthropic => (
+                text(with_fault(
+                    anthropic_stream_events(model, tool.as_deref()),
+                    fault,
+                    true,
+                )),
+                "text/event-stream",
+            ),
+            Speaks::Gemini => (
+                text(with_fault(
+                    gemini_stream_events(model, tool.as_deref()),
+                    fault,
+                    false,
+                )),
+                "text/event-stream",
+            ),
+            Speaks::Bedrock => (
+                bedrock_stream_frames(tool.as_deref(), fault),
+                "application/vnd.amazon.eventstream",
+            ),
         };
-        return stream_answer(route, chunks, fault);
+        return stream_answer(route, chunks, fault, content_type);
     }
     tokio::time::sleep(first_token_delay(route, fault)).await;
     Json(match speaks {
@@ -1044,8 +1241,75 @@ async fn serve_chat(
         }),
         Speaks::Anthropic => anthropic_answer(model, &route.content, tool.as_deref()),
         Speaks::Gemini => gemini_answer(model, &route.content, tool.as_deref()),
+        Speaks::Bedrock => bedrock_answer(&route.content, tool.as_deref()),
     })
     .into_response()
+}
+
+/// The mock's Converse answer: the route's text, then a call of `tool` if given.
+#[must_use]
+pub fn bedrock_answer(text: &str, tool: Option<&str>) -> serde_json::Value {
+    let mut content = vec![json!({ "text": text })];
+    if let Some(t) = tool {
+        content.push(
+            json!({"toolUse": {"toolUseId": "tooluse_mock", "name": t, "input": {"q": "mock"}}}),
+        );
+    }
+    json!({"output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": if tool.is_some() { "tool_use" } else { "end_turn" },
+        "usage": {"inputTokens": 5, "outputTokens": 2, "totalTokens": 7, "cacheReadInputTokens": 0},
+        "metrics": {"latencyMs": 20}})
+}
+
+/// The frames of the mock's `ConverseStream` answer (AWS event-stream framing), ending with
+/// `messageStop` and `metadata`, with the faults that change what is sent: `malformed_chunk`
+/// corrupts the third frame's CRC, `no_done_finished` drops `metadata`, `no_done_unfinished`
+/// drops `messageStop` too.
+#[must_use]
+pub fn bedrock_stream_frames(tool: Option<&str>, fault: Option<Fault>) -> Vec<Bytes> {
+    use crate::upstream::eventstream::event;
+    let mut out = vec![event("messageStart", &json!({"role": "assistant"}))];
+    for word in ["mock ", "streamed ", "answer"] {
+        out.push(event(
+            "contentBlockDelta",
+            &json!({"contentBlockIndex": 0, "delta": {"text": word}}),
+        ));
+    }
+    out.push(event("contentBlockStop", &json!({"contentBlockIndex": 0})));
+    if let Some(t) = tool {
+        out.push(event(
+            "contentBlockStart",
+            &json!({"contentBlockIndex": 1, "start": {"toolUse": {"toolUseId": "tooluse_mock", "name": t}}}),
+        ));
+        for piece in ["{\"q\": ", "\"mock\"}"] {
+            out.push(event(
+                "contentBlockDelta",
+                &json!({"contentBlockIndex": 1, "delta": {"toolUse": {"input": piece}}}),
+            ));
+        }
+        out.push(event("contentBlockStop", &json!({"contentBlockIndex": 1})));
+    }
+    let stop = if tool.is_some() {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
+    out.push(event("messageStop", &json!({ "stopReason": stop })));
+    out.push(event(
+        "metadata",
+        &json!({"usage": {"inputTokens": 5, "outputTokens": 3, "totalTokens": 8}, "metrics": {"latencyMs": 20}}),
+    ));
+    match fault {
+        Some(Fault::MalformedChunk) => {
+            if let Some(last) = out[2].last_mut() {
+                *last ^= 0xff;
+            }
+        }
+        Some(Fault::NoDoneFinished) => out.truncate(out.len() - 1),
+        Some(Fault::NoDoneUnfinished) => out.truncate(out.len() - 2),
+        _ => {}
+    }
+    out.into_iter().map(Bytes::from).collect()
 }
 
 /// The mock's Messages answer: the route's text, then a call of `tool` if given.
@@ -1211,7 +1475,12 @@ pub fn faulty_stream_chunks(model: &str, fault: Option<Fault>) -> Vec<String> {
     chunks
 }
 
-fn stream_answer(route: &RouteProfile, chunks: Vec<String>, fault: Option<Fault>) -> Response {
+fn stream_answer(
+    route: &RouteProfile,
+    chunks: Vec<Bytes>,
+    fault: Option<Fault>,
+    content_type: &'static str,
+) -> Response {
     let gap = std::time::Duration::from_secs_f64(route.chunk_gap_ms / 1000.0);
     let first_delay = first_token_delay(route, fault);
     let hang_ms = route.hang_ms;
@@ -1239,12 +1508,12 @@ fn stream_answer(route: &RouteProfile, chunks: Vec<String>, fault: Option<Fault>
         }
         let next = chunks.get(i)?.clone();
         tokio::time::sleep(if i > 0 { gap } else { first_delay }).await;
-        Some((Ok::<_, std::io::Error>(Bytes::from(next)), (i + 1, chunks)))
+        Some((Ok::<_, std::io::Error>(next), (i + 1, chunks)))
     });
     let mut r = axum::body::Body::from_stream(stream).into_response();
     r.headers_mut().insert(
         "content-type",
-        axum::http::HeaderValue::from_static("text/event-stream"),
+        axum::http::HeaderValue::from_static(content_type),
     );
     r
 }
@@ -1323,6 +1592,7 @@ async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
         "chat": state.counters.chat.load(Ordering::Relaxed),
         "search": state.counters.search.load(Ordering::Relaxed),
         "authorized": state.counters.authorized.load(Ordering::Relaxed),
+        "session_tokens": state.counters.session_tokens.load(Ordering::Relaxed),
         "streams_open": state.streams_open.load(Ordering::Relaxed),
         "models": models,
         "last_chat": last_chat,

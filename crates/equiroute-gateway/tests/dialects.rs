@@ -219,8 +219,6 @@ async fn overload_and_rate_limits_fall_back_to_another_dialect() {
 async fn invalid_requests_and_safety_blocks_go_back_to_the_caller() {
     let backup = mock("").await;
     for (profile, first, code, says) in [
-        ("", "anthropic", "upstream_rejected_request", "`logprobs`"),
-        ("", "gemini", "upstream_rejected_request", "`logprobs`"),
         (
             "[chat]\nerror_400 = 1.0\n",
             "anthropic",
@@ -259,24 +257,77 @@ async fn invalid_requests_and_safety_blocks_go_back_to_the_caller() {
             _ => azure(native.addr),
         };
         let gw = gateway(table, backup.addr).await;
-        let mut body: Value = serde_json::from_str(&request(false, false)).unwrap();
-        if says == "`logprobs`" {
-            body["logprobs"] = json!(true);
-        }
-        let r = chat(gw.addr, &body.to_string()).await;
+        let r = chat(gw.addr, &request(false, false)).await;
         assert_eq!(r.status, 400, "{first} {profile}: {}", r.body);
         let e = r.json();
         assert_eq!(e["error"]["code"], code, "{first} {profile}: {}", r.body);
         let message = e["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{first} {profile}: {message}");
-        let sent = stats(native.addr).await["chat"].as_u64().unwrap();
-        assert_eq!(
-            sent,
-            u64::from(says != "`logprobs`"),
-            "a refused field is never sent"
-        );
+        assert_eq!(stats(native.addr).await["chat"], 1);
         assert_eq!(stats(backup.addr).await["chat"], 0, "not retried elsewhere");
     }
+}
+
+/// A member one dialect cannot express passes that provider over for one that can (the
+/// exclusion's reason names the member); only when no provider can is it the caller's 400.
+#[tokio::test]
+async fn a_provider_that_cannot_express_the_request_is_passed_over_for_one_that_can() {
+    let native = mock("").await;
+    let backup = mock("").await;
+    for first in [anthropic(native.addr), gemini(native.addr)] {
+        let gw = gateway(first.clone(), backup.addr).await;
+        let mut body: Value = serde_json::from_str(&request(false, false)).unwrap();
+        body["logprobs"] = json!(true);
+        let r = chat(gw.addr, &body.to_string()).await;
+        assert_eq!(r.status, 200, "{first}: {}", r.body);
+        assert_eq!(r.header("x-equiroute-provider"), Some("backup"), "{first}");
+    }
+    assert_eq!(
+        stats(native.addr).await["chat"],
+        0,
+        "nothing sent where it cannot be said"
+    );
+    assert_eq!(stats(backup.addr).await["chat"], 2);
+    // Anthropic cannot say `seed`, Gemini can: Gemini answers, though ranked second.
+    let mixed = format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "claude" }}
+
+[[interfaces.chat.providers]]
+id = "claude"
+api_key_env = "NATIVE_KEY"
+{}
+[[interfaces.chat.providers]]
+id = "gem"
+api_key_env = "NATIVE_KEY"
+{}"#,
+        anthropic(native.addr),
+        gemini(native.addr)
+    );
+    let gw = start(&mixed, &[("NATIVE_KEY", KEY)]).await;
+    let mut body: Value = serde_json::from_str(&request(false, false)).unwrap();
+    body["seed"] = json!(7);
+    let r = chat(gw.addr, &body.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-equiroute-provider"), Some("gem"));
+    // Neither can say `logprobs`: a 400 naming it, and nothing sent.
+    body["logprobs"] = json!(true);
+    let before = stats(native.addr).await["chat"].clone();
+    let r = chat(gw.addr, &body.to_string()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "upstream_rejected_request");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`logprobs`"),
+        "{}",
+        r.body
+    );
+    assert_eq!(stats(native.addr).await["chat"], before);
 }
 
 #[tokio::test]

@@ -263,7 +263,7 @@ fn the_providers_example_loads_with_every_chat_kind() {
                 .to_owned()
         })
         .collect();
-    for kind in ["Anthropic", "Openai", "AzureOpenai", "Gemini"] {
+    for kind in ["Anthropic", "Openai", "AzureOpenai", "Gemini", "Bedrock"] {
         assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
     }
 }

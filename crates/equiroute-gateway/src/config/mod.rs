@@ -106,6 +106,8 @@ pub enum ProviderKind {
     AzureOpenai,
     /// Google's Gemini API (`{base_url}/models/{model}:generateContent`).
     Gemini,
+    /// AWS Bedrock's Converse API (`{base_url}/model/{model}/converse`), SigV4-signed.
+    Bedrock,
 }
 
 impl ProviderKind {
@@ -119,6 +121,7 @@ impl ProviderKind {
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::AzureOpenai => "azure_openai",
             ProviderKind::Gemini => "gemini",
+            ProviderKind::Bedrock => "bedrock",
         }
     }
 
@@ -129,7 +132,8 @@ impl ProviderKind {
     pub fn default_capabilities(self) -> Capabilities {
         let base = Capabilities::default();
         match self {
-            ProviderKind::Anthropic => Capabilities {
+            // Converse has no JSON mode either; its models (Claude, Nova, Llama) mostly see.
+            ProviderKind::Anthropic | ProviderKind::Bedrock => Capabilities {
                 json_mode: false,
                 vision: true,
                 context_tokens: 200_000,
@@ -181,6 +185,58 @@ impl RawCapabilities {
             audio: self.audio.unwrap_or(d.audio),
             context_tokens: self.context_tokens.unwrap_or(d.context_tokens),
         }
+    }
+}
+
+/// AWS credentials of a `bedrock` provider, read from the standard environment variables
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`). Its `Debug`
+/// shows none of them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AwsCredentials {
+    pub access_key_id: Secret,
+    pub secret_access_key: Secret,
+    pub session_token: Option<Secret>,
+}
+
+impl AwsCredentials {
+    #[must_use]
+    pub fn new(access_key_id: &str, secret_access_key: &str, session_token: Option<&str>) -> Self {
+        AwsCredentials {
+            access_key_id: Secret(access_key_id.to_owned()),
+            secret_access_key: Secret(secret_access_key.to_owned()),
+            session_token: session_token.map(|t| Secret(t.to_owned())),
+        }
+    }
+
+    /// The signing crate's identity of these credentials.
+    #[must_use]
+    pub fn identity(&self) -> aws_smithy_runtime_api::client::identity::Identity {
+        aws_credential_types::Credentials::new(
+            &self.access_key_id.0,
+            &self.secret_access_key.0,
+            self.session_token.as_ref().map(|t| t.0.clone()),
+            None,
+            "environment",
+        )
+        .into()
+    }
+
+    /// The values that must never appear in a reply, an error or a log line.
+    pub fn values(&self) -> impl Iterator<Item = &str> {
+        [
+            Some(&self.access_key_id),
+            Some(&self.secret_access_key),
+            self.session_token.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|s| s.0.as_str())
+    }
+}
+
+impl std::fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AwsCredentials(<redacted>)")
     }
 }
 
@@ -461,6 +517,8 @@ struct RawProvider {
     auth: Option<AzureAuth>,
     /// `anthropic`: `max_tokens` sent when the client gives none (Anthropic requires one).
     max_tokens: Option<u32>,
+    /// `bedrock`: the AWS region (default: `AWS_REGION`, then `AWS_DEFAULT_REGION`).
+    region: Option<String>,
     /// `http`: the endpoint to POST to.
     url: Option<String>,
     /// Name of the environment variable holding the provider's API key.
@@ -555,6 +613,12 @@ pub enum UpstreamConfig {
     Gemini {
         base_url: String,
         api_key: Option<Secret>,
+    },
+    /// `POST {base_url}/model/{model}/converse` (`/converse-stream`), signed (AWS Signature Version 4).
+    Bedrock {
+        base_url: String,
+        region: String,
+        credentials: AwsCredentials,
     },
 }
 
@@ -1089,17 +1153,22 @@ fn refuse_laboratory_policies(policy: &PolicyConfig) -> Result<(), String> {
 }
 
 fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
-    use ProviderKind::{Anthropic, AzureOpenai, Gemini, Http, Openai, Sim};
+    use ProviderKind::{Anthropic, AzureOpenai, Bedrock, Gemini, Http, Openai, Sim};
     let kind = p.kind.name();
     [
         ("sim", p.sim.is_some(), p.kind == Sim),
         (
             "base_url",
             p.base_url.is_some(),
-            matches!(p.kind, Openai | Anthropic | Gemini),
+            matches!(p.kind, Openai | Anthropic | Gemini | Bedrock),
         ),
         ("url", p.url.is_some(), p.kind == Http),
-        ("api_key_env", p.api_key_env.is_some(), p.kind != Sim),
+        (
+            "api_key_env",
+            p.api_key_env.is_some(),
+            !matches!(p.kind, Sim | Bedrock),
+        ),
+        ("region", p.region.is_some(), p.kind == Bedrock),
         ("endpoint", p.endpoint.is_some(), p.kind == AzureOpenai),
         ("deployment", p.deployment.is_some(), p.kind == AzureOpenai),
         ("auth", p.auth.is_some(), p.kind == AzureOpenai),
@@ -1202,9 +1271,10 @@ fn load_provider(
             )?,
             api_key: secret(p.api_key_env.as_deref(), env)?,
         },
-        ProviderKind::Anthropic | ProviderKind::AzureOpenai | ProviderKind::Gemini => {
-            native_upstream(&p, env)?
-        }
+        ProviderKind::Anthropic
+        | ProviderKind::AzureOpenai
+        | ProviderKind::Gemini
+        | ProviderKind::Bedrock => native_upstream(&p, env)?,
     };
     p.price.validate().map_err(|e| ("price", e.to_string()))?;
     let model = p.model.unwrap_or_else(|| p.id.clone());
@@ -1281,9 +1351,67 @@ fn native_upstream(
                 api_key: secret(p.api_key_env.as_deref(), env)?,
             }
         }
+        ProviderKind::Bedrock => bedrock_upstream(p, env)?,
         ProviderKind::Sim | ProviderKind::Openai | ProviderKind::Http => {
             return Err(("kind", "not a native dialect".into()))
         }
+    })
+}
+
+/// A `bedrock` provider: its region, API root and the environment's AWS credentials.
+fn bedrock_upstream(
+    p: &RawProvider,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<UpstreamConfig, (&'static str, String)> {
+    let model = p.model.as_deref().unwrap_or(&p.id);
+    let model_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/');
+    if model.is_empty() || !model.chars().all(model_ok) {
+        return Err((
+            "model",
+            format!("`{model}` is not a Bedrock model id or ARN, e.g. anthropic.claude-sonnet-4-5-20250929-v1:0"),
+        ));
+    }
+    let set = |name: &str| env(name).filter(|v| !v.is_empty());
+    let region = match (
+        p.region.as_deref(),
+        set("AWS_REGION").or_else(|| set("AWS_DEFAULT_REGION")),
+    ) {
+        (Some(r), _) => r.to_owned(),
+        (None, Some(r)) => r,
+        (None, None) => {
+            return Err((
+                "region",
+                "a `bedrock` provider needs a region: set `region = \"us-east-1\"` (or the \
+                 environment variable AWS_REGION)"
+                    .into(),
+            ))
+        }
+    };
+    if region.is_empty()
+        || !region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err((
+            "region",
+            format!("`{region}` is not an AWS region, e.g. us-east-1"),
+        ));
+    }
+    let (Some(key_id), Some(secret_key)) = (set("AWS_ACCESS_KEY_ID"), set("AWS_SECRET_ACCESS_KEY"))
+    else {
+        return Err((
+            "kind",
+            "a `bedrock` provider signs with the environment's AWS credentials: export \
+             AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
+             credentials) before starting the gateway"
+                .into(),
+        ));
+    };
+    let default_url = format!("https://bedrock-runtime.{region}.amazonaws.com");
+    Ok(UpstreamConfig::Bedrock {
+        base_url: api_root(p.base_url.as_deref(), &default_url)?,
+        credentials: AwsCredentials::new(&key_id, &secret_key, set("AWS_SESSION_TOKEN").as_deref()),
+        region,
     })
 }
 

@@ -223,6 +223,7 @@ fn begin(
             decide(
                 state,
                 iface,
+                body,
                 &features,
                 n,
                 pinned,
@@ -306,6 +307,68 @@ struct Decided {
     continuations: Vec<(usize, &'static str)>,
 }
 
+/// Moves the eligible providers whose API cannot express `body` to the exclusions: the request
+/// is passed over to a provider that can.
+fn exclude_inexpressible(
+    iface: &InterfaceRuntime,
+    body: &serde_json::Value,
+    eligible: &mut equiroute_core::eligibility::Eligible,
+) {
+    use equiroute_core::eligibility::{Exclusion, ExclusionReason};
+    let excluded = &mut eligible.excluded;
+    eligible.eligible.retain(|&i| {
+        let Some(refusal) = iface.upstreams[i].refusal(iface.kind, body) else {
+            return true;
+        };
+        excluded.push(Exclusion {
+            candidate: i,
+            reason: ExclusionReason::Inexpressible {
+                field: refusal.field,
+                why: refusal.why,
+            },
+        });
+        false
+    });
+}
+
+/// No provider left, and one at least passed over because its API cannot express the request,
+/// every other for a reason that is the request's too (pinned, tenant, capability): the
+/// caller's 400 naming the member, not a 503.
+fn inexpressible_everywhere(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    excluded: &[equiroute_core::eligibility::Exclusion],
+) -> Option<ApiError> {
+    use equiroute_core::eligibility::ExclusionReason;
+    let mut refusals = excluded.iter().filter_map(|e| match &e.reason {
+        ExclusionReason::Inexpressible { field, why } => Some((e.candidate, field, why)),
+        _ => None,
+    });
+    let (candidate, field, why) = refusals.next()?;
+    let only_the_request = excluded.iter().all(|e| {
+        matches!(
+            e.reason,
+            ExclusionReason::Inexpressible { .. }
+                | ExclusionReason::NotPinned
+                | ExclusionReason::MissingCapability { .. }
+                | ExclusionReason::ContextTooSmall { .. }
+                | ExclusionReason::TenantNotAllowed { .. }
+                | ExclusionReason::LabelMismatch { .. }
+        )
+    });
+    only_the_request.then(|| {
+        state.metrics.request(&iface.name, "client_error");
+        ApiError::upstream(
+            StatusCode::BAD_REQUEST,
+            "upstream_rejected_request",
+            format!(
+                "no provider of `{}` can express this request: provider `{}`: `{field}`: {why}",
+                iface.name, iface.candidates[candidate].id
+            ),
+        )
+    })
+}
+
 /// Streamed requests hedge only with `hedge.streams` (a race to the first byte).
 fn body_streams(body: &serde_json::Value) -> bool {
     body.get("stream").and_then(serde_json::Value::as_bool) == Some(true)
@@ -316,6 +379,7 @@ fn body_streams(body: &serde_json::Value) -> bool {
 fn decide(
     state: &AppState,
     iface: &InterfaceRuntime,
+    body: &serde_json::Value,
     features: &[f64],
     n: u64,
     pinned: Option<usize>,
@@ -342,6 +406,7 @@ fn decide(
         input.tokens = tokens;
         input.now = now;
         let mut eligible = check_eligibility(&input);
+        exclude_inexpressible(iface, body, &mut eligible);
         // Every usable provider shut out by failures: probe the one reopening soonest now
         // rather than refuse the request (see `equiroute_core::breaker`).
         let last_resort = eligible.last_resort(&breakers, &iface.breaker_config);
@@ -359,6 +424,9 @@ fn decide(
         (eligible, last_resort.is_some())
     };
     if eligible.eligible.is_empty() {
+        if let Some(e) = inexpressible_everywhere(state, iface, &eligible.excluded) {
+            return Err(e);
+        }
         state.metrics.request(&iface.name, "no_eligible_provider");
         let reasons: Vec<String> = eligible
             .excluded

@@ -423,7 +423,7 @@ impl EventTranslator for StreamTranslation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::dialect::SseTranslator;
+    use crate::upstream::dialect::{SseTranslator, StreamTranslator};
 
     #[test]
     fn a_conversation_with_tools_and_images_is_written_as_messages() {

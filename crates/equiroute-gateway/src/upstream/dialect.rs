@@ -332,6 +332,21 @@ pub trait EventTranslator: Send {
     fn end(&mut self, out: &mut Vec<u8>);
 }
 
+/// A provider's stream bytes → OpenAI stream events: server-sent events ([`SseTranslator`]) or
+/// Bedrock's binary event stream.
+pub trait StreamTranslator: Send {
+    /// Takes the next bytes; returns the OpenAI events of the whole events they complete.
+    ///
+    /// # Errors
+    /// The stream is broken there (an event not the dialect's, a bad frame, a bound passed).
+    fn feed(&mut self, bytes: &[u8]) -> Result<Bytes, String>;
+    /// The provider's stream ended cleanly.
+    ///
+    /// # Errors
+    /// What is left is not a whole event.
+    fn end(&mut self) -> Result<Bytes, String>;
+}
+
 /// Splits a provider's server-sent events and translates each.
 pub struct SseTranslator {
     pending: Vec<u8>,
@@ -345,42 +360,6 @@ impl SseTranslator {
             pending: Vec::new(),
             inner,
         }
-    }
-
-    /// Takes the next bytes; returns the OpenAI events of the whole events they complete.
-    ///
-    /// # Errors
-    /// An event is not JSON or not the dialect's, or is longer than the bound.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Bytes, String> {
-        self.pending.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut start = 0;
-        while let Some((end, next)) = event_end(&self.pending[start..]) {
-            let event = self.pending[start..start + end].to_vec();
-            self.event(&event, &mut out)?;
-            start += next;
-        }
-        self.pending.drain(..start);
-        if self.pending.len() > MAX_EVENT_BYTES {
-            return Err(format!(
-                "the provider sent an event longer than {MAX_EVENT_BYTES} bytes"
-            ));
-        }
-        Ok(Bytes::from(out))
-    }
-
-    /// The provider's stream ended cleanly.
-    ///
-    /// # Errors
-    /// The last event is not JSON or not the dialect's.
-    pub fn end(&mut self) -> Result<Bytes, String> {
-        let rest = std::mem::take(&mut self.pending);
-        let mut out = Vec::new();
-        if !rest.iter().all(u8::is_ascii_whitespace) {
-            self.event(&rest, &mut out)?;
-        }
-        self.inner.end(&mut out);
-        Ok(Bytes::from(out))
     }
 
     fn event(&mut self, event: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
@@ -404,6 +383,37 @@ impl SseTranslator {
     }
 }
 
+impl StreamTranslator for SseTranslator {
+    /// An event that is not JSON or not the dialect's, or longer than the bound, breaks it.
+    fn feed(&mut self, bytes: &[u8]) -> Result<Bytes, String> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some((end, next)) = event_end(&self.pending[start..]) {
+            let event = self.pending[start..start + end].to_vec();
+            self.event(&event, &mut out)?;
+            start += next;
+        }
+        self.pending.drain(..start);
+        if self.pending.len() > MAX_EVENT_BYTES {
+            return Err(format!(
+                "the provider sent an event longer than {MAX_EVENT_BYTES} bytes"
+            ));
+        }
+        Ok(Bytes::from(out))
+    }
+
+    fn end(&mut self) -> Result<Bytes, String> {
+        let rest = std::mem::take(&mut self.pending);
+        let mut out = Vec::new();
+        if !rest.iter().all(u8::is_ascii_whitespace) {
+            self.event(&rest, &mut out)?;
+        }
+        self.inner.end(&mut out);
+        Ok(Bytes::from(out))
+    }
+}
+
 /// Where the first server-sent event in `bytes` ends: the end of its text and the start of
 /// the next (past the blank line, `\n\n` or `\r\n\r\n`).
 #[must_use]
@@ -418,7 +428,10 @@ pub fn event_end(bytes: &[u8]) -> Option<(usize, usize)> {
 
 /// The provider's byte stream with its events translated; a clean end appends what closes the
 /// OpenAI stream. Chunks that translate to nothing (pings) are skipped.
-pub fn translate_stream(rest: super::ChunkStream, translator: SseTranslator) -> super::ChunkStream {
+pub fn translate_stream(
+    rest: super::ChunkStream,
+    translator: Box<dyn StreamTranslator>,
+) -> super::ChunkStream {
     use futures_util::StreamExt;
     let stream = futures_util::stream::unfold(Some((rest, translator)), |state| async move {
         let (mut rest, mut tr) = state?;

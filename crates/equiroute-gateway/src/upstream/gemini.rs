@@ -439,7 +439,7 @@ impl EventTranslator for StreamTranslation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::dialect::SseTranslator;
+    use crate::upstream::dialect::{SseTranslator, StreamTranslator};
 
     #[test]
     fn a_conversation_with_tools_images_and_json_mode_is_written_as_contents() {

@@ -13,8 +13,8 @@
 
 use super::client::{read_body, HttpClient};
 use super::dialect::{self, Refusal, Unanswerable};
-use super::{anthropic, gemini, UpstreamReply, UpstreamRequest};
-use crate::config::{AzureAuth, Secret};
+use super::{anthropic, bedrock, gemini, UpstreamReply, UpstreamRequest};
+use crate::config::{AwsCredentials, AzureAuth, Secret};
 use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
@@ -48,6 +48,12 @@ enum Dialect {
     Anthropic { max_tokens: u32 },
     /// Gemini's `generateContent`: the URL names the model and the method.
     Gemini { base_url: String },
+    /// Bedrock's Converse: the URL names the model and the method; each request is signed.
+    Bedrock {
+        base_url: String,
+        region: String,
+        credentials: AwsCredentials,
+    },
 }
 
 impl HttpUpstream {
@@ -60,6 +66,7 @@ impl HttpUpstream {
             Dialect::Json => "http",
             Dialect::Anthropic { .. } => "anthropic",
             Dialect::Gemini { .. } => "gcp.gemini",
+            Dialect::Bedrock { .. } => "aws.bedrock",
         }
     }
 
@@ -161,6 +168,28 @@ impl HttpUpstream {
         }
     }
 
+    /// Bedrock's Converse API at `{base_url}/model/{model}/converse` (and `/converse-stream`),
+    /// each request signed (AWS Signature Version 4) for `region`.
+    #[must_use]
+    pub fn bedrock(
+        client: HttpClient,
+        base_url: &str,
+        region: &str,
+        credentials: &AwsCredentials,
+    ) -> HttpUpstream {
+        HttpUpstream {
+            client,
+            uri: None,
+            headers: Vec::new(),
+            dialect: Dialect::Bedrock {
+                base_url: base_url.to_owned(),
+                region: region.to_owned(),
+                credentials: credentials.clone(),
+            },
+            service_tier: None,
+        }
+    }
+
     /// The URL and body of an attempt in the provider's dialect.
     fn body(
         &self,
@@ -197,11 +226,38 @@ impl HttpUpstream {
                     json(gemini::request(req.body.json())?),
                 )
             }
+            Dialect::Bedrock { base_url, .. } => {
+                // The model id is one path segment: an ARN's `/` and a version's `:` are
+                // escaped, as AWS's SDKs send them.
+                let model = req.model.replace(':', "%3A").replace('/', "%2F");
+                let method = if stream {
+                    "converse-stream"
+                } else {
+                    "converse"
+                };
+                (
+                    format!("{base_url}/model/{model}/{method}").parse().ok(),
+                    json(bedrock::request(req.body.json())?),
+                )
+            }
         })
     }
 
+    /// The first member of `body` the dialect cannot express (the translation, done and
+    /// dropped: the attempt translates again with the provider's model).
+    pub(crate) fn refusal(&self, body: &serde_json::Value) -> Option<Refusal> {
+        match &self.dialect {
+            Dialect::OpenAi | Dialect::Json => None,
+            Dialect::Anthropic { max_tokens } => {
+                anthropic::request(body, "", false, *max_tokens).err()
+            }
+            Dialect::Gemini { .. } => gemini::request(body).err(),
+            Dialect::Bedrock { .. } => bedrock::request(body).err(),
+        }
+    }
+
     /// The stream translation of a native dialect (`None`: relayed as it came).
-    fn translation(&self, req: UpstreamRequest<'_>) -> Option<dialect::SseTranslator> {
+    fn translation(&self, req: UpstreamRequest<'_>) -> Option<Box<dyn dialect::StreamTranslator>> {
         let usage = req
             .body
             .as_object()
@@ -212,8 +268,11 @@ impl HttpUpstream {
                 Box::new(anthropic::StreamTranslation::new(req.model, usage))
             }
             Dialect::Gemini { .. } => Box::new(gemini::StreamTranslation::new(req.model, usage)),
+            Dialect::Bedrock { .. } => {
+                return Some(Box::new(bedrock::StreamTranslation::new(req.model, usage)))
+            }
         };
-        Some(dialect::SseTranslator::new(inner))
+        Some(Box::new(dialect::SseTranslator::new(inner)))
     }
 
     /// A 2xx body as an OpenAI answer naming `model`.
@@ -230,6 +289,7 @@ impl HttpUpstream {
             Dialect::OpenAi | Dialect::Json => Ok(text),
             Dialect::Anthropic { .. } => translate(anthropic::answer),
             Dialect::Gemini { .. } => translate(gemini::answer),
+            Dialect::Bedrock { .. } => translate(bedrock::answer),
         }
     }
 
@@ -248,7 +308,28 @@ impl HttpUpstream {
         for (name, value) in &self.headers {
             builder = builder.header(name, value.clone());
         }
-        Ok(builder.body(Full::new(bytes)).ok())
+        let Ok(mut request) = builder.body(Full::new(bytes.clone())) else {
+            return Ok(None);
+        };
+        if let Dialect::Bedrock {
+            region,
+            credentials,
+            ..
+        } = &self.dialect
+        {
+            if bedrock::sign(
+                &mut request,
+                &bytes,
+                credentials,
+                region,
+                std::time::SystemTime::now(),
+            )
+            .is_err()
+            {
+                return Ok(None);
+            }
+        }
+        Ok(Some(request))
     }
 
     /// Sends the attempt and waits for the response head.
@@ -295,8 +376,14 @@ impl HttpUpstream {
             let code = response.status().as_u16();
             let retry_after = retry_after_of(response.headers());
             if !(200..300).contains(&code) {
+                let error_type = aws_error_type_of(response.headers());
                 let text = read_body(response.into_body()).await.unwrap_or_default();
-                return Err(self.classify(code, retry_after, text, elapsed(), req.model));
+                let head = Head {
+                    code,
+                    retry_after,
+                    error_type,
+                };
+                return Err(self.classify(&head, text, elapsed(), req.model));
             }
             let mut stream: super::ChunkStream = Box::pin(
                 response
@@ -351,9 +438,13 @@ impl HttpUpstream {
                 Err((status, reason)) => return reply(status, 0, reason),
             };
             let code = response.status().as_u16();
-            let retry_after = retry_after_of(response.headers());
+            let head = Head {
+                code,
+                retry_after: retry_after_of(response.headers()),
+                error_type: aws_error_type_of(response.headers()),
+            };
             match read_body(response.into_body()).await {
-                Ok(text) => self.classify(code, retry_after, text, elapsed(), req.model),
+                Ok(text) => self.classify(&head, text, elapsed(), req.model),
                 Err(why) => reply(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     code,
@@ -389,6 +480,21 @@ fn key_header(name: &'static str, key: Option<&Secret>) -> Vec<(HeaderName, Head
         .collect()
 }
 
+/// What classification reads of a response head.
+struct Head {
+    code: u16,
+    retry_after: Option<Millis>,
+    /// AWS's `x-amzn-errortype` (Bedrock's error type).
+    error_type: Option<String>,
+}
+
+fn aws_error_type_of(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get("x-amzn-errortype")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
     headers
         .get("retry-after")
@@ -399,14 +505,75 @@ fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
 
 impl HttpUpstream {
     /// Status, body and message of a provider's answer → the attempt's outcome.
-    fn classify(
+    fn classify(&self, head: &Head, text: Bytes, latency: Millis, model: &str) -> UpstreamReply {
+        let mut reply = self.classify_unredacted(head, text, latency, model);
+        // A host may echo what it was sent (AWS's signature errors quote the signed headers):
+        // no credential value leaves in a reason.
+        if let (Dialect::Bedrock { credentials, .. }, Some(reason)) =
+            (&self.dialect, reply.reason.as_mut())
+        {
+            for value in credentials.values() {
+                if reason.contains(value) {
+                    *reason = reason.replace(value, "<redacted>");
+                }
+            }
+        }
+        reply
+    }
+
+    /// Bedrock's errors by their AWS type (`x-amzn-errortype`); `None` for an answer, another
+    /// dialect, or a type Bedrock does not document (classified by status then).
+    fn classify_bedrock(
         &self,
-        code: u16,
-        retry_after: Option<Millis>,
+        head: &Head,
+        json: Option<&serde_json::Value>,
+        message: &str,
+        latency: Millis,
+    ) -> Option<UpstreamReply> {
+        let code = head.code;
+        let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
+        if !matches!(self.dialect, Dialect::Bedrock { .. }) || (200..300).contains(&code) {
+            return None;
+        }
+        let kind = bedrock::error_type(head.error_type.as_deref(), json)?;
+        let class = bedrock::error_class(&kind)?;
+        let detail = || format!("{message} ({kind})");
+        let mut r = match class {
+            bedrock::ErrorClass::RateLimited => reply(
+                AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+                detail(),
+            ),
+            bedrock::ErrorClass::Server => reply(
+                AttemptStatus::ProviderError(ProviderFailure::Server),
+                detail(),
+            ),
+            // AWS's own text may quote the signed request: a fixed reason instead.
+            bedrock::ErrorClass::Credentials => reply(
+                AttemptStatus::ProviderError(ProviderFailure::Server),
+                format!(
+                    "HTTP {code} ({kind}): Bedrock refused the gateway's AWS credentials or the \
+                     model's access; check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, \
+                     AWS_SESSION_TOKEN, the region and the model id"
+                ),
+            ),
+            bedrock::ErrorClass::Client => {
+                let mut r = reply(AttemptStatus::ClientError, detail());
+                r.context_overflow = bedrock::is_context_overflow(message);
+                r
+            }
+        };
+        r.retry_after = head.retry_after;
+        Some(r)
+    }
+
+    fn classify_unredacted(
+        &self,
+        head: &Head,
         text: Bytes,
         latency: Millis,
         model: &str,
     ) -> UpstreamReply {
+        let (code, retry_after) = (head.code, head.retry_after);
         // An answer is checked and relayed as it came; only errors are read as a tree.
         let json: Option<serde_json::Value> = if (200..300).contains(&code) {
             None
@@ -415,11 +582,14 @@ impl HttpUpstream {
         };
         let message = || {
             json.as_ref()
-                .and_then(|j| j.pointer("/error/message"))
+                .and_then(|j| j.pointer("/error/message").or_else(|| j.get("message")))
                 .and_then(serde_json::Value::as_str)
                 .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"))
         };
         let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
+        if let Some(r) = self.classify_bedrock(head, json.as_ref(), &message(), latency) {
+            return r;
+        }
         match code {
             200..=299 => match self
                 .answer(text, model)
@@ -449,7 +619,8 @@ impl HttpUpstream {
                     format!("HTTP {code} with a body that is not JSON"),
                 ),
             },
-            429 | 500..=599 => {
+            // 401, 403 and 404: a wrong key or model name in the gateway's configuration.
+            401 | 403 | 404 | 429 | 500..=599 => {
                 let failure = if code == 429 {
                     ProviderFailure::RateLimited
                 } else {
@@ -476,5 +647,97 @@ impl HttpUpstream {
                 r
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY_ID: &str = "AKIATESTKEYID0000";
+    const SECRET: &str = "test-secret-never-shown";
+    const TOKEN: &str = "test-session-token-never-shown";
+
+    fn bedrock_upstream() -> HttpUpstream {
+        HttpUpstream::bedrock(
+            HttpClient::new(),
+            "http://127.0.0.1:1",
+            "us-east-1",
+            &AwsCredentials::new(KEY_ID, SECRET, Some(TOKEN)),
+        )
+    }
+
+    fn head(code: u16, kind: &str) -> Head {
+        Head {
+            code,
+            retry_after: None,
+            error_type: Some(format!("{kind}:http://internal.amazon.com/coral/")),
+        }
+    }
+
+    #[test]
+    fn no_aws_credential_reaches_a_reason_or_a_debug_line() {
+        let up = bedrock_upstream();
+        assert!(
+            ![KEY_ID, SECRET, TOKEN]
+                .iter()
+                .any(|s| format!("{up:?}").contains(s)),
+            "Debug of the upstream"
+        );
+        // A host that echoes what it got: every value is cut from the reason, whatever class.
+        let echo = format!(
+            r#"{{"message": "bad request; x-amz-security-token:{TOKEN} Credential={KEY_ID} {SECRET}"}}"#
+        );
+        for (code, kind, status) in [
+            (400, "ValidationException", AttemptStatus::ClientError),
+            (
+                429,
+                "ThrottlingException",
+                AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+            ),
+            (
+                403,
+                "InvalidSignatureException",
+                AttemptStatus::ProviderError(ProviderFailure::Server),
+            ),
+            (418, "SomethingNewException", AttemptStatus::ClientError),
+        ] {
+            let r = up.classify(
+                &head(code, kind),
+                Bytes::from(echo.clone()),
+                Millis(1.0),
+                "m",
+            );
+            assert_eq!(r.status, status, "{kind}");
+            let reason = r.reason.unwrap();
+            for secret in [KEY_ID, SECRET, TOKEN] {
+                assert!(!reason.contains(secret), "{kind}: {reason}");
+            }
+            if kind == "InvalidSignatureException" {
+                assert!(reason.contains("AWS_ACCESS_KEY_ID"), "{reason}");
+            } else {
+                assert!(reason.contains("<redacted>"), "{kind}: {reason}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_too_long_prompt_is_a_context_overflow_and_retry_after_is_kept() {
+        let up = bedrock_upstream();
+        let r = up.classify(
+            &head(400, "ValidationException"),
+            Bytes::from(r#"{"message": "The model returned the following errors: Input is too long for requested model."}"#),
+            Millis(1.0),
+            "m",
+        );
+        assert!(r.context_overflow && r.status == AttemptStatus::ClientError);
+        let mut h = head(503, "ServiceUnavailableException");
+        h.retry_after = Some(Millis(2000.0));
+        let r = up.classify(&h, Bytes::from(r#"{"message": "busy"}"#), Millis(1.0), "m");
+        assert_eq!(
+            r.status,
+            AttemptStatus::ProviderError(ProviderFailure::Server)
+        );
+        assert_eq!(r.retry_after, Some(Millis(2000.0)));
     }
 }

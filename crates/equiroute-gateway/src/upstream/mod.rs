@@ -2,9 +2,11 @@
 
 pub mod answer;
 pub mod anthropic;
+pub mod bedrock;
 pub mod body;
 pub mod client;
 pub mod dialect;
+pub mod eventstream;
 pub mod gemini;
 pub mod http;
 pub mod sim;
@@ -147,6 +149,30 @@ impl Upstream {
             UpstreamConfig::Gemini { base_url, api_key } => Upstream::Http(
                 http::HttpUpstream::gemini(client.clone(), base_url, api_key.as_ref()),
             ),
+            UpstreamConfig::Bedrock {
+                base_url,
+                region,
+                credentials,
+            } => Upstream::Http(http::HttpUpstream::bedrock(
+                client.clone(),
+                base_url,
+                region,
+                credentials,
+            )),
+        }
+    }
+
+    /// The first member of a chat request `body` this upstream's API cannot express, if any
+    /// (only native dialects refuse members; OpenAI-compatible and simulated upstreams take all).
+    #[must_use]
+    pub fn refusal(
+        &self,
+        kind: InterfaceKind,
+        body: &serde_json::Value,
+    ) -> Option<dialect::Refusal> {
+        match self {
+            Upstream::Http(h) if kind == InterfaceKind::Chat => h.refusal(body),
+            Upstream::Sim(_) | Upstream::Http(_) => None,
         }
     }
 
