@@ -369,6 +369,44 @@ fn inexpressible_everywhere(
     })
 }
 
+/// The answer when no provider is left: the caller's 400 when the request itself shut every
+/// one out, else 503 `no_eligible_provider` with each exclusion's reason.
+fn no_eligible(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    excluded: &[equiroute_core::eligibility::Exclusion],
+    now: equiroute_core::Timestamp,
+) -> ApiError {
+    if let Some(e) = inexpressible_everywhere(state, iface, excluded) {
+        return e;
+    }
+    state.metrics.request(&iface.name, "no_eligible_provider");
+    let reasons: Vec<String> = excluded
+        .iter()
+        // A reason may quote the client's tenant header: cut like any echoed input.
+        .map(|e| {
+            let reason = e.reason.to_string();
+            format!(
+                "{}: {}",
+                iface.candidates[e.candidate].id,
+                super::error::echo(&reason)
+            )
+        })
+        .collect();
+    ApiError {
+        retry_after_s: breaker_retry_after(excluded, now),
+        ..ApiError::upstream(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_eligible_provider",
+            format!(
+                "no provider of `{}` can take this request ({})",
+                iface.name,
+                reasons.join("; ")
+            ),
+        )
+    }
+}
+
 /// Streamed requests hedge only with `hedge.streams` (a race to the first byte).
 fn body_streams(body: &serde_json::Value) -> bool {
     body.get("stream").and_then(serde_json::Value::as_bool) == Some(true)
@@ -424,35 +462,7 @@ fn decide(
         (eligible, last_resort.is_some())
     };
     if eligible.eligible.is_empty() {
-        if let Some(e) = inexpressible_everywhere(state, iface, &eligible.excluded) {
-            return Err(e);
-        }
-        state.metrics.request(&iface.name, "no_eligible_provider");
-        let reasons: Vec<String> = eligible
-            .excluded
-            .iter()
-            // A reason may quote the client's tenant header: cut like any echoed input.
-            .map(|e| {
-                let reason = e.reason.to_string();
-                format!(
-                    "{}: {}",
-                    iface.candidates[e.candidate].id,
-                    super::error::echo(&reason)
-                )
-            })
-            .collect();
-        return Err(ApiError {
-            retry_after_s: breaker_retry_after(&eligible.excluded, now),
-            ..ApiError::upstream(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no_eligible_provider",
-                format!(
-                    "no provider of `{}` can take this request ({})",
-                    iface.name,
-                    reasons.join("; ")
-                ),
-            )
-        });
+        return Err(no_eligible(state, iface, &eligible.excluded, now));
     }
     let (ranking, routed, hedge_delay) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
