@@ -393,7 +393,9 @@ fn simulate(
     let mut latencies = Vec::with_capacity(rounds);
     let mut share = vec![0.0; k];
     let mut share_over_time = vec![vec![0.0; k]; BINS];
+    // Rounds with a first choice per bin (the shares' denominator), and every round.
     let mut bin_counts = vec![0usize; BINS];
+    let mut round_counts = vec![0usize; BINS];
     let mut regret_over_time = vec![0.0; BINS];
     let mut failures_over_time = vec![0.0; BINS];
     let mut values = vec![0.0; k];
@@ -438,12 +440,19 @@ fn simulate(
         let mut input = EligibilityInput::new(&candidates, &requirements);
         input.breakers = Some((&breakers, &breaker_cfg));
         input.now = t;
-        let mut eligible = check_eligibility(&input).eligible;
-        eligible.retain(|&i| world.available(i, round));
-        if eligible.is_empty() {
-            // Every breaker is open: fall back to every available provider rather than fail.
-            eligible = (0..k).filter(|&i| world.available(i, round)).collect();
+        let mut checked = check_eligibility(&input);
+        // A provider that has not joined yet is not there at all.
+        checked.eligible.retain(|&i| world.available(i, round));
+        checked
+            .excluded
+            .retain(|e| world.available(e.candidate, round));
+        // Every available provider shut out by failures: probe the one reopening soonest,
+        // as the gateway does (`Eligible::last_resort`); with none, the request is refused.
+        if let Some(i) = checked.last_resort(&breakers, &breaker_cfg) {
+            let _ = breakers[i].last_resort();
+            checked.eligible.push(i);
         }
+        let eligible = checked.eligible;
         for (i, v) in values.iter_mut().enumerate() {
             *v = if world.available(i, round) {
                 world.true_value(i, round, now, query.cluster, deadline)
@@ -464,7 +473,12 @@ fn simulate(
         let ranking = policy.rank(&ctx, &mut policy_rng);
         let order: Vec<usize> = ranking.indices().collect();
         let Some(&first) = order.first() else {
+            // Refused (no eligible provider): no answer, at once and at no cost.
             firsts.push(None);
+            latencies.push(0.0);
+            failures += 1;
+            failures_over_time[round * BINS / rounds] += 1.0;
+            round_counts[round * BINS / rounds] += 1;
             continue;
         };
         firsts.push(Some(first));
@@ -476,6 +490,7 @@ fn simulate(
         share[first] += 1.0;
         share_over_time[bin][first] += 1.0;
         bin_counts[bin] += 1;
+        round_counts[bin] += 1;
         regret_over_time[bin] = regret;
         let mut logged = record.as_mut().map(|(_, draws)| {
             let (propensity, propensity_exact) = if let Some(p) = ranking.first_choice_probability {
@@ -707,7 +722,7 @@ fn simulate(
             *c /= total;
         }
     }
-    for (f, count) in failures_over_time.iter_mut().zip(&bin_counts) {
+    for (f, count) in failures_over_time.iter_mut().zip(&round_counts) {
         *f /= (*count).max(1) as f64;
     }
     // Bins without rounds (tiny runs) carry the last regret forward.

@@ -359,3 +359,45 @@ latency = { p50_ms = 100, p95_ms = 200 }
     assert!(table.contains("never 3/3"), "{table}");
     assert!(table.contains("(never 0/3)"), "{table}");
 }
+
+#[test]
+fn with_every_breaker_open_each_request_probes_one_provider_as_the_gateway_does() {
+    use equiroute_lab::scenario::ScenarioSpec;
+    // Both providers are down for the whole run. Once both breakers are open, the last
+    // resort (`Eligible::last_resort`) half-opens the one that reopens soonest and the
+    // request probes it: one call per request, none answered. (Without it, a request whose
+    // candidates are all open is turned away by the breakers without a call.)
+    let spec = ScenarioSpec::from_toml(
+        r#"
+name = "all-down"
+description = "every provider is down"
+rounds = 300
+metric = "f1"
+clusters = 1
+max_attempts = 1
+policies = ["round-robin"]
+
+[[providers]]
+id = "a"
+quality = [0.8]
+latency = { p50_ms = 100, p95_ms = 200 }
+events = [{ kind = { type = "outage" }, start_round = 0, end_round = 300 }]
+
+[[providers]]
+id = "b"
+quality = [0.7]
+latency = { p50_ms = 100, p95_ms = 200 }
+events = [{ kind = { type = "outage" }, start_round = 0, end_round = 300 }]
+"#,
+        "all-down.toml",
+    )
+    .unwrap();
+    let r = run(&spec, "round-robin", 1, 300).unwrap();
+    assert_eq!(r.request_failure_rate, 1.0);
+    assert!(
+        (r.calls_per_request - 1.0).abs() < 1e-12,
+        "{}",
+        r.calls_per_request
+    );
+    assert!(r.request_failure_rate_over_time.iter().all(|&f| f == 1.0));
+}
