@@ -66,6 +66,88 @@ pub struct RunResult {
     /// outcome (policies with a latency model, scenarios with a deadline).
     #[serde(default)]
     pub calibration: Option<Calibration>,
+    /// How long each provider took to get its traffic back after each of its time-limited
+    /// events that ended within the run, in the order of the scenario's providers and events.
+    #[serde(default)]
+    pub recovery: Vec<Recovery>,
+}
+
+/// The share of first choices in a window that counts as a provider's traffic being back.
+pub const RECOVERY_SHARE: f64 = 0.6;
+
+/// The time a provider took to get its traffic back after a time-limited event: rounds from
+/// the event's end (its `end_round`; a `degrade`'s `recover_round`) to the first round `r`
+/// such that the provider was ranked first in at least [`RECOVERY_SHARE`] of the rounds
+/// `r..r + w`, where `w` is the length of one of the [`BINS`] time bins (`rounds / BINS`, at
+/// least 1). `None` ("never") when no such window fits before the run ends or the provider's
+/// next event starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    pub provider: String,
+    /// The event's kind (`outage`, `error-burst`, `spike`, …).
+    pub event: String,
+    /// The first round after the event.
+    pub end_round: usize,
+    pub rounds: Option<usize>,
+}
+
+/// The rounds from `end` to the first window of `window` rounds, ending at or before `limit`,
+/// in which `provider` was the first choice of at least [`RECOVERY_SHARE`] of the rounds
+/// (`firsts[t]` is round `t`'s first choice, `None` for a refused request).
+#[must_use]
+pub fn recovery_rounds(
+    firsts: &[Option<usize>],
+    provider: usize,
+    end: usize,
+    limit: usize,
+    window: usize,
+) -> Option<usize> {
+    let limit = limit.min(firsts.len());
+    let window = window.max(1);
+    if end + window > limit {
+        return None;
+    }
+    let hit = |t: usize| usize::from(firsts[t] == Some(provider));
+    let needed = (RECOVERY_SHARE * window as f64).ceil() as usize;
+    let mut count: usize = (end..end + window).map(hit).sum();
+    for start in end..=limit - window {
+        if start > end {
+            count = count + hit(start + window - 1) - hit(start - 1);
+        }
+        if count >= needed {
+            return Some(start - end);
+        }
+    }
+    None
+}
+
+/// Every time-limited event of `spec` that ends before `rounds`, with the recovery measured
+/// on `firsts`.
+fn recoveries(spec: &ScenarioSpec, firsts: &[Option<usize>], rounds: usize) -> Vec<Recovery> {
+    let window = (rounds / BINS).max(1);
+    let mut out = Vec::new();
+    for (i, p) in spec.providers.iter().enumerate() {
+        for e in &p.events {
+            let Some(end) = e.kind.end_round(e.end_round).filter(|&end| end < rounds) else {
+                continue;
+            };
+            // The provider's next event bounds the search.
+            let limit = p
+                .events
+                .iter()
+                .map(|n| n.start_round)
+                .filter(|&s| s >= end)
+                .min()
+                .unwrap_or(rounds);
+            out.push(Recovery {
+                provider: p.id.clone(),
+                event: e.kind.name().to_owned(),
+                end_round: end,
+                rounds: recovery_rounds(firsts, i, end, limit, window),
+            });
+        }
+    }
+    out
 }
 
 /// A run that could not start.
@@ -311,7 +393,9 @@ fn simulate(
     let mut latencies = Vec::with_capacity(rounds);
     let mut share = vec![0.0; k];
     let mut share_over_time = vec![vec![0.0; k]; BINS];
+    // Rounds with a first choice per bin (the shares' denominator), and every round.
     let mut bin_counts = vec![0usize; BINS];
+    let mut round_counts = vec![0usize; BINS];
     let mut regret_over_time = vec![0.0; BINS];
     let mut failures_over_time = vec![0.0; BINS];
     let mut values = vec![0.0; k];
@@ -323,6 +407,7 @@ fn simulate(
     // Propensity draws of the traffic log, apart from the policy's own stream.
     let mut propensity_rng = ChaCha8Rng::seed_from_u64(seed ^ salt(label) ^ 0x5851_f42d_4c95_7f2d);
     let mut delivered: Vec<LoggedFeedback> = Vec::new();
+    let mut firsts: Vec<Option<usize>> = Vec::with_capacity(rounds);
 
     for round in 0..rounds {
         let concurrency = world.concurrency(round);
@@ -355,12 +440,19 @@ fn simulate(
         let mut input = EligibilityInput::new(&candidates, &requirements);
         input.breakers = Some((&breakers, &breaker_cfg));
         input.now = t;
-        let mut eligible = check_eligibility(&input).eligible;
-        eligible.retain(|&i| world.available(i, round));
-        if eligible.is_empty() {
-            // Every breaker is open: fall back to every available provider rather than fail.
-            eligible = (0..k).filter(|&i| world.available(i, round)).collect();
+        let mut checked = check_eligibility(&input);
+        // A provider that has not joined yet is not there at all.
+        checked.eligible.retain(|&i| world.available(i, round));
+        checked
+            .excluded
+            .retain(|e| world.available(e.candidate, round));
+        // Every available provider shut out by failures: probe the one reopening soonest,
+        // as the gateway does (`Eligible::last_resort`); with none, the request is refused.
+        if let Some(i) = checked.last_resort(&breakers, &breaker_cfg) {
+            let _ = breakers[i].last_resort();
+            checked.eligible.push(i);
         }
+        let eligible = checked.eligible;
         for (i, v) in values.iter_mut().enumerate() {
             *v = if world.available(i, round) {
                 world.true_value(i, round, now, query.cluster, deadline)
@@ -381,8 +473,15 @@ fn simulate(
         let ranking = policy.rank(&ctx, &mut policy_rng);
         let order: Vec<usize> = ranking.indices().collect();
         let Some(&first) = order.first() else {
+            // Refused (no eligible provider): no answer, at once and at no cost.
+            firsts.push(None);
+            latencies.push(0.0);
+            failures += 1;
+            failures_over_time[round * BINS / rounds] += 1.0;
+            round_counts[round * BINS / rounds] += 1;
             continue;
         };
+        firsts.push(Some(first));
         let mut predicted = policy.deadline_miss_estimate(first, &ctx);
         world.note_choice(first);
         let best = eligible.iter().map(|&i| values[i]).fold(0.0, f64::max);
@@ -391,6 +490,7 @@ fn simulate(
         share[first] += 1.0;
         share_over_time[bin][first] += 1.0;
         bin_counts[bin] += 1;
+        round_counts[bin] += 1;
         regret_over_time[bin] = regret;
         let mut logged = record.as_mut().map(|(_, draws)| {
             let (propensity, propensity_exact) = if let Some(p) = ranking.propensity {
@@ -622,7 +722,7 @@ fn simulate(
             *c /= total;
         }
     }
-    for (f, count) in failures_over_time.iter_mut().zip(&bin_counts) {
+    for (f, count) in failures_over_time.iter_mut().zip(&round_counts) {
         *f /= (*count).max(1) as f64;
     }
     // Bins without rounds (tiny runs) carry the last regret forward.
@@ -662,5 +762,6 @@ fn simulate(
         regret_over_time,
         request_failure_rate_over_time: failures_over_time,
         calibration: Calibration::of(&mut predictions),
+        recovery: recoveries(spec, &firsts, rounds),
     })
 }

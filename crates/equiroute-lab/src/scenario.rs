@@ -384,6 +384,29 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The kind's name as scenario files write it (`type = "…"`).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::RateLimit { .. } => "rate-limit",
+            EventKind::ErrorBurst { .. } => "error-burst",
+            EventKind::Outage {} => "outage",
+            EventKind::Degrade { .. } => "degrade",
+            EventKind::Spike { .. } => "spike",
+            EventKind::QualityDrop { .. } => "quality-drop",
+        }
+    }
+
+    /// The first round after the event, for an event whose `end_round` is `end_round`: that
+    /// round, a `degrade`'s `recover_round`, or `None` for a `degrade` that never recovers.
+    #[must_use]
+    pub fn end_round(&self, end_round: usize) -> Option<usize> {
+        match self {
+            EventKind::Degrade { recover_round, .. } => *recover_round,
+            _ => Some(end_round),
+        }
+    }
+
     /// Checks the kind's own fields against `end_round`; returns the field (under `kind`) and
     /// the fix.
     fn check(&self, end_round: usize) -> Result<(), (&'static str, String)> {

@@ -261,3 +261,143 @@ fn hedging_stays_within_its_budget_and_adds_one_call_per_hedge() {
         .to_string();
     assert!(err.contains("hedge.max_parallel"), "{err}");
 }
+
+#[test]
+fn recovery_is_the_rounds_until_a_window_with_sixty_percent_of_first_choices() {
+    use equiroute_lab::runner::recovery_rounds;
+    // Provider 0 is first in rounds 10, 12, 13 and 14 onwards; windows of 5 rounds after an
+    // event that ended at round 10: 10..15 has 4 of 5 (≥ 60%: 3) → 0 rounds.
+    let firsts: Vec<Option<usize>> = (0..30)
+        .map(|t| Some(usize::from(!(t == 10 || t >= 12))))
+        .collect();
+    assert_eq!(recovery_rounds(&firsts, 0, 10, 30, 5), Some(0));
+    // From round 5: windows 5..10, 6..11, 7..12, 8..13 hold 0, 1, 1, 2 → 9..14 holds 10, 12,
+    // 13: 4 rounds.
+    assert_eq!(recovery_rounds(&firsts, 0, 5, 30, 5), Some(4));
+    // Provider 1 is never first in 3 of 5 rounds after round 12; nor is a window cut short
+    // by the limit counted.
+    assert_eq!(recovery_rounds(&firsts, 1, 12, 30, 5), None);
+    assert_eq!(recovery_rounds(&firsts, 0, 27, 30, 5), None);
+    // A refused request is nobody's first choice.
+    assert_eq!(recovery_rounds(&[None; 10], 0, 0, 10, 5), None);
+}
+
+#[test]
+fn recovery_after_an_outage_is_short_for_a_policy_that_returns_and_never_for_one_that_stays() {
+    use equiroute_lab::report::ScenarioReport;
+    use equiroute_lab::scenario::ScenarioSpec;
+    // Alpha is down for rounds 200..400 (50 s at 250 ms a request); the breaker's longest
+    // open period is 30 s = 120 rounds, so a policy that always puts alpha first has it back
+    // within 120 rounds (plus the window, 20 rounds, it needs to fill).
+    let spec = ScenarioSpec::from_toml(
+        r#"
+name = "outage"
+description = "alpha is down for 200 rounds"
+rounds = 800
+metric = "f1"
+clusters = 1
+policies = ["static-alpha", "static-beta"]
+
+[[variants]]
+label = "static-alpha"
+policy = { name = "static", candidate = "alpha" }
+
+[[variants]]
+label = "static-beta"
+policy = { name = "static", candidate = "beta" }
+
+[[providers]]
+id = "alpha"
+quality = [0.8]
+latency = { p50_ms = 100, p95_ms = 200 }
+events = [{ kind = { type = "outage" }, start_round = 200, end_round = 400 }]
+
+[[providers]]
+id = "beta"
+quality = [0.7]
+latency = { p50_ms = 100, p95_ms = 200 }
+"#,
+        "outage.toml",
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    for seed in 1..=3 {
+        for policy in ["static-alpha", "static-beta"] {
+            runs.push(run(&spec, policy, seed, 800).unwrap());
+        }
+    }
+    for r in &runs {
+        assert_eq!(r.recovery.len(), 1);
+        let e = &r.recovery[0];
+        assert_eq!(
+            (e.provider.as_str(), e.event.as_str(), e.end_round),
+            ("alpha", "outage", 400)
+        );
+        match r.policy.as_str() {
+            "static-alpha" => assert!(e.rounds.is_some_and(|n| n <= 120), "{e:?}"),
+            _ => assert_eq!(e.rounds, None),
+        }
+    }
+    let names = ["static-alpha".to_owned(), "static-beta".to_owned()];
+    let report = ScenarioReport::new(
+        &spec.name,
+        vec!["alpha".into(), "beta".into()],
+        &names,
+        &runs,
+    );
+    let beta = &report.policies["static-beta"].recovery[0];
+    assert_eq!((beta.never, beta.seeds), (3, 3));
+    let alpha = &report.policies["static-alpha"].recovery[0];
+    assert_eq!(alpha.never, 0);
+    assert!(alpha.rounds.mean <= 120.0);
+    // In the JSON per seed ("never" is null) and in the table.
+    let json = serde_json::to_value(&report).unwrap();
+    let per_seed = &json["policies"]["static-beta"]["per_seed"][0]["recovery_rounds"][0];
+    assert!(per_seed["rounds"].is_null() && per_seed["end_round"] == 400);
+    let table = report.table();
+    assert!(table.contains("alpha outage →400"), "{table}");
+    assert!(table.contains("never 3/3"), "{table}");
+    assert!(table.contains("(never 0/3)"), "{table}");
+}
+
+#[test]
+fn with_every_breaker_open_each_request_probes_one_provider_as_the_gateway_does() {
+    use equiroute_lab::scenario::ScenarioSpec;
+    // Both providers are down for the whole run. Once both breakers are open, the last
+    // resort (`Eligible::last_resort`) half-opens the one that reopens soonest and the
+    // request probes it: one call per request, none answered. (Without it, a request whose
+    // candidates are all open is turned away by the breakers without a call.)
+    let spec = ScenarioSpec::from_toml(
+        r#"
+name = "all-down"
+description = "every provider is down"
+rounds = 300
+metric = "f1"
+clusters = 1
+max_attempts = 1
+policies = ["round-robin"]
+
+[[providers]]
+id = "a"
+quality = [0.8]
+latency = { p50_ms = 100, p95_ms = 200 }
+events = [{ kind = { type = "outage" }, start_round = 0, end_round = 300 }]
+
+[[providers]]
+id = "b"
+quality = [0.7]
+latency = { p50_ms = 100, p95_ms = 200 }
+events = [{ kind = { type = "outage" }, start_round = 0, end_round = 300 }]
+"#,
+        "all-down.toml",
+    )
+    .unwrap();
+    let r = run(&spec, "round-robin", 1, 300).unwrap();
+    assert_eq!(r.request_failure_rate, 1.0);
+    assert!(
+        (r.calls_per_request - 1.0).abs() < 1e-12,
+        "{}",
+        r.calls_per_request
+    );
+    assert!(r.request_failure_rate_over_time.iter().all(|&f| f == 1.0));
+}

@@ -1,5 +1,6 @@
 //! `equiroute bench`: policies side by side in simulated scenarios, over seeds, as a table,
-//! JSON or CSV, with SVG plots in `--out`.
+//! JSON or CSV, with SVG plots in `--out` (per scenario; and per policy with a deadline-miss
+//! estimate, `reliability-POLICY.svg` over every scenario of the run).
 
 use anyhow::{bail, Context};
 use equiroute_lab::report::{plot, ScenarioReport, CSV_HEADER};
@@ -346,6 +347,20 @@ fn write_outputs(args: &Args, reports: &[ScenarioReport]) -> anyhow::Result<()> 
             if let Some(svg) = plot::share_over_time(r, policy) {
                 save_plot(&format!("{}-share-{policy}", r.scenario), &svg)?;
             }
+        }
+    }
+    // A reliability diagram per policy that estimates deadline misses, a line per scenario.
+    let mut calibrated: Vec<&String> = Vec::new();
+    for r in reports {
+        for (name, p) in r.ordered() {
+            if p.calibration.is_some() && !calibrated.contains(&name) {
+                calibrated.push(name);
+            }
+        }
+    }
+    for policy in calibrated {
+        if let Some(svg) = plot::reliability(reports, policy) {
+            save_plot(&format!("reliability-{policy}"), &svg)?;
         }
     }
     write("results.csv", csv.as_bytes())?;

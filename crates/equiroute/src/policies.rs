@@ -184,6 +184,14 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "an untried provider's evidence halves after this long (null = off), > 0",
     ),
     (
+        "stale_latency_half_life_ms",
+        "stale_half_life_ms for the latency belief alone (absent: stale_half_life_ms), > 0",
+    ),
+    (
+        "stale_failure_half_life_ms",
+        "stale_half_life_ms for the failure belief alone (absent: stale_half_life_ms), > 0",
+    ),
+    (
         "level_half_life_ms",
         "the fast level's weight halves after this long without a call",
     ),

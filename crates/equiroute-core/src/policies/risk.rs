@@ -98,6 +98,12 @@ pub struct RiskConfig {
     /// prior, and the failure rate is drawn from its widening Beta posterior, so the candidate
     /// is tried again. Attempts of every kind (breaker half-open probes too) refresh it.
     pub stale_half_life_ms: Option<f64>,
+    /// The half-life of a stale belief's latency part (posterior and histogram) alone;
+    /// absent (or `null`): `stale_half_life_ms`.
+    pub stale_latency_half_life_ms: Option<f64>,
+    /// The half-life of a stale belief's failure part (the counts behind the Beta draw)
+    /// alone; absent (or `null`): `stale_half_life_ms`.
+    pub stale_failure_half_life_ms: Option<f64>,
     /// Pseudo-observations `n₀` of the log-normal posterior against each slice's latency
     /// histogram: `P(L>d) = (n₀·P_nig + M(>d))/(n₀ + M)` (see [`crate::estimators::shape`]).
     /// `None`: the log-normal alone, as the reference design.
@@ -117,6 +123,8 @@ impl Default for RiskConfig {
             level_half_life_ms: 30_000.0,
             max_slices: RiskConfig::DEFAULT_MAX_SLICES,
             stale_half_life_ms: Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS),
+            stale_latency_half_life_ms: None,
+            stale_failure_half_life_ms: None,
             shape_prior_weight: Some(RiskConfig::DEFAULT_SHAPE_PRIOR_WEIGHT),
         }
     }
@@ -132,13 +140,38 @@ impl RiskConfig {
     /// laboratory (docs/calibration.md).
     pub const DEFAULT_SHAPE_PRIOR_WEIGHT: f64 = 20.0;
 
+    /// The half-life that fades a stale latency belief (`None`: it does not fade).
+    #[must_use]
+    pub fn stale_latency_half_life(&self) -> Option<f64> {
+        self.stale_latency_half_life_ms.or(self.stale_half_life_ms)
+    }
+
+    /// The half-life that fades a stale failure belief (`None`: it does not fade, and the
+    /// failure rate is the point estimate).
+    #[must_use]
+    pub fn stale_failure_half_life(&self) -> Option<f64> {
+        self.stale_failure_half_life_ms.or(self.stale_half_life_ms)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
         self.latency_prior.validate()?;
         if let Some(h) = self.latency_half_life_ms {
             crate::error::positive("latency_half_life_ms", h)?;
         }
-        if let Some(h) = self.stale_half_life_ms {
-            crate::error::positive("stale_half_life_ms", h)?;
+        for (field, h) in [
+            ("stale_half_life_ms", self.stale_half_life_ms),
+            (
+                "stale_latency_half_life_ms",
+                self.stale_latency_half_life_ms,
+            ),
+            (
+                "stale_failure_half_life_ms",
+                self.stale_failure_half_life_ms,
+            ),
+        ] {
+            if let Some(h) = h {
+                crate::error::positive(field, h)?;
+            }
         }
         self.failure.validate()?;
         if !(1..=SlicePath::MAX_DEPTH).contains(&self.slice_depth) {
@@ -502,24 +535,36 @@ impl RiskModel {
         bad_outcome_probability(failure, belief.exceedance(deadline_ms)) > guard
     }
 
-    /// How much of candidate `i`'s evidence still counts at `now`: `2^(−age/h)`, where `age`
-    /// is the time since its last attempt and `h` is `stale_half_life_ms` (1 when off). A
+    /// How much of candidate `i`'s latency evidence still counts at `now`: `2^(−age/h)`, where
+    /// `age` is the time since its last attempt and `h` is the latency part's stale half-life
+    /// ([`RiskConfig::stale_latency_half_life`]; 1 when off). A
     /// candidate in use is refreshed by every call and keeps its belief; one the ranking left
     /// (after an outage, a spike or an open breaker) drifts back to the prior, so its draws
     /// widen and it is tried again within a few half-lives. No state of its own: the age is
     /// read from the failure counts' and the fast level's timestamps, so saved states load.
     #[must_use]
     pub fn freshness(&self, i: usize, now: Timestamp) -> f64 {
-        let last = self.failures[i].at.0.max(self.levels[i].at.0);
-        decay_factor(self.cfg.stale_half_life_ms, now.0 - last)
+        decay_factor(self.cfg.stale_latency_half_life(), self.age(i, now))
+    }
+
+    /// [`Self::freshness`] of candidate `i`'s failure evidence, with the failure part's
+    /// stale half-life ([`RiskConfig::stale_failure_half_life`]).
+    #[must_use]
+    pub fn failure_freshness(&self, i: usize, now: Timestamp) -> f64 {
+        decay_factor(self.cfg.stale_failure_half_life(), self.age(i, now))
+    }
+
+    /// Time since candidate `i`'s last attempt, in ms.
+    fn age(&self, i: usize, now: Timestamp) -> f64 {
+        now.0 - self.failures[i].at.0.max(self.levels[i].at.0)
     }
 
     /// Candidate `i`'s (failed, succeeded) attempt counts at `now`, decayed by the failure
-    /// half-life and by [`Self::freshness`].
+    /// half-life and by [`Self::failure_freshness`].
     fn stale_failure_counts(&self, i: usize, now: Timestamp) -> (f64, f64) {
         let f = &self.failures[i];
         let decay = decay_factor(self.cfg.failure.half_life_ms, now.0 - f.at.0);
-        let weight = decay * self.freshness(i, now);
+        let weight = decay * self.failure_freshness(i, now);
         let failed = f.failures * weight;
         (failed, (f.attempts * weight - failed).max(0.0))
     }
@@ -535,7 +580,7 @@ impl RiskModel {
     /// Candidate `i`'s stale-decayed counts when staleness is on (`None`: off).
     fn stale_counts(&self, i: usize, now: Timestamp) -> Option<(f64, f64)> {
         self.cfg
-            .stale_half_life_ms
+            .stale_failure_half_life()
             .map(|_| self.stale_failure_counts(i, now))
     }
 
@@ -1151,6 +1196,48 @@ mod tests {
         };
         let e = zero.validate().unwrap_err().to_string();
         assert!(e.contains("stale_half_life_ms"), "{e}");
+    }
+
+    #[test]
+    fn the_latency_and_failure_parts_fade_with_their_own_half_lives() {
+        // Absent, both parts use stale_half_life_ms.
+        let both: RiskConfig = serde_json::from_str(r#"{"stale_half_life_ms": 10000}"#).unwrap();
+        assert_eq!(both.stale_latency_half_life(), Some(10_000.0));
+        assert_eq!(both.stale_failure_half_life(), Some(10_000.0));
+        let split: RiskConfig = serde_json::from_str(
+            r#"{"stale_latency_half_life_ms": 20000, "stale_failure_half_life_ms": 5000}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            split.stale_half_life_ms,
+            Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS)
+        );
+        let mut m = after_outage(None);
+        m.cfg = split;
+        // 60 s after the last attempt: the latency evidence counts 2^-3 (20 s half-life),
+        // the failure evidence 2^-12 (5 s).
+        let later = Timestamp(99_750.0 + 60_000.0);
+        assert!((m.freshness(0, later) - 0.125).abs() < 1e-12);
+        assert!((m.failure_freshness(0, later) - 2f64.powi(-12)).abs() < 1e-15);
+        // The failure counts fade by 2^-12 on top of the failure half-life.
+        let (failed, succeeded) = m.stale_failure_counts(0, later);
+        let off = after_outage(None);
+        let f = &off.failures[0];
+        let weight = decay_factor(off.cfg.failure.half_life_ms, 60_000.0) * 2f64.powi(-12);
+        assert!((failed + succeeded - f.attempts * weight).abs() < 1e-9);
+        // Only the failure part on: the latency posterior is the one without staleness.
+        let mut failure_only = after_outage(None);
+        failure_only.cfg.stale_failure_half_life_ms = Some(5_000.0);
+        assert_eq!(
+            failure_only.current(0, SlicePath::root(), later),
+            off.current(0, SlicePath::root(), later)
+        );
+        assert!(failure_only.failure_rate(0, later) < off.failure_rate(0, later));
+        for field in ["stale_latency_half_life_ms", "stale_failure_half_life_ms"] {
+            let bad: RiskConfig = serde_json::from_str(&format!(r#"{{"{field}": -1}}"#)).unwrap();
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
     }
 
     #[test]

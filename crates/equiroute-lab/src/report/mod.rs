@@ -13,7 +13,11 @@
 //!     "per_seed": [{"seed": u64, "quality": f, "regret": f, "cost_per_request": f,
 //!                   "deadline_miss_rate": f, "request_failure_rate": f,
 //!                   "share_over_time": {"<provider>": [f; 40]},
-//!                   "request_failure_rate_over_time": [f; 40]}],
+//!                   "request_failure_rate_over_time": [f; 40],
+//!                   "recovery_rounds": [{"provider": str, "event": str,
+//!                                        "end_round": usize, "rounds": usize | null}]}],
+//!     "recovery": [{"provider": str, "event": str, "end_round": usize,
+//!                   "rounds": {"mean": f, "ci95": f}, "never": N, "seeds": N}],
 //!     "calibration": {"ece": {"mean": f, "ci95": f}, "count": N,
 //!                     "predicted": f, "observed": f,
 //!                     "deciles": [{"predicted": f, "observed": f, "count": N}; 10]}}}}
@@ -27,11 +31,16 @@
 //! division) and starts at round `bin_start_rounds[b]`; `share_over_time[p][b]` is the share
 //! of that bin's requests that ranked `p` first, `request_failure_rate_over_time[b]` the share
 //! that got no answer.
+//! `recovery_rounds` (per seed) and `recovery` (over seeds; absent when the scenario has no
+//! time-limited event) measure how fast traffic comes back after each event that ends within
+//! the run: rounds from its end until its provider is the first choice in ≥ 60% of a window
+//! one bin long, `null` if never (see [`crate::runner::Recovery`]); `rounds` summarises the
+//! seeds that recovered, `never` counts the others.
 
 pub mod plot;
 
 use crate::calibration::{CalibrationBin, DECILES};
-use crate::runner::{RunResult, BINS};
+use crate::runner::{Recovery, RunResult, BINS, RECOVERY_SHARE};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -103,6 +112,9 @@ pub struct PolicyReport {
     /// Calibration of the deadline-miss estimate over seeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<CalibrationReport>,
+    /// Recovery after each time-limited event, over seeds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recovery: Vec<RecoverySummary>,
 }
 
 /// Calibration of a policy's deadline-miss estimate over seeds.
@@ -167,6 +179,68 @@ pub struct SeedResult {
     /// Requests without an answer / requests, in each time bin.
     #[serde(default)]
     pub request_failure_rate_over_time: Vec<f64>,
+    /// Rounds from each time-limited event's end until its provider had its traffic back
+    /// (`null`: never within the run); see [`Recovery`].
+    #[serde(default)]
+    pub recovery_rounds: Vec<Recovery>,
+}
+
+/// One time-limited event's recovery over seeds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecoverySummary {
+    pub provider: String,
+    pub event: String,
+    pub end_round: usize,
+    /// Over the seeds whose provider got its traffic back.
+    pub rounds: Summary,
+    /// Seeds whose provider never did within the run.
+    pub never: usize,
+    pub seeds: usize,
+}
+
+impl RecoverySummary {
+    /// The summaries of the runs' recoveries, event by event (every run of a scenario lists
+    /// the same events in the same order).
+    #[must_use]
+    pub fn of(runs: &[&RunResult]) -> Vec<RecoverySummary> {
+        let Some(first) = runs.first() else {
+            return Vec::new();
+        };
+        first
+            .recovery
+            .iter()
+            .enumerate()
+            .map(|(k, e)| {
+                let per_seed: Vec<Option<usize>> = runs
+                    .iter()
+                    .filter_map(|r| r.recovery.get(k).map(|x| x.rounds))
+                    .collect();
+                let back: Vec<f64> = per_seed.iter().flatten().map(|&x| x as f64).collect();
+                RecoverySummary {
+                    provider: e.provider.clone(),
+                    event: e.event.clone(),
+                    end_round: e.end_round,
+                    rounds: Summary::of(&back),
+                    never: per_seed.len() - back.len(),
+                    seeds: per_seed.len(),
+                }
+            })
+            .collect()
+    }
+
+    /// `mean ± ci95 (never n/N)`, or `never N/N`.
+    fn cell(&self) -> String {
+        if self.never == self.seeds {
+            format!("never {}/{}", self.never, self.seeds)
+        } else {
+            format!(
+                "{} (never {}/{})",
+                fmt(self.rounds, 0),
+                self.never,
+                self.seeds
+            )
+        }
+    }
 }
 
 /// One scenario's results.
@@ -255,11 +329,13 @@ impl ScenarioReport {
                             request_failure_rate_over_time: r
                                 .request_failure_rate_over_time
                                 .clone(),
+                            recovery_rounds: r.recovery.clone(),
                         })
                         .collect(),
                     share_over_time,
                     regret_over_time,
                     calibration: CalibrationReport::of(&rs),
+                    recovery: RecoverySummary::of(&rs),
                 },
             );
         }
@@ -352,7 +428,46 @@ impl ScenarioReport {
         if best.is_some() {
             s.push_str("quality: * best (the oracle aside), ~ within noise of it (95% intervals overlap)\n");
         }
+        s.push_str(&self.recovery_table());
         s.push_str(&self.calibration_table());
+        s
+    }
+
+    /// Recovery after each time-limited event: rounds from its end until its provider is
+    /// the first choice of ≥ 60% of a bin-long window (mean ± 95% CI over the seeds where it
+    /// was, and how many seeds never got there). Empty when the scenario has no such event.
+    #[must_use]
+    pub fn recovery_table(&self) -> String {
+        let mut s = String::new();
+        let Some(events) = self
+            .ordered()
+            .map(|(_, r)| &r.recovery)
+            .find(|r| !r.is_empty())
+        else {
+            return s;
+        };
+        let _ = writeln!(
+            s,
+            "recovery: rounds from an event's end until its provider is first in ≥ {:.0}% of a {}-round window (mean ± 95% CI over the seeds that got there; never = seeds that did not within the run)",
+            RECOVERY_SHARE * 100.0,
+            (self.rounds / BINS).max(1)
+        );
+        let _ = write!(s, "{:<20}", "policy");
+        for e in events {
+            let _ = write!(
+                s,
+                " {:>28}",
+                format!("{} {} →{}", e.provider, e.event, e.end_round)
+            );
+        }
+        s.push('\n');
+        for (name, r) in self.ordered() {
+            let _ = write!(s, "{name:<20}");
+            for e in &r.recovery {
+                let _ = write!(s, " {:>28}", e.cell());
+            }
+            s.push('\n');
+        }
         s
     }
 
@@ -423,6 +538,16 @@ impl ScenarioReport {
             for (p, v) in &r.share {
                 let _ = writeln!(s, "{},{},share:{},{},0", self.scenario, name, p, v);
             }
+            // Recovery rounds over the seeds that recovered, and the count that never did.
+            for e in &r.recovery {
+                let metric = format!("recovery_rounds:{}:{}:{}", e.provider, e.event, e.end_round);
+                let _ = writeln!(
+                    s,
+                    "{},{},{metric},{},{}",
+                    self.scenario, name, e.rounds.mean, e.rounds.ci95
+                );
+                let _ = writeln!(s, "{},{},{metric}:never,{},0", self.scenario, name, e.never);
+            }
         }
         s
     }
@@ -484,6 +609,7 @@ mod tests {
             regret_over_time: vec![0.0; BINS],
             request_failure_rate_over_time: vec![0.0; BINS],
             calibration: None,
+            recovery: Vec::new(),
         };
         let runs = [
             run("a", 1, 0.60),

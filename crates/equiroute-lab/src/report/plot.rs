@@ -273,3 +273,132 @@ pub fn curves(
     }
     f.finish()
 }
+
+/// A reliability diagram of `policy`'s deadline-miss estimate: per decile of the prediction,
+/// the mean predicted `P(latency > deadline)` against the observed miss rate (means over
+/// seeds), one line per scenario (a latency shape each, in the calibration runs; a `cal-`
+/// prefix dropped), with the diagonal of perfect calibration. `None` when no scenario has a calibration for `policy`.
+#[must_use]
+pub fn reliability(reports: &[ScenarioReport], policy: &str) -> Option<String> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = reports
+        .iter()
+        .filter_map(|r| {
+            let c = r.policies.get(policy)?.calibration.as_ref()?;
+            let pts = c
+                .deciles
+                .iter()
+                .filter(|d| d.count > 0)
+                .map(|d| (d.predicted, d.observed))
+                .collect();
+            // The legend column is narrow: the calibration scenarios' common prefix goes.
+            let name = r.scenario.strip_prefix("cal-").unwrap_or(&r.scenario);
+            Some((name.to_owned(), pts))
+        })
+        .collect();
+    if series.is_empty() {
+        return None;
+    }
+    let top = series
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|&(x, y)| x.max(y)))
+        .fold(0.0f64, f64::max);
+    // Square axes from 0, rounded up to a tenth, so the diagonal is the diagonal.
+    let top = ((top * 10.0).ceil() / 10.0).clamp(0.1, 1.0);
+    let mut f = Frame::new(
+        &format!("reliability of P(latency > deadline), {policy}"),
+        "predicted miss rate (decile mean)",
+        "observed miss rate",
+        (0.0, top),
+        (0.0, top),
+    );
+    let _ = write!(
+        f.svg,
+        r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#999" stroke-dasharray="4 4"/>"##,
+        f.px(0.0),
+        f.py(0.0),
+        f.px(top),
+        f.py(top)
+    );
+    for (row, (name, pts)) in series.iter().enumerate() {
+        let color = COLORS[row % COLORS.len()];
+        f.polyline(pts, color);
+        for &(x, y) in pts {
+            let _ = write!(
+                f.svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{color}"/>"#,
+                f.px(x),
+                f.py(y)
+            );
+        }
+        f.legend(row, color, name);
+    }
+    Some(f.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibration::CalibrationBin;
+    use crate::report::{CalibrationReport, PolicyReport, Summary};
+    use std::collections::BTreeMap;
+
+    fn report(scenario: &str, deciles: Vec<CalibrationBin>) -> ScenarioReport {
+        let s = Summary::default();
+        let policy = PolicyReport {
+            quality: s,
+            latency_mean_ms: s,
+            latency_p95_ms: s,
+            deadline_miss_rate: s,
+            request_failure_rate: s,
+            attempt_failure_rate: s,
+            cost_per_request: s,
+            regret: s,
+            share: BTreeMap::new(),
+            per_seed: Vec::new(),
+            share_over_time: Vec::new(),
+            regret_over_time: Vec::new(),
+            calibration: Some(CalibrationReport {
+                ece: Summary {
+                    mean: 0.0125,
+                    ci95: 0.0,
+                },
+                count: 100,
+                predicted: 0.2,
+                observed: 0.2,
+                deciles,
+            }),
+            recovery: Vec::new(),
+        };
+        ScenarioReport {
+            scenario: scenario.to_owned(),
+            seeds: 1,
+            rounds: 100,
+            seed_list: vec![1],
+            providers: vec!["a".into()],
+            bin_start_rounds: Vec::new(),
+            policies: BTreeMap::from([("lqm-ts".to_owned(), policy)]),
+            order: vec!["lqm-ts".to_owned()],
+        }
+    }
+
+    #[test]
+    fn the_reliability_diagram_has_one_line_per_scenario_and_the_diagonal() {
+        let bin = |p: f64, o: f64| CalibrationBin {
+            predicted: p,
+            observed: o,
+            count: 10,
+        };
+        let reports = [
+            report("cal-lognormal", vec![bin(0.05, 0.04), bin(0.3, 0.32)]),
+            report("cal-pareto", vec![bin(0.1, 0.2), bin(0.4, 0.35)]),
+        ];
+        let svg = reliability(&reports, "lqm-ts").unwrap_or_default();
+        assert_eq!(svg.matches("<polyline").count(), 2, "{svg}");
+        assert_eq!(svg.matches("<circle").count(), 4, "{svg}");
+        assert!(svg.contains(">pareto<") && svg.contains("stroke-dasharray"));
+        // The axes reach the largest rate, rounded up to a tenth: 0.4 → 0 to 0.4, so the
+        // point (0.4, 0.35) sits at the right edge (x = W − RIGHT = 540).
+        assert!(svg.contains("540.0,"), "{svg}");
+        assert!(reliability(&reports, "least-latency").is_none());
+    }
+}
