@@ -399,3 +399,50 @@ fn check_config_names_each_kinds_fields() {
     let small = caps("kind = \"gemini\"\ncapabilities = { context_tokens = 32000 }\n");
     assert!(small.vision && small.json_mode && small.context_tokens == 32_000);
 }
+
+#[tokio::test]
+async fn a_stream_is_billed_by_the_usage_its_provider_reported_not_the_estimate() {
+    let native = mock("").await;
+    let backup = mock("").await;
+    let audit = std::env::temp_dir().join(format!(
+        "equiroute-dialects-stream-cost-{}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&audit);
+    // A dollar per input token and two per output token: the cost says which tokens counted.
+    let first = format!(
+        "{}price = {{ per_million_input_tokens = 1000000.0, per_million_output_tokens = 2000000.0 }}\n",
+        anthropic(native.addr)
+    );
+    let cfg = format!(
+        "[audit]\npath = {:?}\n{}",
+        audit.display().to_string(),
+        config(&first, backup.addr)
+    );
+    let gw = start(&cfg, &[("NATIVE_KEY", KEY)]).await;
+    let mut body: Value = serde_json::from_str(&request(true, false)).unwrap();
+    body["stream_options"] = json!({"include_usage": true});
+    let r = chat(gw.addr, &body.to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let usage = events(&r.body)
+        .into_iter()
+        .find_map(|e| e.get("usage").filter(|u| !u.is_null()).cloned())
+        .unwrap_or_else(|| panic!("a usage chunk: {}", r.body));
+    let (input, output) = (
+        usage["prompt_tokens"].as_f64().unwrap(),
+        usage["completion_tokens"].as_f64().unwrap(),
+    );
+    let record = common::audit_record(&audit, r.header("x-equiroute-request-id").unwrap()).await;
+    let estimated = record["tokens"]["input"].as_f64().unwrap()
+        + 2.0 * record["tokens"]["output"].as_f64().unwrap();
+    let billed = record["cost_usd"].as_f64().unwrap();
+    assert!(
+        (billed - (input + 2.0 * output)).abs() < 1e-9,
+        "billed {billed} for {input} in and {output} out: {record}"
+    );
+    assert!(
+        (billed - estimated).abs() > 1e-9,
+        "the estimate differs: {record}"
+    );
+    let _ = std::fs::remove_file(&audit);
+}

@@ -1476,7 +1476,7 @@ impl Relay {
         let resume = self.iface.stream_resume;
         let mut events = SseScan::keeping(resume.is_on().then_some(resume.max_kept_bytes));
         let (mut broken, mut client_gone) = self.relay(&mut events, first, rest, &tx).await;
-        let mut status = self.book_relayed(broken.as_deref(), client_gone);
+        let mut status = self.book_relayed(broken.as_deref(), client_gone, events.seen.usage);
         let mut continuations = 0;
         let mut not_continued = None;
         while let Some(reason) = broken.clone() {
@@ -1504,7 +1504,7 @@ impl Relay {
                 events.next_stream(next.mode);
                 (broken, client_gone) = self.relay(&mut events, next.first, next.rest, &tx).await;
             }
-            status = self.book_relayed(broken.as_deref(), client_gone);
+            status = self.book_relayed(broken.as_deref(), client_gone, events.seen.usage);
         }
         if let Some(reason) = &broken {
             let message = match &not_continued {
@@ -1546,8 +1546,14 @@ impl Relay {
         }
     }
 
-    /// Books the relayed attempt, which ended (`broken`: why it broke); returns its status.
-    fn book_relayed(&mut self, broken: Option<&str>, client_gone: bool) -> AttemptStatus {
+    /// Books the relayed attempt, which ended (`broken`: why it broke), billed by the usage
+    /// the provider reported in the stream, else by the request's estimate; returns its status.
+    fn book_relayed(
+        &mut self,
+        broken: Option<&str>,
+        client_gone: bool,
+        usage: Option<TokenEstimate>,
+    ) -> AttemptStatus {
         let status = match (broken, client_gone) {
             (Some(_), _) => AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
             (None, true) => AttemptStatus::Cancelled,
@@ -1560,7 +1566,7 @@ impl Relay {
         } else {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
-        let outcome = streamed(c, self.tokens, status, latency, self.ttfb);
+        let outcome = streamed(c, usage.unwrap_or(self.tokens), status, latency, self.ttfb);
         let _ = self.state.record_routed_attempt(
             &self.iface,
             self.decided.routed.arm,
@@ -1735,6 +1741,9 @@ struct Seen {
     data_events: u64,
     /// The answer's text so far, when a broken stream may be continued.
     kept: Option<Kept>,
+    /// The token usage the provider reported in the stream, if it did: what the attempt is
+    /// billed by, as an unstreamed answer is.
+    usage: Option<TokenEstimate>,
 }
 
 /// The assistant text a relayed answer has sent, kept (up to `cap` bytes) so that a broken
@@ -1783,6 +1792,15 @@ struct ChunkPeek {
     choices: Vec<ChoicePeek>,
     #[serde(default)]
     error: Option<serde::de::IgnoredAny>,
+    /// The usage chunk (`stream_options.include_usage`, and every native dialect's stream).
+    #[serde(default)]
+    usage: Option<UsagePeek>,
+}
+
+#[derive(serde::Deserialize)]
+struct UsagePeek {
+    prompt_tokens: Option<u32>,
+    completion_tokens: Option<u32>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1900,6 +1918,13 @@ impl Seen {
                 }
                 if let Some(kept) = &mut self.kept {
                     kept.take(&c.choices);
+                }
+                if let Some(UsagePeek {
+                    prompt_tokens: Some(input),
+                    completion_tokens: Some(output),
+                }) = c.usage
+                {
+                    self.usage = Some(TokenEstimate { input, output });
                 }
                 Ok(())
             }
