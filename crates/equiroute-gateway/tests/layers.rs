@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("mock", 1),
     ("pending", 1),
     ("feedback", 1),
+    ("telemetry", 1),
     ("shared", 2),
     ("server", 3),
     ("store", 4),

@@ -1,5 +1,5 @@
 //! The `[telemetry]` table: optional OpenTelemetry export of the gateway's traces over OTLP
-//! (see `crate::telemetry` for what is exported and how it never holds a request up).
+//! (the gateway's `telemetry` module says what is exported and how it never holds a request up).
 
 use serde::Deserialize;
 use std::time::Duration;
