@@ -151,31 +151,13 @@ pub(super) async fn race(
         // Cancel the other: dropping its call closes its connection.
         drop(a);
         drop(b);
-        let candidate = &iface.candidates[loser.candidate];
-        let cancelled = AttemptOutcome {
-            latency: Millis(loser_clock.elapsed().as_secs_f64() * 1000.0),
-            status: AttemptStatus::Cancelled,
-            // Billed as if it ran to the end, by the request's estimate: providers bill a
-            // call they started, and a cancelled one reports no usage.
-            cost: candidate.price.cost(ctx.tokens),
-            time_to_first_byte: None,
-            retry_after: None,
+        let loser = Loser {
+            next: loser,
+            start: loser_start,
+            clock: loser_clock,
+            span: loser_span,
         };
-        super::spans::record_attempt(loser_span, iface, loser.candidate, &cancelled, None);
-        book(
-            state,
-            iface,
-            run,
-            loser,
-            loser_start,
-            cancelled,
-            ctx,
-            router,
-        )?;
-        state.metrics.hedge(&iface.name, "cancelled");
-        if hedge_first {
-            state.metrics.hedge(&iface.name, "won");
-        }
+        cancel(state, iface, run, &loser, hedge_first, ctx, router)?;
     } else {
         let reply = if hedge_first { a.await } else { b.await };
         let hedge_won = !hedge_first && reply.status == AttemptStatus::Ok;
@@ -286,30 +268,13 @@ pub(super) async fn race_streams<'a>(
         } else {
             (hedge, hedge_now, hedge_started, b_span)
         };
-        let candidate = &iface.candidates[loser.candidate];
-        let cancelled = AttemptOutcome {
-            latency: Millis(loser_clock.elapsed().as_secs_f64() * 1000.0),
-            status: AttemptStatus::Cancelled,
-            // Billed as the unstreamed hedge's loser is: by the request's estimate.
-            cost: candidate.price.cost(ctx.tokens),
-            time_to_first_byte: None,
-            retry_after: None,
+        let loser = Loser {
+            next: loser,
+            start: loser_start,
+            clock: loser_clock,
+            span: &loser_span,
         };
-        super::spans::record_attempt(&loser_span, iface, loser.candidate, &cancelled, None);
-        book(
-            state,
-            iface,
-            run,
-            loser,
-            loser_start,
-            cancelled,
-            ctx,
-            router,
-        )?;
-        state.metrics.hedge(&iface.name, "cancelled");
-        if hedge_first {
-            state.metrics.hedge(&iface.name, "won");
-        }
+        cancel(state, iface, run, &loser, hedge_first, ctx, router)?;
         return Ok(vec![opened]);
     }
     // The first to end failed before anything was sent: the other may still deliver.
@@ -318,4 +283,50 @@ pub(super) async fn race_streams<'a>(
         state.metrics.hedge(&iface.name, "won");
     }
     Ok(vec![opened, other])
+}
+
+/// The attempt a hedge race dropped for a winner.
+struct Loser<'s> {
+    next: NextAttempt,
+    start: Timestamp,
+    clock: Instant,
+    span: &'s tracing::Span,
+}
+
+/// Books the dropped attempt as `cancelled` at this moment (a censored latency), billed as if
+/// it ran to the end by the request's estimate (providers bill a call they started, and a
+/// cancelled one reports no usage), and counts the hedge's end.
+fn cancel(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    loser: &Loser<'_>,
+    hedge_won: bool,
+    ctx: &Booking<'_>,
+    router: &mut Duration,
+) -> Result<(), ApiError> {
+    let candidate = &iface.candidates[loser.next.candidate];
+    let cancelled = AttemptOutcome {
+        latency: Millis(loser.clock.elapsed().as_secs_f64() * 1000.0),
+        status: AttemptStatus::Cancelled,
+        cost: candidate.price.cost(ctx.tokens),
+        time_to_first_byte: None,
+        retry_after: None,
+    };
+    super::spans::record_attempt(loser.span, iface, loser.next.candidate, &cancelled, None);
+    book(
+        state,
+        iface,
+        run,
+        loser.next,
+        loser.start,
+        cancelled,
+        ctx,
+        router,
+    )?;
+    state.metrics.hedge(&iface.name, "cancelled");
+    if hedge_won {
+        state.metrics.hedge(&iface.name, "won");
+    }
+    Ok(())
 }

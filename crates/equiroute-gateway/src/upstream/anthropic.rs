@@ -172,23 +172,11 @@ fn part(p: &Value, at: &str) -> Result<Value, Refusal> {
 
 /// An assistant's `tool_calls` → `tool_use` blocks (arguments are JSON text in OpenAI's).
 fn tool_uses(calls: &Value, at: &str) -> Result<Vec<Value>, Refusal> {
-    let Some(list) = calls.as_array() else {
-        return Err(Refusal::new(at, "must be a list"));
-    };
-    list.iter()
-        .enumerate()
-        .map(|(j, c)| {
-            let args = c
-                .pointer("/function/arguments")
-                .and_then(Value::as_str)
-                .unwrap_or("{}");
-            let input: Value = serde_json::from_str(if args.trim().is_empty() { "{}" } else { args })
-                .map_err(|_| {
-                    Refusal::new(format!("{at}[{j}].function.arguments"), "must be JSON text")
-                })?;
-            Ok(json!({"type": "tool_use", "id": c.get("id"), "name": c.pointer("/function/name"), "input": input}))
-        })
-        .collect()
+    dialect::tool_calls(
+        calls,
+        at,
+        |id, name, input| json!({"type": "tool_use", "id": id, "name": name, "input": input}),
+    )
 }
 
 /// OpenAI `tools` (functions) → Anthropic tools.

@@ -455,3 +455,32 @@ pub fn translate_stream(
     });
     Box::pin(stream)
 }
+
+/// An assistant's `tool_calls` (OpenAI's shape, at `at`), each written by `block` from its id,
+/// its function's name and its arguments parsed (JSON text in OpenAI's; empty text is `{}`).
+///
+/// # Errors
+/// Not a list, or arguments that are not JSON text (the member named).
+pub fn tool_calls(
+    calls: &Value,
+    at: &str,
+    block: impl Fn(Option<&Value>, Option<&Value>, Value) -> Value,
+) -> Result<Vec<Value>, Refusal> {
+    let Some(list) = calls.as_array() else {
+        return Err(Refusal::new(at, "must be a list"));
+    };
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let args = c
+                .pointer("/function/arguments")
+                .and_then(Value::as_str)
+                .unwrap_or("{}");
+            let input: Value =
+                serde_json::from_str(if args.trim().is_empty() { "{}" } else { args }).map_err(
+                    |_| Refusal::new(format!("{at}[{j}].function.arguments"), "must be JSON text"),
+                )?;
+            Ok(block(c.get("id"), c.pointer("/function/name"), input))
+        })
+        .collect()
+}
