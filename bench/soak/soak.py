@@ -294,13 +294,7 @@ def write_configs(tmp, args, mock_port, gw_port, redis_port):
     cfg = cfg.replace("@LISTEN@", f"127.0.0.1:{gw_port}").replace("@UPSTREAM@", f"127.0.0.1:{mock_port}")
     cfg = cfg.replace("@AUDIT@", os.path.join(tmp, "audit.jsonl"))
     if args.backend == "redis":
-        # compact_every = 4000: the log Redis keeps (at most two compactions' worth of entries,
-        # about 100 a second here) and the stream an instance reads after Redis lost it reach
-        # their steady size within the first third of a 10-minute run. With the default 20000
-        # they grow for about 400 s, and the flatness checks would measure that filling (seen:
-        # RSS stepping up at each Redis restart as the re-read stream grew, then level).
-        state = (f'[state]\nbackend = "redis"\nurl = "redis://127.0.0.1:{redis_port}/0"\nnamespace = "soak"\n'
-                 'compact_every = 4000\n')
+        state = f'[state]\nbackend = "redis"\nurl = "redis://127.0.0.1:{redis_port}/0"\nnamespace = "soak"\n'
     else:
         state = f'[state]\npath = "{os.path.join(tmp, "state.redb")}"\nsnapshot_interval_s = 5\n'
     cfg = cfg.replace("# @STATE@\n", state)
