@@ -74,6 +74,26 @@ impl Rig {
     async fn audit_of(&self, id: &str) -> Value {
         audit_record(&self.audit, id).await
     }
+
+    /// Calls each upstream received: (slow, fast).
+    async fn calls(&self) -> (u64, u64) {
+        (
+            calls(self.slow.addr, "slow").await,
+            calls(self.fast.addr, "fast").await,
+        )
+    }
+}
+
+/// `equiroute_hedges_total` of the chat interface in a `/metrics` text: (started, won,
+/// cancelled).
+fn hedges(m: &str) -> (u64, u64, u64) {
+    let event = |e: &str| {
+        metric(
+            m,
+            &format!("equiroute_hedges_total{{interface=\"chat\",event=\"{e}\"}} "),
+        )
+    };
+    (event("started"), event("won"), event("cancelled"))
 }
 
 impl Drop for Rig {
@@ -101,24 +121,9 @@ async fn a_hedge_cuts_a_slow_first_attempt_and_the_loser_is_cancelled() {
     assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
     assert!(took < Duration::from_secs(2), "{took:?}");
     // Both upstreams were called once.
-    assert_eq!(
-        (
-            calls(rig.slow.addr, "slow").await,
-            calls(rig.fast.addr, "fast").await
-        ),
-        (1, 1)
-    );
+    assert_eq!(rig.calls().await, (1, 1));
     let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;
-    let hedges = |event: &str| {
-        metric(
-            &m,
-            &format!("equiroute_hedges_total{{interface=\"chat\",event=\"{event}\"}} "),
-        )
-    };
-    assert_eq!(
-        (hedges("started"), hedges("won"), hedges("cancelled")),
-        (1, 1, 1)
-    );
+    assert_eq!(hedges(&m), (1, 1, 1));
     assert_eq!(
         metric(
             &m,
@@ -186,24 +191,9 @@ async fn a_stream_hedges_until_its_first_byte_and_the_slow_one_is_dropped() {
         equiroute_gateway::mock::stream_chunks("fast").concat()
     );
     assert!(took < Duration::from_secs(2), "{took:?}");
-    assert_eq!(
-        (
-            calls(rig.slow.addr, "slow").await,
-            calls(rig.fast.addr, "fast").await
-        ),
-        (1, 1)
-    );
+    assert_eq!(rig.calls().await, (1, 1));
     let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;
-    let hedges = |event: &str| {
-        metric(
-            &m,
-            &format!("equiroute_hedges_total{{interface=\"chat\",event=\"{event}\"}} "),
-        )
-    };
-    assert_eq!(
-        (hedges("started"), hedges("won"), hedges("cancelled")),
-        (1, 1, 1)
-    );
+    assert_eq!(hedges(&m), (1, 1, 1));
     // The audit record: the slow attempt dropped when the hedge's first byte came (booked
     // then, billed at its price), the hedge's stream relayed to its end.
     let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
