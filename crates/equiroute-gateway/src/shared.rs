@@ -29,8 +29,9 @@
 //! an event too: the others open theirs until the same time. The contexts of answered
 //! requests travel the same way, so quality feedback can be posted to any instance.
 //!
-//! Compaction: every `compact_every` entries an instance writes a snapshot of the confirmed
-//! state with the stream id it stands at, and the entries older than the *previous*
+//! Compaction: every `compact_every` entries or `compact_bytes` bytes of entries (whichever
+//! comes first) an instance writes a snapshot of the confirmed state with the stream id it
+//! stands at, and the entries older than the *previous*
 //! snapshot are trimmed. An instance whose cursor falls behind the trimmed part (a new
 //! instance, a long partition) loads the snapshot instead of replaying.
 //!
@@ -616,6 +617,8 @@ pub struct Syncer {
     last_acked: Option<Batch>,
     batches: u64,
     since_snapshot: u64,
+    /// Bytes of the entries read since the last snapshot.
+    since_snapshot_bytes: u64,
     /// Remote observations were applied: the live policies need a rebuild.
     stale_live: bool,
     /// The stream's epoch when this instance last synced (`None`: never synced).
@@ -752,6 +755,7 @@ impl Syncer {
             last_acked: None,
             batches: 0,
             since_snapshot: 0,
+            since_snapshot_bytes: 0,
             stale_live: false,
             known_epoch: None,
             seen: SeenFeedback::default(),
@@ -883,7 +887,7 @@ impl Syncer {
             2 => {
                 // The confirmed state is the snapshot now; the new stream's entries follow.
                 self.cursor = RESEED_ID;
-                self.since_snapshot = 0;
+                self.snapshot_taken();
                 self.stale_live = true;
                 tracing::warn!(
                     namespace = %self.cfg.namespace,
@@ -981,6 +985,7 @@ impl Syncer {
                 report.applied_observations += applied;
                 self.cursor = id;
                 self.since_snapshot += 1;
+                self.since_snapshot_bytes += fields.iter().map(|f| f.len() as u64).sum::<u64>();
                 report.applied_entries += 1;
             }
             if n < READ_COUNT {
@@ -995,9 +1000,11 @@ impl Syncer {
         shared.journal.forget_through(self.own_confirmed);
         // 4. Compact now and then (another instance's newer snapshot counts too).
         if snap_id.is_some_and(|s| s > self.cursor) {
-            self.since_snapshot = 0;
+            self.snapshot_taken();
         }
-        if self.since_snapshot >= self.cfg.compact_every {
+        if self.since_snapshot >= self.cfg.compact_every
+            || self.since_snapshot_bytes >= self.cfg.compact_bytes
+        {
             let states = self.confirmed_states();
             let bytes = rmp_serde::to_vec_named(&states).map_err(|e| redis_err(&e))?;
             let seen = rmp_serde::to_vec_named(&self.seen).map_err(|e| redis_err(&e))?;
@@ -1011,10 +1018,17 @@ impl Syncer {
                     .invoke_async(&mut conn),
             )
             .await?;
-            self.since_snapshot = 0;
+            self.snapshot_taken();
             report.compacted = true;
         }
         Ok(report)
+    }
+
+    /// A snapshot stands at (or past) the cursor: the count towards the next compaction
+    /// starts again.
+    fn snapshot_taken(&mut self) {
+        self.since_snapshot = 0;
+        self.since_snapshot_bytes = 0;
     }
 
     /// Compares the stream's `epoch` with the one this instance knew, and recovers when
@@ -1120,7 +1134,7 @@ impl Syncer {
             self.confirmed.insert(name.clone(), fresh);
         }
         self.cursor = id;
-        self.since_snapshot = 0;
+        self.snapshot_taken();
         self.stale_live = true;
         Ok(())
     }

@@ -20,6 +20,9 @@ fn default_interval() -> f64 {
     5.0
 }
 
+/// Bytes of log entries between two compactions by default (8 MiB).
+const DEFAULT_COMPACT_BYTES: u64 = 8 << 20;
+
 /// `[state]` as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,6 +35,7 @@ pub(super) struct RawState {
     namespace: Option<String>,
     sync_interval_ms: Option<f64>,
     compact_every: Option<u64>,
+    compact_bytes: Option<u64>,
     max_unpushed: Option<usize>,
     claim_timeout_ms: Option<f64>,
 }
@@ -57,6 +61,10 @@ pub struct RedisStateConfig {
     /// Log entries between two compactions (a snapshot of the merged state, older entries
     /// trimmed).
     pub compact_every: u64,
+    /// Bytes of log entries between two compactions, whichever of the two comes first: the
+    /// log's memory in Redis stays under about twice this (the entries since the previous
+    /// snapshot are kept for instances that fall behind), however busy the instances are.
+    pub compact_bytes: u64,
     /// Most observations kept for Redis while it is unreachable; beyond, the oldest are
     /// dropped and counted.
     pub max_unpushed: usize,
@@ -110,6 +118,7 @@ fn file(raw: RawState, bad: &mut dyn FnMut(&str, String)) -> Option<StateConfig>
         bad,
     );
     misplaced("file", "compact_every", raw.compact_every.is_some(), bad);
+    misplaced("file", "compact_bytes", raw.compact_bytes.is_some(), bad);
     misplaced("file", "max_unpushed", raw.max_unpushed.is_some(), bad);
     misplaced(
         "file",
@@ -217,6 +226,13 @@ fn redis(
             "must be at least 100 log entries (default 20000)".into(),
         );
     }
+    let compact_bytes = raw.compact_bytes.unwrap_or(DEFAULT_COMPACT_BYTES);
+    if compact_bytes < 65_536 {
+        bad(
+            "compact_bytes",
+            format!("must be at least 65536 bytes (default {DEFAULT_COMPACT_BYTES}, 8 MiB)"),
+        );
+    }
     let max_unpushed = raw.max_unpushed.unwrap_or(200_000);
     if max_unpushed < 1000 {
         bad(
@@ -237,6 +253,7 @@ fn redis(
             namespace,
             sync_interval: Duration::from_secs_f64(sync_ms / 1000.0),
             compact_every,
+            compact_bytes,
             max_unpushed,
             claim_timeout: Duration::from_secs_f64(claim_ms / 1000.0),
         })
