@@ -2,7 +2,8 @@
 //!
 //! For each scenario and seed: log one policy's traffic with an exploration floor, evaluate
 //! other policies offline from that log (each replayed on the logged observations in order
-//! and asked for its first-choice distribution on every logged context), run each of them
+//! and asked for its first-choice distribution on every logged context, once learning from
+//! every logged request and once only from those where the log made its own choice), run each of them
 //! on-policy on the same scenario and seed for its true mean quality, and compare: estimate,
 //! truth, error, and whether the 95% bootstrap interval covers the truth, for IPS, SNIPS and
 //! DR. The bar: intervals cover the truth in at least 90% of the cases the evaluator does not
@@ -11,6 +12,7 @@
 //! ```text
 //! cargo run -p equiroute-lab --example ope -- [--seeds N] [--first-seed S] [--rounds R]
 //!     [--logger lqm-ts] [--floor 0.05] [--draws 50] [--scenarios a,b,...] [--jobs 2] [--rows]
+//!     [--tsv FILE] [--learning-gap-warn 0.5]
 //! ```
 //!
 //! Defaults: seeds 1-5, each scenario's rounds, four scenarios, lqm-ts logging with a 0.05
@@ -28,6 +30,7 @@ use equiroute_core::ope::{Estimator, OpeOptions};
 use equiroute_lab::ope::{evaluate_targets, OpeCase};
 use equiroute_lab::runner::run;
 use equiroute_lab::scenario::{builtin, Variant};
+use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -43,6 +46,8 @@ struct Args {
     targets: Option<Vec<String>>,
     jobs: usize,
     rows: bool,
+    tsv: Option<String>,
+    learning_gap_warn: f64,
 }
 
 fn parse() -> Args {
@@ -64,6 +69,8 @@ fn parse() -> Args {
         targets: None,
         jobs: 2,
         rows: false,
+        tsv: None,
+        learning_gap_warn: OpeOptions::default().learning_gap_warn,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,6 +86,10 @@ fn parse() -> Args {
             "--targets" => a.targets = Some(value().split(',').map(String::from).collect()),
             "--jobs" => a.jobs = value().parse::<usize>().expect("--jobs: e.g. 2").max(1),
             "--rows" => a.rows = true,
+            "--tsv" => a.tsv = Some(value()),
+            "--learning-gap-warn" => {
+                a.learning_gap_warn = value().parse().expect("--learning-gap-warn: e.g. 0.5");
+            }
             other => panic!("unknown flag {other}: see the example's doc comment"),
         }
     }
@@ -122,7 +133,10 @@ fn main() {
             });
         }
     }
-    let opts = OpeOptions::default();
+    let opts = OpeOptions {
+        learning_gap_warn: args.learning_gap_warn,
+        ..OpeOptions::default()
+    };
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let cases: Mutex<Vec<OpeCase>> = Mutex::new(Vec::new());
@@ -170,6 +184,9 @@ fn main() {
         ))
     });
     report(&args, &logger_label, &cases);
+    if let Some(path) = &args.tsv {
+        write_tsv(path, &cases);
+    }
     floor_cost(&args, &cases, &plain.into_inner().unwrap());
 }
 
@@ -209,12 +226,13 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
     let last = args.first_seed + args.seeds - 1;
     println!(
-        "logger `{logger}`, seeds {}-{last}, {} cases, {} draws per Thompson distribution, 95% percentile bootstrap ({} resamples), DR with {}-fold cross-fitted ridge\n",
+        "logger `{logger}`, seeds {}-{last}, {} cases, {} draws per Thompson distribution, 95% percentile bootstrap ({} resamples), DR with {}-fold cross-fitted ridge; intervals span both replays (learning from every request, from its own choices), warned beyond {} half-widths apart\n",
         args.first_seed,
         cases.len(),
         args.draws,
         OpeOptions::default().bootstrap_resamples,
         OpeOptions::default().folds,
+        args.learning_gap_warn,
     );
     println!("| estimator | cases without warning | covered | coverage | MAE (unwarned) | MAE (all) | mean bias (all) | covers replay truth | MAE vs replay truth | covers truth ± its own noise |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
@@ -339,6 +357,10 @@ fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
                         } => format!("unsupported {candidate}"),
                         equiroute_core::ope::SupportWarning::TinyPropensities { share } =>
                             format!("tiny {share:.3}"),
+                        equiroute_core::ope::SupportWarning::LearningDependent {
+                            own_value,
+                            ..
+                        } => format!("learning {own_value:.3}"),
                         equiroute_core::ope::SupportWarning::LowEffectiveSampleSize { ess } =>
                             format!("ess {ess:.0}"),
                     })
@@ -347,4 +369,39 @@ fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
             );
         }
     }
+}
+
+/// Every case, one line each, for analysis: the truths and each estimator's value, interval
+/// and number of warnings.
+fn write_tsv(path: &str, cases: &[OpeCase]) {
+    let mut out =
+        String::from("scenario\ttarget\tseed\ttruth\ttruth_se\treplay_truth\town_replay_truth");
+    for prefix in ["", "own_"] {
+        for e in Estimator::ALL {
+            let _ = write!(
+                out,
+                "\t{prefix}{e}\t{prefix}{e}_lo\t{prefix}{e}_hi\t{prefix}{e}_warnings"
+            );
+        }
+    }
+    out.push('\n');
+    for c in cases {
+        let _ = write!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            c.scenario, c.target, c.seed, c.truth, c.truth_se, c.replay_truth, c.own_replay_truth
+        );
+        for (_, est) in c.estimates.iter().chain(&c.own_estimates) {
+            let _ = write!(
+                out,
+                "\t{}\t{}\t{}\t{}",
+                est.value,
+                est.ci_low,
+                est.ci_high,
+                est.warnings.len()
+            );
+        }
+        out.push('\n');
+    }
+    std::fs::write(path, out).unwrap_or_else(|e| panic!("--tsv {path}: {e}"));
 }

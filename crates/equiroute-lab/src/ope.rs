@@ -10,17 +10,22 @@
 
 use crate::runner::{run_logged, RunError};
 use crate::scenario::ScenarioSpec;
-use equiroute_core::ope::{evaluate, Estimate, Estimator, LoggedDecision, OpeError, OpeOptions};
+use equiroute_core::ope::{
+    evaluate, learns_from, with_own_learning, Estimate, Estimator, LoggedDecision, OpeError,
+    OpeOptions,
+};
 use equiroute_core::policies::{
     AttemptObservation, FirstChoice, Policy, QualityObservation, RankContext,
 };
 use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp, TokenEstimate};
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// A quality score the logging policy received before a decision.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoggedFeedback {
+    /// The logged round whose answer was scored.
+    pub round: usize,
     pub candidate: usize,
     pub features: Vec<f64>,
     pub quality: f64,
@@ -89,17 +94,47 @@ impl Metric {
     }
 }
 
-/// Replays `log` to `target` and returns its first-choice distribution on every logged
-/// context (`draws` draws for Thompson-sampled targets, from `rng`).
+/// What a replayed target learns from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learning {
+    /// Every logged observation: the target learns from the logging policy's traffic.
+    All,
+    /// Only the rounds it would have chosen itself (rejection sampling, Li et al. 2011): a
+    /// round is kept with probability `min(1, π(action)/propensity)`
+    /// ([`equiroute_core::ope::learns_from`]), so a kept round's first choice is one the
+    /// target would have made, and the target learns from (a subsample of) its own choices.
+    /// Its attempts and the quality of its answer are observed only when it is kept.
+    Own,
+}
+
+/// A replay's result.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    /// The target's first-choice distribution on every logged context.
+    pub choices: Vec<FirstChoice>,
+    /// Per round, whether the target learnt from it (always, with [`Learning::All`]).
+    pub learnt_from: Vec<bool>,
+}
+
+/// Replays `log` to `target`: its first-choice distribution on every logged context
+/// (`draws` draws for Thompson-sampled targets, from `rng`), learning as `learning` says.
 pub fn replay(
     log: &TrafficLog,
     target: &mut dyn Policy,
     rng: &mut ChaCha8Rng,
     draws: u32,
-) -> Vec<FirstChoice> {
+    learning: Learning,
+) -> Replayed {
     let mut out = Vec::with_capacity(log.rounds.len());
+    let mut kept = Vec::with_capacity(log.rounds.len());
+    // The coin of rejection sampling, apart from the target's own draws.
+    let mut coin = ChaCha8Rng::seed_from_u64(0x5eed_c017);
     for r in &log.rounds {
-        for f in &r.feedback {
+        for f in r
+            .feedback
+            .iter()
+            .filter(|f| kept.get(f.round) == Some(&true))
+        {
             target.observe_quality(&QualityObservation {
                 candidate: f.candidate,
                 features: &f.features,
@@ -114,9 +149,22 @@ pub fn replay(
         ctx.now = r.now;
         ctx.in_flight = Some(&r.in_flight);
         ctx.oracle_values = Some(&r.values);
-        out.push(target.first_choice_distribution(&ctx, rng, draws));
+        let dist = target.first_choice_distribution(&ctx, rng, draws);
+        let keep = match learning {
+            Learning::All => true,
+            Learning::Own => learns_from(
+                dist.probability(r.action),
+                r.propensity,
+                coin.random::<f64>(),
+            ),
+        };
+        out.push(dist);
+        kept.push(keep);
         // The target ranks the request as a shadow would (round-robin moves on).
         let _ = target.rank(&ctx, rng);
+        if !keep {
+            continue;
+        }
         for a in &r.attempts {
             target.observe_attempt(&AttemptObservation {
                 candidate: a.candidate,
@@ -128,7 +176,10 @@ pub fn replay(
             });
         }
     }
-    out
+    Replayed {
+        choices: out,
+        learnt_from: kept,
+    }
 }
 
 /// The evaluator's records: the logged decisions with the target's distributions.
@@ -147,6 +198,23 @@ pub fn decisions(log: &TrafficLog, target: &[FirstChoice], metric: Metric) -> Ve
             outcome: metric.of(r),
         })
         .collect()
+}
+
+/// The expected value of exactly the replayed decisions: the target's first-choice
+/// probabilities times each provider's true expected value, averaged over the logged contexts
+/// (only the laboratory knows the values).
+fn replay_truth(log: &TrafficLog, dist: &[FirstChoice]) -> f64 {
+    log.rounds
+        .iter()
+        .zip(dist)
+        .map(|(r, d)| {
+            r.eligible
+                .iter()
+                .map(|&c| d.probability(c) * r.values[c])
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / log.rounds.len().max(1) as f64
 }
 
 /// One (scenario, target policy, seed) of the laboratory proof.
@@ -170,8 +238,15 @@ pub struct OpeCase {
     pub logged_value: f64,
     /// The logging run's regret against the oracle.
     pub logged_regret: f64,
-    /// IPS, SNIPS and DR, in [`Estimator::ALL`] order.
+    /// IPS, SNIPS and DR, in [`Estimator::ALL`] order, as the evaluator reports them: the
+    /// target learning from every logged observation ([`Learning::All`]), the interval
+    /// spanning the replay learning from its own choices too, warned when they disagree
+    /// ([`with_own_learning`]).
     pub estimates: Vec<(Estimator, Estimate)>,
+    /// The replay truth of the target learning from its own choices ([`Learning::Own`]).
+    pub own_replay_truth: f64,
+    /// IPS, SNIPS and DR of the target learning from its own choices.
+    pub own_estimates: Vec<(Estimator, Estimate)>,
 }
 
 /// A laboratory case could not run.
@@ -200,51 +275,53 @@ pub fn evaluate_targets(
     let (logged, log) = run_logged(spec, logger, seed, rounds, draws)?;
     let mut out = Vec::with_capacity(targets.len());
     for target in targets {
-        let mut policy = spec
-            .policy(target)
-            .and_then(|c| {
-                c.build_with_floor(&log.candidates, spec.feature_dim, &spec.floor(target))
-            })
-            .map_err(|source| RunError::Policy {
-                scenario: spec.name.clone(),
-                policy: target.clone(),
-                source,
-            })?;
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ff_9011c7);
-        let dist = replay(&log, policy.as_mut(), &mut rng, draws);
-        let records = decisions(&log, &dist, Metric::Quality);
-        let replay_truth = log
-            .rounds
-            .iter()
-            .zip(&dist)
-            .map(|(r, d)| {
-                r.eligible
-                    .iter()
-                    .map(|&c| d.probability(c) * r.values[c])
-                    .sum::<f64>()
-            })
-            .sum::<f64>()
-            / log.rounds.len().max(1) as f64;
-        let (on_policy, own) = run_logged(spec, target, seed, rounds, 1)?;
+        let build = || {
+            spec.policy(target)
+                .and_then(|c| {
+                    c.build_with_floor(&log.candidates, spec.feature_dim, &spec.floor(target))
+                })
+                .map_err(|source| RunError::Policy {
+                    scenario: spec.name.clone(),
+                    policy: target.clone(),
+                    source,
+                })
+        };
+        let mut runs = Vec::with_capacity(2);
+        for learning in [Learning::All, Learning::Own] {
+            let mut policy = build()?;
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ff_9011c7);
+            let dist = replay(&log, policy.as_mut(), &mut rng, draws, learning).choices;
+            let records = decisions(&log, &dist, Metric::Quality);
+            let estimates = Estimator::ALL
+                .into_iter()
+                .map(|e| {
+                    evaluate(&records, e, &OpeOptions { seed, ..*opts })
+                        .map(|est| (e, est))
+                        .map_err(|source| OpeLabError::Evaluate {
+                            scenario: spec.name.clone(),
+                            source,
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            runs.push((replay_truth(&log, &dist), estimates));
+        }
+        let (own_replay_truth, own_estimates) = runs.pop().unwrap_or_default();
+        let (replay_truth, all_estimates) = runs.pop().unwrap_or_default();
+        let estimates = all_estimates
+            .into_iter()
+            .zip(&own_estimates)
+            .map(|((e, all), (_, own))| (e, with_own_learning(all, own, opts)))
+            .collect();
+        let (on_policy, on_policy_log) = run_logged(spec, target, seed, rounds, 1)?;
         let truth = on_policy.quality;
-        let n = own.rounds.len().max(2) as f64;
-        let var = own
+        let n = on_policy_log.rounds.len().max(2) as f64;
+        let var = on_policy_log
             .rounds
             .iter()
             .map(|r| (r.quality - truth).powi(2))
             .sum::<f64>()
             / (n - 1.0);
         let truth_se = (var / n).sqrt();
-        let mut estimates = Vec::with_capacity(3);
-        for e in Estimator::ALL {
-            let est = evaluate(&records, e, &OpeOptions { seed, ..*opts }).map_err(|source| {
-                OpeLabError::Evaluate {
-                    scenario: spec.name.clone(),
-                    source,
-                }
-            })?;
-            estimates.push((e, est));
-        }
         out.push(OpeCase {
             scenario: spec.name.clone(),
             logger: logger.to_owned(),
@@ -256,6 +333,8 @@ pub fn evaluate_targets(
             logged_value: logged.quality,
             logged_regret: logged.regret,
             estimates,
+            own_replay_truth,
+            own_estimates,
         });
     }
     Ok(out)
@@ -288,7 +367,14 @@ mod tests {
             .unwrap()
             .build(&log.candidates, spec.feature_dim)
             .unwrap();
-        let dist = replay(&log, me.as_mut(), &mut ChaCha8Rng::seed_from_u64(1), 1);
+        let dist = replay(
+            &log,
+            me.as_mut(),
+            &mut ChaCha8Rng::seed_from_u64(1),
+            1,
+            Learning::All,
+        )
+        .choices;
         for (r, d) in log.rounds.iter().zip(&dist) {
             assert!((d.probability(r.action) - 1.0).abs() < 1e-12);
         }
@@ -304,5 +390,41 @@ mod tests {
             .iter()
             .all(|r| r.propensity >= 0.02 - 1e-12 && r.propensity_exact));
         assert!(log.rounds.iter().any(|r| r.propensity < 0.5));
+    }
+
+    #[test]
+    fn a_target_learning_from_its_own_choices_learns_only_where_the_log_made_them() {
+        let mut spec = builtin("retriever-pool").unwrap();
+        spec.variants.push(Variant {
+            label: "lqm-ts-floor".into(),
+            policy: PolicyConfig::from_name("lqm-ts").unwrap(),
+            min_propensity: 0.05,
+        });
+        let (_, log) = run_logged(&spec, "lqm-ts-floor", 4, 400, 20).unwrap();
+        let build = || {
+            spec.policy("lqm")
+                .unwrap()
+                .build(&log.candidates, spec.feature_dim)
+                .unwrap()
+        };
+        let mut own = build();
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let r = replay(&log, own.as_mut(), &mut rng, 1, Learning::Own);
+        // lqm is deterministic: π(action)/propensity is 0 where it would choose otherwise and
+        // at least 1 where it agrees, so it learns from exactly the rounds that agree.
+        for ((round, d), kept) in log.rounds.iter().zip(&r.choices).zip(&r.learnt_from) {
+            assert_eq!(*kept, d.probability(round.action) > 0.5);
+        }
+        let kept = r.learnt_from.iter().filter(|k| **k).count();
+        assert!(kept > 0 && kept < 400, "{kept}");
+        // It received the scores of those rounds only: fewer than when it learns from all.
+        let mut all = build();
+        let _ = replay(&log, all.as_mut(), &mut rng, 1, Learning::All);
+        let scores = |p: &dyn Policy| p.quality_observations().unwrap().iter().sum::<u64>();
+        let (own_scores, all_scores) = (scores(own.as_ref()), scores(all.as_ref()));
+        assert!(
+            own_scores > 0 && own_scores < all_scores,
+            "{own_scores} {all_scores}"
+        );
     }
 }

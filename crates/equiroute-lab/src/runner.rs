@@ -163,6 +163,8 @@ pub enum RunError {
 
 /// A quality score on its way to the router.
 struct PendingFeedback {
+    /// The round whose answer was scored.
+    round: usize,
     due_round: usize,
     candidate: usize,
     features: Vec<f64>,
@@ -418,6 +420,7 @@ fn simulate(
             if let Some(p) = pending.pop_front() {
                 if record.is_some() {
                     delivered.push(LoggedFeedback {
+                        round: p.round,
                         candidate: p.candidate,
                         features: p.features.clone(),
                         quality: p.judged,
@@ -700,6 +703,7 @@ fn simulate(
                 .find(|a| a.candidate == candidate && a.outcome.status == AttemptStatus::Ok)
                 .map_or(Millis(0.0), |a| a.outcome.latency);
             pending.push_back(PendingFeedback {
+                round,
                 due_round: round + spec.judge.delay_rounds,
                 candidate,
                 features,

@@ -21,7 +21,7 @@ use equiroute_core::policies::{
 };
 use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp, TokenEstimate};
 use log::Joined;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -575,9 +575,20 @@ fn events(decisions: &[Decision]) -> Vec<Event> {
 }
 
 /// The target's first-choice probabilities at each decision, learning from the log as the
-/// gateway's policy did.
-fn replay(policy: &mut dyn Policy, log: &InterfaceLog, draws: u32, seed: u64) -> Vec<Vec<f64>> {
+/// gateway's policy did (`own = false`), or only from the requests where the log made the
+/// choice it would have made (`own = true`: rejection sampling, [`ope::learns_from`]; a
+/// request without a usable propensity is not learnt from).
+fn replay(
+    policy: &mut dyn Policy,
+    log: &InterfaceLog,
+    draws: u32,
+    seed: u64,
+    own: bool,
+) -> Vec<Vec<f64>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // The coin of rejection sampling, apart from the target's own draws.
+    let mut coin = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c017);
+    let mut learnt = vec![!own; log.decisions.len()];
     let zeros = vec![0.0; log.space.feature_dim];
     let features = |d: &Decision| d.features.clone().unwrap_or_else(|| zeros.clone());
     let mut targets = vec![Vec::new(); log.decisions.len()];
@@ -594,9 +605,16 @@ fn replay(policy: &mut dyn Policy, log: &InterfaceLog, draws: u32, seed: u64) ->
                 targets[i] = policy
                     .first_choice_distribution(&ctx, &mut rng, draws)
                     .probabilities;
+                if own {
+                    let p = targets[i].get(d.action).copied().unwrap_or(0.0);
+                    learnt[i] = d
+                        .propensity
+                        .is_some_and(|(q, _)| ope::learns_from(p, q, coin.random::<f64>()));
+                }
                 // The decision itself, for policies whose state moves with it (round-robin).
                 let _ = policy.rank(&ctx, &mut rng);
             }
+            Event::Attempt(i, _) | Event::Feedback(i) if !learnt[i] => {}
             Event::Attempt(i, k) => {
                 let d = &log.decisions[i];
                 let (candidate, outcome, started) = d.attempts[k];
@@ -804,7 +822,21 @@ fn evaluate_target(
             ))
         }
     };
-    let distributions = replay(policy.as_mut(), log, args.draws, seed);
+    let distributions = replay(policy.as_mut(), log, args.draws, seed, false);
+    // The same policy, learning only from its own choices: a policy that learns may score
+    // otherwise ([`ope::with_own_learning`]).
+    let own_distributions = match target.config(log.space.policy.as_ref()).and_then(|cfg| {
+        cfg.build(&log.space.candidates, log.space.feature_dim)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }) {
+        Ok(mut p) => replay(p.as_mut(), log, args.draws, seed, true),
+        Err(e) => {
+            return refused(format!(
+                "cannot be built for interface `{}`: {e:#}",
+                log.name
+            ))
+        }
+    };
     let opts = OpeOptions {
         seed,
         ..OpeOptions::default()
@@ -816,34 +848,24 @@ fn evaluate_target(
     for estimator in args.estimator.estimators() {
         let mut metrics = serde_json::Map::new();
         for metric in Metric::ALL {
-            let records: Vec<LoggedDecision> = usable
-                .iter()
-                .filter_map(|&i| {
-                    let d = &log.decisions[i];
-                    let (propensity, known) = d.propensity?;
-                    Some(LoggedDecision {
-                        features: if with_features {
-                            d.features.clone().unwrap_or_default()
-                        } else {
-                            Vec::new()
-                        },
-                        eligible: d.eligible.clone(),
-                        action: d.action,
-                        propensity,
-                        propensity_exact: known != Known::Deterministic,
-                        target: distributions[i].clone(),
-                        outcome: metric.value(d)?,
-                    })
-                })
-                .collect();
-            let value = match ope::evaluate(&records, estimator, &opts) {
+            let records =
+                |targets: &[Vec<f64>]| records(log, usable, with_features, metric, targets);
+            let (all, own) = (records(&distributions), records(&own_distributions));
+            let evaluated = ope::evaluate(&all, estimator, &opts).and_then(|e| {
+                let o = ope::evaluate(&own, estimator, &opts)?;
+                Ok(ope::with_own_learning(e, &o, &opts))
+            });
+            let value = match evaluated {
                 Ok(e) => {
                     for w in &e.warnings {
                         // Said once for the interface.
                         if *w == SupportWarning::DeterministicLogger {
                             continue;
                         }
-                        let text = warning_text(w, &log.space);
+                        let mut text = warning_text(w, &log.space);
+                        if matches!(w, SupportWarning::LearningDependent { .. }) {
+                            text = format!("{} ({estimator}): {text}", metric.key());
+                        }
                         let text = if metric == Metric::Quality && e.n < usable.len() {
                             format!("quality (the {} request(s) with a score): {text}", e.n)
                         } else {
@@ -856,13 +878,44 @@ fn evaluate_target(
                     estimate_json(&e)
                 }
                 Err(ope::OpeError::Empty) => json!({"n": 0}),
-                Err(e) => json!({"n": records.len(), "error": e.to_string()}),
+                Err(e) => json!({"n": all.len(), "error": e.to_string()}),
             };
             metrics.insert(metric.key().to_owned(), value);
         }
         estimates.push(json!({"estimator": estimator.as_str(), "metrics": metrics}));
     }
     json!({"policy": name, "estimates": estimates, "warnings": warnings})
+}
+
+/// The evaluator's records of one metric: the usable logged decisions with the target's
+/// first-choice probabilities (`targets`, indexed like the log's decisions).
+fn records(
+    log: &InterfaceLog,
+    usable: &[usize],
+    with_features: bool,
+    metric: Metric,
+    targets: &[Vec<f64>],
+) -> Vec<LoggedDecision> {
+    usable
+        .iter()
+        .filter_map(|&i| {
+            let d = &log.decisions[i];
+            let (propensity, known) = d.propensity?;
+            Some(LoggedDecision {
+                features: if with_features {
+                    d.features.clone().unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+                eligible: d.eligible.clone(),
+                action: d.action,
+                propensity,
+                propensity_exact: known != Known::Deterministic,
+                target: targets[i].clone(),
+                outcome: metric.value(d)?,
+            })
+        })
+        .collect()
 }
 
 fn estimate_json(e: &Estimate) -> Value {
