@@ -488,11 +488,12 @@ if [ "$LOAD" -gt 25 ]; then
     say "WARNING: the machine is ${LOAD}% busy before starting: something else is using the CPU, numbers will be skewed"
 fi
 say "equiroute: $EQUIROUTE_BIN ($("$EQUIROUTE_BIN" --version 2>/dev/null || echo '?'))"
-say "load: $("$OHA" --version); $CORES cores; ${DURATION} s per point after ${WARMUP} s warm-up; out: $OUT"
 if [ "$PROFILE" = heavy-tail ]; then
+    say "load: $("$OHA" --version); $CORES cores; $TAIL_RATE rps, ${TAIL_SECONDS} s measured after ${TAIL_WARMUP} s warm-up; out: $OUT"
     heavy_tail
     exit 0
 fi
+say "load: $("$OHA" --version); $CORES cores; ${DURATION} s per point after ${WARMUP} s warm-up; out: $OUT"
 
 MOCK20_PIDS=(); MOCK0_PIDS=()
 for i in 0 1 2; do
