@@ -4,6 +4,7 @@ Equiroute's /metrics scrapes) and writes results.json and results.md, printing t
 
     report.py --point FILE.json            one line about one oha run (progress output)
     report.py --out DIR [--quick 0|1] [--rate N] [--meta JSON]
+    report.py --tail --out DIR [--meta JSON]   the heavy-tailed profile (run.sh --profile heavy-tail)
 """
 
 import argparse
@@ -40,6 +41,7 @@ def point(path):
     pct = d.get("latencyPercentiles") or {}
     ms = lambda k: None if pct.get(k) is None else pct[k] * 1000.0  # noqa: E731
     return {
+        "p95_ms": ms("p95"),
         "requests": total,
         "errors": total - ok,
         "error_rate": (total - ok) / total if total else 1.0,
@@ -385,6 +387,98 @@ def build(out, quick, rate, meta):
     print(text)
 
 
+TAIL_SYSTEMS = ["direct", "nginx", "litellm", "equiroute", "equiroute-hedge"]
+TAIL_LABELS = {"direct": "direct (one mock)", "nginx": "nginx (round-robin)",
+               "litellm": "LiteLLM proxy (simple-shuffle)", "equiroute": "Equiroute (lqm-ts), no hedging",
+               "equiroute-hedge": "Equiroute (lqm-ts), hedging"}
+
+
+def counter(text, name, label):
+    """{label value: count} of a Prometheus counter, summed over its other labels."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            m = re.search(rf'{label}="([^"]+)"', line)
+            if m:
+                out[m.group(1)] = out.get(m.group(1), 0) + int(float(line.split()[-1]))
+    return out
+
+
+def read_or_none(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read()
+
+
+def build_tail(out, meta):
+    """The heavy-tailed profile: per system the end-to-end percentiles over the measured
+    seconds, the errors, the chat calls the mocks received per request and Equiroute's hedges
+    (both differenced between the end of the warm-up and the end of the point)."""
+    with open(os.path.join(out, "runs.jsonl")) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    res = {s: {"point": None, "missing": None} for s in TAIL_SYSTEMS}
+    for r in runs:
+        s = res[r["system"]]
+        if "missing" in r:
+            s["missing"] = r["missing"]
+        elif r.get("phase") == "tail" and "file" in r:
+            s["point"] = point(os.path.join(out, r["file"]))
+            s["point"]["busy_before_pct"] = r.get("busy_before_pct")
+            s["point"]["foreign_cpu_pct"] = r.get("foreign_cpu_pct")
+        elif "error" in r:
+            s["missing"] = f'the point failed: {r["error"]}'
+    for name, s in res.items():
+        before, after = (read_or_none(os.path.join(out, "raw", f"{name}-tail-calls-{w}.txt")) for w in ("before", "after"))
+        p = s["point"]
+        if p and before and after and before.strip().isdigit() and after.strip().isdigit():
+            s["upstream_calls"] = int(after) - int(before)
+            s["calls_per_request"] = s["upstream_calls"] / p["requests"] if p["requests"] else None
+        mb, ma = (read_or_none(os.path.join(out, "raw", f"{name}-tail-metrics-{w}.txt")) for w in ("before", "after"))
+        if mb is not None and ma is not None:
+            b, a = counter(mb, "equiroute_hedges_total", "event"), counter(ma, "equiroute_hedges_total", "event")
+            s["hedges"] = {k: a.get(k, 0) - b.get(k, 0) for k in ("started", "won", "cancelled")}
+
+    md = ["# Gateway benchmark: heavy-tailed upstreams", ""]
+    md.append(f"Load: {meta.get('load_tool', 'oha')}, open loop at {meta.get('rate')} requests/s "
+              f"(`-q`, `--latency-correction`, up to 64 in flight), {meta.get('duration_s')} s measured after a "
+              f"{meta.get('warmup_s')} s warm-up at the same rate; {meta.get('cores')} cores shared by load generator, "
+              f"system and mocks; CPU busy before start {meta.get('busy_pct_at_start')}%. Upstreams: three mocks, "
+              "log-normal body p50 40 ms, p95 80 ms, Pareto tail of shape 1.5 beyond the p95 (`mock-tail.toml`).")
+    md.append("")
+    md.append("Latency is end to end, as the client saw it. Upstream calls per request: the chat calls the three "
+              "mocks received during the measured seconds over the requests completed; extra calls = that − 1.")
+    md.append("")
+    md.append("| system | requests | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | errors | upstream calls per request | extra calls | hedges started / won / cancelled |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in TAIL_SYSTEMS:
+        s, p = res[name], res[name]["point"]
+        if not p:
+            md.append(f"| {TAIL_LABELS[name]} | missing: {s['missing'] or 'no point'} | | | | | | | | | |")
+            continue
+        cpr = s.get("calls_per_request")
+        h = s.get("hedges")
+        hedges = "–" if not h else f"{h['started']} / {h['won']} / {h['cancelled']}"
+        calls = "–" if cpr is None else f"{cpr:.4f}"
+        extra = "–" if cpr is None else f"{(cpr - 1) * 100:+.2f}%"
+        md.append(f"| {TAIL_LABELS[name]} | {p['requests']:,} | {fmt_ms(p['p50_ms'])} | {fmt_ms(p['p95_ms'])} | "
+                  f"{fmt_ms(p['p99_ms'])} | {fmt_ms(p['p99_9_ms'])} | {fmt_ms(p['max_ms'])} | "
+                  f"{p['errors']} ({p['error_rate']:.2%}) | {calls} | {extra} | {hedges} |")
+    busy = [f"{n} ({res[n]['point'].get('busy_before_pct')}% busy before, {res[n]['point'].get('foreign_cpu_pct')}% of a core during)"
+            for n in TAIL_SYSTEMS if res[n]["point"] and ((res[n]["point"].get("busy_before_pct") or 0) > 25
+                                                          or (res[n]["point"].get("foreign_cpu_pct") or 0) > 20)]
+    if busy:
+        md.append("")
+        md.append("**Warning**: other processes used the CPU before or during these points (a build?); "
+                  "their numbers are skewed: " + "; ".join(busy))
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"meta": meta, "profile": "heavy-tail", "systems": res}, f, indent=2, default=str)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--point")
@@ -392,6 +486,7 @@ def main():
     ap.add_argument("--quick", type=int, default=0)
     ap.add_argument("--rate", type=int, default=2000)
     ap.add_argument("--meta", default="{}")
+    ap.add_argument("--tail", action="store_true")
     a = ap.parse_args()
     if a.point:
         p = point(a.point)
@@ -400,6 +495,9 @@ def main():
         return 0
     if not a.out:
         ap.error("--point or --out")
+    if a.tail:
+        build_tail(a.out, json.loads(a.meta))
+        return 0
     build(a.out, a.quick, a.rate, json.loads(a.meta))
     return 0
 

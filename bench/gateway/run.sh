@@ -10,12 +10,17 @@ ROOT=$(cd "$HERE/../.." && pwd)
 
 usage() {
     cat <<EOF
-Usage: bench/gateway/run.sh [--quick] [--systems LIST] [--out DIR] [--install]
+Usage: bench/gateway/run.sh [--quick] [--profile heavy-tail] [--systems LIST] [--out DIR] [--install]
 
   --quick          a smoke run: 2 s points, 1 s warm-ups, throughput at c=64 only (about 2 min)
   --systems LIST   comma-separated subset of: direct,equiroute,equiroute1,nginx,litellm
                    (default: all; equiroute1 is Equiroute with server.worker_threads = 1;
                    direct is always measured, the added latencies need it)
+  --profile heavy-tail
+                   instead of the phases above: every system at one fixed rate against three
+                   mocks with a heavy (Pareto) tail, Equiroute with and without hedging
+                   (systems direct,nginx,litellm,equiroute,equiroute-hedge; about 9 minutes;
+                   results in target/bench-gateway-tail by default)
   --out DIR        results directory (default: target/bench-gateway)
   --install        install what is missing first: nginx-light (apt-get), oha (cargo install),
                    litellm[proxy] (a virtualenv at LITELLM_VENV), then run
@@ -31,17 +36,23 @@ Environment:
   BENCH_DURATION_C1 seconds measured at c=1 in the latency phase (default: 20; --quick: 2)
   BENCH_WARMUP      seconds of warm-up before each point (default: 3; --quick: 1)
   BENCH_RATE        the fixed-rate run's requests per second (default: 2000)
+  BENCH_TAIL_RATE   --profile heavy-tail: requests per second (default: 100)
+  BENCH_TAIL_SECONDS, BENCH_TAIL_WARMUP
+                    --profile heavy-tail: seconds measured (default: 60) after a warm-up at
+                    the same rate (default: 30; the time Equiroute's latency model learns in)
 EOF
 }
 
 QUICK=0
-SYSTEMS="direct,equiroute,equiroute1,nginx,litellm"
-OUT="$ROOT/target/bench-gateway"
+PROFILE=default
+SYSTEMS=""
+OUT=""
 INSTALL=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
         --systems) SYSTEMS="direct,${2:?--systems needs a list}"; shift ;;
+        --profile) PROFILE="${2:?--profile needs a name: heavy-tail}"; shift ;;
         --out) OUT="${2:?--out needs a directory}"; shift ;;
         --install) INSTALL=1 ;;
         -h | --help) usage; exit 0 ;;
@@ -50,11 +61,26 @@ while [ $# -gt 0 ]; do
     shift
 done
 
+case "$PROFILE" in
+    default)
+        SYSTEMS="${SYSTEMS:-direct,equiroute,equiroute1,nginx,litellm}"
+        OUT="${OUT:-$ROOT/target/bench-gateway}" ;;
+    heavy-tail)
+        SYSTEMS="${SYSTEMS:-direct,nginx,litellm,equiroute,equiroute-hedge}"
+        OUT="${OUT:-$ROOT/target/bench-gateway-tail}" ;;
+    *) echo "--profile $PROFILE: unknown profile; the one there is: heavy-tail" >&2; exit 2 ;;
+esac
 EQUIROUTE_BIN="${EQUIROUTE_BIN:-$ROOT/target/release/equiroute}"
 LITELLM_VENV="${LITELLM_VENV:-$HERE/.venv}"
 LITELLM_VERSION="1.108.7"
 PORT_BASE="${BENCH_PORT_BASE:-18900}"
 RATE="${BENCH_RATE:-2000}"
+TAIL_RATE="${BENCH_TAIL_RATE:-100}"
+TAIL_SECONDS="${BENCH_TAIL_SECONDS:-60}"
+TAIL_WARMUP="${BENCH_TAIL_WARMUP:-30}"
+for v in TAIL_RATE TAIL_SECONDS TAIL_WARMUP; do
+    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_${v}: a positive integer, got '${!v}'" >&2; exit 2; }
+done
 if [ "$QUICK" = 1 ]; then
     DURATION="${BENCH_DURATION:-2}"; WARMUP="${BENCH_WARMUP:-1}"; C1_DURATION="${BENCH_DURATION_C1:-$DURATION}"
     LAT_LEVELS="1 16 64"; TPUT_LEVELS="64"; RATE_SECONDS=3
@@ -69,6 +95,9 @@ MASTER_KEY="sk-bench-master-key"   # LiteLLM's master key; every system gets the
 # Loopback ports: mocks 20 ms on +1..+3, mocks 0 ms on +4..+6, systems from +10.
 MOCK20=("127.0.0.1:$((PORT_BASE + 1))" "127.0.0.1:$((PORT_BASE + 2))" "127.0.0.1:$((PORT_BASE + 3))")
 MOCK0=("127.0.0.1:$((PORT_BASE + 4))" "127.0.0.1:$((PORT_BASE + 5))" "127.0.0.1:$((PORT_BASE + 6))")
+# --profile heavy-tail: the three heavy-tailed mocks on +7..+9.
+TAIL=("127.0.0.1:$((PORT_BASE + 7))" "127.0.0.1:$((PORT_BASE + 8))" "127.0.0.1:$((PORT_BASE + 9))")
+MOCK20_PIDS=(); MOCK0_PIDS=(); TAIL_PIDS=()
 EQR_ADDR="127.0.0.1:$((PORT_BASE + 10))"
 NGINX_ADDR="127.0.0.1:$((PORT_BASE + 11))"
 LITELLM_PORT=$((PORT_BASE + 12))
@@ -197,7 +226,7 @@ cpu_ticks() {
 CLK_TCK=$(getconf CLK_TCK)
 mocks_ticks() {
     local p total=0
-    for p in "${MOCK20_PIDS[@]}" "${MOCK0_PIDS[@]}"; do total=$((total + $(cpu_ticks "$p"))); done
+    for p in "${MOCK20_PIDS[@]}" "${MOCK0_PIDS[@]}" "${TAIL_PIDS[@]}"; do total=$((total + $(cpu_ticks "$p"))); done
     echo "$total"
 }
 # User + nice + system ticks of the whole machine.
@@ -248,6 +277,8 @@ measure() {
     if [ "$WARMUP" != 0 ]; then
         "$OHA" "${common[@]}" -c "$c" -z "${WARMUP}s" "$@" "http://$addr/v1/chat/completions" >/dev/null 2>>"$OUT/logs/oha.log" || true
     fi
+    # --profile heavy-tail: the upstream calls and hedges so far (the warm-up's are not counted).
+    if [ -n "${AFTER_WARMUP:-}" ]; then "$AFTER_WARMUP" "$system" before; fi
     local sut0 sut1 mocks0 mocks1 machine0 machine1 load0 load1 sut_s foreign
     sut0=$(cpu_ticks "$SUT_PID"); mocks0=$(mocks_ticks); machine0=$(machine_ticks); children_s load0
     if "$OHA" "${common[@]}" -c "$c" -z "${seconds}s" "$@" "http://$addr/v1/chat/completions" \
@@ -287,8 +318,9 @@ subst() { # subst TEMPLATE OUTPUT UPSTREAM-SET-NAME LISTEN
 
 start_direct() {
     local -n ups=$1
+    local -n pids="${1}_PIDS"
     SUT_ADDR=${ups[0]}
-    SUT_PID=$([ "$1" = MOCK20 ] && echo "${MOCK20_PIDS[0]}" || echo "${MOCK0_PIDS[0]}")
+    SUT_PID=${pids[0]}
 }
 
 start_equiroute() {
@@ -296,6 +328,14 @@ start_equiroute() {
     subst "$HERE/equiroute.toml" "$cfg" "$1" "$EQR_ADDR"
     if [ -n "${EQR_THREADS:-}" ]; then
         sed -i "s|^listen = .*|&\nworker_threads = $EQR_THREADS|" "$cfg"
+    fi
+    if [ "$1" = TAIL ]; then
+        # No deadline: every system waits for the slow answers alike (a deadline would cut
+        # Equiroute's); without one a hedge starts at the first provider's predictive p95.
+        sed -i '/^deadline_ms = /d' "$cfg"
+    fi
+    if [ -n "${EQR_HEDGE:-}" ]; then
+        sed -i "s|^policy = .*|&\nhedge = $EQR_HEDGE|" "$cfg"
     fi
     if ! "$EQUIROUTE_BIN" check-config "$cfg" >"$OUT/logs/equiroute-check-config.log" 2>&1; then
         WHY="check-config refused the bench config: $(tail -1 "$OUT/logs/equiroute-check-config.log")"
@@ -309,6 +349,10 @@ start_equiroute() {
 # Equiroute with one thread serving requests (server.worker_threads = 1): on a host whose other
 # core runs the load generator and the upstreams, fewer threads mean fewer wake-ups.
 start_equiroute1() { EQR_THREADS=1 start_equiroute "$@"; }
+
+# Equiroute with hedged requests, the documented defaults written out (--profile heavy-tail).
+HEDGE_TABLE='{ rule = { kind = "deadline-risk", threshold = 0.2, tail_quantile = 0.95 }, max_rate = 0.05, burst = 5, max_parallel = 2 }'
+start_equiroute-hedge() { EQR_HEDGE=$HEDGE_TABLE start_equiroute "$@"; }
 
 start_nginx() {
     local nginx prefix="$TMP/nginx-$1"
@@ -342,7 +386,7 @@ start_litellm() {
 stop_sut() {
     local system=$1 phase=$2
     record "{\"system\":\"$system\",\"phase\":\"$phase\",\"peak_rss_kib\":$(peak_rss_kib "$SUT_PID")}"
-    if [ "$system" = equiroute ] || [ "$system" = equiroute1 ]; then
+    if [[ "$system" == equiroute* ]]; then
         curl -s -m 5 "http://$SUT_ADDR/metrics" >"$OUT/raw/$system-$phase-metrics.txt" || true
     fi
     [ "$system" = direct ] || stop_pid "$SUT_PID"
@@ -376,9 +420,67 @@ bench_system() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# --profile heavy-tail: the systems one after the other at one fixed rate (open loop) against
+# three mocks with a Pareto tail (mock-tail.toml): per system the end-to-end percentiles, the
+# errors, and the chat calls the mocks received per request (what a hedge costs).
+
+# Chat calls received so far, summed over the three heavy-tailed mocks.
+tail_calls() {
+    local a n total=0
+    for a in "${TAIL[@]}"; do
+        n=$(curl -sf -m 5 "http://$a/_stats" | python3 -c 'import json, sys; print(json.load(sys.stdin)["chat"])') \
+            || { echo "?"; return 0; }
+        total=$((total + n))
+    done
+    echo "$total"
+}
+
+# The mocks' call count (and Equiroute's /metrics) after the warm-up (WHEN = before, called by
+# measure) and after the point (WHEN = after): the measured seconds are their difference.
+tail_snapshot() {
+    local system=$1 when=$2
+    tail_calls >"$OUT/raw/$system-tail-calls-$when.txt"
+    if [[ "$system" == equiroute* ]]; then
+        curl -s -m 5 "http://$SUT_ADDR/metrics" >"$OUT/raw/$system-tail-metrics-$when.txt" || true
+    fi
+}
+
+heavy_tail() {
+    local i system
+    for i in 0 1 2; do
+        start "tail-$((i + 1))" "$EQUIROUTE_BIN" mock-upstream --listen "${TAIL[$i]}" --profile "$HERE/mock-tail.toml"
+        TAIL_PIDS+=("$STARTED")
+    done
+    for i in 0 1 2; do
+        wait_ready "${TAIL[$i]}" 10 "${TAIL_PIDS[$i]}" || die "mock upstream ${TAIL[$i]} did not start (logs/tail-$((i + 1)).log)"
+    done
+    say "mocks: heavy tail (mock-tail.toml) on ${TAIL[*]}"
+    WARMUP=$TAIL_WARMUP; DURATION=$TAIL_SECONDS; AFTER_WARMUP=tail_snapshot
+    for system in direct nginx litellm equiroute equiroute-hedge; do
+        if ! has "$system"; then
+            record "{\"system\":\"$system\",\"missing\":\"not selected (--systems)\"}"; continue
+        fi
+        say "$system: $TAIL_RATE rps, ${TAIL_WARMUP} s warm-up + ${TAIL_SECONDS} s measured"
+        SUT_PID=""; WHY=""
+        if ! "start_$system" TAIL; then
+            [ -n "${SUT_PID:-}" ] && stop_pid "$SUT_PID"
+            missing "$system" "$WHY"; continue
+        fi
+        measure "$system" tail "$SUT_ADDR" 64 -q "$TAIL_RATE" --latency-correction
+        tail_snapshot "$system" after
+        stop_sut "$system" tail
+    done
+    say "report"
+    python3 "$HERE/report.py" --tail --out "$OUT" \
+        --meta "$(printf '{"equiroute_bin":"%s","load_tool":"%s","cores":%s,"rate":%s,"duration_s":%s,"warmup_s":%s,"busy_pct_at_start":%s}' \
+            "$EQUIROUTE_BIN" "$("$OHA" --version)" "$CORES" "$TAIL_RATE" "$TAIL_SECONDS" "$TAIL_WARMUP" "$LOAD")"
+    say "done: $OUT/results.md, $OUT/results.json"
+}
+
+# ---------------------------------------------------------------------------------------------
 # Main
 
-ALL_PORTS=("${MOCK20[@]}" "${MOCK0[@]}" "$EQR_ADDR" "$NGINX_ADDR" "$LITELLM_ADDR")
+ALL_PORTS=("${MOCK20[@]}" "${MOCK0[@]}" "${TAIL[@]}" "$EQR_ADDR" "$NGINX_ADDR" "$LITELLM_ADDR")
 for a in "${ALL_PORTS[@]}"; do port_free "$a" || die "$a is taken: pick other ports with BENCH_PORT_BASE"; done
 
 LOAD=$(busy_pct)
@@ -386,6 +488,11 @@ if [ "$LOAD" -gt 25 ]; then
     say "WARNING: the machine is ${LOAD}% busy before starting: something else is using the CPU, numbers will be skewed"
 fi
 say "equiroute: $EQUIROUTE_BIN ($("$EQUIROUTE_BIN" --version 2>/dev/null || echo '?'))"
+if [ "$PROFILE" = heavy-tail ]; then
+    say "load: $("$OHA" --version); $CORES cores; $TAIL_RATE rps, ${TAIL_SECONDS} s measured after ${TAIL_WARMUP} s warm-up; out: $OUT"
+    heavy_tail
+    exit 0
+fi
 say "load: $("$OHA" --version); $CORES cores; ${DURATION} s per point after ${WARMUP} s warm-up; out: $OUT"
 
 MOCK20_PIDS=(); MOCK0_PIDS=()

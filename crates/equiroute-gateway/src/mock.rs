@@ -4,7 +4,8 @@
 //! ?api-version=...`, Gemini's `POST /v1beta/models/{model}:generateContent` and
 //! `:streamGenerateContent?alt=sse`, Bedrock's `POST /model/{model}/converse` and
 //! `/converse-stream` in AWS event-stream framing) and a search-style JSON API (`POST /search`), with
-//! per-route latency and error rates (500, 503, 429 with or without `Retry-After`, 400), a
+//! per-route latency (log-normal, with a Pareto tail or a mixture: the laboratory's shapes)
+//! and error rates (500, 503, 429 with or without `Retry-After`, 400), a
 //! library of named faults, and call counters at `GET /_stats`.
 //!
 //! A fault is chosen per route (`[chat] fault = "..."`) or per model: a chat request whose
@@ -67,8 +68,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use equiroute_lab::scenario::LatencySpec;
-use equiroute_lab::world::latency::LogNormal;
+use equiroute_lab::scenario::LatencyShapeSpec;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
@@ -108,7 +108,10 @@ pub enum Fault {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouteProfile {
-    pub latency: LatencySpec,
+    /// The latency before the answer, as the laboratory writes it: a log-normal by `p50_ms`
+    /// and `p95_ms` (both 0: no wait at all), optionally with a Pareto `tail`, or a `mixture`
+    /// of log-normals.
+    pub latency: LatencyShapeSpec,
     pub error_500: f64,
     pub error_503: f64,
     pub error_429: f64,
@@ -147,10 +150,7 @@ pub struct RouteProfile {
 impl Default for RouteProfile {
     fn default() -> Self {
         RouteProfile {
-            latency: LatencySpec {
-                p50_ms: 20.0,
-                p95_ms: 20.0,
-            },
+            latency: LatencyShapeSpec::log_normal(20.0, 20.0),
             error_500: 0.0,
             error_503: 0.0,
             error_429: 0.0,
@@ -200,6 +200,8 @@ impl MockProfile {
             .iter()
             .map(|(name, route)| (format!("models.{name}"), route));
         for (name, route) in routes.into_iter().chain(models) {
+            check_latency(&route.latency)
+                .map_err(|(sub, fix)| format!("{file}: `{name}.latency{sub}`: {fix}"))?;
             route
                 .check()
                 .map_err(|(field, fix)| format!("{file}: `{name}.{field}`: {fix}"))?;
@@ -213,19 +215,20 @@ impl MockProfile {
     }
 }
 
+/// A route's latency: the laboratory's shapes, plus `p50_ms = p95_ms = 0` (no wait, the
+/// throughput benchmark's upstream).
+/// On error: the sub-field after `latency` (`""` for the table) and the fix.
+fn check_latency(l: &LatencyShapeSpec) -> Result<(), (String, String)> {
+    let no_wait = l.p50_ms == Some(0.0) && l.p95_ms == Some(0.0);
+    if no_wait && l.tail.is_none() && l.mixture.is_empty() {
+        return Ok(());
+    }
+    l.check()
+}
+
 impl RouteProfile {
     /// The first field out of range, and what it must be.
     fn check(&self) -> Result<(), (&'static str, String)> {
-        let l = &self.latency;
-        if !(l.p50_ms >= 0.0 && l.p95_ms >= l.p50_ms && l.p95_ms.is_finite()) {
-            return Err((
-                "latency",
-                format!(
-                    "needs 0 ≤ p50_ms ≤ p95_ms (finite), got p50_ms = {}, p95_ms = {}",
-                    l.p50_ms, l.p95_ms
-                ),
-            ));
-        }
         let rates = [
             ("error_500", self.error_500),
             ("error_503", self.error_503),
@@ -625,6 +628,11 @@ fn native_refusal(speaks: Speaks) -> Option<Response> {
     Some(Json(body).into_response())
 }
 
+/// One draw of the route's latency.
+fn latency_of(route: &RouteProfile, rng: &mut rand_chacha::ChaCha8Rng) -> std::time::Duration {
+    std::time::Duration::from_secs_f64(route.latency.model().sample(rng) / 1000.0)
+}
+
 /// Waits the route's latency, then decides the outcome: `Ok` with the fault that plays on
 /// this call (the route's `fault`, or one drawn from its `fault_mix`), or `Err` with an error
 /// response (or a connection that is reset or left unanswered). `call` is the call's number
@@ -638,9 +646,7 @@ async fn behave(
 ) -> Result<Option<Fault>, Response> {
     let n = state.seq.fetch_add(1, Ordering::Relaxed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n);
-    let latency =
-        LogNormal::from_p50_p95(route.latency.p50_ms, route.latency.p95_ms).sample(&mut rng);
-    precise_sleep(std::time::Duration::from_secs_f64(latency / 1000.0)).await;
+    precise_sleep(latency_of(route, &mut rng)).await;
     let fault = if route.fault_mix.is_empty() {
         route.fault
     } else {
@@ -1602,8 +1608,10 @@ async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::{
-        mixed_fault, Counters, Fault, LatencySpec, MockProfile, MAX_COUNTED_MODELS, OTHER_MODELS,
+        latency_of, mixed_fault, Counters, Fault, LatencyShapeSpec, MockProfile,
+        MAX_COUNTED_MODELS, OTHER_MODELS,
     };
+    use rand::SeedableRng;
 
     #[test]
     fn a_profile_names_the_field_at_fault() {
@@ -1625,7 +1633,7 @@ mod tests {
         assert!(e.contains("must be at most 1, got 1.2"), "{e}");
         let e = err("[search]\nlatency = { p50_ms = 30, p95_ms = 10 }\n");
         assert!(
-            e.starts_with("m.toml: `search.latency`: needs 0 ≤ p50_ms ≤ p95_ms"),
+            e.starts_with("m.toml: `search.latency`: needs 0 < p50_ms ≤ p95_ms"),
             "{e}"
         );
         let e = err("[chat]\nretry_after_s = -1\n");
@@ -1652,18 +1660,75 @@ mod tests {
         let p = MockProfile::from_toml("[chat]\nlatency = { p50_ms = 0, p95_ms = 0 }\n", "m.toml")
             .unwrap();
         assert_eq!(
-            (p.chat.latency, p.search.latency),
+            (&p.chat.latency, &p.search.latency),
             (
-                LatencySpec {
-                    p50_ms: 0.0,
-                    p95_ms: 0.0
-                },
-                LatencySpec {
-                    p50_ms: 20.0,
-                    p95_ms: 20.0
-                }
+                &LatencyShapeSpec::log_normal(0.0, 0.0),
+                &LatencyShapeSpec::log_normal(20.0, 20.0)
             )
         );
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        assert_eq!(latency_of(&p.chat, &mut rng), std::time::Duration::ZERO);
+    }
+
+    /// The p-quantile (in ms) of `n` draws of the chat route's latency.
+    fn quantiles(profile: &MockProfile, n: usize, qs: &[f64]) -> Vec<f64> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut v: Vec<f64> = (0..n)
+            .map(|_| latency_of(&profile.chat, &mut rng).as_secs_f64() * 1000.0)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        qs.iter().map(|q| v[(q * n as f64) as usize]).collect()
+    }
+
+    #[test]
+    fn a_heavy_tailed_latency_is_drawn_as_written() {
+        let parse = |text: &str| MockProfile::from_toml(text, "m.toml");
+        // A Pareto tail beyond the body's p95: p50 and p95 stay the body's, p99 and p99.9
+        // follow P(L > x) = 0.05·(p95/x)^α, far beyond the log-normal's.
+        let tail =
+            parse("[chat]\nlatency = { p50_ms = 40, p95_ms = 80, tail = { shape = 1.5 } }\n")
+                .unwrap();
+        let plain = parse("[chat]\nlatency = { p50_ms = 40, p95_ms = 80 }\n").unwrap();
+        let qs = [0.5, 0.95, 0.99, 0.999];
+        let (t, l) = (
+            quantiles(&tail, 200_000, &qs),
+            quantiles(&plain, 200_000, &qs),
+        );
+        // Sampling error: the p99.9 of 200,000 draws has 200 beyond it (±3σ ≈ ±21% of them,
+        // ±14% in x as x ∝ count^(−1/1.5)); the p99 2,000 (±7% of them, ±5% in x).
+        let near = |x: f64, want: f64, tol: f64| (x / want - 1.0).abs() < tol;
+        assert!(near(t[0], 40.0, 0.05) && near(t[1], 80.0, 0.05), "{t:?}");
+        assert!(near(t[2], 80.0 * 5f64.powf(1.0 / 1.5), 0.05), "p99 {t:?}");
+        assert!(
+            near(t[3], 80.0 * 50f64.powf(1.0 / 1.5), 0.15),
+            "p99.9 {t:?}"
+        );
+        assert!(t[3] > 5.0 * l[3], "tail {t:?} against log-normal {l:?}");
+        // A mixture: 90% fast, 10% slow.
+        let mix = parse(
+            "[chat]\nlatency = { mixture = [{ weight = 0.9, p50_ms = 10, p95_ms = 12 }, \
+             { weight = 0.1, p50_ms = 500, p95_ms = 600 }] }\n",
+        )
+        .unwrap();
+        let m = quantiles(&mix, 20_000, &[0.5, 0.85, 0.95]);
+        assert!(m[0] < 12.0 && m[1] < 13.0 && m[2] > 400.0, "{m:?}");
+        // Bad shapes name the field and the fix.
+        let e = parse("[chat]\nlatency = { p50_ms = 40, p95_ms = 80, tail = { shape = 0.9 } }\n")
+            .unwrap_err();
+        assert!(
+            e.starts_with("m.toml: `chat.latency.tail.shape`: must be a number above 1"),
+            "{e}"
+        );
+        let e =
+            parse("[chat]\nlatency = { mixture = [{ weight = 0.5, p50_ms = 1, p95_ms = 2 }] }\n")
+                .unwrap_err();
+        assert!(
+            e.contains("`chat.latency.mixture`: the weights must sum to 1"),
+            "{e}"
+        );
+        let e = parse("[chat]\nlatency = { p50_ms = 0, p95_ms = 0, tail = { shape = 2 } }\n")
+            .unwrap_err();
+        assert!(e.contains("needs 0 < p50_ms"), "{e}");
     }
 
     #[test]

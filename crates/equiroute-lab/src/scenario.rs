@@ -202,7 +202,10 @@ impl LatencyShapeSpec {
     }
 
     /// Checks the shape; returns the sub-field (after `latency`) and the fix.
-    fn check(&self) -> Result<(), (String, String)> {
+    ///
+    /// # Errors
+    /// The first sub-field out of range (`""` for the table itself) and what it must be.
+    pub fn check(&self) -> Result<(), (String, String)> {
         let fix = |f: &str, m: &str| Err((f.to_owned(), m.to_owned()));
         if !self.mixture.is_empty() {
             if self.p50_ms.is_some() || self.p95_ms.is_some() || self.tail.is_some() {

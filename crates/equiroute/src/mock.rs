@@ -9,8 +9,8 @@ pub struct Args {
     /// Address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1:9090")]
     listen: String,
-    /// Profile (TOML): per-route latency, error rates and faults (`fault`, or `fault_mix` at
-    /// random); default 20 ms, no errors.
+    /// Profile (TOML): per-route latency (log-normal, Pareto tail or mixture), error rates and
+    /// faults (`fault`, or `fault_mix` at random); default 20 ms, no errors.
     #[arg(long)]
     profile: Option<PathBuf>,
 }
