@@ -661,6 +661,12 @@ fn record_request(
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
     state.metrics.request_cost(&iface.name, result.cost.0);
+    if let equiroute_core::executor::RequestStatus::Succeeded { candidate } = result.status {
+        let provider = &iface.candidates[candidate].id.0;
+        state
+            .metrics
+            .provider_latency(&iface.name, provider, result.latency.0);
+    }
     super::spans::finish_request(
         iface,
         result,

@@ -92,6 +92,12 @@ struct BreakerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    interface: Name,
+    provider: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FeedbackLabel {
     outcome: Name,
 }
@@ -149,6 +155,8 @@ pub struct Metrics {
     first_byte: Histograms<InterfaceLabel>,
     request_cost: Histograms<InterfaceLabel>,
     feedback_delay: Histograms<InterfaceLabel>,
+    provider_latency: Histograms<ProviderLabels>,
+    provider_cost: Histograms<ProviderLabels>,
 }
 
 /// Registers `metric` as `name` (a counter's name is written with its `_total`, which the
@@ -219,6 +227,8 @@ impl Default for Metrics {
             first_byte: Family::new_with_constructor(latency_histogram),
             request_cost: Family::new_with_constructor(cost_histogram),
             feedback_delay: Family::new_with_constructor(delay_histogram),
+            provider_latency: Family::new_with_constructor(latency_histogram),
+            provider_cost: Family::new_with_constructor(cost_histogram),
         };
         m.registered()
     }
@@ -325,8 +335,26 @@ impl Metrics {
             "Time from an answer to its accepted quality score (s)",
             self.feedback_delay.clone(),
         );
-        r.register_collector(Box::new(TraceExport));
+        self.register_by_provider();
+        self.registry.register_collector(Box::new(TraceExport));
         self
+    }
+
+    /// Registers the histograms labelled by interface and provider.
+    fn register_by_provider(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
+            "equiroute_provider_latency_ms",
+            "End-to-end latency of the requests each provider answered (ms)",
+            self.provider_latency.clone(),
+        );
+        register(
+            r,
+            "equiroute_provider_cost_usd",
+            "What each attempt on a provider cost, failed ones included (USD)",
+            self.provider_cost.clone(),
+        );
     }
 
     pub fn request(&self, interface: &str, outcome: &str) {
@@ -443,6 +471,24 @@ impl Metrics {
         self.feedback_delay
             .get_or_create(&iface(interface))
             .observe(seconds);
+    }
+
+    /// Records the end-to-end latency of a request `provider` answered on `interface`, in ms.
+    pub fn provider_latency(&self, interface: &str, provider: &str, ms: f64) {
+        let labels = ProviderLabels {
+            interface: name(interface),
+            provider: name(provider),
+        };
+        self.provider_latency.get_or_create(&labels).observe(ms);
+    }
+
+    /// Records what one attempt on `provider` cost, in USD.
+    pub fn provider_cost(&self, interface: &str, provider: &str, usd: f64) {
+        let labels = ProviderLabels {
+            interface: name(interface),
+            provider: name(provider),
+        };
+        self.provider_cost.get_or_create(&labels).observe(usd);
     }
 
     /// The Prometheus text exposition (version 0.0.4).
