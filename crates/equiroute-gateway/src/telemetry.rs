@@ -12,9 +12,11 @@
 use crate::config::TelemetryConfig;
 use bytes::Bytes;
 use http_body_util::Full;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry::trace::{SpanContext, TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _, SpanProcessor,
 };
@@ -35,6 +37,33 @@ static SPANS_EXPORTED: AtomicU64 = AtomicU64::new(0);
 /// span the log formatter holds costs it a string).
 pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
+}
+
+/// The client's span from the W3C `traceparent` (and `tracestate`) headers, when traces are
+/// exported; a missing or malformed header is no parent, never an error.
+pub fn remote_parent(headers: &http::HeaderMap) -> Option<SpanContext> {
+    if !exporting() {
+        return None;
+    }
+    let traceparent = headers.get("traceparent")?.to_str().ok()?;
+    if !well_formed(traceparent) {
+        return None;
+    }
+    let cx = TraceContextPropagator::new().extract(&opentelemetry_http::HeaderExtractor(headers));
+    let parent = cx.span().span_context().clone();
+    parent.is_valid().then_some(parent)
+}
+
+/// Whether `traceparent` has W3C's shape: `version-trace_id-parent_id-flags`, of 2, 32, 16 and
+/// 2 lowercase hex digits (the propagator alone accepts shorter ids).
+fn well_formed(traceparent: &str) -> bool {
+    let parts: Vec<&str> = traceparent.trim().split('-').collect();
+    parts.len() >= 4
+        && parts[..4].iter().zip([2, 32, 16, 2]).all(|(p, n)| {
+            p.len() == n
+                && p.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }
 
 /// Spans dropped because the export queue was full, since the process started.

@@ -198,6 +198,8 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.first_byte("chat", 12.0);
     m.request_cost("chat", 0.002);
     m.feedback_delay("chat", 3.0);
+    m.provider_latency("chat", "a", 40.0);
+    m.provider_cost("chat", "a", 0.002);
     let mut exposition = m.render();
     state
         .shared

@@ -543,6 +543,11 @@ sim = { latency = { p50_ms = 5, p95_ms = 10 } }
         r#"equiroute_request_cost_usd_bucket{interface="chat",le="0.001"} 2"#,
         r#"equiroute_feedback_delay_seconds_count{interface="chat"} 1"#,
         r#"equiroute_feedback_delay_seconds_bucket{interface="chat",le="60"} 1"#,
+        // Both requests answered by the one provider, each attempt costing 0.0004.
+        r#"equiroute_provider_latency_ms_count{interface="chat",provider="only"} 2"#,
+        r#"equiroute_provider_cost_usd_count{interface="chat",provider="only"} 2"#,
+        r#"equiroute_provider_cost_usd_bucket{interface="chat",provider="only",le="0.0003"} 0"#,
+        r#"equiroute_provider_cost_usd_bucket{interface="chat",provider="only",le="0.001"} 2"#,
     ] {
         assert!(m.contains(line), "{line} not in:\n{m}");
     }

@@ -285,3 +285,82 @@ async fn a_collector_that_never_answers_neither_delays_nor_fails_requests() {
     }
     drop(black_hole);
 }
+
+/// Receives spans until a `request` span arrives; returns every span received.
+async fn until_request(spans: &mut tokio::sync::mpsc::UnboundedReceiver<Span>) -> Vec<Span> {
+    let mut got: Vec<Span> = Vec::new();
+    while !got.iter().any(|s| s.name == "request") {
+        let span = tokio::time::timeout(Duration::from_secs(30), spans.recv())
+            .await
+            .expect("no request span within 30 s")
+            .unwrap();
+        got.push(span);
+    }
+    got
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[tokio::test]
+async fn a_request_with_traceparent_continues_the_clients_trace_and_a_malformed_one_is_ignored() {
+    let (otlp, mut spans) = receiver().await;
+    let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
+    let healthy = mock("").await;
+    let cfg = config(
+        &format!("http://{otlp}"),
+        "batch_delay_ms = 50",
+        down.addr,
+        healthy.addr,
+    );
+    let (_telemetry, _guard) = traced(&cfg);
+    let gw = start(&cfg, &[]).await;
+    // The W3C example: version 00, trace id, the client's span id, sampled.
+    let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let traceparent = format!("00-{trace}-{parent}-01");
+    let headers = [
+        ("traceparent", traceparent.as_str()),
+        ("tracestate", "vendor=opaque"),
+    ];
+    let reply = http(gw.addr, "POST", "/v1/chat/completions", &headers, &chat()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let got = until_request(&mut spans).await;
+    let request = got.iter().find(|s| s.name == "request").unwrap();
+    assert_eq!(hex(&request.trace_id), trace, "the client's trace");
+    assert_eq!(
+        hex(&request.parent_span_id),
+        parent,
+        "the client's span is the parent"
+    );
+    assert_eq!(request.trace_state, "vendor=opaque");
+    for child in got.iter().filter(|s| s.name != "request") {
+        assert_eq!(
+            hex(&child.trace_id),
+            trace,
+            "{} in the client's trace",
+            child.name
+        );
+    }
+
+    // Malformed: a bad version, a short id, an all-zero trace id. Each is answered as usual
+    // and its request span is a root of a trace of its own.
+    for bad in [
+        format!("ff-{trace}-{parent}-01"),
+        format!("00-{}-{parent}-01", &trace[..20]),
+        format!("00-{}-{parent}-01", "0".repeat(32)),
+        "not a traceparent".to_owned(),
+    ] {
+        let headers = [("traceparent", bad.as_str())];
+        let reply = http(gw.addr, "POST", "/v1/chat/completions", &headers, &chat()).await;
+        assert_eq!(reply.status, 200, "{bad}: {}", reply.body);
+        let got = until_request(&mut spans).await;
+        let request = got.iter().find(|s| s.name == "request").unwrap();
+        assert!(request.parent_span_id.is_empty(), "{bad}: a root span");
+        assert_ne!(hex(&request.trace_id), trace, "{bad}");
+    }
+}

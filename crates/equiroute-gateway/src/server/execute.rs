@@ -45,13 +45,22 @@ pub async fn execute(
     meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
     execute_unstreamed(state, iface, body, pinned, deadline, meta)
-        .instrument(request_span(iface))
+        .instrument(request_span(iface, meta))
         .await
 }
 
 /// The span around one request's handling; its id is recorded once [`begin`] numbers it.
-fn request_span(iface: &InterfaceRuntime) -> tracing::Span {
-    super::spans::request(iface)
+/// With the client's `traceparent` it continues the client's trace.
+fn request_span(iface: &InterfaceRuntime, meta: &super::RequestMeta) -> tracing::Span {
+    let span = super::spans::request(iface);
+    if let Some(parent) = &meta.trace_parent {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        // Not yet entered, so its parent can still be set; a disabled span has none.
+        let _ =
+            span.set_parent(opentelemetry::Context::new().with_remote_span_context(parent.clone()));
+    }
+    span
 }
 
 #[allow(clippy::too_many_lines)]
@@ -652,6 +661,12 @@ fn record_request(
 ) {
     state.metrics.request_latency(&iface.name, result.latency.0);
     state.metrics.request_cost(&iface.name, result.cost.0);
+    if let equiroute_core::executor::RequestStatus::Succeeded { candidate } = result.status {
+        let provider = &iface.candidates[candidate].id.0;
+        state
+            .metrics
+            .provider_latency(&iface.name, provider, result.latency.0);
+    }
     super::spans::finish_request(
         iface,
         result,
@@ -979,7 +994,7 @@ pub async fn execute_stream(
     deadline: Option<Millis>,
     meta: super::RequestMeta,
 ) -> Result<axum::response::Response, ApiError> {
-    let span = request_span(&iface);
+    let span = request_span(&iface, &meta);
     execute_streamed(state, iface, body, pinned, deadline, meta)
         .instrument(span)
         .await

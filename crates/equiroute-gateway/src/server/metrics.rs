@@ -1,65 +1,105 @@
-//! Prometheus metrics, rendered as text at `GET /metrics`.
+//! Prometheus metrics, kept with `prometheus-client` and rendered at `GET /metrics` as
+//! Prometheus text (version 0.0.4).
+//!
+//! Every label value is the gateway's own: a configured interface or provider id, or a word
+//! from a fixed set (outcomes, statuses, events). They are interned once for the life of the
+//! process ([`name`]), so that a request's label sets are `&'static str`s built without an
+//! allocation; the interner is capped, so that even a bug passing a client's string could
+//! not grow it without bound.
 
-use equiroute_core::features::Fnv64;
-use equiroute_core::hash::KeyHasher;
-use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
-use std::hash::BuildHasherDefault;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::collections::HashSet;
+use std::sync::{LazyLock, RwLock};
 
-/// Counters by their key (`counter_hash`), the key already spread.
-type CounterMap = HashMap<u64, Vec<Counter>, BuildHasherDefault<KeyHasher>>;
+/// A label value, interned.
+type Name = &'static str;
 
-/// One counter: its name, labels and count.
-#[derive(Debug)]
-struct Counter {
-    name: &'static str,
-    labels: Vec<(&'static str, String)>,
-    count: AtomicU64,
+/// The most distinct label values the process keeps; past it a new value is counted as
+/// [`OVERFLOW`]. Configured ids and fixed words stay far below it.
+const MAX_NAMES: usize = 4096;
+
+/// The label value of everything past [`MAX_NAMES`].
+const OVERFLOW: Name = "other";
+
+static NAMES: LazyLock<RwLock<HashSet<Name>>> = LazyLock::new(RwLock::default);
+
+/// `s` interned in the process's set of label values.
+fn name(s: &str) -> Name {
+    intern(&NAMES, MAX_NAMES, s)
 }
 
-impl Counter {
-    fn is(&self, name: &str, labels: &[(&'static str, &str)]) -> bool {
-        self.name == name
-            && self.labels.len() == labels.len()
-            && self
-                .labels
-                .iter()
-                .zip(labels)
-                .all(|((k, v), (k2, v2))| k == k2 && v == v2)
-    }
-
-    /// `name{k="v",…}` as the exposition writes it.
-    fn key(&self) -> String {
-        let mut s = String::from(self.name);
-        if !self.labels.is_empty() {
-            s.push('{');
-            for (i, (k, v)) in self.labels.iter().enumerate() {
-                if i > 0 {
-                    s.push(',');
-                }
-                let _ = write!(s, "{k}=\"{}\"", label(v));
-            }
-            s.push('}');
+/// `s` interned in `names`: found under a read lock, leaked once when new, [`OVERFLOW`] once
+/// `names` holds `cap` values.
+fn intern(names: &RwLock<HashSet<Name>>, cap: usize, s: &str) -> Name {
+    if let Ok(set) = names.read() {
+        if let Some(n) = set.get(s) {
+            return n;
         }
-        s
     }
+    let Ok(mut set) = names.write() else {
+        return OVERFLOW;
+    };
+    if let Some(n) = set.get(s) {
+        return n;
+    }
+    if set.len() >= cap {
+        return OVERFLOW;
+    }
+    let n: Name = Box::leak(s.into());
+    set.insert(n);
+    n
 }
 
-/// The key a counter is found by: FNV-1a over its name and labels. The parts are ours (names,
-/// configured interface and provider ids, fixed outcomes), never a client's, so a fast hash
-/// without flood resistance is enough; collisions share a list and are told apart by `is`.
-fn counter_hash(name: &str, labels: &[(&'static str, &str)]) -> u64 {
-    let mut h = Fnv64::new();
-    h.write(name.as_bytes());
-    for (k, v) in labels {
-        h.write(&[0x1f]);
-        h.write(k.as_bytes());
-        h.write(&[0x1e]);
-        h.write(v.as_bytes());
-    }
-    h.finish()
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InterfaceLabel {
+    interface: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    interface: Name,
+    outcome: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    interface: Name,
+    provider: Name,
+    status: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    interface: Name,
+    event: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    interface: Name,
+    mode: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BreakerLabels {
+    provider: Name,
+    to: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    interface: Name,
+    provider: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FeedbackLabel {
+    outcome: Name,
 }
 
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
@@ -79,313 +119,324 @@ const COST_BUCKETS_USD: [f64; 10] = [0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0
 /// Upper bounds (s) of the feedback-delay histogram buckets.
 const DELAY_BUCKETS_S: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 
-/// The histograms kept per interface (the interface is the only label: it comes from the
-/// configuration, never from a client).
-/// Its discriminant indexes a shard's maps, in [`PerInterface::ALL`]'s order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PerInterface {
-    /// End-to-end request latency (ms).
-    RequestLatency,
-    /// A streamed attempt's time to its first byte (ms).
-    FirstByte,
-    /// What a finished request cost, every attempt included (USD).
-    RequestCost,
-    /// From the answer to its accepted quality score (s).
-    FeedbackDelay,
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS_MS)
 }
 
-impl PerInterface {
-    const ALL: [PerInterface; 4] = [
-        PerInterface::RequestLatency,
-        PerInterface::FirstByte,
-        PerInterface::RequestCost,
-        PerInterface::FeedbackDelay,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            PerInterface::RequestLatency => "equiroute_request_latency_ms",
-            PerInterface::FirstByte => "equiroute_first_byte_ms",
-            PerInterface::RequestCost => "equiroute_request_cost_usd",
-            PerInterface::FeedbackDelay => "equiroute_feedback_delay_seconds",
-        }
-    }
-
-    fn bounds(self) -> &'static [f64] {
-        match self {
-            PerInterface::RequestLatency | PerInterface::FirstByte => &LATENCY_BUCKETS_MS,
-            PerInterface::RequestCost => &COST_BUCKETS_USD,
-            PerInterface::FeedbackDelay => &DELAY_BUCKETS_S,
-        }
-    }
-
-    /// The sum is kept in whole units of `1/scale` (USD: micro-dollars, so that sub-cent
-    /// costs add up).
-    fn scale(self) -> f64 {
-        match self {
-            PerInterface::RequestCost => 1e6,
-            _ => 1e3,
-        }
-    }
+fn cost_histogram() -> Histogram {
+    Histogram::new(COST_BUCKETS_USD)
 }
 
-/// The most buckets a histogram has (the decision buckets and the one past every bound).
-const MAX_BUCKETS: usize = DECISION_BUCKETS_US.len() + 1;
-
-/// A histogram updated without a lock: one atomic count per bucket, the last one past every
-/// bound (not cumulative: the exposition accumulates, and the total is the count), and the
-/// sum in thousandths of the unit. The counts are inline, so that a shard's histograms sit
-/// in the shard's own cache lines.
-#[derive(Debug)]
-struct Histogram {
-    bounds: &'static [f64],
-    /// `bounds.len() + 1` of these are used.
-    buckets: [AtomicU64; MAX_BUCKETS],
-    /// The sum, in units of `1/scale`.
-    sum_milli: AtomicU64,
-    scale: f64,
+fn delay_histogram() -> Histogram {
+    Histogram::new(DELAY_BUCKETS_S)
 }
 
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram::scaled(bounds, 1e3)
-    }
+/// A histogram family whose buckets its constructor sets.
+type Histograms<S> = Family<S, Histogram, fn() -> Histogram>;
 
-    fn scaled(bounds: &'static [f64], scale: f64) -> Histogram {
-        debug_assert!(bounds.len() < MAX_BUCKETS);
-        Histogram {
-            bounds,
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_milli: AtomicU64::new(0),
-            scale,
-        }
-    }
-
-    /// Counts `value` in the first bucket whose upper bound is at or above it (past every
-    /// bound: the last).
-    fn observe(&self, value: f64) {
-        let i = self.bounds.partition_point(|b| *b < value);
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        // Saturating float-to-int: a negative or NaN value adds nothing.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let milli = (value * self.scale).round() as u64;
-        self.sum_milli.fetch_add(milli, Ordering::Relaxed);
-    }
-
-    /// Adds this histogram's counts and sum into `into` (buckets, then the sum).
-    fn add_to(&self, into: &mut [u64; MAX_BUCKETS + 1]) {
-        for (t, b) in into.iter_mut().zip(&self.buckets) {
-            *t += b.load(Ordering::Relaxed);
-        }
-        into[MAX_BUCKETS] += self.sum_milli.load(Ordering::Relaxed);
-    }
-}
-
-/// `name_bucket{labels,le="…"}` lines (cumulative), then `+Inf`, `_sum` and `_count`, of
-/// the counts `totals` (as [`Histogram::add_to`] sums them) over `bounds`. `labels` is empty
-/// or `k="v",…` without braces.
-fn render_histogram(
-    s: &mut String,
-    name: &str,
-    labels: &str,
-    bounds: &[f64],
-    totals: &[u64; MAX_BUCKETS + 1],
-    scale: f64,
-) {
-    let (le, set) = if labels.is_empty() {
-        (String::new(), String::new())
-    } else {
-        (format!("{labels},"), format!("{{{labels}}}"))
-    };
-    let mut total = 0;
-    let names = bounds.iter().map(ToString::to_string);
-    for (b, n) in names.chain(["+Inf".to_owned()]).zip(totals) {
-        total += n;
-        let _ = writeln!(s, "{name}_bucket{{{le}le=\"{b}\"}} {total}");
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let sum = totals[MAX_BUCKETS] as f64 / scale;
-    let _ = writeln!(s, "{name}_sum{set} {sum}");
-    let _ = writeln!(s, "{name}_count{set} {total}");
-}
-
-/// Shards of the metrics: each thread counts into its own (the event loops get one each), so
-/// that two loops never write the same cache line; `/metrics` adds them up.
-const SHARDS: usize = 16;
-
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static THREAD_SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-}
-
-/// One thread's counters and histograms, on cache lines of its own.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Shard {
-    /// Counters by a hash of their name and labels (collisions share a list).
-    counters: RwLock<CounterMap>,
-    decision: Histogram,
-    router: Histogram,
-    /// Per family (latency, first byte, cost, feedback delay), per interface.
-    per_interface: [RwLock<BTreeMap<String, Histogram>>; PerInterface::ALL.len()],
-}
-
-impl Default for Shard {
-    fn default() -> Self {
-        Shard {
-            counters: RwLock::default(),
-            decision: Histogram::new(&DECISION_BUCKETS_US),
-            router: Histogram::new(&DECISION_BUCKETS_US),
-            per_interface: Default::default(),
-        }
-    }
-}
-
-/// Counters and histograms of the gateway. The request path takes no exclusive lock and
-/// writes only its thread's shard: counters and histograms are atomics found under the
-/// shard's read locks.
+/// Counters and histograms of the gateway. Each recorder finds its series in its family
+/// (a hash of the interned label set under the family's read lock) and updates it.
 #[derive(Debug)]
 pub struct Metrics {
-    shards: Box<[Shard]>,
+    registry: Registry,
+    requests: Family<OutcomeLabels, Counter>,
+    attempts: Family<AttemptLabels, Counter>,
+    fallbacks: Family<InterfaceLabel, Counter>,
+    last_resort: Family<InterfaceLabel, Counter>,
+    hedges: Family<EventLabels, Counter>,
+    stream_continuations: Family<ModeLabels, Counter>,
+    breaker: Family<BreakerLabels, Counter>,
+    task_class_unlisted: Family<InterfaceLabel, Counter>,
+    slices_evicted: Family<InterfaceLabel, Counter>,
+    feedback: Family<FeedbackLabel, Counter>,
+    decision: Histogram,
+    router: Histogram,
+    request_latency: Histograms<InterfaceLabel>,
+    first_byte: Histograms<InterfaceLabel>,
+    request_cost: Histograms<InterfaceLabel>,
+    feedback_delay: Histograms<InterfaceLabel>,
+    provider_latency: Histograms<ProviderLabels>,
+    provider_cost: Histograms<ProviderLabels>,
+}
+
+/// Registers `metric` as `name` (a counter's name is written with its `_total`, which the
+/// crate adds back).
+fn register(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: impl prometheus_client::registry::Metric,
+) {
+    registry.register(name.strip_suffix("_total").unwrap_or(name), help, metric);
+}
+
+/// The trace export's counters, read at each scrape: they are the process's (one export
+/// pipeline per process).
+#[derive(Debug)]
+struct TraceExport;
+
+impl Collector for TraceExport {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, value) in [
+            (
+                "equiroute_trace_spans_dropped_total",
+                "Spans dropped because the export queue was full",
+                crate::telemetry::spans_dropped(),
+            ),
+            (
+                "equiroute_trace_spans_exported_total",
+                "Spans the collector accepted",
+                crate::telemetry::spans_exported(),
+            ),
+            (
+                "equiroute_trace_export_failures_total",
+                "Span batches the collector refused or never answered",
+                crate::telemetry::export_failures(),
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            counter.encode(encoder.encode_descriptor(
+                family,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
-        }
-    }
-}
-
-/// A label value escaped for the exposition format (borrowed when nothing needs escaping,
-/// which is every label the gateway writes on the request path).
-fn label(v: &str) -> std::borrow::Cow<'_, str> {
-    if v.contains(['\\', '"']) {
-        std::borrow::Cow::Owned(v.replace('\\', "\\\\").replace('"', "\\\""))
-    } else {
-        std::borrow::Cow::Borrowed(v)
+        let m = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            attempts: Family::default(),
+            fallbacks: Family::default(),
+            last_resort: Family::default(),
+            hedges: Family::default(),
+            stream_continuations: Family::default(),
+            breaker: Family::default(),
+            task_class_unlisted: Family::default(),
+            slices_evicted: Family::default(),
+            feedback: Family::default(),
+            decision: Histogram::new(DECISION_BUCKETS_US),
+            router: Histogram::new(DECISION_BUCKETS_US),
+            request_latency: Family::new_with_constructor(latency_histogram),
+            first_byte: Family::new_with_constructor(latency_histogram),
+            request_cost: Family::new_with_constructor(cost_histogram),
+            feedback_delay: Family::new_with_constructor(delay_histogram),
+            provider_latency: Family::new_with_constructor(latency_histogram),
+            provider_cost: Family::new_with_constructor(cost_histogram),
+        };
+        m.registered()
     }
 }
 
 impl Metrics {
-    /// This thread's shard.
-    fn shard(&self) -> &Shard {
-        &self.shards[THREAD_SHARD.with(|i| *i)]
+    /// These metrics with every family in the registry, in the exposition's order (the
+    /// registry holds handles to the same series).
+    fn registered(mut self) -> Metrics {
+        let r = &mut self.registry;
+        register(
+            r,
+            "equiroute_requests_total",
+            "Finished requests by outcome",
+            self.requests.clone(),
+        );
+        register(
+            r,
+            "equiroute_attempts_total",
+            "Upstream attempts by provider and status",
+            self.attempts.clone(),
+        );
+        register(
+            r,
+            "equiroute_fallbacks_total",
+            "Attempts after the first, hedges aside",
+            self.fallbacks.clone(),
+        );
+        register(
+            r,
+            "equiroute_last_resort_total",
+            "Requests that probed a provider whose breaker was open, every one being open",
+            self.last_resort.clone(),
+        );
+        register(
+            r,
+            "equiroute_hedges_total",
+            "Hedges started, won and cancelled",
+            self.hedges.clone(),
+        );
+        register(
+            r,
+            "equiroute_stream_continuations_total",
+            "Broken streams continued on another provider",
+            self.stream_continuations.clone(),
+        );
+        register(
+            r,
+            "equiroute_breaker_transitions_total",
+            "Circuit breaker transitions by provider",
+            self.breaker.clone(),
+        );
+        register(
+            r,
+            "equiroute_task_class_unlisted_total",
+            "Requests whose task class is not on the interface's list",
+            self.task_class_unlisted.clone(),
+        );
+        register(
+            r,
+            "equiroute_slices_evicted_total",
+            "Latency slices evicted to stay under max_slices",
+            self.slices_evicted.clone(),
+        );
+        register(
+            r,
+            "equiroute_feedback_total",
+            "Quality feedback by outcome",
+            self.feedback.clone(),
+        );
+        register(
+            r,
+            "equiroute_decision_microseconds",
+            "Time spent on eligibility and ranking per request (µs)",
+            self.decision.clone(),
+        );
+        register(
+            r,
+            "equiroute_router_microseconds",
+            "The router's whole share of an answered request (µs)",
+            self.router.clone(),
+        );
+        register(
+            r,
+            "equiroute_request_latency_ms",
+            "End-to-end request latency (ms)",
+            self.request_latency.clone(),
+        );
+        register(
+            r,
+            "equiroute_first_byte_ms",
+            "A streamed attempt's time to its first byte (ms)",
+            self.first_byte.clone(),
+        );
+        register(
+            r,
+            "equiroute_request_cost_usd",
+            "What a finished request cost, every attempt included (USD)",
+            self.request_cost.clone(),
+        );
+        register(
+            r,
+            "equiroute_feedback_delay_seconds",
+            "Time from an answer to its accepted quality score (s)",
+            self.feedback_delay.clone(),
+        );
+        self.register_by_provider();
+        self.registry.register_collector(Box::new(TraceExport));
+        self
     }
 
-    /// Adds one to the counter `name{labels}`. The request path finds an existing counter
-    /// under a read lock by a hash of its parts, without building its text.
-    fn bump(&self, name: &'static str, labels: &[(&'static str, &str)]) {
-        self.add(name, labels, 1);
-    }
-
-    /// Adds `n` to the counter `name{labels}`.
-    fn add(&self, name: &'static str, labels: &[(&'static str, &str)], n: u64) {
-        let hash = counter_hash(name, labels);
-        let shard = self.shard();
-        if let Ok(map) = shard.counters.read() {
-            if let Some(c) = map
-                .get(&hash)
-                .and_then(|v| v.iter().find(|c| c.is(name, labels)))
-            {
-                c.count.fetch_add(n, Ordering::Relaxed);
-                return;
-            }
-        }
-        if let Ok(mut map) = shard.counters.write() {
-            let list = map.entry(hash).or_default();
-            match list.iter().find(|c| c.is(name, labels)) {
-                Some(c) => {
-                    c.count.fetch_add(n, Ordering::Relaxed);
-                }
-                None => list.push(Counter {
-                    name,
-                    labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
-                    count: AtomicU64::new(n),
-                }),
-            }
-        }
+    /// Registers the histograms labelled by interface and provider.
+    fn register_by_provider(&mut self) {
+        let r = &mut self.registry;
+        register(
+            r,
+            "equiroute_provider_latency_ms",
+            "End-to-end latency of the requests each provider answered (ms)",
+            self.provider_latency.clone(),
+        );
+        register(
+            r,
+            "equiroute_provider_cost_usd",
+            "What each attempt on a provider cost, failed ones included (USD)",
+            self.provider_cost.clone(),
+        );
     }
 
     pub fn request(&self, interface: &str, outcome: &str) {
-        self.bump(
-            "equiroute_requests_total",
-            &[("interface", interface), ("outcome", outcome)],
-        );
+        let labels = OutcomeLabels {
+            interface: name(interface),
+            outcome: name(outcome),
+        };
+        self.requests.get_or_create(&labels).inc();
     }
 
     pub fn attempt(&self, interface: &str, provider: &str, status: &str) {
-        self.bump(
-            "equiroute_attempts_total",
-            &[
-                ("interface", interface),
-                ("provider", provider),
-                ("status", status),
-            ],
-        );
+        let labels = AttemptLabels {
+            interface: name(interface),
+            provider: name(provider),
+            status: name(status),
+        };
+        self.attempts.get_or_create(&labels).inc();
     }
 
     pub fn fallback(&self, interface: &str) {
-        self.bump("equiroute_fallbacks_total", &[("interface", interface)]);
+        self.fallbacks.get_or_create(&iface(interface)).inc();
     }
 
     /// A request that found every provider shut out by breakers that failures opened, and
     /// probed one as a last resort.
     pub fn last_resort(&self, interface: &str) {
-        self.bump("equiroute_last_resort_total", &[("interface", interface)]);
+        self.last_resort.get_or_create(&iface(interface)).inc();
     }
 
     /// A hedge `started`, `won` (its answer was the request's) or `cancelled` (an attempt
     /// of a hedged pair dropped when the other answered).
     pub fn hedge(&self, interface: &str, event: &'static str) {
-        self.bump(
-            "equiroute_hedges_total",
-            &[("interface", interface), ("event", event)],
-        );
+        let labels = EventLabels {
+            interface: name(interface),
+            event,
+        };
+        self.hedges.get_or_create(&labels).inc();
     }
 
     /// A stream that broke after it reached the client, continued on another provider
     /// (`mode`: `prefix` or `restart`).
     pub fn stream_continuation(&self, interface: &str, mode: &'static str) {
-        self.bump(
-            "equiroute_stream_continuations_total",
-            &[("interface", interface), ("mode", mode)],
-        );
+        let labels = ModeLabels {
+            interface: name(interface),
+            mode,
+        };
+        self.stream_continuations.get_or_create(&labels).inc();
     }
 
     pub fn breaker(&self, provider: &str, transition: &str) {
-        self.bump(
-            "equiroute_breaker_transitions_total",
-            &[("provider", provider), ("to", transition)],
-        );
+        let labels = BreakerLabels {
+            provider: name(provider),
+            to: name(transition),
+        };
+        self.breaker.get_or_create(&labels).inc();
     }
 
     /// A request's task class was not on its interface's `task_classes` list (the class
     /// itself is no label: it is the client's).
     pub fn task_class_unlisted(&self, interface: &str) {
-        self.bump(
-            "equiroute_task_class_unlisted_total",
-            &[("interface", interface)],
-        );
+        self.task_class_unlisted
+            .get_or_create(&iface(interface))
+            .inc();
     }
 
     /// `n` latency slices of `interface` were evicted to stay under `max_slices`.
     pub fn slices_evicted(&self, interface: &str, n: u64) {
-        self.add(
-            "equiroute_slices_evicted_total",
-            &[("interface", interface)],
-            n,
-        );
+        self.slices_evicted
+            .get_or_create(&iface(interface))
+            .inc_by(n);
     }
 
     pub fn feedback(&self, outcome: &str) {
-        self.bump("equiroute_feedback_total", &[("outcome", outcome)]);
+        let labels = FeedbackLabel {
+            outcome: name(outcome),
+        };
+        self.feedback.get_or_create(&labels).inc();
     }
 
     /// Records the decision of one request (eligibility + ranking), in µs.
     pub fn decision_time(&self, micros: f64) {
-        self.shard().decision.observe(micros);
+        self.decision.observe(micros);
     }
 
     /// Records the router's whole share of one request, in µs: featurizing, sizing, the
@@ -393,111 +444,66 @@ impl Metrics {
     /// breaker updates, metrics, keeping the context for feedback) — everything but the
     /// upstream calls and the HTTP handling.
     pub fn router_time(&self, micros: f64) {
-        self.shard().router.observe(micros);
+        self.router.observe(micros);
     }
 
     /// Records one request's end-to-end latency on `interface`, in ms.
     pub fn request_latency(&self, interface: &str, ms: f64) {
-        self.per_interface(PerInterface::RequestLatency, interface, ms);
+        self.request_latency
+            .get_or_create(&iface(interface))
+            .observe(ms);
     }
 
     /// Records a streamed attempt's time to its first byte on `interface`, in ms.
     pub fn first_byte(&self, interface: &str, ms: f64) {
-        self.per_interface(PerInterface::FirstByte, interface, ms);
+        self.first_byte.get_or_create(&iface(interface)).observe(ms);
     }
 
     /// Records what a finished request on `interface` cost, every attempt included, in USD.
     pub fn request_cost(&self, interface: &str, usd: f64) {
-        self.per_interface(PerInterface::RequestCost, interface, usd);
+        self.request_cost
+            .get_or_create(&iface(interface))
+            .observe(usd);
     }
 
     /// Records the time from an answer on `interface` to its accepted quality score, in s.
     pub fn feedback_delay(&self, interface: &str, seconds: f64) {
-        self.per_interface(PerInterface::FeedbackDelay, interface, seconds);
+        self.feedback_delay
+            .get_or_create(&iface(interface))
+            .observe(seconds);
     }
 
-    fn per_interface(&self, family: PerInterface, interface: &str, value: f64) {
-        let map = &self.shard().per_interface[family as usize];
-        if let Ok(l) = map.read() {
-            if let Some(h) = l.get(interface) {
-                h.observe(value);
-                return;
-            }
-        }
-        if let Ok(mut l) = map.write() {
-            l.entry(interface.to_owned())
-                .or_insert_with(|| Histogram::scaled(family.bounds(), family.scale()))
-                .observe(value);
-        }
+    /// Records the end-to-end latency of a request `provider` answered on `interface`, in ms.
+    pub fn provider_latency(&self, interface: &str, provider: &str, ms: f64) {
+        let labels = ProviderLabels {
+            interface: name(interface),
+            provider: name(provider),
+        };
+        self.provider_latency.get_or_create(&labels).observe(ms);
     }
 
-    /// The Prometheus text exposition (every shard added up).
+    /// Records what one attempt on `provider` cost, in USD.
+    pub fn provider_cost(&self, interface: &str, provider: &str, usd: f64) {
+        let labels = ProviderLabels {
+            interface: name(interface),
+            provider: name(provider),
+        };
+        self.provider_cost.get_or_create(&labels).observe(usd);
+    }
+
+    /// The Prometheus text exposition (version 0.0.4).
     #[must_use]
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let mut counters: BTreeMap<String, u64> = BTreeMap::new();
-        let mut decision = [0; MAX_BUCKETS + 1];
-        let mut router = [0; MAX_BUCKETS + 1];
-        let mut per_interface: [BTreeMap<String, [u64; MAX_BUCKETS + 1]>; PerInterface::ALL.len()] =
-            Default::default();
-        for shard in &*self.shards {
-            if let Ok(map) = shard.counters.read() {
-                for c in map.values().flatten() {
-                    *counters.entry(c.key()).or_default() += c.count.load(Ordering::Relaxed);
-                }
-            }
-            shard.decision.add_to(&mut decision);
-            shard.router.add_to(&mut router);
-            for (map, totals) in shard.per_interface.iter().zip(per_interface.iter_mut()) {
-                if let Ok(l) = map.read() {
-                    for (iface, h) in l.iter() {
-                        h.add_to(totals.entry(iface.clone()).or_insert([0; MAX_BUCKETS + 1]));
-                    }
-                }
-            }
-        }
-        for (k, v) in counters {
-            let _ = writeln!(s, "{k} {v}");
-        }
-        for (name, totals) in [
-            ("equiroute_decision_microseconds", &decision),
-            ("equiroute_router_microseconds", &router),
-        ] {
-            let _ = writeln!(s, "# TYPE {name} histogram");
-            render_histogram(&mut s, name, "", &DECISION_BUCKETS_US, totals, 1e3);
-        }
-        for (family, by_interface) in PerInterface::ALL.into_iter().zip(&per_interface) {
-            let _ = writeln!(s, "# TYPE {} histogram", family.name());
-            for (iface, totals) in by_interface {
-                let labels = format!("interface=\"{}\"", label(iface));
-                render_histogram(
-                    &mut s,
-                    family.name(),
-                    &labels,
-                    family.bounds(),
-                    totals,
-                    family.scale(),
-                );
-            }
-        }
-        // The trace export's counters are the process's (one export pipeline per process).
-        for (name, value) in [
-            (
-                "equiroute_trace_spans_dropped_total",
-                crate::telemetry::spans_dropped(),
-            ),
-            (
-                "equiroute_trace_spans_exported_total",
-                crate::telemetry::spans_exported(),
-            ),
-            (
-                "equiroute_trace_export_failures_total",
-                crate::telemetry::export_failures(),
-            ),
-        ] {
-            let _ = writeln!(s, "# TYPE {name} counter\n{name} {value}");
-        }
+        // Writing into a `String` cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut s, &self.registry);
         s
+    }
+}
+
+fn iface(interface: &str) -> InterfaceLabel {
+    InterfaceLabel {
+        interface: name(interface),
     }
 }
 
@@ -505,27 +511,51 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// The value of the first sample line starting with `prefix`.
+    fn value(text: &str, prefix: &str) -> String {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     #[test]
-    fn counters_add_up_per_label_set_and_render_escaped_and_sorted() {
+    fn counters_add_up_per_label_set_and_render_escaped_with_their_type() {
         let m = Metrics::default();
         m.attempt("chat", "b", "ok");
         m.attempt("chat", "a", "ok");
         m.attempt("chat", "a", "ok");
         m.feedback("say \"hi\"");
         let text = m.render();
-        let lines: Vec<&str> = text
+        let samples: Vec<&str> = text
             .lines()
             .filter(|l| {
-                !l.starts_with('#') && !l.contains("_microseconds") && !l.contains("_trace_")
+                l.starts_with("equiroute_attempts_total")
+                    || l.starts_with("equiroute_feedback_total")
             })
             .collect();
-        assert_eq!(
-            lines,
-            [
-                r#"equiroute_attempts_total{interface="chat",provider="a",status="ok"} 2"#,
-                r#"equiroute_attempts_total{interface="chat",provider="b",status="ok"} 1"#,
-                r#"equiroute_feedback_total{outcome="say \"hi\""} 1"#,
-            ]
+        assert_eq!(samples.len(), 3, "{text}");
+        for line in [
+            r#"equiroute_attempts_total{interface="chat",provider="a",status="ok"} 2"#,
+            r#"equiroute_attempts_total{interface="chat",provider="b",status="ok"} 1"#,
+            r#"equiroute_feedback_total{outcome="say \"hi\""} 1"#,
+        ] {
+            assert!(samples.contains(&line), "no {line} in\n{text}");
+        }
+        // Prometheus text 0.0.4: a counter's family is named with its `_total`, and no
+        // OpenMetrics `# EOF` ends the text (the routes append their own families).
+        assert!(
+            text.contains("# TYPE equiroute_attempts_total counter\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE equiroute_trace_spans_dropped_total counter\n"));
+        assert!(!text.contains("# EOF"));
+        assert!(
+            !text.contains("equiroute_requests_total{"),
+            "a counter never counted has no series"
         );
     }
 
@@ -538,15 +568,7 @@ mod tests {
         m.request_latency("chat", 30.0);
         m.request_latency("chat", 9.0);
         let text = m.render();
-        let line = |prefix: &str| {
-            text.lines()
-                .find(|l| l.starts_with(prefix))
-                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
-                .rsplit(' ')
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let line = |prefix: &str| value(&text, prefix);
         assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="1"}"#), "1");
         assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="3"}"#), "3");
         assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="8"}"#), "4");
@@ -566,15 +588,16 @@ mod tests {
         assert_eq!(line(&format!(r#"{chat}le="50"}}"#)), "2");
         assert_eq!(
             line(r#"equiroute_request_latency_ms_sum{interface="chat"}"#),
-            "39"
+            "39.0"
         );
     }
 
     #[test]
-    fn counts_from_many_threads_add_up_across_shards() {
+    fn counts_from_many_threads_add_up() {
         let m = Metrics::default();
+        let threads = 19;
         std::thread::scope(|scope| {
-            for t in 0..(SHARDS + 3) {
+            for t in 0..threads {
                 let m = &m;
                 scope.spawn(move || {
                     for _ in 0..100 {
@@ -589,27 +612,53 @@ mod tests {
             }
         });
         let text = m.render();
-        let n = 100 * (SHARDS + 3);
-        assert!(
-            text.contains(&format!(
-                "equiroute_requests_total{{interface=\"chat\",outcome=\"ok\"}} {n}\n"
-            )),
-            "{text}"
+        let n = 100 * threads;
+        let line = |prefix: &str| value(&text, prefix);
+        assert_eq!(
+            line(r#"equiroute_requests_total{interface="chat",outcome="ok"}"#),
+            n.to_string()
         );
-        assert!(
-            text.contains("equiroute_requests_total{interface=\"chat\",outcome=\"failed\"} 1\n")
+        assert_eq!(
+            line(r#"equiroute_requests_total{interface="chat",outcome="failed"}"#),
+            "1"
         );
-        assert!(text.contains(&format!(
-            "equiroute_router_microseconds_bucket{{le=\"4\"}} {n}\n"
-        )));
-        assert!(text.contains(&format!("equiroute_router_microseconds_sum {}\n", 4 * n)));
-        assert!(text.contains(&format!(
-            "equiroute_request_latency_ms_count{{interface=\"chat\"}} {n}\n"
-        )));
+        assert_eq!(
+            line(r#"equiroute_router_microseconds_bucket{le="4"}"#),
+            n.to_string()
+        );
+        assert_eq!(
+            line("equiroute_router_microseconds_sum")
+                .parse::<f64>()
+                .ok(),
+            Some(f64::from(4 * n))
+        );
+        assert_eq!(
+            line(r#"equiroute_request_latency_ms_count{interface="chat"}"#),
+            n.to_string()
+        );
         assert_eq!(
             text.matches("equiroute_request_latency_ms_count").count(),
-            1,
-            "one series per interface, not per shard"
+            1
         );
+    }
+
+    #[test]
+    fn label_values_are_interned_once_and_capped() {
+        let names = RwLock::default();
+        let a = intern(&names, 2, "chat");
+        let a2 = intern(&names, 2, &String::from("chat"));
+        assert!(std::ptr::eq(a, a2), "the same value is kept once");
+        assert_eq!(intern(&names, 2, "search"), "search");
+        assert_eq!(
+            intern(&names, 2, "third"),
+            OVERFLOW,
+            "past the cap: the overflow value"
+        );
+        assert_eq!(
+            intern(&names, 2, "chat"),
+            "chat",
+            "kept values are still found"
+        );
+        assert_eq!(names.read().map(|s| s.len()).ok(), Some(2));
     }
 }

@@ -232,6 +232,9 @@ pub struct RequestMeta {
     /// The session key that keeps a conversation on one arm of a canary rollout
     /// ([`arms::SESSION_HEADER`]).
     pub session: Option<String>,
+    /// The client's span, from W3C `traceparent` and `tracestate`, when traces are exported:
+    /// the request's span continues the client's trace.
+    pub trace_parent: Option<opentelemetry::trace::SpanContext>,
 }
 
 impl RequestMeta {
@@ -248,6 +251,7 @@ impl RequestMeta {
             tenant: get("x-equiroute-tenant"),
             task_class: get("x-equiroute-task-class"),
             session: get(arms::SESSION_HEADER),
+            trace_parent: crate::telemetry::remote_parent(headers),
         }
     }
 

@@ -341,6 +341,7 @@ impl AppState {
         let id = &iface.candidates[index].id.0;
         self.metrics
             .attempt(&iface.name, id, outcome.status.as_str());
+        self.metrics.provider_cost(&iface.name, id, outcome.cost.0);
         let obs = AttemptObservation {
             candidate: index,
             features,
