@@ -1069,8 +1069,10 @@ fn a_partial_lqm_ts_table_keeps_the_other_lqm_ts_defaults() {
     assert_eq!(c.lqm.head.warmup, d.lqm.head.warmup);
     assert_eq!(c.lqm.head.warmup_exit_z, d.lqm.head.warmup_exit_z);
     assert_eq!(c.risk.level_beta, d.risk.level_beta);
+    assert_eq!(c.risk.level_z, d.risk.level_z);
     assert_ne!(d.lqm.alpha_ucb, LqmConfig::default().alpha_ucb);
     assert_ne!(d.risk.level_beta, RiskConfig::default().level_beta);
+    assert_ne!(d.risk.level_z, RiskConfig::default().level_z);
     let e = serde_json::from_str::<PolicyConfig>(r#"{"name": "lqm-ts", "lqm": {"alpah_ucb": 1}}"#)
         .unwrap_err()
         .to_string();

@@ -192,6 +192,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "stale_half_life_ms for the failure belief alone (absent: stale_half_life_ms), > 0",
     ),
     (
+        "level_z",
+        "standard errors the fast level must clear before it moves the latency (0 = always), >= 0",
+    ),
+    (
         "level_half_life_ms",
         "the fast level's weight halves after this long without a call",
     ),

@@ -37,7 +37,8 @@
 //! candidate (LQM: 0.5 and 3) — less optimism once every candidate has been scored ten times,
 //! so a candidate shrunk by the ridge after three scores is not locked out; a candidate whose
 //! scores are clearly below the best candidate's leaves the warm-up early
-//! (`head.warmup_exit_z = 3`, LQM: off); the fast level (`risk.level_beta = 0.3`, off in
+//! (`head.warmup_exit_z = 3`, LQM: off); the fast level (`risk.level_beta = 0.3`, moving the
+//! location only by what clears one standard error of its noise, `risk.level_z = 1`; off in
 //! `ts-deadline`).
 //!
 //! **Degenerate cases** (tested):
@@ -95,6 +96,7 @@ impl Default for LqmTsConfig {
             },
             risk: RiskConfig {
                 level_beta: 0.3,
+                level_z: 1.0,
                 ..RiskConfig::default()
             },
             cost_ref_usd: None,

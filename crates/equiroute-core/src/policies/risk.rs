@@ -90,6 +90,10 @@ pub struct RiskConfig {
     pub level_beta: f64,
     /// Half-life in ms of the trust in the fast level once calls stop.
     pub level_half_life_ms: f64,
+    /// Evidence the fast level needs before it moves the location, in standard errors `z`
+    /// of its EMA under "no shift" (`σ·sqrt(β/(2−β))`, `σ²` the posterior's): the shift is
+    /// the level soft-thresholded by `z` of them (0, the default: the level as it is).
+    pub level_z: f64,
     /// Most (candidate, slice) latency statistics kept beyond each candidate's root; the
     /// least useful are evicted to make room (see the module doc).
     pub max_slices: usize,
@@ -121,6 +125,7 @@ impl Default for RiskConfig {
             exploration_guard: 0.6,
             level_beta: 0.0,
             level_half_life_ms: 30_000.0,
+            level_z: 0.0,
             max_slices: RiskConfig::DEFAULT_MAX_SLICES,
             stale_half_life_ms: Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS),
             stale_latency_half_life_ms: None,
@@ -185,6 +190,7 @@ impl RiskConfig {
         crate::error::unit_interval("exploration_guard", self.exploration_guard)?;
         crate::error::unit_interval("level_beta", self.level_beta)?;
         crate::error::positive("level_half_life_ms", self.level_half_life_ms)?;
+        crate::error::non_negative("level_z", self.level_z)?;
         if let Some(w) = self.shape_prior_weight {
             crate::error::positive("shape_prior_weight", w)?;
         }
@@ -215,7 +221,11 @@ pub struct RiskSample {
 /// from what its (slow) posterior expected, `r ← (1−β)·r + β·(ln L − μ)`. Load moves a
 /// provider's whole distribution within a few calls; the posterior, built to learn the shape
 /// and the tail over minutes, follows slowly. The ranking shifts the posterior's location by
-/// `w·r`, where the trust `w` halves every `level_half_life_ms` without a call.
+/// `w·r`, where the trust `w` halves every `level_half_life_ms` without a call. With
+/// `level_z = z`, `r` must first stand out from the noise: an EMA of residuals of a provider
+/// that has not moved has standard error `se = σ·sqrt(β/(2−β))`, and the shift is
+/// `w·sign(r)·max(0, |r| − z·se)`, so a wide provider's noise moves the location little while
+/// a spike of several `σ` still does within a few calls.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Level {
     /// EMA of the log-latency residuals.
@@ -225,13 +235,17 @@ pub struct Level {
 }
 
 impl Level {
-    /// The location shift at `now`.
+    /// The location shift at `now`, for a provider whose log-latency has variance `sigma2`.
     #[must_use]
-    pub fn shift(&self, now: Timestamp, cfg: &RiskConfig) -> f64 {
-        if cfg.level_beta <= 0.0 || self.residual == 0.0 {
+    pub fn shift(&self, now: Timestamp, cfg: &RiskConfig, sigma2: f64) -> f64 {
+        let beta = cfg.level_beta;
+        if beta <= 0.0 || self.residual == 0.0 {
             return 0.0;
         }
-        self.residual * decay_factor(Some(cfg.level_half_life_ms), (now.0 - self.at.0).max(0.0))
+        let se = (sigma2.max(0.0) * beta / (2.0 - beta)).sqrt();
+        let evident = (self.residual.abs() - cfg.level_z * se).max(0.0);
+        evident.copysign(self.residual)
+            * decay_factor(Some(cfg.level_half_life_ms), (now.0 - self.at.0).max(0.0))
     }
 
     fn observe(&mut self, now: Timestamp, residual: f64, cfg: &RiskConfig) {
@@ -406,9 +420,9 @@ impl RiskModel {
     #[must_use]
     pub fn belief(&self, i: usize, slice: SlicePath, now: Timestamp) -> LatencyBelief {
         let effective = self.effective(i, slice, now);
-        let shift = self.levels[i].shift(now, &self.cfg);
         let fresh = self.freshness(i, now);
         let mut posterior = self.faded(effective.posterior(&self.cfg.latency_prior), fresh);
+        let shift = self.levels[i].shift(now, &self.cfg, posterior.mean_sigma2());
         posterior.mu_n += shift;
         // A stale candidate's histogram fades with its posterior, so the prior regains the
         // same share of the blend.
@@ -428,7 +442,7 @@ impl RiskModel {
     #[must_use]
     pub fn current(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
         let mut post = self.faded(self.posterior(i, slice, now), self.freshness(i, now));
-        post.mu_n += self.levels[i].shift(now, &self.cfg);
+        post.mu_n += self.levels[i].shift(now, &self.cfg, post.mean_sigma2());
         post
     }
 
@@ -830,8 +844,8 @@ mod tests {
             exceedance(&current)
         );
         // Trust halves every 30 s without a call.
-        let shift = m.levels[0].shift(now, &m.cfg);
-        let later = m.levels[0].shift(Timestamp(now.0 + 30_000.0), &m.cfg);
+        let shift = m.levels[0].shift(now, &m.cfg, 0.1);
+        let later = m.levels[0].shift(Timestamp(now.0 + 30_000.0), &m.cfg, 0.1);
         assert!(shift > 1.0, "{shift}");
         assert!((later / shift - 0.5).abs() < 1e-9, "{later} vs {shift}");
         // Off (the reference design): the ranking sees the posterior as it is.
@@ -841,6 +855,52 @@ mod tests {
             off.posterior(0, SlicePath::root(), now)
         );
         assert_eq!(off.levels[0], Level::default());
+    }
+
+    #[test]
+    #[allow(clippy::float_cmp)] // a zero from max(0, ·) and an untouched residual: exact
+    fn the_level_moves_the_location_only_past_its_noise() {
+        let cfg = RiskConfig {
+            level_beta: 0.3,
+            level_z: 2.0,
+            ..RiskConfig::default()
+        };
+        let now = Timestamp(1_000.0);
+        let level = |residual: f64| Level { residual, at: now };
+        // A wide provider (σ = 0.6): the EMA's noise is 0.6·sqrt(0.3/1.7) ≈ 0.252, the gate
+        // 2 of them; a residual within it does not move the location, one beyond it moves
+        // it by the excess, with its sign.
+        let gate = 2.0 * (0.36f64 * 0.3 / 1.7).sqrt();
+        assert_eq!(level(0.45).shift(now, &cfg, 0.36), 0.0);
+        assert_eq!(level(-0.45).shift(now, &cfg, 0.36), 0.0);
+        assert!((level(1.2).shift(now, &cfg, 0.36) - (1.2 - gate)).abs() < 1e-12);
+        assert!((level(-1.2).shift(now, &cfg, 0.36) + (1.2 - gate)).abs() < 1e-12);
+        // A tight provider (σ = 0.1) shifts by nearly all of the same residual.
+        assert!(level(0.45).shift(now, &cfg, 0.01) > 0.35);
+        // z = 0 is the level as it is.
+        let plain = RiskConfig {
+            level_z: 0.0,
+            ..cfg
+        };
+        assert_eq!(level(0.45).shift(now, &plain, 0.36), 0.45);
+        // Through the model: the loaded provider's five slow calls (five times its usual
+        // latency) still move the ranking's location past the gate.
+        let mut m = loaded(0.3);
+        m.cfg.level_z = 2.0;
+        let t = Timestamp(50_400.0);
+        let slow = m.posterior(0, SlicePath::root(), t);
+        let current = m.current(0, SlicePath::root(), t);
+        assert!(
+            current.mu_n - slow.mu_n > 0.5,
+            "{} vs {}",
+            current.mu_n,
+            slow.mu_n
+        );
+        let bad = RiskConfig {
+            level_z: -1.0,
+            ..cfg
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("level_z"));
     }
 
     #[test]
