@@ -219,20 +219,7 @@ fn redis(
             "must be between 10 and 60000 milliseconds (default 500)".into(),
         );
     }
-    let compact_every = raw.compact_every.unwrap_or(20_000);
-    if compact_every < 100 {
-        bad(
-            "compact_every",
-            "must be at least 100 log entries (default 20000)".into(),
-        );
-    }
-    let compact_bytes = raw.compact_bytes.unwrap_or(DEFAULT_COMPACT_BYTES);
-    if compact_bytes < 65_536 {
-        bad(
-            "compact_bytes",
-            format!("must be at least 65536 bytes (default {DEFAULT_COMPACT_BYTES}, 8 MiB)"),
-        );
-    }
+    let (compact_every, compact_bytes) = compaction(raw.compact_every, raw.compact_bytes, bad);
     let max_unpushed = raw.max_unpushed.unwrap_or(200_000);
     if max_unpushed < 1000 {
         bad(
@@ -258,6 +245,30 @@ fn redis(
             claim_timeout: Duration::from_secs_f64(claim_ms / 1000.0),
         })
     })
+}
+
+/// `compact_every` and `compact_bytes`, checked: the log is compacted after whichever of the
+/// two comes first.
+fn compaction(
+    every: Option<u64>,
+    bytes: Option<u64>,
+    bad: &mut dyn FnMut(&str, String),
+) -> (u64, u64) {
+    let compact_every = every.unwrap_or(20_000);
+    if compact_every < 100 {
+        bad(
+            "compact_every",
+            "must be at least 100 log entries (default 20000)".into(),
+        );
+    }
+    let compact_bytes = bytes.unwrap_or(DEFAULT_COMPACT_BYTES);
+    if compact_bytes < 65_536 {
+        bad(
+            "compact_bytes",
+            format!("must be at least 65536 bytes (default {DEFAULT_COMPACT_BYTES}, 8 MiB)"),
+        );
+    }
+    (compact_every, compact_bytes)
 }
 
 /// The state file of a gateway started without a configuration: `equiroute/default.redb` in
@@ -333,6 +344,14 @@ mod tests {
         );
         let e = parse("path = \"s.redb\"\nclaim_timeout_ms = 20", &none).unwrap_err();
         assert_eq!(e[0].0, "state.claim_timeout_ms");
+        let e = parse("path = \"s.redb\"\ncompact_bytes = 100000", &none).unwrap_err();
+        assert_eq!(e[0].0, "state.compact_bytes");
+        let e = parse(
+            "backend = \"redis\"\nurl = \"redis://h:1\"\ncompact_bytes = 1000",
+            &none,
+        )
+        .unwrap_err();
+        assert!(e[0].0 == "state.compact_bytes" && e[0].1.contains("65536"));
         let e = parse("backend = \"memcached\"", &none).unwrap_err();
         assert!(e[0].0 == "state.backend" && e[0].1.contains("\"redis\""));
         let e = parse("url = \"redis://h:1\"", &none).unwrap_err();
