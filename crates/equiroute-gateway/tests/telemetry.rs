@@ -139,19 +139,46 @@ fn int(span: &Span, key: &str) -> i64 {
     }
 }
 
+/// A traced gateway exporting every 50 ms to a receiver of the test's, with provider `a`
+/// down (an outage) and `b` healthy; the fields the tests do not read keep it running.
+struct Rig {
+    spans: tokio::sync::mpsc::UnboundedReceiver<Span>,
+    gw: common::Gateway,
+    _mocks: (common::Gateway, common::Gateway),
+    _telemetry: (Telemetry, tracing::subscriber::DefaultGuard),
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let (otlp, spans) = receiver().await;
+        let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
+        let healthy = mock("").await;
+        let cfg = config(
+            &format!("http://{otlp}"),
+            "batch_delay_ms = 50",
+            down.addr,
+            healthy.addr,
+        );
+        let telemetry = traced(&cfg);
+        let gw = start(&cfg, &[]).await;
+        Rig {
+            spans,
+            gw,
+            _mocks: (down, healthy),
+            _telemetry: telemetry,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_fallback_request_exports_request_decision_and_two_attempt_spans() {
-    let (otlp, mut spans) = receiver().await;
-    let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
-    let healthy = mock("").await;
-    let cfg = config(
-        &format!("http://{otlp}"),
-        "batch_delay_ms = 50",
-        down.addr,
-        healthy.addr,
-    );
-    let (_telemetry, _guard) = traced(&cfg);
-    let gw = start(&cfg, &[]).await;
+    // Bound, not `..`: the mocks and the exporter must live to the end of the test.
+    let Rig {
+        mut spans,
+        gw,
+        _mocks,
+        _telemetry,
+    } = Rig::start().await;
     let reply = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
@@ -309,17 +336,13 @@ fn hex(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn a_request_with_traceparent_continues_the_clients_trace_and_a_malformed_one_is_ignored() {
-    let (otlp, mut spans) = receiver().await;
-    let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
-    let healthy = mock("").await;
-    let cfg = config(
-        &format!("http://{otlp}"),
-        "batch_delay_ms = 50",
-        down.addr,
-        healthy.addr,
-    );
-    let (_telemetry, _guard) = traced(&cfg);
-    let gw = start(&cfg, &[]).await;
+    // Bound, not `..`: the mocks and the exporter must live to the end of the test.
+    let Rig {
+        mut spans,
+        gw,
+        _mocks,
+        _telemetry,
+    } = Rig::start().await;
     // The W3C example: version 00, trace id, the client's span id, sampled.
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let traceparent = format!("00-{trace}-{parent}-01");
