@@ -2,8 +2,8 @@
 //! Prometheus text (version 0.0.4).
 //!
 //! Every label value is the gateway's own: a configured interface or provider id, or a word
-//! from a fixed set (outcomes, statuses, events). They are interned once for the life of the
-//! process ([`name`]), so that a request's label sets are `&'static str`s built without an
+//! from a fixed set (outcomes, statuses, events). The fixed words are `&'static str`s already;
+//! ids are interned once for the life of the process ([`name`]), so that a request's label sets are `&'static str`s built without an
 //! allocation; the interner is capped, so that even a bug passing a client's string could
 //! not grow it without bound.
 
@@ -357,19 +357,19 @@ impl Metrics {
         );
     }
 
-    pub fn request(&self, interface: &str, outcome: &str) {
+    pub fn request(&self, interface: &str, outcome: &'static str) {
         let labels = OutcomeLabels {
             interface: name(interface),
-            outcome: name(outcome),
+            outcome,
         };
         self.requests.get_or_create(&labels).inc();
     }
 
-    pub fn attempt(&self, interface: &str, provider: &str, status: &str) {
+    pub fn attempt(&self, interface: &str, provider: &str, status: &'static str) {
         let labels = AttemptLabels {
             interface: name(interface),
             provider: name(provider),
-            status: name(status),
+            status,
         };
         self.attempts.get_or_create(&labels).inc();
     }
@@ -404,10 +404,10 @@ impl Metrics {
         self.stream_continuations.get_or_create(&labels).inc();
     }
 
-    pub fn breaker(&self, provider: &str, transition: &str) {
+    pub fn breaker(&self, provider: &str, transition: &'static str) {
         let labels = BreakerLabels {
             provider: name(provider),
-            to: name(transition),
+            to: transition,
         };
         self.breaker.get_or_create(&labels).inc();
     }
@@ -427,10 +427,8 @@ impl Metrics {
             .inc_by(n);
     }
 
-    pub fn feedback(&self, outcome: &str) {
-        let labels = FeedbackLabel {
-            outcome: name(outcome),
-        };
+    pub fn feedback(&self, outcome: &'static str) {
+        let labels = FeedbackLabel { outcome };
         self.feedback.get_or_create(&labels).inc();
     }
 
@@ -475,20 +473,16 @@ impl Metrics {
 
     /// Records the end-to-end latency of a request `provider` answered on `interface`, in ms.
     pub fn provider_latency(&self, interface: &str, provider: &str, ms: f64) {
-        let labels = ProviderLabels {
-            interface: name(interface),
-            provider: name(provider),
-        };
-        self.provider_latency.get_or_create(&labels).observe(ms);
+        self.provider_latency
+            .get_or_create(&by_provider(interface, provider))
+            .observe(ms);
     }
 
     /// Records what one attempt on `provider` cost, in USD.
     pub fn provider_cost(&self, interface: &str, provider: &str, usd: f64) {
-        let labels = ProviderLabels {
-            interface: name(interface),
-            provider: name(provider),
-        };
-        self.provider_cost.get_or_create(&labels).observe(usd);
+        self.provider_cost
+            .get_or_create(&by_provider(interface, provider))
+            .observe(usd);
     }
 
     /// The Prometheus text exposition (version 0.0.4).
@@ -504,6 +498,13 @@ impl Metrics {
 fn iface(interface: &str) -> InterfaceLabel {
     InterfaceLabel {
         interface: name(interface),
+    }
+}
+
+fn by_provider(interface: &str, provider: &str) -> ProviderLabels {
+    ProviderLabels {
+        interface: name(interface),
+        provider: name(provider),
     }
 }
 
