@@ -1208,10 +1208,13 @@ async fn serve_chat(
         }
         let text = |events: Vec<String>| events.into_iter().map(Bytes::from).collect();
         let (chunks, content_type) = match speaks {
-            Speaks::OpenAi | Speaks::Azure => (
-                text(faulty_stream_chunks(model, fault)),
-                "text/event-stream",
-            ),
+            Speaks::OpenAi | Speaks::Azure => {
+                let mut chunks = faulty_stream_chunks(model, fault);
+                if wants_usage(&body) && chunks.last().is_some_and(|c| c.contains("[DONE]")) {
+                    chunks.insert(chunks.len() - 1, usage_chunk(model));
+                }
+                (text(chunks), "text/event-stream")
+            }
             Speaks::Anthropic => (
                 text(with_fault(
                     anthropic_stream_events(model, tool.as_deref()),
@@ -1462,6 +1465,21 @@ pub fn stream_chunks(model: &str) -> Vec<String> {
     out.push(chunk(json!({}), json!("stop")));
     out.push("data: [DONE]\n\n".to_owned());
     out
+}
+
+/// Whether a chat request asks for the usage chunk (`stream_options.include_usage`).
+fn wants_usage(body: &serde_json::Value) -> bool {
+    body.pointer("/stream_options/include_usage")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true)
+}
+
+/// The chunk OpenAI sends before `[DONE]` when asked (`stream_options.include_usage`): no
+/// choices, the usage of the mock's answer (3 prompt and 2 completion tokens, as unstreamed).
+fn usage_chunk(model: &str) -> String {
+    let c = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
+        "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+    format!("data: {c}\n\n")
 }
 
 /// The event `malformed_chunk` sends in place of the third: `data:` that is not JSON.

@@ -200,6 +200,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.feedback_delay("chat", 3.0);
     m.provider_latency("chat", "a", 40.0);
     m.provider_cost("chat", "a", 0.002);
+    m.provider_tokens("chat", "a", 12, 4);
     let mut exposition = m.render();
     state
         .shared

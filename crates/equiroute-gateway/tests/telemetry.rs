@@ -150,9 +150,14 @@ struct Rig {
 
 impl Rig {
     async fn start() -> Rig {
+        Rig::with_healthy("").await
+    }
+
+    /// The rig with `healthy` as the healthy mock's configuration.
+    async fn with_healthy(healthy: &str) -> Rig {
         let (otlp, spans) = receiver().await;
         let down = mock("[models.\"down\"]\nfault = \"outage\"\n").await;
-        let healthy = mock("").await;
+        let healthy = mock(healthy).await;
         let cfg = config(
             &format!("http://{otlp}"),
             "batch_delay_ms = 50",
@@ -385,5 +390,59 @@ async fn a_request_with_traceparent_continues_the_clients_trace_and_a_malformed_
         let request = got.iter().find(|s| s.name == "request").unwrap();
         assert!(request.parent_span_id.is_empty(), "{bad}: a root span");
         assert_ne!(hex(&request.trace_id), trace, "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_attempts_span_ends_with_its_stream_and_carries_its_usage() {
+    // Bound, not `..`: the mocks and the exporter must live to the end of the test.
+    let Rig {
+        mut spans,
+        gw,
+        _mocks,
+        _telemetry,
+    } = Rig::with_healthy("[models.\"healthy\"]\nchunk_gap_ms = 150\n").await;
+    let body = json!({"model": "chat", "stream": true, "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": PROMPT}]});
+    let reply = http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.body.contains("[DONE]"), "{}", reply.body);
+    let got = until_request(&mut spans).await;
+    let request = got.iter().find(|s| s.name == "request").unwrap();
+    let attempts: Vec<&Span> = got.iter().filter(|s| s.name == "attempt").collect();
+    let relayed = attempts
+        .iter()
+        .find(|s| text(s, "equiroute.provider") == "b")
+        .unwrap_or_else(|| panic!("no attempt on b in {attempts:?}"));
+    assert_eq!(relayed.parent_span_id, request.span_id);
+    // Its outcome is the stream's end, not "streaming" at the commit.
+    assert_eq!(text(relayed, "equiroute.outcome"), "ok");
+    assert_eq!(int(relayed, "gen_ai.usage.input_tokens"), 3);
+    assert_eq!(int(relayed, "gen_ai.usage.output_tokens"), 2);
+    let ttfb = match attr(relayed, "equiroute.ttfb_ms") {
+        Some(Any::DoubleValue(ms)) => *ms,
+        other => panic!("ttfb_ms = {other:?}"),
+    };
+    // Six events 150 ms apart after the first byte: the span lasts past the last one.
+    let lasted_ms =
+        (relayed.end_time_unix_nano - relayed.start_time_unix_nano) as f64 / 1_000_000.0;
+    assert!(
+        lasted_ms >= ttfb + 600.0,
+        "the attempt span lasted {lasted_ms} ms with its first byte at {ttfb} ms"
+    );
+
+    let metrics = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    for token_type in ["input", "output"] {
+        let series = format!(
+            r#"equiroute_provider_tokens_count{{interface="chat",provider="b",token_type="{token_type}"}} 1"#
+        );
+        assert!(metrics.contains(&series), "no {series} in\n{metrics}");
     }
 }

@@ -804,7 +804,14 @@ async fn attempt(
         .instrument(span.clone())
         .await;
     let outcome = outcome_of(&reply, candidate, ctx.tokens);
-    super::spans::record_attempt(&span, iface, next.candidate, &outcome, usage_of(&reply));
+    attempt_ended(
+        state,
+        &span,
+        iface,
+        next.candidate,
+        &outcome,
+        usage_of(&reply),
+    );
     book(state, iface, run, next, now, outcome, ctx, router)?;
     Ok((outcome, reply))
 }
@@ -848,6 +855,25 @@ fn log_attempt(candidate: &equiroute_core::Candidate, next: NextAttempt, outcome
         latency_ms = outcome.latency.0,
         "attempt"
     );
+}
+
+/// Ends an attempt's span with its outcome and counts the tokens the provider reported
+/// (`usage`) in its provider's histograms.
+pub(super) fn attempt_ended(
+    state: &AppState,
+    span: &tracing::Span,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    outcome: &AttemptOutcome,
+    usage: Option<TokenEstimate>,
+) {
+    super::spans::record_attempt(span, iface, candidate, outcome, usage);
+    if let Some(u) = usage {
+        let id = &iface.candidates[candidate].id.0;
+        state
+            .metrics
+            .provider_tokens(&iface.name, id, u.input, u.output);
+    }
 }
 
 /// The token usage a provider reported in its answer, if it did.
@@ -1065,13 +1091,10 @@ async fn execute_streamed(
             // An attempt that ends here sent nothing to the client: booked, and on to the next.
             let (outcome, reply) = match opened.result {
                 OpenResult::Ready { first, rest, ttfb } => {
-                    // The span of a committed stream ends at its commit (the relay's end is
-                    // the request's).
-                    if !opened.span.is_disabled() {
-                        opened.span.record("equiroute.outcome", "streaming");
-                        opened.span.record("equiroute.ttfb_ms", ttfb.0);
-                    }
+                    // The relay keeps the attempt's span open until the stream ends, and
+                    // records the outcome and usage on it then.
                     let relay = Relay {
+                        span: opened.span,
                         tokens,
                         state: state.clone(),
                         iface: iface.clone(),
@@ -1097,7 +1120,8 @@ async fn execute_streamed(
                 }
                 OpenResult::Ended { outcome, reply } => (outcome, reply),
             };
-            super::spans::record_attempt(
+            attempt_ended(
+                &state,
                 &opened.span,
                 &iface,
                 opened.next.candidate,
@@ -1364,6 +1388,8 @@ fn learn_first_byte(
 /// stream that breaks is continued on the next candidate when the interface says so
 /// (`stream_resume`): the relay is then on the continuing attempt.
 struct Relay {
+    /// The relayed attempt's span (`attempt`), ended when its stream ends.
+    span: tracing::Span,
     tokens: TokenEstimate,
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
@@ -1490,7 +1516,12 @@ impl Relay {
     ) {
         let resume = self.iface.stream_resume;
         let mut events = SseScan::keeping(resume.is_on().then_some(resume.max_kept_bytes));
-        let (mut broken, mut client_gone) = self.relay(&mut events, first, rest, &tx).await;
+        // The relay runs in the attempt's span: an exported span ends at its last exit.
+        let span = self.span.clone();
+        let (mut broken, mut client_gone) = self
+            .relay(&mut events, first, rest, &tx)
+            .instrument(span)
+            .await;
         let mut status = self.book_relayed(broken.as_deref(), client_gone, events.seen.usage);
         let mut continuations = 0;
         let mut not_continued = None;
@@ -1517,7 +1548,11 @@ impl Relay {
                 (broken, client_gone) = (None, true);
             } else {
                 events.next_stream(next.mode);
-                (broken, client_gone) = self.relay(&mut events, next.first, next.rest, &tx).await;
+                let span = self.span.clone();
+                (broken, client_gone) = self
+                    .relay(&mut events, next.first, next.rest, &tx)
+                    .instrument(span)
+                    .await;
             }
             status = self.book_relayed(broken.as_deref(), client_gone, events.seen.usage);
         }
@@ -1582,6 +1617,14 @@ impl Relay {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
         let outcome = streamed(c, usage.unwrap_or(self.tokens), status, latency, self.ttfb);
+        attempt_ended(
+            &self.state,
+            &self.span,
+            &self.iface,
+            self.candidate,
+            &outcome,
+            usage,
+        );
         let _ = self.state.record_routed_attempt(
             &self.iface,
             self.decided.routed.arm,
@@ -1647,8 +1690,10 @@ impl Relay {
                 .first_byte_limits
                 .push((next.candidate, now, limit.map(|l| l.0)));
             let clock = Instant::now();
+            let span = super::spans::attempt(&iface, next, false);
             let start = iface.upstreams[next.candidate]
                 .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
+                .instrument(span.clone())
                 .await;
             let _ = learn_first_byte(&state, &iface, next.candidate, &start, limit);
             match start {
@@ -1660,6 +1705,7 @@ impl Relay {
                         .continuations
                         .push((next.number as usize, name));
                     self.candidate = next.candidate;
+                    self.span = span;
                     self.ttfb = ttfb;
                     self.attempt_started = now;
                     self.attempt_clock = clock;
@@ -1667,6 +1713,14 @@ impl Relay {
                 }
                 StreamStart::Failed(reply) => {
                     let outcome = outcome_of(&reply, candidate, self.tokens);
+                    attempt_ended(
+                        &state,
+                        &span,
+                        &iface,
+                        next.candidate,
+                        &outcome,
+                        usage_of(&reply),
+                    );
                     log_attempt(candidate, next, &outcome);
                     let _ = state.record_routed_attempt(
                         &iface,

@@ -8,7 +8,7 @@
 //! [`Execution`] records both, so the audit log shows the hedge per attempt.
 
 use super::error::ApiError;
-use super::execute::{admit, book, outcome_of, usage_of, Opened};
+use super::execute::{admit, attempt_ended, book, outcome_of, usage_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
 use equiroute_core::executor::{Execution, NextAttempt};
@@ -96,7 +96,14 @@ pub(super) async fn race(
                       span: &tracing::Span|
      -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
         let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
-        super::spans::record_attempt(span, iface, next.candidate, &outcome, usage_of(&reply));
+        attempt_ended(
+            state,
+            span,
+            iface,
+            next.candidate,
+            &outcome,
+            usage_of(&reply),
+        );
         book(state, iface, run, next, started, outcome, ctx, router)?;
         Ok((next.candidate, outcome, reply))
     };
@@ -313,7 +320,14 @@ fn cancel(
         time_to_first_byte: None,
         retry_after: None,
     };
-    super::spans::record_attempt(loser.span, iface, loser.next.candidate, &cancelled, None);
+    attempt_ended(
+        state,
+        loser.span,
+        iface,
+        loser.next.candidate,
+        &cancelled,
+        None,
+    );
     book(
         state,
         iface,

@@ -97,6 +97,15 @@ struct ProviderLabels {
     provider: Name,
 }
 
+/// A provider's token counts, by `token_type` (`input` or `output`, the OpenTelemetry
+/// convention's `gen_ai.token.type`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    interface: Name,
+    provider: Name,
+    token_type: Name,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FeedbackLabel {
     outcome: Name,
@@ -116,6 +125,21 @@ const LATENCY_BUCKETS_MS: [f64; 10] = [
 /// Upper bounds (USD) of the request-cost histogram buckets.
 const COST_BUCKETS_USD: [f64; 10] = [0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0];
 
+/// Upper bounds of the token-count histogram buckets (a short prompt to a long document).
+const TOKEN_BUCKETS: [f64; 11] = [
+    10.0,
+    30.0,
+    100.0,
+    300.0,
+    1000.0,
+    3000.0,
+    10_000.0,
+    30_000.0,
+    100_000.0,
+    300_000.0,
+    1_000_000.0,
+];
+
 /// Upper bounds (s) of the feedback-delay histogram buckets.
 const DELAY_BUCKETS_S: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 
@@ -125,6 +149,10 @@ fn latency_histogram() -> Histogram {
 
 fn cost_histogram() -> Histogram {
     Histogram::new(COST_BUCKETS_USD)
+}
+
+fn token_histogram() -> Histogram {
+    Histogram::new(TOKEN_BUCKETS)
 }
 
 fn delay_histogram() -> Histogram {
@@ -157,6 +185,7 @@ pub struct Metrics {
     feedback_delay: Histograms<InterfaceLabel>,
     provider_latency: Histograms<ProviderLabels>,
     provider_cost: Histograms<ProviderLabels>,
+    provider_tokens: Histograms<TokenLabels>,
 }
 
 /// Registers `metric` as `name` (a counter's name is written with its `_total`, which the
@@ -229,6 +258,7 @@ impl Default for Metrics {
             feedback_delay: Family::new_with_constructor(delay_histogram),
             provider_latency: Family::new_with_constructor(latency_histogram),
             provider_cost: Family::new_with_constructor(cost_histogram),
+            provider_tokens: Family::new_with_constructor(token_histogram),
         };
         m.registered()
     }
@@ -354,6 +384,12 @@ impl Metrics {
             "equiroute_provider_cost_usd",
             "What each attempt on a provider cost, failed ones included (USD)",
             self.provider_cost.clone(),
+        );
+        register(
+            r,
+            "equiroute_provider_tokens",
+            "Tokens per attempt as each provider reported them, by token_type (input, output)",
+            self.provider_tokens.clone(),
         );
     }
 
@@ -485,6 +521,22 @@ impl Metrics {
             .observe(usd);
     }
 
+    /// Records the tokens one attempt on `provider` used, as the provider reported them
+    /// (attempts without a reported usage are not counted: an estimate is no measurement).
+    pub fn provider_tokens(&self, interface: &str, provider: &str, input: u32, output: u32) {
+        let (interface, provider) = (name(interface), name(provider));
+        for (token_type, n) in [("input", input), ("output", output)] {
+            let labels = TokenLabels {
+                interface,
+                provider,
+                token_type,
+            };
+            self.provider_tokens
+                .get_or_create(&labels)
+                .observe(f64::from(n));
+        }
+    }
+
     /// The Prometheus text exposition (version 0.0.4).
     #[must_use]
     pub fn render(&self) -> String {
@@ -591,6 +643,43 @@ mod tests {
             line(r#"equiroute_request_latency_ms_sum{interface="chat"}"#),
             "39.0"
         );
+    }
+
+    #[test]
+    fn tokens_are_counted_by_provider_and_token_type() {
+        let m = Metrics::default();
+        m.provider_tokens("chat", "a", 120, 7);
+        m.provider_tokens("chat", "a", 2_000, 40);
+        m.provider_tokens("chat", "b", 5, 1);
+        let text = m.render();
+        let line = |prefix: &str| value(&text, prefix);
+        let a_in = r#"interface="chat",provider="a",token_type="input""#;
+        assert_eq!(
+            line(&format!("equiroute_provider_tokens_sum{{{a_in}}}")),
+            "2120.0"
+        );
+        assert_eq!(
+            line(&format!("equiroute_provider_tokens_count{{{a_in}}}")),
+            "2"
+        );
+        assert_eq!(
+            line(&format!(
+                r#"equiroute_provider_tokens_bucket{{{a_in},le="300"}}"#
+            )),
+            "1",
+            "{text}"
+        );
+        let a_out = r#"interface="chat",provider="a",token_type="output""#;
+        assert_eq!(
+            line(&format!("equiroute_provider_tokens_sum{{{a_out}}}")),
+            "47.0"
+        );
+        let b_out = r#"interface="chat",provider="b",token_type="output""#;
+        assert_eq!(
+            line(&format!("equiroute_provider_tokens_count{{{b_out}}}")),
+            "1"
+        );
+        assert!(text.contains("# TYPE equiroute_provider_tokens histogram\n"));
     }
 
     #[test]
