@@ -75,18 +75,34 @@ const BATCH_MAX: usize = 5_000;
 /// Stream entries read per request.
 const READ_COUNT: usize = 500;
 
-/// Appends one batch, unless this instance's batch number was appended already.
+/// Appends one batch, unless this instance's batch number was appended already. The acks
+/// hash holds, per instance, its last appended batch number and when (Redis's clock, in
+/// seconds): `number:seconds` (a bare `number` was written before the time was kept).
 const PUSH_SCRIPT: &str = r"
-local done = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+local done = v and tonumber(string.match(v, '^%d+')) or 0
 if tonumber(ARGV[2]) <= done then return 0 end
 redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ':' .. redis.call('TIME')[1])
 return 1
 ";
 
+/// How long an instance's acknowledgement is kept after its last append. Every start is a
+/// new instance id, so without an end the acks hash would keep one field per start for
+/// ever; the acknowledgement only guards a batch resent after its answer was lost, which
+/// a live instance does within seconds.
+const ACK_KEEP_S: u64 = 7 * 24 * 3600;
+
 /// Stores a snapshot if it is newer than the stored one, and trims the stream up to the
-/// previous snapshot.
+/// previous snapshot. Every compaction also drops the acknowledgements of instances that
+/// appended nothing for `ARGV[4]` seconds (and those written without a time).
 const SNAPSHOT_SCRIPT: &str = r"
+local now = tonumber(redis.call('TIME')[1])
+local acks = redis.call('HGETALL', KEYS[3])
+for i = 1, #acks, 2 do
+  local t = tonumber(string.match(acks[i + 1], ':(%d+)$') or '0')
+  if now - t > tonumber(ARGV[4]) then redis.call('HDEL', KEYS[3], acks[i]) end
+end
 local function parts(id)
   local ms, seq = string.match(id, '(%d+)-(%d+)')
   return tonumber(ms), tonumber(seq)
@@ -1012,9 +1028,11 @@ impl Syncer {
                 self.snapshot_script
                     .key(&self.keys.snapshot)
                     .key(&self.keys.log)
+                    .key(&self.keys.acks)
                     .arg(self.cursor.to_string())
                     .arg(bytes)
                     .arg(seen)
+                    .arg(ACK_KEEP_S)
                     .invoke_async(&mut conn),
             )
             .await?;

@@ -121,6 +121,33 @@ impl RedisServer {
         line.trim_end().to_owned()
     }
 
+    /// Sends one inline command and returns its reply's strings: a bulk string's value, or
+    /// an array's bulk strings (for `HGET`, `HKEYS`).
+    fn strings(&self, command: &str) -> Vec<String> {
+        use std::io::{BufRead, BufReader, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(format!("{command}\r\n").as_bytes()).unwrap();
+        let mut reader = BufReader::new(s);
+        let mut line = || {
+            let mut l = String::new();
+            reader.read_line(&mut l).unwrap();
+            l.trim_end().to_owned()
+        };
+        let head = line();
+        let bulks = match head.chars().next() {
+            Some('*') => head[1..].parse::<usize>().unwrap_or(0),
+            Some('$') if head != "$-1" => return vec![line()],
+            _ => return Vec::new(),
+        };
+        (0..bulks)
+            .map(|_| {
+                let _length = line();
+                line()
+            })
+            .collect()
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
@@ -533,6 +560,46 @@ async fn an_instance_that_joins_late_starts_from_the_compacted_snapshot() {
     let report = sb.sync_once(&b).await.unwrap();
     assert!(report.loaded_snapshot, "{report:?}");
     assert_close(&live_state(&b), &live_state(&a), "late joiner");
+}
+
+#[tokio::test]
+async fn acknowledgements_of_departed_instances_are_dropped_at_compaction() {
+    let Some(redis) = RedisServer::start("acks") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "acks").replace(
+        "sync_interval_ms = 50",
+        "sync_interval_ms = 50\ncompact_every = 100",
+    );
+    let a = app(&text, 1);
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let all = workload(400);
+    feed(&a, &all[..3]);
+    sa.sync_once(&a).await.unwrap();
+    // This instance's acknowledgement: its batch number and Redis's time.
+    let own = redis.strings(&format!("HGET {{acks}}:acks {}", sa.instance()));
+    assert!(own.len() == 1 && own[0].contains(':'), "{own:?}");
+    // Two departed instances: one that last appended long ago, one written before the
+    // time was kept; and one that appended just now.
+    redis.command("HSET {acks}:acks departed 7:1000");
+    redis.command("HSET {acks}:acks unversioned 5");
+    redis.command("HSET {acks}:acks recent 9:99999999999");
+    let mut compacted = false;
+    for chunk in all[3..].chunks(3) {
+        feed(&a, chunk);
+        compacted |= sa.sync_once(&a).await.unwrap().compacted;
+    }
+    assert!(compacted, "no compaction");
+    let mut fields = redis.strings("HKEYS {acks}:acks");
+    fields.sort();
+    let mut kept = vec!["recent".to_owned(), sa.instance().to_owned()];
+    kept.sort();
+    assert_eq!(fields, kept, "the departed instances' fields are dropped");
+    // The acknowledgement still guards a resent batch: appended once.
+    let before = resp_int(&redis.command("XLEN {acks}:log"));
+    sa.resend_last_batch();
+    sa.sync_once(&a).await.unwrap();
+    assert_eq!(resp_int(&redis.command("XLEN {acks}:log")), before);
 }
 
 /// The integer of a RESP reply line (`:123`), 0 for a nil.
