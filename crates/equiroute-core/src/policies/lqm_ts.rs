@@ -22,6 +22,16 @@
 //! posterior's location shifted by the fast latency [`super::risk::Level`] so that load shows
 //! within a few calls.
 //!
+//! **A bad-outcome budget** (`objective = { kind = "risk-budget", max_bad = B }`, off by
+//! default): the reference's objective, the cheapest candidate whose risk is acceptable,
+//! inside the quality tolerance. The top group is then judged on quality alone
+//! (`q_i − bonus_i`, the risk being the budget's), and ordered as `ts-deadline`'s
+//! `risk-budget` orders everyone: the candidates whose *sampled* `P̃(bad)` is at most `B` by
+//! cost, then the others by `P̃(bad)`. Judged on the draw, a tier the ranking stopped using is
+//! still first whenever its draw falls within the budget, and the stale-belief widening
+//! (`risk.stale_half_life_ms`) makes that more likely the longer it goes untried, so it is
+//! re-tested at a bounded rate instead of never (a point estimate kept it out for good).
+//!
 //! Latency below `L_ref` is free by default (`latency = "over-budget"`): the budget is spent
 //! on quality and the deadline is left to `P̃(bad)`; `latency = "renewal"` is LQM's
 //! `û/(1+τ̂/L_ref)`, where every millisecond costs.
@@ -79,6 +89,47 @@ pub struct LqmTsConfig {
     /// Extra rankings drawn to estimate the propensity of the first choice (0: not
     /// estimated), as in `ts-deadline`. Each costs one more Thompson draw per candidate.
     pub propensity_samples: u32,
+    /// How the top group is ordered (default: cheapest first, no budget).
+    pub objective: LqmTsObjective,
+}
+
+/// How `lqm-ts` orders the candidates whose quality is good enough (the top group).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum LqmTsObjective {
+    /// The top group is judged on estimated good quality `(q − bonus)·(1 − P̃(bad))`, and
+    /// ordered by expected cost.
+    #[default]
+    CheapestInGroup,
+    /// The top group is judged on quality `q − bonus` alone; in it the candidates whose
+    /// sampled `P̃(bad)` is at most `max_bad` go first, cheapest first, then the others by
+    /// sampled `P̃(bad)`.
+    RiskBudget { max_bad: f64 },
+}
+
+impl LqmTsObjective {
+    /// The bad-outcome budget, if any.
+    #[must_use]
+    pub fn max_bad(self) -> Option<f64> {
+        match self {
+            LqmTsObjective::CheapestInGroup => None,
+            LqmTsObjective::RiskBudget { max_bad } => Some(max_bad),
+        }
+    }
+
+    fn validate(self) -> Result<(), crate::ConfigError> {
+        if let LqmTsObjective::RiskBudget { max_bad } = self {
+            if !(0.0..=1.0).contains(&max_bad) {
+                return Err(crate::error::out_of_range(
+                    "objective.max_bad",
+                    max_bad,
+                    "must be between 0 and 1, e.g. 0.03 for at most 3% bad outcomes \
+                     (omit `objective` for no budget)",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for LqmTsConfig {
@@ -103,6 +154,7 @@ impl Default for LqmTsConfig {
             quality_tolerance: 0.02,
             latency: LatencyTerm::OverBudget,
             propensity_samples: 0,
+            objective: LqmTsObjective::CheapestInGroup,
         }
     }
 }
@@ -113,12 +165,18 @@ impl LqmTsConfig {
         self.risk.validate()?;
         crate::error::unit_interval("quality_tolerance", self.quality_tolerance)?;
         super::ts_deadline::check_propensity_samples(self.propensity_samples)?;
-        self.objective().validate()
+        self.objective.validate()?;
+        self.risk_objective().validate()
     }
 
-    fn objective(&self) -> CostObjective {
-        CostObjective::CostPerGood {
-            cost_ref_usd: self.cost_ref_usd,
+    /// The objective of the risk scores `g`: `ts-deadline`'s with the same budget, or good
+    /// outcomes per unit of spend.
+    fn risk_objective(&self) -> CostObjective {
+        match self.objective {
+            LqmTsObjective::CheapestInGroup => CostObjective::CostPerGood {
+                cost_ref_usd: self.cost_ref_usd,
+            },
+            LqmTsObjective::RiskBudget { max_bad } => CostObjective::RiskBudget { max_bad },
         }
     }
 }
@@ -150,7 +208,7 @@ struct Keyed {
     optimistic: f64,
     /// `V` without it: the estimate the top group is judged on.
     estimate: f64,
-    /// ts-deadline's `g`.
+    /// ts-deadline's `g` (with the budget: its `risk-budget` score).
     g: f64,
     cost: f64,
     /// Index into the eligible list.
@@ -183,7 +241,8 @@ impl LqmTs {
         ctx: &RankContext<'_>,
         rng: &mut dyn RngCore,
     ) -> Ranking {
-        let mut order = sample_scores(&self.risk, self.cfg.objective(), ctx, rng);
+        let mut order = sample_scores(&self.risk, self.cfg.risk_objective(), ctx, rng);
+        let budget = self.cfg.objective.max_bad().is_some();
         let learnt = ctx
             .eligible
             .iter()
@@ -201,7 +260,12 @@ impl LqmTs {
                     Tier::Top
                 },
                 optimistic,
-                estimate: (q.score - bonus) * good,
+                // With a budget the risk is the budget's, not the group's.
+                estimate: if budget {
+                    q.score - bonus
+                } else {
+                    (q.score - bonus) * good
+                },
                 g: risk.score,
                 cost: risk.breakdown.cost_usd.unwrap_or(0.0),
                 pos,
@@ -238,13 +302,14 @@ impl LqmTs {
         }
         keyed.sort_by(|a, b| {
             a.tier.cmp(&b.tier).then_with(|| match a.tier {
-                Tier::Top if learnt => a
+                Tier::Top if learnt && !budget => a
                     .cost
                     .total_cmp(&b.cost)
                     .then(b.optimistic.total_cmp(&a.optimistic)),
                 Tier::Exploring | Tier::Rest => b.optimistic.total_cmp(&a.optimistic),
-                // Before quality feedback, and for guarded candidates (negative g): g, as
-                // ts-deadline ranks them.
+                // Before quality feedback, with a budget (in budget by cost, then by
+                // P̃(bad)), and for guarded candidates (negative g): g, as ts-deadline
+                // ranks them.
                 Tier::Top | Tier::Guarded => {
                     b.g.total_cmp(&a.g)
                         .then(b.optimistic.total_cmp(&a.optimistic))
