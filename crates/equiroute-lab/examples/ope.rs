@@ -114,6 +114,7 @@ fn main() {
             label: logger_label.clone(),
             policy: logger_cfg,
             min_propensity: args.floor,
+            own_l_ref: true,
         });
         // Every policy of the scenario but the logger itself.
         let targets: Vec<String> = args.targets.clone().unwrap_or_else(|| {

@@ -383,6 +383,7 @@ mod tests {
             label: "lqm-floor".into(),
             policy: PolicyConfig::from_name("lqm").unwrap(),
             min_propensity: 0.02,
+            own_l_ref: true,
         });
         let (_, log) = run_logged(&spec, "lqm-floor", 3, 300, 10).unwrap();
         assert!(log
@@ -399,6 +400,7 @@ mod tests {
             label: "lqm-ts-floor".into(),
             policy: PolicyConfig::from_name("lqm-ts").unwrap(),
             min_propensity: 0.05,
+            own_l_ref: true,
         });
         let (_, log) = run_logged(&spec, "lqm-ts-floor", 4, 400, 20).unwrap();
         let build = || {

@@ -97,11 +97,27 @@ pub struct Variant {
     /// least this probability of going first.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub min_propensity: f64,
+    /// The variant's latency reference is its own (`lqm`'s `l_ref_ms`, `lqm-ts`'s
+    /// `lqm.l_ref_ms`, `additive`'s `latency_scale_ms` set in its table, or a configuration
+    /// already resolved by [`ScenarioSpec::policy`]); otherwise it gets the scenario's
+    /// `L_ref`, as a plain policy name does. Read from the text by
+    /// [`ScenarioSpec::from_toml`].
+    #[serde(skip)]
+    pub own_l_ref: bool,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref, clippy::float_cmp)] // serde passes a reference; 0 is "unset"
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+/// Whether a variant's policy table (as written) sets its latency reference.
+fn sets_l_ref(policy: &toml::Value) -> bool {
+    policy.get("l_ref_ms").is_some()
+        || policy
+            .get("lqm")
+            .is_some_and(|lqm| lqm.get("l_ref_ms").is_some())
+        || policy.get("latency_scale_ms").is_some()
 }
 
 /// How quality reaches the router: `u_judge = clip(u_gold + bias + N(0, noise_sd))`, after
@@ -505,6 +521,15 @@ impl ScenarioSpec {
                 field: p.field,
                 message: p.fix,
             })?;
+        let mut spec = spec;
+        // Which variants set their own latency reference: only the text says.
+        if let Ok(raw) = toml::from_str::<toml::Table>(text) {
+            if let Some(toml::Value::Array(vs)) = raw.get("variants") {
+                for (v, raw_v) in spec.variants.iter_mut().zip(vs) {
+                    v.own_l_ref = raw_v.get("policy").is_some_and(sets_l_ref);
+                }
+            }
+        }
         spec.validate(file)?;
         Ok(spec)
     }
@@ -756,15 +781,16 @@ impl ScenarioSpec {
     }
 
     /// The policy configuration behind a name or variant label, tuned to the scenario
-    /// (latency-aware policies get the scenario's `L_ref`).
+    /// (latency-aware policies get the scenario's `L_ref`, unless a variant sets its own).
     ///
     /// # Errors
     /// Neither a variant label nor a policy name.
     pub fn policy(&self, label: &str) -> Result<PolicyConfig, equiroute_core::ConfigError> {
-        if let Some(v) = self.variants.iter().find(|v| v.label == label) {
-            return Ok(v.policy.clone());
-        }
-        let mut cfg = PolicyConfig::from_name(label)?;
+        let mut cfg = match self.variants.iter().find(|v| v.label == label) {
+            Some(v) if v.own_l_ref => return Ok(v.policy.clone()),
+            Some(v) => v.policy.clone(),
+            None => PolicyConfig::from_name(label)?,
+        };
         let l_ref = self.l_ref();
         match &mut cfg {
             PolicyConfig::Lqm(c) => c.l_ref_ms = l_ref,

@@ -305,3 +305,46 @@ fn silent_policy_assumptions_are_errors_that_say_what_was_assumed() {
         .replace("id = \"b\"", "id = \"b\"\nprice = { per_call = 0.001 }");
     assert!(ScenarioSpec::from_toml(&priced, "c.toml").is_ok());
 }
+
+#[test]
+#[allow(clippy::float_cmp)] // values copied from the text, not computed
+fn a_variant_gets_the_scenarios_l_ref_unless_it_sets_its_own() {
+    use equiroute_core::policies::PolicyConfig;
+    let text = MINIMAL.replace("deadline_ms = 1000", "deadline_ms = 1000\nl_ref_ms = 3000")
+        + r#"
+[[variants]]
+label = "lqm-ts-budget"
+policy = { name = "lqm-ts", objective = { kind = "risk-budget", max_bad = 0.03 } }
+
+[[variants]]
+label = "lqm-ts-own"
+policy = { name = "lqm-ts", lqm = { l_ref_ms = 500 } }
+
+[[variants]]
+label = "lqm-tight"
+policy = { name = "lqm", l_ref_ms = 800 }
+
+[[variants]]
+label = "additive-wide"
+policy = { name = "additive" }
+"#;
+    let s = ScenarioSpec::from_toml(&text, "v.toml").unwrap();
+    let l_ref = |label: &str| match s.policy(label).unwrap() {
+        PolicyConfig::LqmTs(c) => c.lqm.l_ref_ms,
+        PolicyConfig::Lqm(c) => c.l_ref_ms,
+        PolicyConfig::Additive(c) => c.latency_scale_ms,
+        other => panic!("{other:?}"),
+    };
+    // Unset in the variant: the scenario's, as for the plain name.
+    assert_eq!(l_ref("lqm-ts-budget"), 3000.0);
+    assert_eq!(l_ref("lqm-ts"), 3000.0);
+    assert_eq!(l_ref("additive-wide"), 3000.0);
+    // Set: kept.
+    assert_eq!(l_ref("lqm-ts-own"), 500.0);
+    assert_eq!(l_ref("lqm-tight"), 800.0);
+    // A bad policy table still names the variant.
+    let bad = MINIMAL.to_owned()
+        + "\n[[variants]]\nlabel = \"x\"\npolicy = { name = \"lqm\", l_ref = 5 }\n";
+    let err = error_of(&bad);
+    assert!(err.contains("variants") && err.contains("l_ref"), "{err}");
+}

@@ -94,6 +94,7 @@ fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
             label: policy.to_owned(),
             policy: cfg,
             min_propensity,
+            own_l_ref: true,
         });
         return Ok(());
     }
@@ -122,6 +123,7 @@ fn apply_set(spec: &mut ScenarioSpec, set: &str) -> anyhow::Result<()> {
         label: policy.to_owned(),
         policy: patched,
         min_propensity,
+        own_l_ref: true,
     });
     Ok(())
 }
