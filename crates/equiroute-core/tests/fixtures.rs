@@ -128,6 +128,8 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             warmup: 0,
             center: false,
             warmup_exit_z: 0.0,
+            gate: false,
+            gate_margin: 0.0,
         },
         failure_quality: None,
     };

@@ -10,6 +10,9 @@
 //! Its score is an estimate of what learning the order costs at the least, to set beside
 //! `lqm-ts`, which learns per context and must also weigh latency, deadlines and cost.
 //!
+//! A last row runs `lqm-ts` with the context gate on (`lqm.head.gate = true`,
+//! docs/policies.md), under the same label and random streams as its default row.
+//!
 //! `cargo run --release -p equiroute-lab --example k10_floor [-- SEEDS [FIRST]]` (default 15
 //! seeds from seed 1: 1..=15; `-- 20 16` runs 16..=35). Not a policy of the product: it knows
 //! the scenario's structure.
@@ -17,8 +20,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 use equiroute_core::policies::{
-    AttemptObservation, Policy, PolicyKind, PolicyState, QualityObservation, RankContext, Ranking,
-    ScoreBreakdown, ScoredCandidate,
+    AttemptObservation, LqmTs, LqmTsConfig, Policy, PolicyKind, PolicyState, QualityObservation,
+    RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use equiroute_core::StateError;
 use equiroute_lab::report::Summary;
@@ -129,6 +132,18 @@ fn main() {
         })
         .collect();
     rows.push(("mean-thompson (told: no context)", floor));
+    // lqm-ts with the context gate (`lqm.head.gate = true`), under the same label and so
+    // the same random streams as the default row.
+    let mut gated = LqmTsConfig::default();
+    gated.lqm.head.gate = true;
+    let gated_runs = range
+        .clone()
+        .map(|s| {
+            let p = Box::new(LqmTs::new(k, spec.feature_dim, gated));
+            run_policy(&spec, "lqm-ts", p, s, rounds).unwrap()
+        })
+        .collect();
+    rows.push(("lqm-ts, lqm.head.gate = true", gated_runs));
     println!(
         "priority-mismatch-k10, seeds {}..={}, {rounds} rounds; mean ± 95% CI over seeds",
         range.start,

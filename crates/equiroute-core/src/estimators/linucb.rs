@@ -14,6 +14,16 @@
 //!   (targets all 1): `xᵀθ₁` is how much of a constant the ridge would recover in this context,
 //!   and the mean fills in the rest. Without it, a context unlike the scored ones is estimated
 //!   near 0 after a few scores, whatever the provider's quality.
+//! - Gated (`gate = true`; off by default, `lqm-ts` included): beside the head, the same ridge
+//!   with one constant feature, `û₀ = Σu/(λr + n)` with width `1/sqrt(λr + n)` over the
+//!   same pairs ([`LinUcbHead::context_free`]), and a prequential record
+//!   ([`GateRecord`]): each score is predicted, before either model learns it, by the mean
+//!   score `ū` and by the centred head `ū + xᵀA⁻¹(b − ū·Σx)` (nested models: they differ
+//!   only by what the query adds), and both squared errors are summed. The policy ranks with
+//!   `û₀` until the centred heads' errors are below `(1 − gate_margin)` times the means'
+//!   (pooled over an interface's heads: `HeadsState::context_helps`), so that providers whose
+//!   quality does not depend on the query are not explored query by query in `d` dimensions.
+//!   The record is windowed and merges like `A` and `b`.
 //! - Numerics: after 10⁶ rank-one steps the error in `A⁻¹` adds up, so every
 //!   `refresh_every` updates `A⁻¹` is recomputed by a Cholesky inverse of `A`, rebuilt exactly
 //!   as `λr·I + Σ xxᵀ` from the window (or kept incrementally when there is no window).
@@ -53,6 +63,23 @@ pub struct LinUcbConfig {
     /// when set, so that the state of earlier configurations reads in earlier releases.
     #[serde(skip_serializing_if = "is_zero")]
     pub warmup_exit_z: f64,
+    /// Keep a context-free model and a prequential record beside the head, and rank with
+    /// the context-free model until the record shows the query improving the predictions of
+    /// held-out scores (module docs). Written out only when on.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub gate: bool,
+    /// How much smaller the centred heads' prequential squared error must be than the mean
+    /// scores', as a fraction of the latter, before the heads rank (in [0, 1); default 0).
+    #[serde(skip_serializing_if = "is_default_margin")]
+    pub gate_margin: f64,
+}
+
+/// The default [`LinUcbConfig::gate_margin`].
+pub const DEFAULT_GATE_MARGIN: f64 = 0.0;
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_default_margin(m: &f64) -> bool {
+    *m == DEFAULT_GATE_MARGIN
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -70,6 +97,8 @@ impl Default for LinUcbConfig {
             warmup: 3,
             center: false,
             warmup_exit_z: 0.0,
+            gate: false,
+            gate_margin: DEFAULT_GATE_MARGIN,
         }
     }
 }
@@ -82,6 +111,14 @@ impl LinUcbConfig {
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
         crate::error::positive("lambda_r", self.lambda_r)?;
         crate::error::non_negative("warmup_exit_z", self.warmup_exit_z)?;
+        if !(0.0..1.0).contains(&self.gate_margin) {
+            return Err(crate::error::out_of_range(
+                "gate_margin",
+                self.gate_margin,
+                "must be in [0, 1): the share of the context-free model's prequential error \
+                 the contextual head must save before it ranks (e.g. 0.05)",
+            ));
+        }
         if self.window == Some(0) {
             return Err(crate::error::out_of_range(
                 "window",
@@ -106,6 +143,52 @@ pub struct WindowEntry {
     pub x: Vec<f64>,
     pub u: f64,
     pub at: Timestamp,
+    /// Squared errors of the context-free model and of the head on `u`, predicted before
+    /// either learnt it (gated heads only; absent in state saved without the gate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<[f64; 2]>,
+}
+
+/// The prequential record of a gated head: each score predicted, before either learnt it,
+/// by the head's mean score `ū` and by the centred head `ū + xᵀA⁻¹(b − ū·Σx)`, over the
+/// same pairs as `A` and `b`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GateRecord {
+    /// Pairs both models predicted.
+    scored: f64,
+    /// `Σ(u − ū)²` over them.
+    free_error: f64,
+    /// `Σ(u − ū − xᵀA⁻¹(b − ū·Σx))²` over them.
+    context_error: f64,
+}
+
+impl GateRecord {
+    fn add(&mut self, errors: Option<[f64; 2]>, sign: f64) {
+        if let Some([free, context]) = errors {
+            self.scored += sign;
+            self.free_error += sign * free;
+            self.context_error += sign * context;
+        }
+    }
+
+    fn merge(&mut self, other: &GateRecord) {
+        self.scored += other.scored;
+        self.free_error += other.free_error;
+        self.context_error += other.context_error;
+    }
+
+    /// `(Σ free error, Σ context error, pairs scored)`.
+    #[must_use]
+    pub fn sums(&self) -> (f64, f64, f64) {
+        (self.free_error, self.context_error, self.scored)
+    }
+}
+
+/// Whether a contextual model whose prequential squared errors sum to `context` has saved
+/// `margin` of a context-free one's `free` (the gate; nothing scored: no).
+#[must_use]
+pub fn context_wins(free: f64, context: f64, margin: f64) -> bool {
+    free > 0.0 && context < (1.0 - margin) * free
 }
 
 /// The sums behind a centred head, over the same pairs as `A` and `b`.
@@ -158,6 +241,9 @@ pub struct LinUcbHead {
     /// The sums of a centred head (`config.center`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     centre: Option<Centre>,
+    /// The prequential record of a gated head (`config.gate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gate: Option<GateRecord>,
     #[serde(skip)]
     scratch: Vec<f64>,
     /// The buffer of the last evicted pair, reused for the next one.
@@ -194,10 +280,17 @@ impl LinUcbHead {
             since_refresh: 0,
             refreshes: 0,
             count: 0,
-            centre: config.center.then(|| Centre::new(dim)),
+            centre: (config.center || config.gate).then(|| Centre::new(dim)),
+            gate: config.gate.then(GateRecord::default),
             scratch: vec![0.0; dim],
             spare: None,
         }
+    }
+
+    /// The head's parameters.
+    #[must_use]
+    pub fn config(&self) -> &LinUcbConfig {
+        &self.config
     }
 
     /// Feature dimension.
@@ -256,12 +349,45 @@ impl LinUcbHead {
 
     /// The estimate, given `v ↦ vᵀx`.
     fn estimate_with(&self, dot_x: impl Fn(&[f64]) -> f64) -> f64 {
+        if self.config.center {
+            self.centred_with(dot_x)
+        } else {
+            dot_x(&self.theta)
+        }
+    }
+
+    /// `xᵀθ + ū·(1 − xᵀθ₁)` given `v ↦ vᵀx` (`xᵀθ` without the centre's sums).
+    fn centred_with(&self, dot_x: impl Fn(&[f64]) -> f64) -> f64 {
         let u = dot_x(&self.theta);
         let pairs = self.pairs();
         match &self.centre {
             Some(c) if pairs > 0 => u + c.su / pairs as f64 * (1.0 - dot_x(&c.theta_one)),
             _ => u,
         }
+    }
+
+    /// The head's mean score `ū` (0 before any; `None` without the centre's sums).
+    fn mean_score(&self) -> Option<f64> {
+        let c = self.centre.as_ref()?;
+        let pairs = self.pairs();
+        Some(if pairs > 0 { c.su / pairs as f64 } else { 0.0 })
+    }
+
+    /// The context-free model of a gated head: the same ridge with one constant feature,
+    /// `(û₀, width) = (Σu/(λr + n), 1/sqrt(λr + n))` over the head's `n` pairs; `None`
+    /// without a gate.
+    #[must_use]
+    pub fn context_free(&self) -> Option<(f64, f64)> {
+        self.gate.as_ref()?;
+        let c = self.centre.as_ref()?;
+        let a = self.config.lambda_r + self.pairs() as f64;
+        Some((c.su / a, a.recip().sqrt()))
+    }
+
+    /// The prequential record of a gated head.
+    #[must_use]
+    pub fn gate_record(&self) -> Option<&GateRecord> {
+        self.gate.as_ref()
     }
 
     /// [`Self::width_sq`] from the nonzero entries of `x`, in double precision whatever
@@ -330,12 +456,24 @@ impl LinUcbHead {
     /// Folds in the pair (x, u) observed at `at`, downdating the oldest pair when the window
     /// overflows.
     pub fn update(&mut self, x: &[f64], u: f64, at: Timestamp) {
+        // Prequential: both models predict u before either learns it.
+        let errors = match (&self.gate, self.mean_score()) {
+            (Some(_), Some(mean)) => {
+                let free = u - mean;
+                let context = u - self.centred_with(|v| dot(v, x));
+                Some([free * free, context * context])
+            }
+            _ => None,
+        };
         self.count += 1;
-        self.update_inner(x, u, at);
+        if let Some(g) = &mut self.gate {
+            g.add(errors, 1.0);
+        }
+        self.update_inner(x, u, at, errors);
         self.sync_f32();
     }
 
-    fn update_inner(&mut self, x: &[f64], u: f64, at: Timestamp) {
+    fn update_inner(&mut self, x: &[f64], u: f64, at: Timestamp, errors: Option<[f64; 2]>) {
         let Some(w) = self.config.window else {
             self.rank_one(x, u, 1.0);
             return;
@@ -343,13 +481,21 @@ impl LinUcbHead {
         let mut buf = self.spare.take().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(x);
-        self.window.push_back(WindowEntry { x: buf, u, at });
+        self.window.push_back(WindowEntry {
+            x: buf,
+            u,
+            at,
+            errors,
+        });
         if self.window.len() <= w {
             self.rank_one(x, u, 1.0);
             return;
         }
         // A full window: add the new pair and remove the oldest in one fused rank-two step.
         if let Some(old) = self.window.pop_front() {
+            if let Some(g) = &mut self.gate {
+                g.add(old.errors, -1.0);
+            }
             self.replace(x, u, &old.x, old.u);
             self.spare = Some(old.x);
         }
@@ -467,7 +613,8 @@ impl LinUcbHead {
             diag += d - i;
         }
         let mut b = vec![0.0; d];
-        let mut centre = self.centre.as_ref().map(|_| Centre::new(d));
+        let mut centre = (self.config.center || self.config.gate).then(|| Centre::new(d));
+        let mut gate = self.config.gate.then(GateRecord::default);
         for e in &self.window {
             packed_rank_one(&mut a, &e.x, 1.0);
             for (bi, xi) in b.iter_mut().zip(&e.x) {
@@ -476,10 +623,14 @@ impl LinUcbHead {
             if let Some(c) = &mut centre {
                 c.add(&e.x, e.u, 1.0);
             }
+            if let Some(g) = &mut gate {
+                g.add(e.errors, 1.0);
+            }
         }
         self.a = a;
         self.b = b;
         self.centre = centre;
+        self.gate = gate;
     }
 
     /// Adds another instance's head: the head of the union of both observation streams.
@@ -488,7 +639,13 @@ impl LinUcbHead {
     /// # Errors
     /// Different dimensions or configurations.
     pub fn merge(&mut self, other: &LinUcbHead) -> Result<(), crate::StateError> {
-        if other.dim != self.dim || other.config != self.config {
+        // The gate decides, it does not shape the state: heads saved with or without it merge.
+        let gate_as_here = LinUcbConfig {
+            gate: self.config.gate,
+            gate_margin: self.config.gate_margin,
+            ..other.config
+        };
+        if other.dim != self.dim || gate_as_here != self.config {
             return Err(crate::StateError::Shape {
                 what: format!(
                     "quality head dimension {} vs {} or different lambda_r/window/center",
@@ -497,7 +654,7 @@ impl LinUcbHead {
             });
         }
         let fits = |c: &Centre| c.sx.len() == self.dim && c.theta_one.len() == self.dim;
-        if other.config.center != other.centre.as_ref().is_some_and(fits) {
+        if other.config.center && !other.centre.as_ref().is_some_and(fits) {
             return Err(crate::StateError::Shape {
                 what: format!(
                     "a centred quality head of dimension {} without its sums (Σx, Σu)",
@@ -505,12 +662,20 @@ impl LinUcbHead {
                 ),
             });
         }
+        if other.count == 0 && other.window.is_empty() {
+            return Ok(());
+        }
         if self.count == 0 && self.window.is_empty() {
             // Nothing here: the union is the other head, window order included.
+            let config = self.config;
             self.clone_from(other);
+            self.config = config;
+            self.adopt_gate(other, None, true);
             return Ok(());
         }
         self.count += other.count;
+        let here = self.gate.take();
+        self.adopt_gate(other, here, false);
         if let Some(w) = self.config.window {
             let mut all: Vec<WindowEntry> = self.window.drain(..).collect();
             all.extend(other.window.iter().cloned());
@@ -540,6 +705,41 @@ impl LinUcbHead {
         }
         self.refresh();
         Ok(())
+    }
+
+    /// Sets this head's gate (its record, and the centre's sums it needs) after `other` was
+    /// merged in, `here` being this head's record before; `copied` when this head was empty
+    /// and is now a copy of `other`. With a window both are recomputed from the window's
+    /// pairs (by the merge's rebuild, or here for a copy). Without one the records add; a
+    /// windowless head saved without a gate cannot be summed pair by pair, and the union then
+    /// ranks with its contextual estimate (no gate).
+    fn adopt_gate(&mut self, other: &LinUcbHead, here: Option<GateRecord>, copied: bool) {
+        if !self.config.gate {
+            self.gate = None;
+            if !self.config.center {
+                self.centre = None;
+            }
+            return;
+        }
+        if self.config.window.is_some() {
+            if copied && other.gate.is_none() {
+                self.rebuild_from_window();
+                self.refresh();
+            }
+            return;
+        }
+        self.gate = match (here, &other.gate) {
+            (Some(mut g), Some(o)) => {
+                g.merge(o);
+                Some(g)
+            }
+            (None, Some(o)) if copied => Some(o.clone()),
+            (here, None) if other.count == 0 => here,
+            _ => None,
+        };
+        if self.gate.is_none() && !self.config.center {
+            self.centre = None;
+        }
     }
 }
 
@@ -719,5 +919,126 @@ mod tests {
         assert!((inv[0] - 1.0).abs() < 1e-12 && (inv[3] - 0.5).abs() < 1e-12);
         assert!(h.estimate(&[1.0, 0.0]).abs() < 1e-12);
         assert!((h.estimate(&[0.0, 1.0]) - 0.5).abs() < 1e-12);
+    }
+
+    fn gated(window: Option<usize>) -> LinUcbConfig {
+        LinUcbConfig {
+            window,
+            gate: true,
+            ..LinUcbConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_gate_record_is_prequential_by_hand() {
+        // d = 2, λr = 1. Each score is predicted by ū and by ū + xᵀA⁻¹(b − ū·Σx) first.
+        let mut h = LinUcbHead::new(2, gated(None));
+        // Nothing learnt: both predict 0, both errors (0.5)².
+        h.update(&[1.0, 0.0], 0.5, Timestamp(0.0));
+        // ū = 0.5; A = diag(2, 1), θ₁ = A⁻¹(1, 0) = (0.5, 0): at (0, 1) the centred head
+        // says 0 + 0.5·(1 − 0) = 0.5 as the mean does; both errors (0.4)².
+        h.update(&[0.0, 1.0], 0.9, Timestamp(1.0));
+        // ū = 0.7; A = diag(2, 2), θ = (0.25, 0.45), θ₁ = (0.5, 0.5): at (1, 0) the centred
+        // head says 0.25 + 0.7·0.5 = 0.6 (error 0.01), the mean 0.7 (error 0.04).
+        h.update(&[1.0, 0.0], 0.5, Timestamp(2.0));
+        let (free, context, scored) = h.gate_record().unwrap().sums();
+        assert!((free - 0.45).abs() < 1e-12, "{free}");
+        assert!((context - 0.42).abs() < 1e-12, "{context}");
+        assert!((scored - 3.0).abs() < 1e-12);
+        assert!(context_wins(free, context, 0.05) && !context_wins(free, context, 0.1));
+        // The context-free model: Σu/(λr + n) = 1.9/4, width 1/sqrt(4).
+        let (u0, w0) = h.context_free().unwrap();
+        assert!((u0 - 0.475).abs() < 1e-12 && (w0 - 0.5).abs() < 1e-12);
+        // The gate does not change the head's own estimate (uncentred: A = diag(3, 2),
+        // b = (1, 0.9), so 1/3 at (1, 0)).
+        assert!((h.estimate(&[1.0, 0.0]) - 1.0 / 3.0).abs() < 1e-12);
+        assert!(LinUcbHead::new(2, LinUcbConfig::default())
+            .context_free()
+            .is_none());
+    }
+
+    #[test]
+    fn gate_records_merge_by_adding_and_restore_from_state_saved_without_them() {
+        let pairs: Vec<([f64; 2], f64)> = (0..5u32)
+            .map(|t| {
+                let f = f64::from(t);
+                (unit2(1.0, f.sin()), 0.3 + 0.1 * f)
+            })
+            .collect();
+        for window in [None, Some(10)] {
+            let (mut left, mut right) = (
+                LinUcbHead::new(2, gated(window)),
+                LinUcbHead::new(2, gated(window)),
+            );
+            for (t, (x, u)) in pairs.iter().enumerate() {
+                let side = if t % 2 == 0 { &mut left } else { &mut right };
+                side.update(x, *u, Timestamp(t as f64));
+            }
+            let (lf, lc, ls) = left.gate_record().unwrap().sums();
+            let (rf, rc, rs) = right.gate_record().unwrap().sums();
+            left.merge(&right).unwrap();
+            let (f, c, s) = left.gate_record().unwrap().sums();
+            assert!((f - lf - rf).abs() < 1e-12 && (c - lc - rc).abs() < 1e-12);
+            assert!((s - ls - rs).abs() < 1e-12 && (s - 5.0).abs() < 1e-12);
+            let (u0, _) = left.context_free().unwrap();
+            assert!((u0 - 2.5 / 6.0).abs() < 1e-12, "window {window:?}: {u0}");
+            // Written out and read back: the same record and the same context-free model.
+            let back: LinUcbHead =
+                serde_json::from_str(&serde_json::to_string(&left).unwrap()).unwrap();
+            let (bf, bc, bs) = back.gate_record().unwrap().sums();
+            assert!((bf - f).abs() < 1e-12 && (bc - c).abs() < 1e-12 && (bs - s).abs() < 1e-12);
+            let (bu, bw) = back.context_free().unwrap();
+            assert!((bu - u0).abs() < 1e-12 && (bw - 6f64.recip().sqrt()).abs() < 1e-12);
+        }
+        // A head saved without the gate (an earlier release) has no record and no "gate".
+        let mut plain = LinUcbHead::new(2, LinUcbConfig::default());
+        for (t, (x, u)) in pairs.iter().enumerate() {
+            plain.update(x, *u, Timestamp(t as f64));
+        }
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(!text.contains("gate"), "{text}");
+        let saved: LinUcbHead = serde_json::from_str(&text).unwrap();
+        // Restored into a gated head: with a window its mean comes back from the pairs and
+        // nothing counts as scored; without one it cannot, and the head is not gated.
+        let mut restored = LinUcbHead::new(2, gated(Some(2000)));
+        restored.merge(&saved).unwrap();
+        assert!(restored.gate_record().unwrap().sums().2.abs() < 1e-12);
+        let (u0, w0) = restored.context_free().unwrap();
+        assert!((u0 - 2.5 / 6.0).abs() < 1e-12 && (w0 - 6f64.recip().sqrt()).abs() < 1e-12);
+        assert!((restored.estimate(&[1.0, 0.0]) - saved.estimate(&[1.0, 0.0])).abs() < 1e-9);
+        let mut windowless = LinUcbHead::new(2, gated(None));
+        let mut old = LinUcbHead::new(
+            2,
+            LinUcbConfig {
+                window: None,
+                ..LinUcbConfig::default()
+            },
+        );
+        old.update(&[1.0, 0.0], 0.5, Timestamp(0.0));
+        windowless.merge(&old).unwrap();
+        assert!(windowless.gate_record().is_none() && windowless.context_free().is_none());
+    }
+
+    #[test]
+    fn a_gate_margin_outside_its_range_is_an_error_naming_it() {
+        for margin in [1.0, -0.1] {
+            let err = LinUcbConfig {
+                gate: true,
+                gate_margin: margin,
+                ..LinUcbConfig::default()
+            }
+            .validate()
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("gate_margin") && err.contains("[0, 1)"),
+                "{err}"
+            );
+        }
+    }
+
+    fn unit2(a: f64, b: f64) -> [f64; 2] {
+        let n = (a * a + b * b).sqrt();
+        [a / n, b / n]
     }
 }
