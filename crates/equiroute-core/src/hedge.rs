@@ -757,6 +757,12 @@ mod tests {
             assert!(e.contains(field), "{e}");
         }
         assert!(HedgeConfig::default().validate().is_ok());
+        // An unset target follows the budget: a lower max_rate alone is no error.
+        let low = HedgeConfig {
+            max_rate: 0.01,
+            ..HedgeConfig::default()
+        };
+        assert!(low.validate().is_ok());
         assert!(!HedgeConfig::default().active(), "off unless enabled");
     }
 }
