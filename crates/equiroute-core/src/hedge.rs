@@ -20,6 +20,20 @@
 //! a deadline the rule hedges at A's predictive `tail_quantile`.
 //! [`HedgeRule::ObservedQuantile`] is the classic fixed rule: hedge after the `quantile` of
 //! A's recently observed latencies (the p95 by default), whatever the request.
+//!
+//! **Priced.** With the hedge budget binding, a threshold on `save(t)` spends hedges where
+//! they save little. [`HedgeRule::PricedSaving`] instead gives each request the delay that
+//! maximises its expected saved misses minus a price `λ` per expected hedge:
+//!
+//! ```text
+//! gain(t) = S_A(t) · (save(t) − λ) = S_A(d) · (1 − f_B) · (1 − S_B(d − t)) − λ · S_A(t)
+//! ```
+//!
+//! (a hedge at `t` fires on a share `S_A(t)` of the requests), and no hedge when no `t` gains.
+//! This is the Lagrangian of "most saved misses at a given hedge rate": where a request's
+//! best `gain` is larger, its hedge comes first. The price is set by a controller in
+//! [`HedgeBudget`] so that the hedge rate tracks `target_rate`: every request lowers `ln λ`
+//! by `η·target_rate`, every hedge started raises it by `η`.
 
 use crate::error::{out_of_range, unit_interval};
 use crate::estimators::shape::LatencyBelief;
@@ -44,6 +58,16 @@ pub enum HedgeRule {
         #[serde(default = "default_quantile")]
         quantile: f64,
     },
+    /// The delay that maximises the expected saved misses minus a price per hedge, the price
+    /// set so that hedges start on `target_rate` of the requests (unset: 90% of `max_rate`,
+    /// so the token bucket is rarely empty when a request's best hedge comes; see the module
+    /// doc); without a deadline, A's predictive `tail_quantile`.
+    PricedSaving {
+        #[serde(default)]
+        target_rate: Option<f64>,
+        #[serde(default = "default_quantile")]
+        tail_quantile: f64,
+    },
     /// The classic rule: after the `quantile` of A's last observed latencies.
     ObservedQuantile {
         #[serde(default = "default_quantile")]
@@ -52,7 +76,7 @@ pub enum HedgeRule {
 }
 
 /// Chosen in the laboratory on seeds 1–5 (docs/hedging.md): the lowest deadline-miss rate
-/// within 5% extra calls on the heavy-tailed scenarios.
+/// within 5% extra calls on the heavy-tailed scenarios (of the thresholds).
 fn default_threshold() -> f64 {
     0.2
 }
@@ -61,10 +85,14 @@ fn default_quantile() -> f64 {
     0.95
 }
 
+/// The share of `max_rate` the priced rule aims at when `target_rate` is unset; chosen with
+/// the default `max_rate` (0.05, so 4.5%) on seeds 1–5 in the laboratory (docs/hedging.md).
+pub const DEFAULT_TARGET_SHARE: f64 = 0.9;
+
 impl Default for HedgeRule {
     fn default() -> Self {
-        HedgeRule::DeadlineRisk {
-            threshold: default_threshold(),
+        HedgeRule::PricedSaving {
+            target_rate: None,
             tail_quantile: default_quantile(),
         }
     }
@@ -114,11 +142,32 @@ impl HedgeConfig {
                 open_unit("hedge.threshold", threshold)?;
                 open_unit("hedge.tail_quantile", tail_quantile)?;
             }
+            HedgeRule::PricedSaving {
+                target_rate,
+                tail_quantile,
+            } => {
+                open_unit("hedge.tail_quantile", tail_quantile)?;
+                let Some(target_rate) = target_rate else {
+                    return self.validate_budget();
+                };
+                open_unit("hedge.target_rate", target_rate)?;
+                if target_rate > self.max_rate {
+                    return Err(out_of_range(
+                        "hedge.target_rate",
+                        target_rate,
+                        "must be at most hedge.max_rate (the budget's hard limit): lower it or raise max_rate",
+                    ));
+                }
+            }
             HedgeRule::PredictiveQuantile { quantile }
             | HedgeRule::ObservedQuantile { quantile } => {
                 open_unit("hedge.quantile", quantile)?;
             }
         }
+        self.validate_budget()
+    }
+
+    fn validate_budget(&self) -> Result<(), ConfigError> {
         unit_interval("hedge.max_rate", self.max_rate)?;
         if !(self.burst.is_finite() && self.burst >= 1.0) {
             return Err(out_of_range(
@@ -167,7 +216,8 @@ pub const MIN_DELAY_MS: f64 = 1.0;
 /// The delay after the first attempt's start at which the request hedges, by `rule`, or
 /// `None` for no hedge. `first` and `target` are the policy's outlooks for the first candidate
 /// and the hedge target; `observed` is the first candidate's recent latencies (for the
-/// classic rule).
+/// classic rule); `price` is the price of a hedge in saved misses ([`HedgeBudget::price`], for
+/// [`HedgeRule::PricedSaving`]).
 #[must_use]
 pub fn hedge_delay(
     rule: HedgeRule,
@@ -175,6 +225,7 @@ pub fn hedge_delay(
     target: Option<&LatencyOutlook>,
     observed: Option<&RecentLatencies>,
     deadline: Option<Millis>,
+    price: f64,
 ) -> Option<Millis> {
     let delay = match rule {
         HedgeRule::ObservedQuantile { quantile } => observed?.quantile(quantile)?,
@@ -187,6 +238,10 @@ pub fn hedge_delay(
         } => match deadline {
             None => predictive_quantile(&first?.latency, tail_quantile)?,
             Some(d) => risk_delay(first?, target?, d.0, threshold)?,
+        },
+        HedgeRule::PricedSaving { tail_quantile, .. } => match deadline {
+            None => predictive_quantile(&first?.latency, tail_quantile)?,
+            Some(d) => priced_delay(first?, target?, d.0, price)?,
         },
     };
     // Past the deadline a hedge has no time left to answer in.
@@ -245,6 +300,65 @@ fn risk_delay(
     Some(above.exp())
 }
 
+/// `gain(t)` of the module doc: expected saved misses of a hedge at `t` minus `price` per
+/// expected hedge, per request.
+#[must_use]
+pub fn hedge_gain(
+    first: &LatencyOutlook,
+    target: &LatencyOutlook,
+    deadline_ms: f64,
+    t_ms: f64,
+    price: f64,
+) -> f64 {
+    let silent = first.latency.exceedance(t_ms);
+    // P(A silent at t and misses) is S_A(d), at most S_A(t) (a belief's rounding aside).
+    let misses = first.latency.exceedance(deadline_ms).min(silent);
+    let answers =
+        (1.0 - target.failure_rate) * (1.0 - target.latency.exceedance(deadline_ms - t_ms));
+    misses * answers - price * silent
+}
+
+/// The `t < d` that maximises [`hedge_gain`], when its gain is positive: the best of a
+/// log-spaced grid, refined by a golden-section search between its neighbours.
+fn priced_delay(
+    first: &LatencyOutlook,
+    target: &LatencyOutlook,
+    deadline_ms: f64,
+    price: f64,
+) -> Option<f64> {
+    if deadline_ms <= MIN_DELAY_MS || first.latency.exceedance(deadline_ms) <= 0.0 {
+        return None;
+    }
+    let (lo, hi) = (MIN_DELAY_MS.ln(), deadline_ms.ln());
+    let at = |k: usize| lo + (hi - lo) * k as f64 / GRID as f64;
+    let gain = |y: f64| hedge_gain(first, target, deadline_ms, y.exp(), price);
+    let (best, best_gain) = (0..GRID)
+        .map(|k| (k, gain(at(k))))
+        .max_by(|a, b| a.1.total_cmp(&b.1))?;
+    if best_gain <= 0.0 {
+        return None;
+    }
+    // Golden-section search on [at(k − 1), at(k + 1)], keeping the best point seen.
+    let (mut a, mut b) = (at(best.saturating_sub(1)), at((best + 1).min(GRID - 1)));
+    let (mut y, mut g) = (at(best), best_gain);
+    let r = 0.5 * (5f64.sqrt() - 1.0);
+    for _ in 0..30 {
+        let (c, d) = (b - r * (b - a), a + r * (b - a));
+        let (gc, gd) = (gain(c), gain(d));
+        if gc >= gd {
+            b = d;
+        } else {
+            a = c;
+        }
+        for (p, gp) in [(c, gc), (d, gd)] {
+            if gp > g {
+                (y, g) = (p, gp);
+            }
+        }
+    }
+    Some(y.exp())
+}
+
 /// The `q` quantile of a latency belief: the `x` with `P(L > x) = 1 − q`, by bisection on
 /// `ln x` (the survival is monotone); `None` when it lies beyond 10⁷ ms.
 #[must_use]
@@ -267,27 +381,61 @@ pub fn predictive_quantile(belief: &LatencyBelief, q: f64) -> Option<f64> {
 
 /// A token bucket on hedges: every request earns `max_rate` of a hedge, a hedge spends one,
 /// at most `burst` saved. Over `n` requests at most `max_rate·n + burst` hedges start.
+///
+/// It also keeps the price of a hedge for [`HedgeRule::PricedSaving`]: a controller on
+/// `ln λ` that every request lowers by `η·target_rate` and every hedge raises by `η`, so it
+/// settles where hedges start on `target_rate` of the requests.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HedgeBudget {
     tokens: f64,
     max_rate: f64,
     burst: f64,
+    price: f64,
+    target_rate: f64,
 }
 
 impl HedgeBudget {
+    /// The price a new budget starts at, in saved misses per hedge.
+    pub const INITIAL_PRICE: f64 = 0.2;
+    /// The controller's step `η` on `ln λ`.
+    pub const PRICE_STEP: f64 = 0.1;
+    /// The range the price is kept in (a long quiet spell must not make hedges free).
+    pub const PRICE_RANGE: (f64, f64) = (1e-3, 1.0);
+
     /// A full bucket for `cfg`.
     #[must_use]
     pub fn new(cfg: &HedgeConfig) -> HedgeBudget {
+        let target_rate = match cfg.rule {
+            HedgeRule::PricedSaving {
+                target_rate: Some(rate),
+                ..
+            } => rate,
+            _ => DEFAULT_TARGET_SHARE * cfg.max_rate,
+        };
         HedgeBudget {
             tokens: cfg.burst,
             max_rate: cfg.max_rate,
             burst: cfg.burst,
+            price: Self::INITIAL_PRICE,
+            target_rate,
         }
+    }
+
+    /// The current price of a hedge in saved misses (see [`HedgeRule::PricedSaving`]).
+    #[must_use]
+    pub fn price(&self) -> f64 {
+        self.price
+    }
+
+    fn move_price(&mut self, log_step: f64) {
+        let (lo, hi) = Self::PRICE_RANGE;
+        self.price = (self.price * log_step.exp()).clamp(lo, hi);
     }
 
     /// One request arrived.
     pub fn earn(&mut self) {
         self.tokens = (self.tokens + self.max_rate).min(self.burst);
+        self.move_price(-Self::PRICE_STEP * self.target_rate);
     }
 
     /// Whether a hedge is left (without taking it).
@@ -301,6 +449,7 @@ impl HedgeBudget {
         // A whole token, up to the rounding of twenty 0.05s.
         if self.has_hedge() {
             self.tokens -= 1.0;
+            self.move_price(Self::PRICE_STEP);
             true
         } else {
             false
@@ -387,7 +536,7 @@ mod tests {
             threshold: 0.25,
             tail_quantile: 0.95,
         };
-        let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0))).unwrap();
+        let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.0).unwrap();
         // save(990) = 0.2487·0.9899 = 0.246: the crossing lies just below 1000 ms.
         assert!(d.0 > 990.0 && d.0 <= 1000.0, "{d:?}");
         assert!(save_probability(&a, &b, 2000.0, d.0) >= 0.25);
@@ -395,16 +544,127 @@ mod tests {
         // best, near t = 1350, is 0.436·0.809·0.5 = 0.18).
         let flaky = outlook(500.0, 0.3, 0.5);
         assert_eq!(
-            hedge_delay(rule, Some(&a), Some(&flaky), None, Some(Millis(2000.0))),
+            hedge_delay(
+                rule,
+                Some(&a),
+                Some(&flaky),
+                None,
+                Some(Millis(2000.0)),
+                0.0
+            ),
             None
         );
         // No deadline: the tail quantile, 300·e^1.6449 = 1553 ms.
-        let d = hedge_delay(rule, Some(&a), Some(&b), None, None).unwrap();
+        let d = hedge_delay(rule, Some(&a), Some(&b), None, None, 0.0).unwrap();
         assert!((d.0 - 1553.0).abs() < 2.0, "{d:?}");
         // A policy without a latency model gives no outlook: no hedge.
         assert_eq!(
-            hedge_delay(rule, None, None, None, Some(Millis(2000.0))),
+            hedge_delay(rule, None, None, None, Some(Millis(2000.0)), 0.0),
             None
+        );
+    }
+
+    #[test]
+    fn the_priced_gain_is_saved_misses_minus_the_price_of_the_hedges() {
+        // The example above at t = 1000, price 0.1: S_A(2000)·(1 − S_B(1000)) − 0.1·S_A(1000)
+        // = 0.0289·0.9896 − 0.1·0.1143 = 0.0286 − 0.0114 = 0.0172.
+        let (a, b) = (outlook(300.0, 1.0, 0.0), outlook(500.0, 0.3, 0.0));
+        let g = hedge_gain(&a, &b, 2000.0, 1000.0, 0.1);
+        assert!((g - 0.0172).abs() < 3e-4, "{g}");
+        // The priced delay is the gain's maximum: no better a little earlier or later.
+        let rule = HedgeRule::PricedSaving {
+            target_rate: Some(0.045),
+            tail_quantile: 0.95,
+        };
+        let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.1).unwrap();
+        let best = hedge_gain(&a, &b, 2000.0, d.0, 0.1);
+        assert!(best > 0.0);
+        for t in [d.0 / 1.05, d.0 * 1.05] {
+            assert!(hedge_gain(&a, &b, 2000.0, t, 0.1) <= best, "{t} vs {d:?}");
+        }
+        // A dearer hedge comes later (it must save more per hedge fired), a dear enough one
+        // never (max over t of S_A(d)·P_B − λ·S_A(t) < 0 once λ > S_A(d)/S_A(t)·P_B for all t).
+        let later = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.2).unwrap();
+        assert!(later.0 > d.0, "{later:?} vs {d:?}");
+        assert_eq!(
+            hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.9),
+            None
+        );
+    }
+
+    #[test]
+    fn at_one_price_the_rule_hedges_a_request_with_a_large_saving_and_not_one_with_none() {
+        let b = outlook(500.0, 0.3, 0.0);
+        let rule = HedgeRule::PricedSaving {
+            target_rate: Some(0.045),
+            tail_quantile: 0.95,
+        };
+        let deadline = Some(Millis(2000.0));
+        // Heavy A: 2.9% of its calls miss 2000 ms, and B nearly always saves them.
+        let heavy = outlook(300.0, 1.0, 0.0);
+        assert!(hedge_delay(rule, Some(&heavy), Some(&b), None, deadline, 0.1).is_some());
+        // Steady A (median 300, σ = 0.2): S_A(2000) = P(Z > 9.5) ≈ 1e-21, nothing to save.
+        let steady = outlook(300.0, 0.2, 0.0);
+        assert_eq!(
+            hedge_delay(rule, Some(&steady), Some(&b), None, deadline, 0.1),
+            None
+        );
+        // A target that cannot answer in time saves nothing either (median 5 s).
+        let slow = outlook(5000.0, 0.3, 0.0);
+        assert_eq!(
+            hedge_delay(rule, Some(&heavy), Some(&slow), None, deadline, 0.1),
+            None
+        );
+        // Without a deadline, the tail quantile (300·e^1.6449 = 1553 ms), whatever the price.
+        let d = hedge_delay(rule, Some(&heavy), Some(&b), None, None, 0.9).unwrap();
+        assert!((d.0 - 1553.0).abs() < 2.0, "{d:?}");
+    }
+
+    #[test]
+    fn the_price_controller_keeps_the_hedge_rate_near_its_target() {
+        use rand::SeedableRng;
+        use rand_distr::Distribution;
+        // Requests whose first provider is heavy (median 300, σ = 1), deadline 2000 ms, the
+        // target steady: the hedge fires when A's drawn latency outlasts the delay.
+        let (a, b) = (outlook(300.0, 1.0, 0.0), outlook(500.0, 0.3, 0.0));
+        let cfg = HedgeConfig {
+            enabled: true,
+            rule: HedgeRule::PricedSaving {
+                target_rate: Some(0.03),
+                tail_quantile: 0.95,
+            },
+            ..HedgeConfig::default()
+        };
+        let mut budget = HedgeBudget::new(&cfg);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let normal = rand_distr::Normal::new(300f64.ln(), 1.0).unwrap();
+        let (n, mut hedges) = (20_000, 0);
+        for _ in 0..n {
+            let delay = hedge_delay(
+                cfg.rule,
+                Some(&a),
+                Some(&b),
+                None,
+                Some(Millis(2000.0)),
+                budget.price(),
+            );
+            budget.earn();
+            let latency = normal.sample(&mut rng).exp();
+            if delay.is_some_and(|d| latency > d.0) && budget.try_spend() {
+                hedges += 1;
+            }
+        }
+        // The budget (5% + burst) would allow 1005; the controller holds the rate at 3%.
+        let rate = f64::from(hedges) / f64::from(n);
+        assert!((rate - 0.03).abs() < 0.003, "{rate}");
+        // No one delay fires on 3% here (A's p97 is 1968 ms, where B has no time left): the
+        // best hedge is earlier and fires more often, so the price swings between "hedge
+        // then" and "not at all" and the rate averages to the target; it stays inside its range.
+        let (lo, hi) = HedgeBudget::PRICE_RANGE;
+        assert!(
+            budget.price() > lo && budget.price() < hi,
+            "{}",
+            budget.price()
         );
     }
 
@@ -415,16 +675,19 @@ mod tests {
         for ms in 1..=19 {
             recent.push(f64::from(ms) * 10.0);
         }
-        assert_eq!(hedge_delay(rule, None, None, Some(&recent), None), None);
+        assert_eq!(
+            hedge_delay(rule, None, None, Some(&recent), None, 0.0),
+            None
+        );
         recent.push(200.0);
         // 20 answers 10..200 ms: the 95% nearest rank is the 19th, 190 ms.
         assert_eq!(
-            hedge_delay(rule, None, None, Some(&recent), None),
+            hedge_delay(rule, None, None, Some(&recent), None, 0.0),
             Some(Millis(190.0))
         );
         // Past the deadline it would be pointless.
         assert_eq!(
-            hedge_delay(rule, None, None, Some(&recent), Some(Millis(150.0))),
+            hedge_delay(rule, None, None, Some(&recent), Some(Millis(150.0)), 0.0),
             None
         );
         for _ in 0..RecentLatencies::WINDOW {
@@ -478,12 +741,28 @@ mod tests {
                 },
                 "hedge.quantile",
             ),
+            (
+                HedgeConfig {
+                    rule: HedgeRule::PricedSaving {
+                        target_rate: Some(0.08),
+                        tail_quantile: 0.95,
+                    },
+                    ..HedgeConfig::default()
+                },
+                "hedge.target_rate",
+            ),
         ];
         for (cfg, field) in bad {
             let e = cfg.validate().unwrap_err().to_string();
             assert!(e.contains(field), "{e}");
         }
         assert!(HedgeConfig::default().validate().is_ok());
+        // An unset target follows the budget: a lower max_rate alone is no error.
+        let low = HedgeConfig {
+            max_rate: 0.01,
+            ..HedgeConfig::default()
+        };
+        assert!(low.validate().is_ok());
         assert!(!HedgeConfig::default().active(), "off unless enabled");
     }
 }

@@ -1,27 +1,31 @@
 //! Hedged requests in the laboratory: `lqm-ts` without hedging, with the model's hedge delay
-//! (`deadline-risk`, a sweep of thresholds) and with the classic fixed rule (hedge after the
-//! observed quantile of the first candidate's latency, a sweep around the p95), all under the
-//! same hedge budget (at most 5% of requests, burst 5), on the heavy-tailed scenarios.
+//! (`deadline-risk`, a sweep of thresholds; `priced-saving`, a sweep of target hedge rates)
+//! and with the classic fixed rule (hedge after the observed quantile of the first
+//! candidate's latency, a sweep around the p95), all under the same hedge budget (at most 5%
+//! of requests, burst 5), on the heavy-tailed scenarios.
 //!
 //! `cargo run --release -p equiroute-lab --example hedging [-- FIRST LAST [SVG_DIR]]` runs
 //! seeds `FIRST..=LAST` (default 1..=5) and prints one Markdown table per scenario (mean ± 95%
 //! interval over seeds); with `SVG_DIR` it writes `hedging-<scenario>.svg` there: deadline-miss
 //! rate against extra calls, one line per rule. `-- FIRST LAST confirm THRESHOLD [Q…]` runs
 //! only no hedging, the model at `THRESHOLD` and the fixed rule at the observed quantiles `Q`
-//! (0.95 by default): the confirmation on fresh seeds of a threshold chosen on others.
+//! (0.95 by default), and with `… priced R…` the priced rule at target rates `R`: the
+//! confirmation on fresh seeds of settings chosen on others.
 //! docs/hedging.md shows the output.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 use equiroute_core::hedge::{HedgeConfig, HedgeRule};
+use equiroute_core::policies::{CensoredTail, PolicyConfig};
 use equiroute_lab::report::{plot, Summary};
 use equiroute_lab::runner::{run, run_hedged, RunResult};
-use equiroute_lab::scenario::builtin;
+use equiroute_lab::scenario::{builtin, ScenarioSpec, Variant};
 
 const SCENARIOS: [&str; 3] = ["heavy-tail", "tail-pair", "llm-tail"];
 const POLICY: &str = "lqm-ts";
 const THRESHOLDS: [f64; 5] = [0.1, 0.2, 0.3, 0.4, 0.5];
 const QUANTILES: [f64; 3] = [0.9, 0.95, 0.98];
+const TARGET_RATES: [f64; 4] = [0.02, 0.03, 0.04, 0.045];
 
 fn config(rule: HedgeRule) -> HedgeConfig {
     HedgeConfig {
@@ -29,6 +33,23 @@ fn config(rule: HedgeRule) -> HedgeConfig {
         rule,
         ..HedgeConfig::default()
     }
+}
+
+/// `spec` with `lqm-ts` spreading censored latencies by its belief's tail
+/// (`censored_tail = "belief"`), under the same label (so the same random streams).
+fn with_belief_tail(spec: &ScenarioSpec) -> ScenarioSpec {
+    let mut cfg = spec.policy(POLICY).expect("policy");
+    if let PolicyConfig::LqmTs(c) = &mut cfg {
+        c.risk.censored_tail = CensoredTail::Belief;
+    }
+    let mut out = spec.clone();
+    out.variants.retain(|v| v.label != POLICY);
+    out.variants.push(Variant {
+        label: POLICY.to_owned(),
+        policy: cfg,
+        min_propensity: 0.0,
+    });
+    out
 }
 
 fn row(label: &str, runs: &[RunResult]) -> String {
@@ -52,71 +73,165 @@ fn mean(runs: &[RunResult], f: fn(&RunResult) -> f64) -> f64 {
     runs.iter().map(f).sum::<f64>() / runs.len() as f64
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// What to run: the seeds, the model's thresholds, the fixed rule's quantiles, the priced
+/// rule's target rates (with the default belief, and with the belief tail), where to plot.
+struct Plan {
+    first: u64,
+    last: u64,
+    thresholds: Vec<f64>,
+    quantiles: Vec<f64>,
+    rates: Vec<f64>,
+    tail_rates: Vec<f64>,
+    svg_dir: Option<String>,
+}
+
+fn plan(args: &[String]) -> Plan {
     let first: u64 = args.first().map_or(1, |a| a.parse().expect("FIRST seed"));
     let last: u64 = args.get(1).map_or(5, |a| a.parse().expect("LAST seed"));
     let confirm: Option<f64> = (args.get(2).map(String::as_str) == Some("confirm"))
         .then(|| args.get(3).expect("THRESHOLD").parse().expect("THRESHOLD"));
-    let svg_dir = args.get(2).filter(|_| confirm.is_none());
-    let thresholds = confirm.map_or(THRESHOLDS.to_vec(), |t| vec![t]);
-    let quantiles = if confirm.is_some() {
-        let listed: Vec<f64> = args[4..].iter().map(|q| q.parse().expect("Q")).collect();
-        if listed.is_empty() {
+    let Some(threshold) = confirm else {
+        return Plan {
+            first,
+            last,
+            thresholds: THRESHOLDS.to_vec(),
+            quantiles: QUANTILES.to_vec(),
+            rates: TARGET_RATES.to_vec(),
+            tail_rates: TARGET_RATES.to_vec(),
+            svg_dir: args.get(2).cloned(),
+        };
+    };
+    // Quantiles, then `priced R…`, then `tail R…`.
+    let mut lists: [Vec<f64>; 3] = Default::default();
+    let mut at = 0;
+    for a in &args[4..] {
+        match a.as_str() {
+            "priced" => at = 1,
+            "tail" => at = 2,
+            x => lists[at].push(x.parse().expect("a number")),
+        }
+    }
+    let [quantiles, rates, tail_rates] = lists;
+    Plan {
+        first,
+        last,
+        thresholds: vec![threshold],
+        quantiles: if quantiles.is_empty() {
             vec![0.95]
         } else {
-            listed
-        }
-    } else {
-        QUANTILES.to_vec()
-    };
+            quantiles
+        },
+        rates,
+        tail_rates,
+        svg_dir: None,
+    }
+}
+
+/// Prints one row per labelled run set and returns the curve from `base` through them.
+fn curve(base: (f64, f64), sets: Vec<(String, Vec<RunResult>)>) -> Vec<(f64, f64)> {
+    let mut points = vec![base];
+    for (label, runs) in sets {
+        println!("{}", row(&label, &runs));
+        points.push((
+            mean(&runs, |r| r.hedge_rate) * 100.0,
+            mean(&runs, |r| r.deadline_miss_rate) * 100.0,
+        ));
+    }
+    points
+}
+
+fn priced(target_rate: f64) -> HedgeConfig {
+    config(HedgeRule::PricedSaving {
+        target_rate: Some(target_rate),
+        tail_quantile: 0.95,
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let plan = plan(&args);
+    let (first, last) = (plan.first, plan.last);
     let seeds: Vec<u64> = (first..=last).collect();
     for name in SCENARIOS {
         let spec = builtin(name).expect("built-in scenario");
+        let tail_spec = with_belief_tail(&spec);
         let rounds = spec.rounds;
-        let all = |hedge: Option<HedgeConfig>| -> Vec<RunResult> {
+        let on = |spec: &ScenarioSpec, hedge: Option<HedgeConfig>| -> Vec<RunResult> {
             seeds
                 .iter()
                 .map(|&seed| match hedge {
-                    None => run(&spec, POLICY, seed, rounds).expect("run"),
-                    Some(h) => run_hedged(&spec, POLICY, seed, rounds, &h).expect("run"),
+                    None => run(spec, POLICY, seed, rounds).expect("run"),
+                    Some(h) => run_hedged(spec, POLICY, seed, rounds, &h).expect("run"),
                 })
                 .collect()
         };
+        let all = |hedge: Option<HedgeConfig>| on(&spec, hedge);
         println!("\n### {name}: {POLICY}, seeds {first}–{last}, {rounds} rounds\n");
         println!("| hedging | p50 ms | p95 ms | p99 ms | deadline misses % | quality | cost per request µ$ | extra calls % |");
         println!("|---|---|---|---|---|---|---|---|");
         let none = all(None);
         println!("{}", row("none", &none));
         let base = (0.0, mean(&none, |r| r.deadline_miss_rate) * 100.0);
-        let mut model = vec![base];
-        for &t in &thresholds {
-            let runs = all(Some(config(HedgeRule::DeadlineRisk {
-                threshold: t,
-                tail_quantile: 0.95,
-            })));
-            println!("{}", row(&format!("model, threshold {t}"), &runs));
-            model.push((
-                mean(&runs, |r| r.hedge_rate) * 100.0,
-                mean(&runs, |r| r.deadline_miss_rate) * 100.0,
-            ));
+        let model = curve(
+            base,
+            plan.thresholds
+                .iter()
+                .map(|&t| {
+                    let rule = HedgeRule::DeadlineRisk {
+                        threshold: t,
+                        tail_quantile: 0.95,
+                    };
+                    (format!("model, threshold {t}"), all(Some(config(rule))))
+                })
+                .collect(),
+        );
+        let priced_line = curve(
+            base,
+            plan.rates
+                .iter()
+                .map(|&r| {
+                    let label = format!("priced, target {}%", r * 100.0);
+                    (label, all(Some(priced(r))))
+                })
+                .collect(),
+        );
+        let tailed = curve(
+            base,
+            plan.tail_rates
+                .iter()
+                .map(|&r| {
+                    let label = format!("priced + belief tail, target {}%", r * 100.0);
+                    (label, on(&tail_spec, Some(priced(r))))
+                })
+                .collect(),
+        );
+        if !plan.tail_rates.is_empty() {
+            let rule = HedgeRule::ObservedQuantile { quantile: 0.95 };
+            let runs = on(&tail_spec, Some(config(rule)));
+            println!("{}", row("fixed p95 + belief tail", &runs));
         }
-        let mut fixed = vec![base];
-        for &q in &quantiles {
-            let runs = all(Some(config(HedgeRule::ObservedQuantile { quantile: q })));
-            println!("{}", row(&format!("fixed, observed p{}", q * 100.0), &runs));
-            fixed.push((
-                mean(&runs, |r| r.hedge_rate) * 100.0,
-                mean(&runs, |r| r.deadline_miss_rate) * 100.0,
-            ));
-        }
-        if let Some(dir) = svg_dir {
+        let fixed = curve(
+            base,
+            plan.quantiles
+                .iter()
+                .map(|&q| {
+                    let rule = HedgeRule::ObservedQuantile { quantile: q };
+                    (
+                        format!("fixed, observed p{}", q * 100.0),
+                        all(Some(config(rule))),
+                    )
+                })
+                .collect(),
+        );
+        if let Some(dir) = &plan.svg_dir {
             let svg = plot::curves(
                 &format!("{name}: {POLICY}, seeds {first}-{last}"),
                 "extra calls (hedges per 100 requests)",
                 "deadline misses (%)",
                 &[
                     ("model (threshold)".to_owned(), model),
+                    ("priced (target rate)".to_owned(), priced_line),
+                    ("priced + belief tail".to_owned(), tailed),
                     ("fixed (observed q)".to_owned(), fixed),
                 ],
             );

@@ -520,6 +520,7 @@ fn simulate(
             }
         });
 
+        let price = budget.as_ref().map_or(0.0, HedgeBudget::price);
         let delay = hedging.and_then(|h| {
             let outlook = |i: usize| policy.latency_outlook(i, &ctx);
             let target = order.get(1).and_then(|&j| outlook(j));
@@ -529,6 +530,7 @@ fn simulate(
                 target.as_ref(),
                 Some(&recent[first]),
                 deadline,
+                price,
             )
         });
         if let Some(b) = budget.as_mut() {

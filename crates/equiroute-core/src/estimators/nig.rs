@@ -202,6 +202,19 @@ impl LogLatencyStats {
         self.shape.add_above(cutoff_ms.max(1e-3).ln(), mu, sigma, w);
     }
 
+    /// Adds a censored attempt's mass to the histogram only, spread by `shares` (from
+    /// [`LatencyHistogram::tail_shares`]); the counterpart of [`Self::observe_tail_shape`].
+    pub fn observe_tail_shares(
+        &mut self,
+        now: Timestamp,
+        shares: &[f64; super::shape::BINS],
+        half_life_ms: Option<f64>,
+    ) {
+        self.decay_to(now, half_life_ms);
+        let w = decay_factor(half_life_ms, self.at.0 - now.0);
+        self.shape.add_shares(shares, w);
+    }
+
     /// Adds another instance's statistics (Chan's parallel formula after decaying both to the
     /// later of their two times): the statistics of the union of the two streams.
     pub fn merge(&mut self, other: &LogLatencyStats, half_life_ms: Option<f64>) {

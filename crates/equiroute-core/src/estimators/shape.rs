@@ -120,6 +120,45 @@ impl LatencyHistogram {
         }
     }
 
+    /// How a censored observation ("at least `e^cut`") spreads over the bins when it follows
+    /// the belief's own tail: in proportion to the blend `n₀·N(mu, sigma²) + this histogram`
+    /// restricted to `ln L > cut` (the mass of the cut's own bin split by the normal's shape
+    /// within it). With `n₀ → 0` this is Efron's redistribution to the right, whose fixed point
+    /// is the Kaplan–Meier estimate: the censored mass goes where the observed tail is, not
+    /// where a normal fitted to the body would put it. As in [`Self::add_above`], the share of
+    /// the cut's own bin goes to the bin above it. `None` when there is no mass above the cut.
+    #[must_use]
+    pub fn tail_shares(&self, cut: f64, mu: f64, sigma: f64, n0: f64) -> Option<[f64; BINS]> {
+        let first = bin_of(cut);
+        let next = (first + 1).min(BINS - 1);
+        let mut shares = [0.0; BINS];
+        for j in first..BINS {
+            let (lo, hi) = (lower_edge(j), upper_edge(j));
+            let normal = normal_mass(mu, sigma, lo.max(cut), hi);
+            let observed = if j == first {
+                self.mass[j] * within_bin_share_above(cut, lo, hi, mu, sigma)
+            } else {
+                self.mass[j]
+            };
+            shares[j.max(next)] += n0 * normal + observed;
+        }
+        let total: f64 = shares.iter().sum();
+        if !total.is_finite() || total <= 1e-300 {
+            return None;
+        }
+        for m in &mut shares {
+            *m /= total;
+        }
+        Some(shares)
+    }
+
+    /// Adds weight `w` spread by `shares` (which sum to 1).
+    pub fn add_shares(&mut self, shares: &[f64; BINS], w: f64) {
+        for (m, s) in self.mass.iter_mut().zip(shares) {
+            *m += w * s;
+        }
+    }
+
     /// Multiplies every bin by `factor` (decay, or a capped borrow).
     pub fn scale(&mut self, factor: f64) {
         for m in &mut self.mass {
@@ -143,19 +182,25 @@ impl LatencyHistogram {
         if self.mass[j] == 0.0 {
             return above;
         }
-        let (lo, hi) = (lower_edge(j), upper_edge(j));
-        let in_bin = normal_mass(mu, sigma, lo, hi);
-        let share = if in_bin > 1e-12 {
-            normal_mass(mu, sigma, y, hi) / in_bin
-        } else if lo.is_finite() && hi.is_finite() {
-            ((hi - y) / WIDTH).clamp(0.0, 1.0)
-        } else if hi.is_finite() {
-            0.0
-        } else {
-            1.0
-        };
-        above + self.mass[j] * share.clamp(0.0, 1.0)
+        let share = within_bin_share_above(y, lower_edge(j), upper_edge(j), mu, sigma);
+        above + self.mass[j] * share
     }
+}
+
+/// The share of bin `(lo, hi]` above `y`, by `N(mu, sigma²)`'s shape within it (by its width
+/// when the normal has no mass there).
+fn within_bin_share_above(y: f64, lo: f64, hi: f64, mu: f64, sigma: f64) -> f64 {
+    let in_bin = normal_mass(mu, sigma, lo, hi);
+    let share = if in_bin > 1e-12 {
+        normal_mass(mu, sigma, y, hi) / in_bin
+    } else if lo.is_finite() && hi.is_finite() {
+        ((hi - y) / WIDTH).clamp(0.0, 1.0)
+    } else if hi.is_finite() {
+        0.0
+    } else {
+        1.0
+    };
+    share.clamp(0.0, 1.0)
 }
 
 /// A candidate's latency belief in one slice: the NIG posterior (location already shifted
@@ -254,6 +299,34 @@ mod tests {
         let mut far = LatencyHistogram::default();
         far.add_above(1e5f64.ln(), 0.0, 0.1, 2.0);
         assert_eq!(far.mass[bin_of(1e5f64.ln()) + 1], 2.0);
+    }
+
+    #[test]
+    fn a_censored_observation_can_follow_the_observed_tail_instead_of_the_normal() {
+        // 90 answers at 300 ms and 10 at 4000 ms; a call cut at 1500 ms. The normal fitted to
+        // the body (median 300, σ = 0.5) puts P(Z > ln 5/0.5 = 3.22) = 0.00064 of its mass
+        // above the cut, n₀ = 20 of them 0.0128 against the 10 observed at 4000 ms: 99.9% of
+        // the censored call goes to the 4000 ms bin.
+        let mut h = LatencyHistogram::default();
+        h.add(300f64.ln(), 90.0);
+        h.add(4000f64.ln(), 10.0);
+        let (cut, mu, sigma) = (1500f64.ln(), 300f64.ln(), 0.5);
+        let shares = h.tail_shares(cut, mu, sigma, 20.0).unwrap();
+        assert!((shares.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        assert!(shares[bin_of(4000f64.ln())] > 0.998, "{shares:?}");
+        let mut by_belief = LatencyHistogram::default();
+        by_belief.add_shares(&shares, 1.0);
+        // The truncated normal keeps it next to the cut, in the bin above the cut's (2048 to
+        // 2896 ms): past 2896 ms only P(Z > 4.53)/P(Z > 3.22) = 0.5% of it.
+        let mut by_normal = LatencyHistogram::default();
+        by_normal.add_above(cut, mu, sigma, 1.0);
+        let past = |x: &LatencyHistogram| x.mass[bin_of(2900f64.ln())..].iter().sum::<f64>();
+        assert!(past(&by_belief) > 0.998, "{}", past(&by_belief));
+        assert!(past(&by_normal) < 0.01, "{}", past(&by_normal));
+        // Nothing above the cut at all: no shares (the caller falls back to the normal).
+        assert!(LatencyHistogram::default()
+            .tail_shares(cut, mu, 0.0, 20.0)
+            .is_none());
     }
 
     #[test]

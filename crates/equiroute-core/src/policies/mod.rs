@@ -38,7 +38,9 @@ pub use lqm::{LatencyTerm, Lqm, LqmConfig, LqmState};
 pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsObjective, LqmTsState};
 pub use observation::Observation;
 pub use priority_cooldown::{CooldownState, PriorityCooldown, PriorityCooldownConfig};
-pub use risk::{CostObjective, Level, RiskConfig, RiskModel, RiskSample, RiskState, SliceStats};
+pub use risk::{
+    CensoredTail, CostObjective, Level, RiskConfig, RiskModel, RiskSample, RiskState, SliceStats,
+};
 pub use simple::{
     Cheapest, CheapestConfig, EmaState, HealthState, LeastBusy, LeastLatency, LeastLatencyConfig,
     Oracle, RandomOrder, RoundRobin, Static, StaticConfig,

@@ -112,6 +112,23 @@ pub struct RiskConfig {
     /// histogram: `P(L>d) = (n₀·P_nig + M(>d))/(n₀ + M)` (see [`crate::estimators::shape`]).
     /// `None`: the log-normal alone, as the reference design.
     pub shape_prior_weight: Option<f64>,
+    /// Where a censored latency's mass goes in the histogram (see [`CensoredTail`]).
+    pub censored_tail: CensoredTail,
+}
+
+/// How a censored latency ("at least `c`": a timeout, a hedge's cancelled loser) enters the
+/// latency histogram. The NIG sums impute it from the log-normal either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CensoredTail {
+    /// Spread above `c` as the log-normal point estimate truncated at `c`: a heavy tail's
+    /// censored mass lands too close to `c`.
+    #[default]
+    LogNormal,
+    /// Spread above `c` as the slice's blended belief is there (histogram and log-normal,
+    /// [`crate::estimators::shape::LatencyHistogram::tail_shares`]): follows the observed
+    /// tail (redistribution to the right).
+    Belief,
 }
 
 impl Default for RiskConfig {
@@ -131,6 +148,7 @@ impl Default for RiskConfig {
             stale_latency_half_life_ms: None,
             stale_failure_half_life_ms: None,
             shape_prior_weight: Some(RiskConfig::DEFAULT_SHAPE_PRIOR_WEIGHT),
+            censored_tail: CensoredTail::LogNormal,
         }
     }
 }
@@ -649,10 +667,14 @@ impl RiskModel {
                 self.levels[i].observe(obs.now, mean - post.mu_n, &self.cfg);
             }
             let point = post.point();
+            let shares = self.censored_shares(i, obs, point);
             for &key in obs.slice.levels().iter().take(self.cfg.slice_depth) {
                 let stats = self.slice_mut(i, key);
                 stats.observe_imputed(obs.now, mean, var, hl);
-                stats.observe_tail_shape(obs.now, latency, point, hl);
+                match &shares {
+                    Some(shares) => stats.observe_tail_shares(obs.now, shares, hl),
+                    None => stats.observe_tail_shape(obs.now, latency, point, hl),
+                }
             }
         } else if status == AttemptStatus::Ok {
             if tracks_level {
@@ -663,6 +685,24 @@ impl RiskModel {
                 self.slice_mut(i, key).observe(obs.now, latency, hl);
             }
         }
+    }
+
+    /// With [`CensoredTail::Belief`], how a censored attempt of candidate `i` spreads over the
+    /// histogram: by the slice's blended belief above the cut-off (`None`: by the log-normal
+    /// point estimate `point`, the default).
+    fn censored_shares(
+        &self,
+        i: usize,
+        obs: &AttemptObservation<'_>,
+        (mu, sigma): (f64, f64),
+    ) -> Option<[f64; crate::estimators::shape::BINS]> {
+        let n0 = self.cfg.shape_prior_weight?;
+        if self.cfg.censored_tail != CensoredTail::Belief {
+            return None;
+        }
+        let effective = self.effective(i, obs.slice, obs.now);
+        let cut = obs.outcome.latency.0.max(1e-3).ln();
+        effective.shape.tail_shares(cut, mu, sigma, n0)
     }
 
     /// Exports the statistics, slices sorted by (candidate, key).

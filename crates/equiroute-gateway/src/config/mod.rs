@@ -387,7 +387,7 @@ fn hedge_config(
     {
         return Err((
             "hedge.rule".to_owned(),
-            "`observed-quantile` is the laboratory's fixed-delay baseline: use `{ kind = \"deadline-risk\" }` (default) or `{ kind = \"predictive-quantile\" }`".to_owned(),
+            "`observed-quantile` is the laboratory's fixed-delay baseline: use `{ kind = \"priced-saving\" }` (default), `{ kind = \"deadline-risk\" }` or `{ kind = \"predictive-quantile\" }`".to_owned(),
         ));
     }
     // A tool call may act (send, write, pay): only one marked idempotent is sent twice.

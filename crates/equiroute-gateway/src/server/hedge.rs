@@ -28,8 +28,11 @@ pub(super) fn delay(
     if !iface.hedge.active() {
         return None;
     }
-    // Every request earns its share of a hedge, whether it hedges or not.
+    // Every request earns its share of a hedge, whether it hedges or not; the price of a
+    // hedge (for the priced rule) is read before this request moves it.
+    let mut price = equiroute_core::hedge::HedgeBudget::INITIAL_PRICE;
     if let Ok(mut budget) = iface.hedge_budget.lock() {
+        price = budget.price();
         budget.earn();
     }
     // The observed-quantile rule is the laboratory's baseline; config refuses it here.
@@ -45,6 +48,7 @@ pub(super) fn delay(
         target.as_ref(),
         None,
         ctx.deadline,
+        price,
     )
 }
 
