@@ -13,9 +13,12 @@
 //! ```
 //!
 //! `q̂` is a ridge regression per candidate on the features (plus an intercept), fitted on the
-//! same log with K-fold cross-fitting: a record's `q̂` never saw that record. Intervals are
-//! percentile bootstrap intervals over records (seeded, so reproducible); for DR the fitted
-//! `q̂` is held fixed across resamples. The effective sample size is `(Σw)²/Σw²`.
+//! same log with K-fold cross-fitting: a record's `q̂` never saw that record nor its
+//! neighbours in time. Intervals are percentile **circular block bootstrap** intervals over
+//! records in time order (blocks of `⌈n^{1/3}⌉` consecutive records, seeded, so
+//! reproducible): neighbouring requests of a learning logging policy are not independent;
+//! for DR the fitted `q̂` is held fixed across resamples. The effective sample size is
+//! `(Σw)²/Σw²`.
 //!
 //! The estimators are unbiased only where the log *supports* the target: every candidate the
 //! target may choose must have been chosen by the logger with a known, non-zero probability.
@@ -132,6 +135,20 @@ pub struct OpeOptions {
     /// many half-widths of the interval is warned about (default 0.5, chosen on the
     /// laboratory's seeds 1–5 against 1).
     pub learning_gap_warn: f64,
+    /// Length of the bootstrap's blocks of consecutive records (circular block bootstrap):
+    /// 0 (the default) is `⌈n^{1/3}⌉`, the usual order for a block bootstrap's variance
+    /// (Hall, Horowitz and Jing 1995); 1 is the iid bootstrap. Records must be in time
+    /// order. Blocks keep what neighbouring requests share (the logging policy's state while
+    /// it learns, a provider's episode) inside each resample; DR's cross-fitting folds are
+    /// dealt in blocks of the same length, so that a record's reward model never saw its
+    /// neighbours.
+    pub bootstrap_block: u32,
+    /// Records over which a candidate's recent share of the traffic is counted for the
+    /// load-interference test (default 50; see [`SupportWarning::LoadDependent`]).
+    pub load_window: u32,
+    /// A candidate's outcome depends on its recent share when the regression slope's
+    /// |t| exceeds this (default 3).
+    pub load_t_warn: f64,
     /// Seed of the bootstrap.
     pub seed: u64,
 }
@@ -147,6 +164,9 @@ impl Default for OpeOptions {
             min_target_mass_warn: 0.01,
             ridge: 1.0,
             learning_gap_warn: 0.5,
+            bootstrap_block: 0,
+            load_window: 50,
+            load_t_warn: 3.0,
             seed: 0,
         }
     }
@@ -194,6 +214,38 @@ pub enum SupportWarning {
     /// `own_value` instead of `value`, a gap above [`OpeOptions::learning_gap_warn`]
     /// half-widths of the interval (see [`with_own_learning`]).
     LearningDependent { value: f64, own_value: f64 },
+    /// Load interference: the outcome of requests sent to `candidate` moved with the share
+    /// of the previous [`OpeOptions::load_window`] requests the logger sent it (`slope` per
+    /// unit of share, `|t|` above [`OpeOptions::load_t_warn`]), and the evaluated policy would
+    /// send it `target_share` of the traffic against the logged `logged_share`. Extrapolated
+    /// along the slope, its outcome there would move the estimate by `shift`, more than
+    /// [`OpeOptions::learning_gap_warn`] half-widths of the interval: the log shows the
+    /// providers under the logger's load, not under the evaluated policy's.
+    LoadDependent {
+        candidate: usize,
+        slope: f64,
+        t: f64,
+        logged_share: f64,
+        target_share: f64,
+        shift: f64,
+    },
+    /// A load-reactive target: the evaluated policy's first-choice probability of `candidate`
+    /// moved with the share of the previous [`OpeOptions::load_window`] requests the logger
+    /// sent it (`slope` per unit of share, `|t|` above [`OpeOptions::load_t_warn`]): it reads
+    /// the load (in-flight counts, a rate limit's state). On its own traffic it would give the
+    /// candidate `target_share` instead of the logged `logged_share`, so, extrapolated along
+    /// the slope, it would choose it with about `own_share` instead of `target_share`, which
+    /// moves the estimate by about `shift` (the moved choices valued at the logged mean
+    /// outcomes), more than [`OpeOptions::learning_gap_warn`] half-widths of the interval.
+    LoadReactive {
+        candidate: usize,
+        slope: f64,
+        t: f64,
+        logged_share: f64,
+        target_share: f64,
+        own_share: f64,
+        shift: f64,
+    },
 }
 
 impl fmt::Display for SupportWarning {
@@ -225,6 +277,43 @@ impl fmt::Display for SupportWarning {
                  learns: learning from every logged request it scores {value:.3}, learning only \
                  from the requests where the log made its own choice {own_value:.3}; its value on \
                  its own traffic may differ from both (the interval spans both replays)"
+            ),
+            SupportWarning::LoadDependent {
+                candidate,
+                slope,
+                t,
+                logged_share,
+                target_share,
+                shift,
+            } => write!(
+                f,
+                "candidate {candidate}'s outcome depends on how much traffic it gets (slope \
+                 {slope:+.3} per unit of its recent share, t = {t:.1}): the evaluated policy would \
+                 send it {:.0}% of the requests, the logging policy sent it {:.0}%, which may move \
+                 the estimate by about {shift:+.3}; the log shows it under the logging policy's \
+                 load only",
+                100.0 * target_share,
+                100.0 * logged_share
+            ),
+            SupportWarning::LoadReactive {
+                candidate,
+                slope,
+                t,
+                logged_share,
+                target_share,
+                own_share,
+                shift,
+            } => write!(
+                f,
+                "the evaluated policy reacts to load: its probability of choosing candidate \
+                 {candidate} moves with the candidate's recent share of the traffic (slope \
+                 {slope:+.3}, t = {t:.1}); it would send it {:.0}% of the requests where the \
+                 logging policy sent {:.0}%, and under that load it would choose it about {:.0}% of \
+                 the time, which may move the estimate by about {shift:+.3}: the log shows the \
+                 providers under the logging policy's load only",
+                100.0 * target_share,
+                100.0 * logged_share,
+                100.0 * own_share
             ),
             SupportWarning::LowEffectiveSampleSize { ess } => write!(
                 f,
@@ -311,14 +400,22 @@ pub fn evaluate(
         .fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
     let value = combine(sn, sd, n);
 
+    let block = block_length(n, opts);
     let mut rng = SplitMix64(opts.seed ^ 0x6a09_e667_f3bc_c908);
     let mut boot: Vec<f64> = (0..opts.bootstrap_resamples)
         .map(|_| {
             let (mut a, mut b) = (0.0, 0.0);
-            for _ in 0..n {
-                let (x, y) = terms[rng.below(n)];
-                a += x;
-                b += y;
+            let mut taken = 0;
+            // Circular block bootstrap: blocks of `block` consecutive records from uniform
+            // starts, wrapping around, until n records (block 1: the iid bootstrap).
+            while taken < n {
+                let start = rng.below(n);
+                for j in 0..block.min(n - taken) {
+                    let (x, y) = terms[(start + j) % n];
+                    a += x;
+                    b += y;
+                }
+                taken += block;
             }
             combine(a, b, n)
         })
@@ -334,14 +431,168 @@ pub fn evaluate(
     } else {
         0.0
     };
+    let (ci_low, ci_high) = (ci_low.min(value), ci_high.max(value));
+    let mut warnings = support_warnings(records, ess, opts);
+    let half_width = opts.learning_gap_warn * (ci_high - ci_low) / 2.0;
+    warnings.extend(load_warnings(records, half_width, opts));
     Ok(Estimate {
         value,
-        ci_low: ci_low.min(value),
-        ci_high: ci_high.max(value),
+        ci_low,
+        ci_high,
         effective_sample_size: ess,
         n,
-        warnings: support_warnings(records, ess, opts),
+        warnings,
     })
+}
+
+/// The bootstrap's block length for `n` records: [`OpeOptions::bootstrap_block`], or
+/// `⌈n^{1/3}⌉` when it is 0; at most `n`.
+#[must_use]
+pub fn block_length(n: usize, opts: &OpeOptions) -> usize {
+    let l = match opts.bootstrap_block {
+        0 => (n as f64).cbrt().ceil() as usize,
+        b => b as usize,
+    };
+    l.clamp(1, n.max(1))
+}
+
+/// The load-interference test ([`SupportWarning::LoadDependent`]). For each candidate, the
+/// outcomes of the requests the logger sent it are regressed (least squares) on its share
+/// of the previous `load_window` requests; a slope with `|t| > load_t_warn` says its outcome
+/// depends on its load. Then, were the evaluated policy to send it its own share instead
+/// of the logged one, its outcome would move by `slope·(target − logged share)` on the
+/// target's share of the requests: warned when that shift of the estimate exceeds
+/// `max_shift`. Records must be in time order.
+#[must_use]
+pub fn load_warnings(
+    records: &[LoggedDecision],
+    max_shift: f64,
+    opts: &OpeOptions,
+) -> Vec<SupportWarning> {
+    let window = opts.load_window as usize;
+    let n = records.len();
+    if window == 0 || n <= window {
+        return Vec::new();
+    }
+    let k = records
+        .iter()
+        .map(|r| r.target.len().max(r.action + 1))
+        .max()
+        .unwrap_or(0);
+    // Per candidate: (share, outcome) of the requests it was sent after the first window,
+    // and (share, target probability) of every request.
+    let mut points: Vec<Vec<(f64, f64)>> = vec![Vec::new(); k];
+    let mut reaction: Vec<Vec<(f64, f64)>> = vec![Vec::new(); k];
+    let mut counts = vec![0usize; k];
+    for r in &records[..window] {
+        counts[r.action] += 1;
+    }
+    let mut logged_share = vec![0.0; k];
+    for i in window..n {
+        let r = &records[i];
+        points[r.action].push((counts[r.action] as f64 / window as f64, r.outcome));
+        for (c, share) in logged_share.iter_mut().enumerate() {
+            let now = counts[c] as f64 / window as f64;
+            *share += now;
+            reaction[c].push((now, r.target.get(c).copied().unwrap_or(0.0)));
+        }
+        counts[r.action] += 1;
+        counts[records[i - window].action] -= 1;
+    }
+    let m = (n - window) as f64;
+    let target_share: Vec<f64> = (0..k)
+        .map(|c| {
+            records
+                .iter()
+                .map(|r| r.target.get(c).copied().unwrap_or(0.0))
+                .sum::<f64>()
+                / n as f64
+        })
+        .collect();
+    let mean_outcome: Vec<Option<f64>> = points
+        .iter()
+        .map(|p| (!p.is_empty()).then(|| p.iter().map(|(_, y)| y).sum::<f64>() / p.len() as f64))
+        .collect();
+    let mut out = Vec::new();
+    for (c, pts) in reaction.iter().enumerate() {
+        let Some((slope, t)) = slope_t(pts) else {
+            continue;
+        };
+        let (logged, target) = (logged_share[c] / m, target_share[c]);
+        let own = (target + slope * (target - logged)).clamp(0.0, 1.0);
+        // The choices moved to or from c, valued at c's logged mean outcome against the
+        // target's other choices' (its own shares, logged means).
+        let (mut num, mut den) = (0.0, 0.0);
+        for (c2, share) in target_share.iter().enumerate() {
+            if let (true, Some(y)) = (c2 != c, mean_outcome[c2]) {
+                num += share * y;
+                den += share;
+            }
+        }
+        let (Some(y_c), true) = (mean_outcome[c], den > 0.0) else {
+            continue;
+        };
+        let shift = (own - target) * (y_c - num / den);
+        if t.abs() > opts.load_t_warn && shift.abs() > max_shift {
+            out.push(SupportWarning::LoadReactive {
+                candidate: c,
+                slope,
+                t,
+                logged_share: logged,
+                target_share: target,
+                own_share: own,
+                shift,
+            });
+        }
+    }
+    for (c, pts) in points.iter().enumerate() {
+        let Some((slope, t)) = slope_t(pts) else {
+            continue;
+        };
+        let (logged, target) = (logged_share[c] / m, target_share[c]);
+        let shift = target * slope * (target - logged);
+        if t.abs() > opts.load_t_warn && shift.abs() > max_shift {
+            out.push(SupportWarning::LoadDependent {
+                candidate: c,
+                slope,
+                t,
+                logged_share: logged,
+                target_share: target,
+                shift,
+            });
+        }
+    }
+    out
+}
+
+/// Least-squares slope of `y` on `x` and its t statistic; `None` with fewer than 30 points
+/// or no spread in `x` (too little to test).
+fn slope_t(pts: &[(f64, f64)]) -> Option<(f64, f64)> {
+    if pts.len() < 30 {
+        return None;
+    }
+    let m = pts.len() as f64;
+    let (mx, my) = pts
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x / m, b + y / m));
+    let sxx: f64 = pts.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+    if sxx <= 1e-12 {
+        return None;
+    }
+    let slope = pts.iter().map(|(x, y)| (x - mx) * (y - my)).sum::<f64>() / sxx;
+    let ssr: f64 = pts
+        .iter()
+        .map(|(x, y)| (y - my - slope * (x - mx)).powi(2))
+        .sum();
+    let se = (ssr / (m - 2.0) / sxx).sqrt();
+    let t = if se > 0.0 {
+        slope / se
+    } else if slope == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY.copysign(slope)
+    };
+    Some((slope, t))
 }
 
 /// Combines the estimates of one policy replayed twice on the same log: learning from every
@@ -491,6 +742,13 @@ fn check_options(o: &OpeOptions) -> Result<(), OpeError> {
             "must be a finite number of half-widths, at least 0, e.g. 0.5",
         ));
     }
+    if !(o.load_t_warn > 0.0 && o.load_t_warn.is_finite()) {
+        return Err(bad_option(
+            "load_t_warn",
+            o.load_t_warn,
+            "must be a finite t statistic above 0, e.g. 3",
+        ));
+    }
     if !(o.ridge > 0.0 && o.ridge.is_finite()) {
         return Err(bad_option(
             "ridge",
@@ -565,8 +823,9 @@ fn check_record(index: usize, r: &LoggedDecision, dim: usize) -> Result<(), OpeE
 }
 
 /// `q̂(x, c)` for every record and candidate, each predicted by a model that did not see the
-/// record: records are dealt into folds round-robin (so every fold spans the whole log, drift
-/// included), and each fold is predicted by ridge regressions fitted on the other folds.
+/// record: blocks of [`block_length`] consecutive records are dealt into folds round-robin
+/// (so every fold spans the whole log, drift included, and no record's model saw its
+/// neighbours), and each fold is predicted by ridge regressions fitted on the other folds.
 fn cross_fitted_rewards(
     records: &[LoggedDecision],
     opts: &OpeOptions,
@@ -578,16 +837,18 @@ fn cross_fitted_rewards(
         .max()
         .unwrap_or(0);
     let folds = (opts.folds as usize).min(n).max(1);
+    let block = block_length(n, opts);
+    let fold_of = |i: usize| (i / block) % folds;
     let mut out = vec![vec![0.0; k]; n];
     for fold in 0..folds {
         let train = records
             .iter()
             .enumerate()
-            .filter(|(i, _)| folds == 1 || i % folds != fold)
+            .filter(|(i, _)| folds == 1 || fold_of(*i) != fold)
             .map(|(_, r)| r);
         let model = RewardModel::fit(train, k, opts.ridge)?;
         for (i, r) in records.iter().enumerate() {
-            if i % folds == fold {
+            if fold_of(i) == fold {
                 for (c, q) in out[i].iter_mut().enumerate() {
                     *q = model.predict(c, &r.features);
                 }
@@ -932,6 +1193,212 @@ mod tests {
             &OpeOptions::default(),
         );
         assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
+    }
+
+    /// A log whose IPS terms are exactly `ys` (the target agrees with a logger that reported
+    /// probability 1), in time order.
+    fn plain_log(ys: &[f64]) -> Vec<LoggedDecision> {
+        ys.iter().map(|&y| rec(0, 1.0, [1.0, 0.0], y)).collect()
+    }
+
+    fn width(e: &Estimate) -> f64 {
+        e.ci_high - e.ci_low
+    }
+
+    #[test]
+    fn the_block_bootstrap_widens_on_autocorrelated_data_and_not_on_iid_data() {
+        let mut rng = SplitMix64(42);
+        let mut uniform = || (rng.next() >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+        let iid: Vec<f64> = (0..2000).map(|_| uniform()).collect();
+        // AR(1) with φ = 0.9: the mean's variance is (1 + φ)/(1 − φ) = 19 times the iid one,
+        // its standard deviation about 4.4 times.
+        let mut x = 0.0;
+        let ar: Vec<f64> = (0..2000)
+            .map(|_| {
+                x = 0.9 * x + uniform();
+                x
+            })
+            .collect();
+        let auto = OpeOptions::default();
+        assert_eq!(block_length(2000, &auto), 13); // ⌈2000^{1/3}⌉ = ⌈12.6⌉
+        let iid_boot = OpeOptions {
+            bootstrap_block: 1,
+            ..auto
+        };
+        let ratio = |ys: &[f64]| {
+            let b = evaluate(&plain_log(ys), Estimator::Ips, &auto).unwrap();
+            let i = evaluate(&plain_log(ys), Estimator::Ips, &iid_boot).unwrap();
+            assert!((b.value - i.value).abs() < 1e-12);
+            width(&b) / width(&i)
+        };
+        let on_iid = ratio(&iid);
+        assert!((0.85..1.15).contains(&on_iid), "iid: {on_iid}");
+        let on_ar = ratio(&ar);
+        assert!(on_ar > 2.0, "AR(1): {on_ar}");
+    }
+
+    #[test]
+    fn block_one_is_the_iid_bootstrap_and_blocks_never_exceed_the_log() {
+        let o = OpeOptions {
+            bootstrap_block: 1,
+            ..OpeOptions::default()
+        };
+        assert_eq!(block_length(2000, &o), 1);
+        assert_eq!(
+            block_length(
+                5,
+                &OpeOptions {
+                    bootstrap_block: 50,
+                    ..o
+                }
+            ),
+            5
+        );
+        assert_eq!(block_length(1, &OpeOptions::default()), 1);
+        // A block as long as the log resamples the log itself (rotated): no spread at all.
+        let ys: Vec<f64> = (0..30).map(|i| f64::from(i % 7)).collect();
+        let whole = OpeOptions {
+            bootstrap_block: 30,
+            ..o
+        };
+        let e = evaluate(&plain_log(&ys), Estimator::Ips, &whole).unwrap();
+        assert!(width(&e) < 1e-9, "{e:?}");
+    }
+
+    /// Two candidates; the logger sends candidate 0 a share that moves slowly between 0.2 and
+    /// 0.8 (phases of 200 requests). Candidate 0 scores `base − load·(its share of the last
+    /// 50 requests)` plus noise; candidate 1 scores 0.5 plus noise. The target: candidate 0
+    /// with probability `to_zero`.
+    fn load_log(load: f64, to_zero: f64) -> Vec<LoggedDecision> {
+        let mut rng = SplitMix64(7);
+        let mut u = || (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let mut recent: Vec<usize> = Vec::new();
+        (0..3000)
+            .map(|i| {
+                let p0 = if (i / 200) % 2 == 0 { 0.2 } else { 0.8 };
+                let action = usize::from(u() >= p0);
+                let share = recent.iter().rev().take(50).filter(|&&a| a == 0).count() as f64 / 50.0;
+                recent.push(action);
+                let noise = 0.1 * (u() - 0.5);
+                let outcome = if action == 0 {
+                    0.9 - load * share + noise
+                } else {
+                    0.5 + noise
+                };
+                LoggedDecision {
+                    features: vec![],
+                    eligible: vec![0, 1],
+                    action,
+                    propensity: if action == 0 { p0 } else { 1.0 - p0 },
+                    propensity_exact: true,
+                    target: vec![to_zero, 1.0 - to_zero],
+                    outcome,
+                }
+            })
+            .collect()
+    }
+
+    fn load_warnings_of(log: &[LoggedDecision]) -> Vec<(usize, f64, f64)> {
+        evaluate(log, Estimator::Snips, &OpeOptions::default())
+            .unwrap()
+            .warnings
+            .iter()
+            .filter_map(|w| match w {
+                SupportWarning::LoadDependent {
+                    candidate,
+                    slope,
+                    shift,
+                    ..
+                } => Some((*candidate, *slope, *shift)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_outcome_that_depends_on_the_load_is_warned_when_the_target_changes_the_load() {
+        // Candidate 0 loses 0.4 per unit of its share; the logger gave it 0.5 on average, the
+        // target gives it everything: its outcome there would move by about
+        // 1 · (−0.4) · (1 − 0.5) = −0.2.
+        let ws = load_warnings_of(&load_log(0.4, 1.0));
+        assert_eq!(ws.len(), 1, "{ws:?}");
+        let (candidate, slope, shift) = ws[0];
+        assert_eq!(candidate, 0);
+        assert!((slope + 0.4).abs() < 0.05, "{slope}");
+        assert!((shift + 0.2).abs() < 0.03, "{shift}");
+        let e = evaluate(
+            &load_log(0.4, 1.0),
+            Estimator::Snips,
+            &OpeOptions::default(),
+        )
+        .unwrap();
+        let text = e.warnings.last().unwrap().to_string();
+        assert!(
+            text.contains("send it 100%") && text.contains("slope -0.4"),
+            "{text}"
+        );
+        // The same outcomes without the load dependence: nothing to warn about.
+        assert!(load_warnings_of(&load_log(0.0, 1.0)).is_empty());
+        // Load dependence, but the target keeps the logged share: no shift, no warning.
+        assert!(load_warnings_of(&load_log(0.4, 0.5)).is_empty());
+        // No test with a window of 0.
+        let off = OpeOptions {
+            load_window: 0,
+            ..OpeOptions::default()
+        };
+        let e = evaluate(&load_log(0.4, 1.0), Estimator::Snips, &off).unwrap();
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+    }
+
+    #[test]
+    fn a_target_that_reacts_to_the_load_is_warned_with_its_choices_under_its_own_load() {
+        // Outcomes do not depend on the load (0.9 on candidate 0, 0.5 on 1), but the target
+        // reads it: it picks candidate 0 with 1 − 0.6·(0's share of the last 50 requests). The
+        // logger gave 0 a share of 0.5 on average, so the target's mean is about 0.7; on its
+        // own traffic 0's share would be 0.7 and the target would pick it with about
+        // 0.7 − 0.6·(0.7 − 0.5) = 0.58: 0.12 of the requests move from 0.9 to 0.5, a shift
+        // of about −0.12·0.4 = −0.048.
+        let reactive: Vec<LoggedDecision> = load_log(0.0, 1.0)
+            .into_iter()
+            .scan(Vec::<usize>::new(), |recent, mut r| {
+                let share = recent.iter().rev().take(50).filter(|&&a| a == 0).count() as f64 / 50.0;
+                recent.push(r.action);
+                let to_zero = if recent.len() > 50 {
+                    1.0 - 0.6 * share
+                } else {
+                    0.7
+                };
+                r.target = vec![to_zero, 1.0 - to_zero];
+                Some(r)
+            })
+            .collect();
+        let e = evaluate(&reactive, Estimator::Snips, &OpeOptions::default()).unwrap();
+        let on_zero = e.warnings.iter().find_map(|w| match w {
+            SupportWarning::LoadReactive {
+                candidate: 0,
+                slope,
+                own_share,
+                shift,
+                ..
+            } => Some((*slope, *own_share, *shift)),
+            _ => None,
+        });
+        let (slope, own, shift) = on_zero.unwrap_or_else(|| panic!("{:?}", e.warnings));
+        assert!((slope + 0.6).abs() < 0.01, "{slope}");
+        assert!((own - 0.58).abs() < 0.02, "{own}");
+        assert!((shift + 0.048).abs() < 0.01, "{shift}");
+        let text = e.warnings[0].to_string();
+        assert!(text.contains("reacts to load"), "{text}");
+        // The same log, a target that does not read the load: nothing to warn about.
+        let steady: Vec<LoggedDecision> = reactive
+            .iter()
+            .map(|r| LoggedDecision {
+                target: vec![0.7, 0.3],
+                ..r.clone()
+            })
+            .collect();
+        let e = evaluate(&steady, Estimator::Snips, &OpeOptions::default()).unwrap();
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
     }
 
     #[test]

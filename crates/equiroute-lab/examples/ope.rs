@@ -12,8 +12,11 @@
 //! ```text
 //! cargo run -p equiroute-lab --example ope -- [--seeds N] [--first-seed S] [--rounds R]
 //!     [--logger lqm-ts] [--floor 0.05] [--draws 50] [--scenarios a,b,...] [--jobs 2] [--rows]
-//!     [--tsv FILE] [--learning-gap-warn 0.5]
+//!     [--tsv FILE] [--learning-gap-warn 0.5] [--block 0] [--load-window 50]
 //! ```
+//!
+//! `--block 1 --load-window 0` is the evaluator before the block bootstrap and the load test
+//! (iid bootstrap, round-robin cross-fitting, no load-interference warning).
 //!
 //! Defaults: seeds 1-5, each scenario's rounds, four scenarios, lqm-ts logging with a 0.05
 //! floor. A progress line goes to stderr; the summary (and with `--rows` every case) to
@@ -26,7 +29,7 @@
     clippy::too_many_lines
 )]
 
-use equiroute_core::ope::{Estimator, OpeOptions};
+use equiroute_core::ope::{Estimate, Estimator, OpeOptions};
 use equiroute_lab::ope::{evaluate_targets, OpeCase};
 use equiroute_lab::runner::run;
 use equiroute_lab::scenario::{builtin, Variant};
@@ -48,6 +51,8 @@ struct Args {
     rows: bool,
     tsv: Option<String>,
     learning_gap_warn: f64,
+    block: u32,
+    load_window: u32,
 }
 
 fn parse() -> Args {
@@ -71,6 +76,8 @@ fn parse() -> Args {
         rows: false,
         tsv: None,
         learning_gap_warn: OpeOptions::default().learning_gap_warn,
+        block: OpeOptions::default().bootstrap_block,
+        load_window: OpeOptions::default().load_window,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -89,6 +96,12 @@ fn parse() -> Args {
             "--tsv" => a.tsv = Some(value()),
             "--learning-gap-warn" => {
                 a.learning_gap_warn = value().parse().expect("--learning-gap-warn: e.g. 0.5");
+            }
+            "--block" => a.block = value().parse().expect("--block: 0 (n^1/3) or a length"),
+            "--load-window" => {
+                a.load_window = value()
+                    .parse()
+                    .expect("--load-window: e.g. 50, 0 for no test");
             }
             other => panic!("unknown flag {other}: see the example's doc comment"),
         }
@@ -136,6 +149,8 @@ fn main() {
     }
     let opts = OpeOptions {
         learning_gap_warn: args.learning_gap_warn,
+        bootstrap_block: args.block,
+        load_window: args.load_window,
         ..OpeOptions::default()
     };
     let next = AtomicUsize::new(0);
@@ -227,65 +242,21 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
     let last = args.first_seed + args.seeds - 1;
     println!(
-        "logger `{logger}`, seeds {}-{last}, {} cases, {} draws per Thompson distribution, 95% percentile bootstrap ({} resamples), DR with {}-fold cross-fitted ridge; intervals span both replays (learning from every request, from its own choices), warned beyond {} half-widths apart\n",
+        "logger `{logger}`, seeds {}-{last}, {} cases, {} draws per Thompson distribution, 95% percentile block bootstrap ({} resamples, block {} (0: n^1/3)), load test over {} requests, DR with {}-fold cross-fitted ridge; intervals span both replays (learning from every request, from its own choices), warned beyond {} half-widths apart\n",
         args.first_seed,
         cases.len(),
         args.draws,
         OpeOptions::default().bootstrap_resamples,
+        args.block,
+        args.load_window,
         OpeOptions::default().folds,
         args.learning_gap_warn,
     );
-    println!("| estimator | cases without warning | covered | coverage | MAE (unwarned) | MAE (all) | mean bias (all) | covers replay truth | MAE vs replay truth | covers truth ± its own noise |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
-    for (k, e) in Estimator::ALL.iter().enumerate() {
-        let errs: Vec<f64> = cases
-            .iter()
-            .map(|c| c.estimates[k].1.value - c.truth)
-            .collect();
-        let clean: Vec<&OpeCase> = cases
-            .iter()
-            .filter(|c| c.estimates[k].1.warnings.is_empty())
-            .collect();
-        let covered = clean
-            .iter()
-            .filter(|c| c.estimates[k].1.covers(c.truth))
-            .count();
-        let clean_mae = clean
-            .iter()
-            .map(|c| (c.estimates[k].1.value - c.truth).abs())
-            .sum::<f64>()
-            / clean.len().max(1) as f64;
-        let mae = errs.iter().map(|x| x.abs()).sum::<f64>() / errs.len().max(1) as f64;
-        let (bias, _) = mean_sd(&errs);
-        let replay_cov = clean
-            .iter()
-            .filter(|c| c.estimates[k].1.covers(c.replay_truth))
-            .count();
-        let replay_mae = cases
-            .iter()
-            .map(|c| (c.estimates[k].1.value - c.replay_truth).abs())
-            .sum::<f64>()
-            / cases.len().max(1) as f64;
-        // The interval's half-widths and the truth's own 95% noise, added in quadrature.
-        let noisy_cov = clean
-            .iter()
-            .filter(|c| {
-                let est = &c.estimates[k].1;
-                let z = 1.96 * c.truth_se;
-                let lo = est.value - (est.value - est.ci_low).hypot(z);
-                let hi = est.value + (est.ci_high - est.value).hypot(z);
-                lo <= c.truth && c.truth <= hi
-            })
-            .count();
-        let pct = |x: usize| 100.0 * x as f64 / clean.len().max(1) as f64;
-        println!(
-            "| {e} | {} | {covered} | {:.1}% | {clean_mae:.4} | {mae:.4} | {bias:+.4} | {:.1}% | {replay_mae:.4} | {:.1}% |",
-            clean.len(),
-            pct(covered),
-            pct(replay_cov),
-            pct(noisy_cov),
-        );
-    }
+    summary(cases, |c| &c.estimates);
+    println!(
+        "\nBefore (the same replays, iid bootstrap, folds dealt one by one, no load tests):\n"
+    );
+    summary(cases, |c| &c.baseline);
     println!("\nPer (scenario, target), over seeds: mean truth, mean absolute error ± sd of the error, coverage of the unwarned cases (covered/unwarned), mean ESS\n");
     println!("| scenario | target | truth | replay truth | IPS err | SNIPS err | DR err | IPS cov | SNIPS cov | DR cov | ESS |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
@@ -347,37 +318,101 @@ fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
                 dr.value,
                 dr.ci_low,
                 dr.ci_high,
-                dr.warnings
-                    .iter()
-                    .map(|w| match w {
-                        equiroute_core::ope::SupportWarning::DeterministicLogger =>
-                            "deterministic".to_owned(),
-                        equiroute_core::ope::SupportWarning::UnsupportedAction {
-                            candidate,
-                            ..
-                        } => format!("unsupported {candidate}"),
-                        equiroute_core::ope::SupportWarning::TinyPropensities { share } =>
-                            format!("tiny {share:.3}"),
-                        equiroute_core::ope::SupportWarning::LearningDependent {
-                            own_value,
-                            ..
-                        } => format!("learning {own_value:.3}"),
-                        equiroute_core::ope::SupportWarning::LowEffectiveSampleSize { ess } =>
-                            format!("ess {ess:.0}"),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                warning_labels(&dr.warnings)
             );
         }
     }
 }
 
+/// The summary table of the estimates `pick` selects.
+fn summary(cases: &[OpeCase], pick: impl Fn(&OpeCase) -> &Vec<(Estimator, Estimate)>) {
+    println!("| estimator | cases without warning | covered | coverage | MAE (unwarned) | MAE (all) | mean bias (all) | covers replay truth | MAE vs replay truth | covers truth ± its own noise |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (k, e) in Estimator::ALL.iter().enumerate() {
+        let errs: Vec<f64> = cases.iter().map(|c| pick(c)[k].1.value - c.truth).collect();
+        let clean: Vec<&OpeCase> = cases
+            .iter()
+            .filter(|c| pick(c)[k].1.warnings.is_empty())
+            .collect();
+        let covered = clean
+            .iter()
+            .filter(|c| pick(c)[k].1.covers(c.truth))
+            .count();
+        let clean_mae = clean
+            .iter()
+            .map(|c| (pick(c)[k].1.value - c.truth).abs())
+            .sum::<f64>()
+            / clean.len().max(1) as f64;
+        let mae = errs.iter().map(|x| x.abs()).sum::<f64>() / errs.len().max(1) as f64;
+        let (bias, _) = mean_sd(&errs);
+        let replay_cov = clean
+            .iter()
+            .filter(|c| pick(c)[k].1.covers(c.replay_truth))
+            .count();
+        let replay_mae = cases
+            .iter()
+            .map(|c| (pick(c)[k].1.value - c.replay_truth).abs())
+            .sum::<f64>()
+            / cases.len().max(1) as f64;
+        // The interval's half-widths and the truth's own 95% noise, added in quadrature.
+        let noisy_cov = clean
+            .iter()
+            .filter(|c| {
+                let est = &pick(c)[k].1;
+                let z = 1.96 * c.truth_se;
+                let lo = est.value - (est.value - est.ci_low).hypot(z);
+                let hi = est.value + (est.ci_high - est.value).hypot(z);
+                lo <= c.truth && c.truth <= hi
+            })
+            .count();
+        let pct = |x: usize| 100.0 * x as f64 / clean.len().max(1) as f64;
+        println!(
+            "| {e} | {} | {covered} | {:.1}% | {clean_mae:.4} | {mae:.4} | {bias:+.4} | {:.1}% | {replay_mae:.4} | {:.1}% |",
+            clean.len(),
+            pct(covered),
+            pct(replay_cov),
+            pct(noisy_cov),
+        );
+    }
+}
+
+/// Short labels of the warnings, `-` for none.
+fn warning_labels(ws: &[equiroute_core::ope::SupportWarning]) -> String {
+    use equiroute_core::ope::SupportWarning as W;
+    if ws.is_empty() {
+        return "-".to_owned();
+    }
+    ws.iter()
+        .map(|w| match w {
+            W::DeterministicLogger => "deterministic".to_owned(),
+            W::UnsupportedAction { candidate, .. } => format!("unsupported {candidate}"),
+            W::TinyPropensities { share } => format!("tiny {share:.3}"),
+            W::LearningDependent { own_value, .. } => format!("learning {own_value:.3}"),
+            W::LowEffectiveSampleSize { ess } => format!("ess {ess:.0}"),
+            W::LoadDependent {
+                candidate,
+                t,
+                shift,
+                ..
+            } => format!("load {candidate} t={t:.1} shift={shift:+.4}"),
+            W::LoadReactive {
+                candidate,
+                t,
+                own_share,
+                shift,
+                ..
+            } => format!("reacts {candidate} t={t:.1} own={own_share:.2} shift={shift:+.4}"),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Every case, one line each, for analysis: the truths and each estimator's value, interval
-/// and number of warnings.
+/// and warnings.
 fn write_tsv(path: &str, cases: &[OpeCase]) {
     let mut out =
         String::from("scenario\ttarget\tseed\ttruth\ttruth_se\treplay_truth\town_replay_truth");
-    for prefix in ["", "own_"] {
+    for prefix in ["", "own_", "before_"] {
         for e in Estimator::ALL {
             let _ = write!(
                 out,
@@ -392,14 +427,19 @@ fn write_tsv(path: &str, cases: &[OpeCase]) {
             "{}\t{}\t{}\t{}\t{}\t{}\t{}",
             c.scenario, c.target, c.seed, c.truth, c.truth_se, c.replay_truth, c.own_replay_truth
         );
-        for (_, est) in c.estimates.iter().chain(&c.own_estimates) {
+        for (_, est) in c
+            .estimates
+            .iter()
+            .chain(&c.own_estimates)
+            .chain(&c.baseline)
+        {
             let _ = write!(
                 out,
                 "\t{}\t{}\t{}\t{}",
                 est.value,
                 est.ci_low,
                 est.ci_high,
-                est.warnings.len()
+                warning_labels(&est.warnings)
             );
         }
         out.push('\n');

@@ -247,6 +247,20 @@ pub struct OpeCase {
     pub own_replay_truth: f64,
     /// IPS, SNIPS and DR of the target learning from its own choices.
     pub own_estimates: Vec<(Estimator, Estimate)>,
+    /// As `estimates`, by the evaluator without the block bootstrap and the load tests
+    /// ([`baseline_options`]), on the same replays: the before of a before/after.
+    pub baseline: Vec<(Estimator, Estimate)>,
+}
+
+/// The evaluator as it was before the block bootstrap and the load tests: iid bootstrap,
+/// records dealt into cross-fitting folds one by one, no load-interference test.
+#[must_use]
+pub fn baseline_options(opts: &OpeOptions) -> OpeOptions {
+    OpeOptions {
+        bootstrap_block: 1,
+        load_window: 0,
+        ..*opts
+    }
 }
 
 /// A laboratory case could not run.
@@ -286,32 +300,43 @@ pub fn evaluate_targets(
                     source,
                 })
         };
+        let variants = [*opts, baseline_options(opts)];
         let mut runs = Vec::with_capacity(2);
         for learning in [Learning::All, Learning::Own] {
             let mut policy = build()?;
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ff_9011c7);
             let dist = replay(&log, policy.as_mut(), &mut rng, draws, learning).choices;
             let records = decisions(&log, &dist, Metric::Quality);
-            let estimates = Estimator::ALL
-                .into_iter()
-                .map(|e| {
-                    evaluate(&records, e, &OpeOptions { seed, ..*opts })
-                        .map(|est| (e, est))
-                        .map_err(|source| OpeLabError::Evaluate {
-                            scenario: spec.name.clone(),
-                            source,
+            let per_variant = variants
+                .iter()
+                .map(|o| {
+                    Estimator::ALL
+                        .into_iter()
+                        .map(|e| {
+                            evaluate(&records, e, &OpeOptions { seed, ..*o })
+                                .map(|est| (e, est))
+                                .map_err(|source| OpeLabError::Evaluate {
+                                    scenario: spec.name.clone(),
+                                    source,
+                                })
                         })
+                        .collect::<Result<Vec<_>, _>>()
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            runs.push((replay_truth(&log, &dist), estimates));
+            runs.push((replay_truth(&log, &dist), per_variant));
         }
-        let (own_replay_truth, own_estimates) = runs.pop().unwrap_or_default();
-        let (replay_truth, all_estimates) = runs.pop().unwrap_or_default();
-        let estimates = all_estimates
-            .into_iter()
-            .zip(&own_estimates)
-            .map(|((e, all), (_, own))| (e, with_own_learning(all, own, opts)))
-            .collect();
+        let (own_replay_truth, mut own) = runs.pop().unwrap_or_default();
+        let (replay_truth, mut all) = runs.pop().unwrap_or_default();
+        let combine = |all: Vec<(Estimator, Estimate)>, own: &[(Estimator, Estimate)], o| {
+            all.into_iter()
+                .zip(own)
+                .map(|((e, all), (_, own))| (e, with_own_learning(all, own, o)))
+                .collect::<Vec<_>>()
+        };
+        let own_baseline = own.pop().unwrap_or_default();
+        let own_estimates = own.pop().unwrap_or_default();
+        let baseline = combine(all.pop().unwrap_or_default(), &own_baseline, &variants[1]);
+        let estimates = combine(all.pop().unwrap_or_default(), &own_estimates, opts);
         let (on_policy, on_policy_log) = run_logged(spec, target, seed, rounds, 1)?;
         let truth = on_policy.quality;
         let n = on_policy_log.rounds.len().max(2) as f64;
@@ -335,6 +360,7 @@ pub fn evaluate_targets(
             estimates,
             own_replay_truth,
             own_estimates,
+            baseline,
         });
     }
     Ok(out)
