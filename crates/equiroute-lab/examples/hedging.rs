@@ -48,6 +48,7 @@ fn with_belief_tail(spec: &ScenarioSpec) -> ScenarioSpec {
         label: POLICY.to_owned(),
         policy: cfg,
         min_propensity: 0.0,
+        own_l_ref: true,
     });
     out
 }
