@@ -192,6 +192,18 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "stale_half_life_ms for the failure belief alone (absent: stale_half_life_ms), > 0",
     ),
     (
+        "censored_tail",
+        "\"log-normal\" or \"belief\": how a cut-off call's \"at least t\" is spread in the histogram",
+    ),
+    (
+        "head.gate",
+        "rank by each provider's context-free mean until the query is shown to predict scores",
+    ),
+    (
+        "head.gate_margin",
+        "share by which the contextual heads must predict better to open the gate, in [0, 1)",
+    ),
+    (
         "level_z",
         "standard errors the fast level must clear before it moves the latency (0 = always), >= 0",
     ),
@@ -234,7 +246,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     (
         "objective",
-        "{ kind = \"cost-per-good\" | \"risk-budget\", max_bad | \"min-risk\" }",
+        "{ kind = \"cost-per-good\" | \"risk-budget\", max_bad | \"min-risk\" } (lqm-ts: \"cheapest-in-group\" | \"risk-budget\")",
     ),
     (
         "propensity_samples",
