@@ -189,14 +189,7 @@ async fn a_fallback_request_exports_request_decision_and_two_attempt_spans() {
     assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
 
     // Wait for the request span (it ends last), keeping every span received.
-    let mut got: Vec<Span> = Vec::new();
-    while !got.iter().any(|s| s.name == "request") {
-        let span = tokio::time::timeout(Duration::from_secs(30), spans.recv())
-            .await
-            .expect("no request span within 30 s")
-            .unwrap();
-        got.push(span);
-    }
+    let got = until_request(&mut spans).await;
     let request = got.iter().find(|s| s.name == "request").unwrap();
     assert!(
         request.parent_span_id.is_empty(),
