@@ -94,6 +94,14 @@ fn learnt(cfg: &LqmTsConfig, flex_median_ms: f64) -> LqmTs {
     p
 }
 
+/// The ranking context of query `x` over the three tiers, with the deadline, at `now_ms`.
+fn at<'a>(cands: &'a [Candidate], x: &'a [f64], now_ms: f64) -> RankContext<'a> {
+    let mut ctx = RankContext::new(cands, &[0, 1, 2], x);
+    ctx.deadline = Some(Millis(DEADLINE_MS));
+    ctx.now = Timestamp(now_ms);
+    ctx
+}
+
 /// First-choice shares over `n` requests at `now_ms`, each with its own draw.
 fn first_shares(p: &LqmTs, now_ms: f64, n: u64) -> [f64; 3] {
     let cands = tiers();
@@ -101,9 +109,7 @@ fn first_shares(p: &LqmTs, now_ms: f64, n: u64) -> [f64; 3] {
     let mut counts = [0usize; 3];
     for t in 0..n {
         let x = f.featurize(&format!("a question about tax {t}"));
-        let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
-        ctx.deadline = Some(Millis(DEADLINE_MS));
-        ctx.now = Timestamp(now_ms);
+        let ctx = at(&cands, &x, now_ms);
         counts[p.rank(&ctx, &mut rng(t)).order[0].index] += 1;
     }
     counts.map(|c| c as f64 / n as f64)
@@ -122,9 +128,7 @@ fn the_budget_puts_the_cheapest_tier_within_it_first() {
     let x = Featurizer::new(DIM)
         .unwrap()
         .featurize("a question about tax");
-    let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
-    ctx.deadline = Some(Millis(DEADLINE_MS));
-    ctx.now = Timestamp(200_000.0);
+    let ctx = at(&cands, &x, 200_000.0);
     assert_eq!(
         p.rank(&ctx, &mut rng(1)).indices().collect::<Vec<_>>(),
         vec![1, 0, 2]
@@ -162,9 +166,7 @@ fn an_abandoned_tier_over_the_budget_is_drawn_again() {
     // flex again (the attempt docs/policies.md records).
     let cands = tiers();
     let x = f.featurize("a question about tax");
-    let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
-    ctx.deadline = Some(Millis(DEADLINE_MS));
-    ctx.now = Timestamp(now);
+    let ctx = at(&cands, &x, now);
     let outlook = p.latency_outlook(2, &ctx).unwrap();
     let point_bad = equiroute_core::estimators::nig::bad_outcome_probability(
         outlook.failure_rate,
@@ -192,9 +194,7 @@ fn a_tier_over_the_budget_is_retested_at_a_bounded_rate() {
     for t in 200..3800u64 {
         let x = f.featurize(&format!("question {t}"));
         let now = t as f64 * 1000.0;
-        let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
-        ctx.deadline = Some(Millis(DEADLINE_MS));
-        ctx.now = Timestamp(now);
+        let ctx = at(&cands, &x, now);
         let first = p.rank(&ctx, &mut rng(t)).order[0].index;
         let median = [800.0, 1200.0, 2500.0][first];
         let l: f64 = LogNormal::new(f64::ln(median), 0.4).unwrap().sample(&mut r);
@@ -274,9 +274,7 @@ fn the_budget_reports_the_propensity_of_its_own_draws() {
     let x = Featurizer::new(DIM)
         .unwrap()
         .featurize("a question about tax");
-    let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
-    ctx.deadline = Some(Millis(DEADLINE_MS));
-    ctx.now = Timestamp(200_000.0);
+    let ctx = at(&cands, &x, 200_000.0);
     let outlook = learnt(&with_budget(None), 1400.0)
         .latency_outlook(2, &ctx)
         .unwrap();
