@@ -57,13 +57,14 @@ pub fn remote_parent(headers: &http::HeaderMap) -> Option<SpanContext> {
 /// Whether `traceparent` has W3C's shape: `version-trace_id-parent_id-flags`, of 2, 32, 16 and
 /// 2 lowercase hex digits (the propagator alone accepts shorter ids).
 fn well_formed(traceparent: &str) -> bool {
-    let parts: Vec<&str> = traceparent.trim().split('-').collect();
-    parts.len() >= 4
-        && parts[..4].iter().zip([2, 32, 16, 2]).all(|(p, n)| {
+    let mut parts = traceparent.trim().split('-');
+    [2, 32, 16, 2].into_iter().all(|n| {
+        parts.next().is_some_and(|p| {
             p.len() == n
                 && p.bytes()
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         })
+    })
 }
 
 /// Spans dropped because the export queue was full, since the process started.
@@ -275,5 +276,28 @@ impl opentelemetry_http::HttpClient for OtlpClient {
                 Err(_) => Err("timed out".into()),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::well_formed;
+
+    #[test]
+    fn a_traceparent_needs_four_lowercase_hex_parts_of_w3c_lengths() {
+        let id = "0af7651916cd43dd8448eb211c80319c";
+        assert!(well_formed(&format!("00-{id}-b7ad6b7169203331-01")));
+        // A later version may append fields after the four.
+        assert!(well_formed(&format!("01-{id}-b7ad6b7169203331-01-extra")));
+        for bad in [
+            String::new(),
+            format!("00-{id}-b7ad6b7169203331"),
+            format!("00-{id}-b7ad6b716920333-01"),
+            format!("00-{}-b7ad6b7169203331-01", id.to_uppercase()),
+            format!("0-{id}-b7ad6b7169203331-01"),
+            format!("00-{id}-b7ad6b7169203331-0g"),
+        ] {
+            assert!(!well_formed(&bad), "{bad}");
+        }
     }
 }
