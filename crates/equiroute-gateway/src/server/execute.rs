@@ -487,7 +487,8 @@ fn decide(
         // without hedging the policy is not read a second time.
         let delay = if routed.arm == super::arms::Arm::Live && iface.hedge.active() {
             let policy = iface.policy.read().map_err(|_| poisoned())?;
-            super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking)
+            let streamed = iface.hedge.streams && body_streams(body);
+            super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking, streamed)
         } else {
             None
         };
