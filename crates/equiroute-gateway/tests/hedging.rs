@@ -106,6 +106,85 @@ fn body() -> String {
     json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).to_string()
 }
 
+/// `a`: first byte in about 30 ms, then a chunk every `gap_ms`, for its first `healthy`
+/// calls; from then on its first byte (and an unstreamed answer) takes 1.5 s. `b`: fast and
+/// dear, so `a` is ranked first. No deadline: a hedge at the first candidate's predictive
+/// p95 (`tail_quantile`). `interface` adds lines to the interface's table.
+struct FirstByteRig {
+    a: Gateway,
+    gw: Gateway,
+    audit: std::path::PathBuf,
+    _b: Gateway,
+}
+
+impl FirstByteRig {
+    async fn new(name: &str, gap_ms: u32, healthy: u32, interface: &str) -> FirstByteRig {
+        let a = mock(&format!(
+            "[models.a]\nlatency = {{ p50_ms = 30, p95_ms = 45 }}\nchunk_gap_ms = {gap_ms}\n\
+             fault = \"slow_first_token\"\nfirst_token_delay_ms = 1500\nhealthy_calls = {healthy}\n"
+        ))
+        .await;
+        let b =
+            mock("[models.b]\nlatency = { p50_ms = 20, p95_ms = 30 }\nchunk_gap_ms = 5\n").await;
+        let audit = std::env::temp_dir().join(format!(
+            "equiroute-hedging-{}-{name}.jsonl",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&audit);
+        let cfg = format!(
+            r#"
+[audit]
+path = {audit:?}
+
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "ts-deadline" }}
+hedge = {{ streams = true }}
+{interface}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "a"
+base_url = "http://{}/v1"
+price = {{ per_call = 0.0001 }}
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "b"
+base_url = "http://{}/v1"
+price = {{ per_call = 1.0 }}
+"#,
+            a.addr,
+            b.addr,
+            audit = audit.display().to_string(),
+        );
+        let gw = start(&cfg, &[]).await;
+        FirstByteRig {
+            a,
+            gw,
+            audit,
+            _b: b,
+        }
+    }
+}
+
+impl Drop for FirstByteRig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.audit);
+    }
+}
+
+/// The request id of a raw reply.
+fn request_id(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix("x-equiroute-request-id: "))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
 #[tokio::test]
 async fn a_hedge_cuts_a_slow_first_attempt_and_the_loser_is_cancelled() {
     let rig = rig(
@@ -318,47 +397,8 @@ async fn a_stream_hedges_on_its_first_byte_belief_and_an_unstreamed_request_on_i
     // `a` sends its first byte in about 30 ms and then a chunk every 200 ms (a 1 s stream)
     // for its first 8 calls; from then on its first byte (and an unstreamed answer) takes
     // 1.5 s. `b` is fast and dear, so `a` is ranked first.
-    let a = mock(
-        "[models.a]\nlatency = { p50_ms = 30, p95_ms = 45 }\nchunk_gap_ms = 200\n\
-         fault = \"slow_first_token\"\nfirst_token_delay_ms = 1500\nhealthy_calls = 8\n",
-    )
-    .await;
-    let b = mock("[models.b]\nlatency = { p50_ms = 20, p95_ms = 30 }\nchunk_gap_ms = 5\n").await;
-    let audit = std::env::temp_dir().join(format!(
-        "equiroute-hedging-{}-first-byte.jsonl",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&audit);
-    // No deadline: a hedge at the first candidate's predictive p95 (`tail_quantile`).
-    let cfg = format!(
-        r#"
-[audit]
-path = {audit:?}
-
-[interfaces.chat]
-kind = "chat"
-policy = {{ name = "ts-deadline" }}
-hedge = {{ streams = true }}
-
-[[interfaces.chat.providers]]
-id = "a"
-kind = "openai"
-model = "a"
-base_url = "http://{}/v1"
-price = {{ per_call = 0.0001 }}
-
-[[interfaces.chat.providers]]
-id = "b"
-kind = "openai"
-model = "b"
-base_url = "http://{}/v1"
-price = {{ per_call = 1.0 }}
-"#,
-        a.addr,
-        b.addr,
-        audit = audit.display().to_string(),
-    );
-    let gw = start(&cfg, &[]).await;
+    let rig = FirstByteRig::new("first-byte", 200, 8, "").await;
+    let (a, gw, audit) = (&rig.a, &rig.gw, &rig.audit);
     // Warm-up: 8 streams from `a`, two at a time (its first bytes: about 30 ms; its
     // answers: about 1 s, which is what the whole-answer belief learns).
     let streamed = stream_body();
@@ -383,13 +423,8 @@ price = {{ per_call = 1.0 }}
         (after.0 - before.0, after.1 - before.1, after.2 - before.2),
         (1, 1, 1)
     );
-    let id = text
-        .lines()
-        .find_map(|l| l.strip_prefix("x-equiroute-request-id: "))
-        .unwrap()
-        .trim()
-        .to_owned();
-    let record = audit_record(&audit, &id).await;
+    let id = request_id(&text);
+    let record = audit_record(audit, &id).await;
     assert_eq!(record["order"][0], "a", "{record}");
     let started = hedge_start(&record).unwrap();
     assert!(started < 400.0, "the hedge started {started} ms in");
@@ -399,10 +434,35 @@ price = {{ per_call = 1.0 }}
     let reply = http(gw.addr, "POST", "/v1/chat/completions", &[], &body()).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
     let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
-    let record = audit_record(&audit, &id).await;
+    let record = audit_record(audit, &id).await;
     assert_eq!(record["order"][0], "a", "{record}");
     if let Some(started) = hedge_start(&record) {
         assert!(started >= 600.0, "the hedge started {started} ms in");
     }
-    let _ = std::fs::remove_file(&audit);
+}
+
+#[tokio::test]
+async fn a_stream_dropped_for_a_hedge_before_its_first_byte_teaches_its_first_byte_belief() {
+    // With a floor of 1 ms the first-byte limit, 3 × the first byte's p99, shows the belief.
+    let rig = FirstByteRig::new("first-byte-drop", 5, 6, "first_byte = { floor_ms = 1 }").await;
+    let streamed = stream_body();
+    for _ in 0..6 {
+        stream_timed(rig.gw.addr, &streamed).await;
+    }
+    // `a` stalls: two streams hedge to `b` and `a` is dropped about 100 ms in each time. Each
+    // drop is booked as a first byte of at least that long, so the second limit is higher.
+    let mut limits = Vec::new();
+    for _ in 0..2 {
+        let (_, text) = stream_timed(rig.gw.addr, &streamed).await;
+        assert!(text.contains("x-equiroute-provider: b"), "{text}");
+        let record = audit_record(&rig.audit, &request_id(&text)).await;
+        let first = &record["attempts"].as_array().unwrap()[0];
+        assert_eq!(
+            (&first["provider"], &first["status"]),
+            (&json!("a"), &json!("cancelled")),
+            "{record}"
+        );
+        limits.push(first["first_byte_limit_ms"].as_f64().unwrap());
+    }
+    assert!(limits[1] > 1.2 * limits[0], "{limits:?}");
 }

@@ -1,9 +1,9 @@
 //! The time-to-first-byte limit of a streamed attempt, from what the gateway has learnt of
 //! the provider: a posterior (normal-inverse-gamma over the log of its first-byte times,
-//! decayed with a 10-minute half-life, timeouts recorded as censored observations) whose
-//! predictive `quantile` times `factor`, clamped to `[floor_ms, the attempt's timeout]`,
-//! cuts off a provider that stops sending first bytes in a few of its usual first-byte
-//! times rather than at the configured maximum. With fewer than `min_observations`
+//! decayed with a 10-minute half-life, timeouts and attempts dropped before their first byte
+//! recorded as censored observations) whose predictive `quantile` times `factor`, clamped to
+//! `[floor_ms, the attempt's timeout]`, cuts off a provider that stops sending first bytes in
+//! a few of its usual first-byte times rather than at the configured maximum. With fewer than `min_observations`
 //! first bytes seen, the limit is the attempt's timeout. The same posterior's predictive is
 //! the provider's first-byte belief, which a streamed request's hedge delay is planned on
 //! (see `server::hedge::delay`).
