@@ -208,6 +208,29 @@ pub struct LatencyOutlook {
     pub failure_rate: f64,
 }
 
+/// The outlook a streamed request hedges on, whose race ends at the first byte: the
+/// candidate's first-byte belief in place of its whole-answer latency, its failure rate kept
+/// (a call that fails fails its stream too); `answer` as it is when no first-byte belief is
+/// known yet. `None` without `answer`: a policy with no latency model does not hedge.
+///
+/// A stream's deadline bounds its first byte (the attempt's time left is its first-byte
+/// limit), so [`hedge_delay`] on these outlooks asks the same question as for an answer:
+/// `S_A(d)` is the chance that A's first byte misses the deadline.
+#[must_use]
+pub fn first_byte_outlook(
+    answer: Option<&LatencyOutlook>,
+    first_byte: Option<LatencyBelief>,
+) -> Option<LatencyOutlook> {
+    let answer = answer?;
+    Some(match first_byte {
+        Some(latency) => LatencyOutlook {
+            latency,
+            failure_rate: answer.failure_rate,
+        },
+        None => *answer,
+    })
+}
+
 /// Time points the delay search tries, log-spaced from [`MIN_DELAY_MS`] to the deadline.
 const GRID: usize = 96;
 /// The earliest hedge (ms): a hedge at 0 would be a second request, not a hedge.
@@ -764,5 +787,41 @@ mod tests {
         };
         assert!(low.validate().is_ok());
         assert!(!HedgeConfig::default().active(), "off unless enabled");
+    }
+
+    #[test]
+    fn a_stream_hedges_on_the_first_byte_belief_when_there_is_one() {
+        // A's first byte: median 30 ms, σ = 0.25; its whole streamed answer: median 1500 ms,
+        // σ = 0.25; 5% of its calls fail.
+        let answer = outlook(1500.0, 0.25, 0.05);
+        let first_byte = lognormal(30.0, 0.25);
+        let stream = first_byte_outlook(Some(&answer), Some(first_byte)).unwrap();
+        assert_eq!(stream.latency, first_byte);
+        assert!(
+            (stream.failure_rate - 0.05).abs() < 1e-12,
+            "the failure rate is kept"
+        );
+        let rule = HedgeRule::default();
+        // No deadline: the tail quantile of the first byte, 30·e^(1.6449·0.25) = 45.3 ms,
+        // where the answer's is 1500·e^(1.6449·0.25) = 2266 ms.
+        let d = hedge_delay(rule, Some(&stream), None, None, None, 0.2).unwrap();
+        assert!((d.0 - 45.3).abs() < 0.2, "{d:?}");
+        let whole = hedge_delay(rule, Some(&answer), None, None, None, 0.2).unwrap();
+        assert!((whole.0 - 2266.0).abs() < 5.0, "{whole:?}");
+        // With a deadline the priced rule asks whether the first byte misses it: a heavy first
+        // byte (median 300 ms, σ = 1) against a 2000 ms deadline hedges, before the deadline;
+        // a first byte that cannot miss it (30 ms, σ = 0.25: S(2000) ≈ 0) does not.
+        let b = outlook(500.0, 0.3, 0.0);
+        let heavy = first_byte_outlook(Some(&answer), Some(lognormal(300.0, 1.0))).unwrap();
+        let deadline = Some(Millis(2000.0));
+        let d = hedge_delay(rule, Some(&heavy), Some(&b), None, deadline, 0.1).unwrap();
+        assert!(d.0 < 2000.0, "{d:?}");
+        assert_eq!(
+            hedge_delay(rule, Some(&stream), Some(&b), None, deadline, 0.1),
+            None
+        );
+        // No first-byte belief yet: the whole answer's outlook, unchanged; no policy belief: none.
+        assert_eq!(first_byte_outlook(Some(&answer), None), Some(answer));
+        assert_eq!(first_byte_outlook(None, Some(first_byte)), None);
     }
 }

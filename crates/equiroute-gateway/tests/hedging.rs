@@ -106,6 +106,85 @@ fn body() -> String {
     json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).to_string()
 }
 
+/// `a`: first byte in about 30 ms, then a chunk every `gap_ms`, for its first `healthy`
+/// calls; from then on its first byte (and an unstreamed answer) takes 1.5 s. `b`: fast and
+/// dear, so `a` is ranked first. No deadline: a hedge at the first candidate's predictive
+/// p95 (`tail_quantile`). `interface` adds lines to the interface's table.
+struct FirstByteRig {
+    a: Gateway,
+    gw: Gateway,
+    audit: std::path::PathBuf,
+    _b: Gateway,
+}
+
+impl FirstByteRig {
+    async fn new(name: &str, gap_ms: u32, healthy: u32, interface: &str) -> FirstByteRig {
+        let a = mock(&format!(
+            "[models.a]\nlatency = {{ p50_ms = 30, p95_ms = 45 }}\nchunk_gap_ms = {gap_ms}\n\
+             fault = \"slow_first_token\"\nfirst_token_delay_ms = 1500\nhealthy_calls = {healthy}\n"
+        ))
+        .await;
+        let b =
+            mock("[models.b]\nlatency = { p50_ms = 20, p95_ms = 30 }\nchunk_gap_ms = 5\n").await;
+        let audit = std::env::temp_dir().join(format!(
+            "equiroute-hedging-{}-{name}.jsonl",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&audit);
+        let cfg = format!(
+            r#"
+[audit]
+path = {audit:?}
+
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "ts-deadline" }}
+hedge = {{ streams = true }}
+{interface}
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "a"
+base_url = "http://{}/v1"
+price = {{ per_call = 0.0001 }}
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "b"
+base_url = "http://{}/v1"
+price = {{ per_call = 1.0 }}
+"#,
+            a.addr,
+            b.addr,
+            audit = audit.display().to_string(),
+        );
+        let gw = start(&cfg, &[]).await;
+        FirstByteRig {
+            a,
+            gw,
+            audit,
+            _b: b,
+        }
+    }
+}
+
+impl Drop for FirstByteRig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.audit);
+    }
+}
+
+/// The request id of a raw reply.
+fn request_id(text: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix("x-equiroute-request-id: "))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
 #[tokio::test]
 async fn a_hedge_cuts_a_slow_first_attempt_and_the_loser_is_cancelled() {
     let rig = rig(
@@ -272,4 +351,118 @@ async fn a_tool_interface_hedges_only_when_marked_idempotent() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("hedge.max_parallel"), "{err}");
+}
+
+/// Sends a streamed request over a raw connection; returns (time to the first `data:` event
+/// on the client's side, the whole reply as text) once the stream has ended.
+async fn stream_timed(addr: std::net::SocketAddr, body: &str) -> (Duration, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let t = Instant::now();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let (mut seen, mut first) = (Vec::new(), None);
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+        if first.is_none() && String::from_utf8_lossy(&seen).contains("data: ") {
+            first = Some(t.elapsed());
+        }
+    }
+    (
+        first.expect("no event reached the client"),
+        String::from_utf8_lossy(&seen).into_owned(),
+    )
+}
+
+/// The planned hedge of a request, as its audit record shows it: (the hedge's start after
+/// the first attempt's, in ms), or `None` when no hedge started.
+fn hedge_start(record: &Value) -> Option<f64> {
+    let attempts = record["attempts"].as_array().unwrap();
+    let hedge = attempts.iter().find(|a| a["hedge"] == true)?;
+    let first = attempts.iter().find(|a| a["hedge"] != true).unwrap();
+    Some(hedge["started_ms"].as_f64().unwrap() - first["started_ms"].as_f64().unwrap())
+}
+
+#[tokio::test]
+async fn a_stream_hedges_on_its_first_byte_belief_and_an_unstreamed_request_on_its_answer() {
+    // `a` sends its first byte in about 30 ms and then a chunk every 200 ms (a 1 s stream)
+    // for its first 8 calls; from then on its first byte (and an unstreamed answer) takes
+    // 1.5 s. `b` is fast and dear, so `a` is ranked first.
+    let rig = FirstByteRig::new("first-byte", 200, 8, "").await;
+    let (a, gw, audit) = (&rig.a, &rig.gw, &rig.audit);
+    // Warm-up: 8 streams from `a`, two at a time (its first bytes: about 30 ms; its
+    // answers: about 1 s, which is what the whole-answer belief learns).
+    let streamed = stream_body();
+    for _ in 0..4 {
+        let (x, y) = tokio::join!(
+            stream_timed(gw.addr, &streamed),
+            stream_timed(gw.addr, &streamed)
+        );
+        assert!(x.1.contains("data: [DONE]") && y.1.contains("data: [DONE]"));
+    }
+    assert_eq!(calls(a.addr, "a").await, 8);
+    let before = hedges(&http(gw.addr, "GET", "/metrics", &[], "").await.body);
+
+    // `a` now stalls its first byte for 1.5 s: the stream hedges at the first byte's p95
+    // (tens of ms), far before the whole-answer belief (about 1 s) would.
+    let (first_byte, text) = stream_timed(gw.addr, &streamed).await;
+    assert!(text.contains("x-equiroute-provider: b"), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert!(first_byte < Duration::from_millis(600), "{first_byte:?}");
+    let after = hedges(&http(gw.addr, "GET", "/metrics", &[], "").await.body);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (1, 1, 1)
+    );
+    let id = request_id(&text);
+    let record = audit_record(audit, &id).await;
+    assert_eq!(record["order"][0], "a", "{record}");
+    let started = hedge_start(&record).unwrap();
+    assert!(started < 400.0, "the hedge started {started} ms in");
+
+    // An unstreamed request keeps the whole-answer delay: no hedge for at least 600 ms (it
+    // would come at about 60 ms from the first-byte belief).
+    let reply = http(gw.addr, "POST", "/v1/chat/completions", &[], &body()).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
+    let record = audit_record(audit, &id).await;
+    assert_eq!(record["order"][0], "a", "{record}");
+    if let Some(started) = hedge_start(&record) {
+        assert!(started >= 600.0, "the hedge started {started} ms in");
+    }
+}
+
+#[tokio::test]
+async fn a_stream_dropped_for_a_hedge_before_its_first_byte_teaches_its_first_byte_belief() {
+    // With a floor of 1 ms the first-byte limit, 3 × the first byte's p99, shows the belief.
+    let rig = FirstByteRig::new("first-byte-drop", 5, 6, "first_byte = { floor_ms = 1 }").await;
+    let streamed = stream_body();
+    for _ in 0..6 {
+        stream_timed(rig.gw.addr, &streamed).await;
+    }
+    // `a` stalls: two streams hedge to `b` and `a` is dropped about 100 ms in each time. Each
+    // drop is booked as a first byte of at least that long, so the second limit is higher.
+    let mut limits = Vec::new();
+    for _ in 0..2 {
+        let (_, text) = stream_timed(rig.gw.addr, &streamed).await;
+        assert!(text.contains("x-equiroute-provider: b"), "{text}");
+        let record = audit_record(&rig.audit, &request_id(&text)).await;
+        let first = &record["attempts"].as_array().unwrap()[0];
+        assert_eq!(
+            (&first["provider"], &first["status"]),
+            (&json!("a"), &json!("cancelled")),
+            "{record}"
+        );
+        limits.push(first["first_byte_limit_ms"].as_f64().unwrap());
+    }
+    assert!(limits[1] > 1.2 * limits[0], "{limits:?}");
 }

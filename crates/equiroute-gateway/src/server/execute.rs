@@ -487,7 +487,8 @@ fn decide(
         // without hedging the policy is not read a second time.
         let delay = if routed.arm == super::arms::Arm::Live && iface.hedge.active() {
             let policy = iface.policy.read().map_err(|_| poisoned())?;
-            super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking)
+            let streamed = iface.hedge.streams && body_streams(body);
+            super::hedge::delay(iface, policy.as_ref(), &ctx, &ranking, streamed)
         } else {
             None
         };
@@ -1226,9 +1227,17 @@ fn open_attempt<'a>(
             model: &candidate.model,
             seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
         };
+        let mut watch = FirstByteWatch {
+            state,
+            iface,
+            candidate: next.candidate,
+            clock,
+            pending: true,
+        };
         let start = iface.upstreams[next.candidate]
             .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
             .await;
+        watch.pending = false;
         // Only a poisoned lock fails here; the first-byte statistics then miss one time.
         let _ = learn_first_byte(state, iface, next.candidate, &start, limit);
         let result = match start {
@@ -1265,6 +1274,32 @@ fn open_attempt<'a>(
         opened: Box::pin(opened.instrument(span.clone())),
         span,
     })
+}
+
+/// A streamed attempt waiting for its first byte. Dropped while still waiting (the loser of a
+/// hedge race, or a client gone), it is booked in its provider's first-byte statistics as
+/// "at least this long", as a first-byte timeout is: else only the first bytes that beat the
+/// hedges would be learnt, and a provider that stalls would keep its fast belief.
+struct FirstByteWatch<'a> {
+    state: &'a AppState,
+    iface: &'a InterfaceRuntime,
+    candidate: usize,
+    clock: Instant,
+    pending: bool,
+}
+
+impl Drop for FirstByteWatch<'_> {
+    fn drop(&mut self) {
+        if !self.pending {
+            return;
+        }
+        let waited = Millis(self.clock.elapsed().as_secs_f64() * 1000.0);
+        if let Ok(mut stats) = self.iface.first_bytes.lock() {
+            if let Some(stats) = stats.get_mut(self.candidate) {
+                super::ttfb::observe_cut_off(stats, self.state.now(), waited);
+            }
+        }
+    }
 }
 
 /// The outcome of a streamed attempt that began (it had its first byte, so it is billed).

@@ -12,18 +12,21 @@ use super::execute::{admit, attempt_ended, book, outcome_of, usage_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
 use equiroute_core::executor::{Execution, NextAttempt};
-use equiroute_core::hedge::{hedge_delay, HedgeRule};
+use equiroute_core::hedge::{first_byte_outlook, hedge_delay, HedgeRule, LatencyOutlook};
 use equiroute_core::policies::{Policy, RankContext, Ranking};
 use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, SlicePath, Timestamp, TokenEstimate};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-/// The hedge delay of a request just ranked, when the interface hedges.
+/// The hedge delay of a request just ranked, when the interface hedges. A `streamed` request
+/// (on an interface whose streams hedge) races to the first byte, so it is planned on
+/// first-byte beliefs once the first candidate has one ([`first_byte_outlooks`]).
 pub(super) fn delay(
     iface: &InterfaceRuntime,
     policy: &dyn Policy,
     ctx: &RankContext<'_>,
     ranking: &Ranking,
+    streamed: bool,
 ) -> Option<Millis> {
     if !iface.hedge.active() {
         return None;
@@ -40,8 +43,12 @@ pub(super) fn delay(
         return None;
     }
     let mut order = ranking.indices();
-    let first = policy.latency_outlook(order.next()?, ctx);
-    let target = order.next().and_then(|j| policy.latency_outlook(j, ctx));
+    let (a, b) = (order.next()?, order.next());
+    let mut first = policy.latency_outlook(a, ctx);
+    let mut target = b.and_then(|j| policy.latency_outlook(j, ctx));
+    if streamed {
+        (first, target) = first_byte_outlooks(iface, ctx.now, (a, b), (first, target));
+    }
     hedge_delay(
         iface.hedge.rule,
         first.as_ref(),
@@ -49,6 +56,30 @@ pub(super) fn delay(
         None,
         ctx.deadline,
         price,
+    )
+}
+
+/// The outlooks of a streamed request's first candidate `a` and hedge target `b`: once `a`
+/// has a first-byte belief (`first_byte.min_observations` first bytes seen), first-byte
+/// beliefs in place of whole-answer latencies (failure rates kept), the target's whole-answer
+/// outlook standing in for a first-byte belief it has not got yet (its first byte comes no
+/// later than its answer: the stand-in only hedges later); before that, the outlooks as given.
+fn first_byte_outlooks(
+    iface: &InterfaceRuntime,
+    now: Timestamp,
+    (a, b): (usize, Option<usize>),
+    (first, target): (Option<LatencyOutlook>, Option<LatencyOutlook>),
+) -> (Option<LatencyOutlook>, Option<LatencyOutlook>) {
+    let Ok(stats) = iface.first_bytes.lock() else {
+        return (first, target);
+    };
+    let belief = |i: usize| stats.get(i).and_then(|s| iface.first_byte.belief(s, now));
+    let Some(first_byte) = belief(a) else {
+        return (first, target);
+    };
+    (
+        first_byte_outlook(first.as_ref(), Some(first_byte)),
+        first_byte_outlook(target.as_ref(), b.and_then(belief)),
     )
 }
 

@@ -1,14 +1,17 @@
 //! The time-to-first-byte limit of a streamed attempt, from what the gateway has learnt of
 //! the provider: a posterior (normal-inverse-gamma over the log of its first-byte times,
-//! decayed with a 10-minute half-life, timeouts recorded as censored observations) whose
-//! predictive `quantile` times `factor`, clamped to `[floor_ms, the attempt's timeout]`,
-//! cuts off a provider that stops sending first bytes in a few of its usual first-byte
-//! times rather than at the configured maximum. With fewer than `min_observations`
-//! first bytes seen, the limit is the attempt's timeout.
+//! decayed with a 10-minute half-life, timeouts and attempts dropped before their first byte
+//! recorded as censored observations) whose predictive `quantile` times `factor`, clamped to
+//! `[floor_ms, the attempt's timeout]`, cuts off a provider that stops sending first bytes in
+//! a few of its usual first-byte times rather than at the configured maximum. With fewer than `min_observations`
+//! first bytes seen, the limit is the attempt's timeout. The same posterior's predictive is
+//! the provider's first-byte belief, which a streamed request's hedge delay is planned on
+//! (see `server::hedge::delay`).
 
 pub use crate::config::first_byte::FirstByteLimit;
 use equiroute_core::estimators::dist::normal_cdf;
 use equiroute_core::estimators::nig::{LogLatencyStats, NigPrior};
+use equiroute_core::estimators::shape::LatencyBelief;
 use equiroute_core::{Millis, Timestamp};
 
 /// Half-life of the first-byte statistics: a provider's last ten minutes count most.
@@ -38,6 +41,21 @@ impl FirstByteLimit {
         let sigma = (post.mean_sigma2() * (1.0 + 1.0 / post.kappa_n)).sqrt();
         let quantile = (post.mu_n + z_of(self.quantile) * sigma).exp();
         Millis((self.factor * quantile).max(self.floor_ms).min(max.0))
+    }
+}
+
+impl FirstByteLimit {
+    /// The provider's first-byte belief at `now`: the Student-t predictive of the posterior
+    /// the limit is derived from, once it has `min_observations` first bytes (and with
+    /// `learned`); `None` otherwise.
+    #[must_use]
+    pub fn belief(&self, stats: &LogLatencyStats, now: Timestamp) -> Option<LatencyBelief> {
+        if !self.learned || stats.count < self.min_observations {
+            return None;
+        }
+        let mut s = *stats;
+        s.decay_to(now, Some(HALF_LIFE_MS));
+        Some(LatencyBelief::log_normal(s.posterior(&PRIOR)))
     }
 }
 
@@ -112,5 +130,26 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    #[test]
+    fn the_first_byte_belief_is_the_limits_posterior_once_it_has_enough_first_bytes() {
+        let cfg = FirstByteLimit::default();
+        let now = Timestamp(0.0);
+        let mut stats = LogLatencyStats::default();
+        for _ in 0..4 {
+            observe(&mut stats, now, Millis(100.0));
+        }
+        assert_eq!(cfg.belief(&stats, now), None, "4 of min_observations = 5");
+        observe(&mut stats, now, Millis(100.0));
+        // The posterior of the limit's test: μ ≈ ln 100 + 0.0046, so a median near 100 ms.
+        let belief = cfg.belief(&stats, now).unwrap();
+        assert!((belief.posterior.mu_n.exp() - 100.5).abs() < 0.5);
+        assert!((belief.exceedance(100.5) - 0.5).abs() < 0.01);
+        let off = FirstByteLimit {
+            learned: false,
+            ..cfg
+        };
+        assert_eq!(off.belief(&stats, now), None);
     }
 }
