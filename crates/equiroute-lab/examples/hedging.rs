@@ -10,7 +10,9 @@
 //! rate against extra calls, one line per rule. `-- FIRST LAST confirm THRESHOLD [Q…]` runs
 //! only no hedging, the model at `THRESHOLD` and the fixed rule at the observed quantiles `Q`
 //! (0.95 by default), and with `… priced R…` the priced rule at target rates `R`: the
-//! confirmation on fresh seeds of settings chosen on others.
+//! confirmation on fresh seeds of settings chosen on others. A scenario with several
+//! deadlines (`tail-pair`) gets a second table, p99 and misses per deadline, because the
+//! p99 of all its requests sits at a deadline whenever more than 1% are cut off there.
 //! docs/hedging.md shows the output.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
@@ -129,16 +131,69 @@ fn plan(args: &[String]) -> Plan {
 }
 
 /// Prints one row per labelled run set and returns the curve from `base` through them.
-fn curve(base: (f64, f64), sets: Vec<(String, Vec<RunResult>)>) -> Vec<(f64, f64)> {
+fn curve(
+    base: (f64, f64),
+    sets: Vec<(String, Vec<RunResult>)>,
+    per_deadline: &mut Vec<String>,
+) -> Vec<(f64, f64)> {
     let mut points = vec![base];
     for (label, runs) in sets {
         println!("{}", row(&label, &runs));
+        per_deadline.extend(deadline_row(&label, &runs));
         points.push((
             mean(&runs, |r| r.hedge_rate) * 100.0,
             mean(&runs, |r| r.deadline_miss_rate) * 100.0,
         ));
     }
     points
+}
+
+/// The per-deadline table of a scenario with several deadlines (nothing otherwise).
+fn print_by_deadline(name: &str, none: &[RunResult], rows: &[String]) {
+    let Some(first) = none.first().filter(|r| !r.by_deadline.is_empty()) else {
+        return;
+    };
+    println!("\n{name} by deadline: p99 ms and deadline misses % of the requests with each deadline (share of requests in the header)\n");
+    let head: Vec<String> = first
+        .by_deadline
+        .iter()
+        .map(|c| format!("{} ms ({:.0}%)", c.deadline_ms, c.share * 100.0))
+        .collect();
+    println!("| hedging | {} |", head.join(" | "));
+    println!("|---|{}", "---|".repeat(head.len()));
+    for line in rows {
+        println!("{line}");
+    }
+}
+
+/// One row of the per-deadline table: for each deadline of the scenario, p99 and misses
+/// (mean ± 95% interval over seeds); `None` without several deadlines.
+fn deadline_row(label: &str, runs: &[RunResult]) -> Option<String> {
+    let classes = runs.first()?.by_deadline.len();
+    if classes == 0 || runs.iter().any(|r| r.by_deadline.len() != classes) {
+        return None;
+    }
+    let cells: Vec<String> = (0..classes)
+        .map(|k| {
+            let p99 = Summary::of(
+                &runs
+                    .iter()
+                    .map(|r| r.by_deadline[k].latency_p99_ms)
+                    .collect::<Vec<_>>(),
+            );
+            let miss = Summary::of(
+                &runs
+                    .iter()
+                    .map(|r| r.by_deadline[k].deadline_miss_rate * 100.0)
+                    .collect::<Vec<_>>(),
+            );
+            format!(
+                "{:.0} ± {:.0} ms, {:.2} ± {:.2}%",
+                p99.mean, p99.ci95, miss.mean, miss.ci95
+            )
+        })
+        .collect();
+    Some(format!("| {label} | {} |", cells.join(" | ")))
 }
 
 fn priced(target_rate: f64) -> HedgeConfig {
@@ -172,6 +227,7 @@ fn main() {
         println!("|---|---|---|---|---|---|---|---|");
         let none = all(None);
         println!("{}", row("none", &none));
+        let mut per_deadline: Vec<String> = deadline_row("none", &none).into_iter().collect();
         let base = (0.0, mean(&none, |r| r.deadline_miss_rate) * 100.0);
         let model = curve(
             base,
@@ -185,6 +241,7 @@ fn main() {
                     (format!("model, threshold {t}"), all(Some(config(rule))))
                 })
                 .collect(),
+            &mut per_deadline,
         );
         let priced_line = curve(
             base,
@@ -195,6 +252,7 @@ fn main() {
                     (label, all(Some(priced(r))))
                 })
                 .collect(),
+            &mut per_deadline,
         );
         let tailed = curve(
             base,
@@ -205,11 +263,13 @@ fn main() {
                     (label, on(&tail_spec, Some(priced(r))))
                 })
                 .collect(),
+            &mut per_deadline,
         );
         if !plan.tail_rates.is_empty() {
             let rule = HedgeRule::ObservedQuantile { quantile: 0.95 };
             let runs = on(&tail_spec, Some(config(rule)));
             println!("{}", row("fixed p95 + belief tail", &runs));
+            per_deadline.extend(deadline_row("fixed p95 + belief tail", &runs));
         }
         let fixed = curve(
             base,
@@ -223,7 +283,9 @@ fn main() {
                     )
                 })
                 .collect(),
+            &mut per_deadline,
         );
+        print_by_deadline(name, &none, &per_deadline);
         if let Some(dir) = &plan.svg_dir {
             let svg = plot::curves(
                 &format!("{name}: {POLICY}, seeds {first}-{last}"),

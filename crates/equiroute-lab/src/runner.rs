@@ -70,6 +70,54 @@ pub struct RunResult {
     /// events that ended within the run, in the order of the scenario's providers and events.
     #[serde(default)]
     pub recovery: Vec<Recovery>,
+    /// Latency and misses per deadline, for a scenario with 2 to [`MAX_DEADLINE_CLASSES`]
+    /// deadlines (empty otherwise).
+    #[serde(default)]
+    pub by_deadline: Vec<DeadlineClass>,
+}
+
+/// The requests of one deadline of a scenario's `deadline_mix`: with several deadlines, the
+/// p99 of all requests often sits at one of them (the requests cut off there), which says
+/// little; per deadline, the tail of the requests that had time to spare shows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadlineClass {
+    pub deadline_ms: f64,
+    /// Share of the run's requests with this deadline.
+    pub share: f64,
+    pub latency_p99_ms: f64,
+    pub deadline_miss_rate: f64,
+}
+
+/// Most deadlines reported apart; a mix of more is not split.
+pub const MAX_DEADLINE_CLASSES: usize = 8;
+
+impl DeadlineClass {
+    /// One class per distinct deadline, in increasing order, when there are 2 to
+    /// [`MAX_DEADLINE_CLASSES`] of them; none otherwise.
+    #[must_use]
+    pub fn of(mut requests: Vec<(f64, f64, bool)>) -> Vec<DeadlineClass> {
+        let total = requests.len() as f64;
+        requests.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let classes: Vec<&[(f64, f64, bool)]> = requests
+            .chunk_by(|a, b| a.0.total_cmp(&b.0).is_eq())
+            .collect();
+        if !(2..=MAX_DEADLINE_CLASSES).contains(&classes.len()) {
+            return Vec::new();
+        }
+        classes
+            .into_iter()
+            .map(|c| {
+                let n = c.len();
+                let rank = ((n as f64 * 0.99).ceil() as usize).clamp(1, n);
+                DeadlineClass {
+                    deadline_ms: c[0].0,
+                    share: n as f64 / total,
+                    latency_p99_ms: c[rank - 1].1,
+                    deadline_miss_rate: c.iter().filter(|r| r.2).count() as f64 / n as f64,
+                }
+            })
+            .collect()
+    }
 }
 
 /// The share of first choices in a window that counts as a provider's traffic being back.
@@ -393,6 +441,8 @@ fn simulate(
     let (mut misses, mut failures, mut attempts, mut failed_attempts) =
         (0usize, 0usize, 0usize, 0usize);
     let mut latencies = Vec::with_capacity(rounds);
+    // (deadline, latency, missed) of every request with a deadline, for `by_deadline`.
+    let mut with_deadline: Vec<(f64, f64, bool)> = Vec::new();
     let mut share = vec![0.0; k];
     let mut share_over_time = vec![vec![0.0; k]; BINS];
     // Rounds with a first choice per bin (the shares' denominator), and every round.
@@ -479,6 +529,9 @@ fn simulate(
             // Refused (no eligible provider): no answer, at once and at no cost.
             firsts.push(None);
             latencies.push(0.0);
+            if let Some(d) = deadline {
+                with_deadline.push((d.0, 0.0, false));
+            }
             failures += 1;
             failures_over_time[round * BINS / rounds] += 1.0;
             round_counts[round * BINS / rounds] += 1;
@@ -670,6 +723,9 @@ fn simulate(
         if missed {
             misses += 1;
         }
+        if let Some(d) = deadline {
+            with_deadline.push((d.0, result.latency.0, missed));
+        }
         if let Some(l) = logged.as_mut() {
             // Every attempt, in the order the policy learnt it (as `feed` gave it).
             for a in &result.attempts {
@@ -769,5 +825,35 @@ fn simulate(
         request_failure_rate_over_time: failures_over_time,
         calibration: Calibration::of(&mut predictions),
         recovery: recoveries(spec, &firsts, rounds),
+        by_deadline: DeadlineClass::of(with_deadline),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeadlineClass;
+
+    #[test]
+    fn requests_are_split_by_deadline_with_their_own_p99_and_misses() {
+        // 100 requests at 800 ms taking 1..=100 ms, two of them missed; 300 at 4000 ms
+        // taking 10, 20, …, 3000 ms, none missed.
+        let mut reqs: Vec<(f64, f64, bool)> =
+            (1..=100).map(|k| (800.0, f64::from(k), k > 98)).collect();
+        reqs.extend((1..=300).map(|k| (4000.0, f64::from(k) * 10.0, false)));
+        let classes = DeadlineClass::of(reqs);
+        assert_eq!(classes.len(), 2);
+        let (short, long) = (&classes[0], &classes[1]);
+        assert_eq!(
+            (short.deadline_ms, short.share, short.latency_p99_ms),
+            (800.0, 0.25, 99.0)
+        );
+        assert!((short.deadline_miss_rate - 0.02).abs() < 1e-12);
+        // p99 of 300: the 297th, 2970 ms.
+        assert_eq!((long.deadline_ms, long.latency_p99_ms), (4000.0, 2970.0));
+        assert!((long.share - 0.75).abs() < 1e-12 && long.deadline_miss_rate == 0.0);
+        // One deadline, or more than the bound: not split.
+        assert!(DeadlineClass::of(vec![(800.0, 1.0, false); 5]).is_empty());
+        let many = (0..9).map(|k| (f64::from(k) * 100.0, 1.0, false)).collect();
+        assert!(DeadlineClass::of(many).is_empty());
+    }
 }

@@ -610,6 +610,7 @@ mod tests {
             request_failure_rate_over_time: vec![0.0; BINS],
             calibration: None,
             recovery: Vec::new(),
+            by_deadline: Vec::new(),
         };
         let runs = [
             run("a", 1, 0.60),
