@@ -545,3 +545,78 @@ fn bad_input_is_named_with_its_fix() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A coin-flip log (propensity 0.5) over `a` and `b` in which `a`'s cost grows with its
+/// share of the previous 50 requests (1 + 4·share, plus a little noise), `b` costing 1.
+fn load_dependent_log(n: usize) -> String {
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut chose_a: Vec<bool> = Vec::new();
+    let mut lines = Vec::new();
+    for i in 0..n {
+        let a = next() < 0.5;
+        let recent = &chose_a[chose_a.len().saturating_sub(50)..];
+        let share = recent.iter().filter(|x| **x).count() as f64 / 50.0;
+        let cost = if a {
+            1.0 + 4.0 * share + 0.05 * next()
+        } else {
+            1.0
+        };
+        lines.push(line(
+            "pool",
+            i,
+            if a { "a" } else { "b" },
+            0.5,
+            "exact",
+            true,
+            cost,
+        ));
+        chose_a.push(a);
+    }
+    lines.join("\n")
+}
+
+#[test]
+fn a_load_warning_names_the_provider_by_its_id() {
+    let dir = fresh_dir("load");
+    let audit = dir.join("audit.jsonl");
+    std::fs::write(&audit, load_dependent_log(400)).unwrap();
+    let audit_arg = audit.to_str().unwrap();
+    let args = [
+        "--audit",
+        audit_arg,
+        "--policies",
+        "static",
+        "--set",
+        "static.candidate=a",
+        "--estimator",
+        "ips",
+    ];
+    // `static` on `a` sends it every request where the coin sent it half: its cost under
+    // that load is not in the log.
+    let o = replay(&[&args[..], &["--format", "json"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let warnings = report["interfaces"][0]["policies"][0]["warnings"].to_string();
+    assert!(
+        warnings.contains("`a`'s outcome depends on how much traffic it gets"),
+        "{warnings}"
+    );
+    for index in ["candidate 0", "candidate 1"] {
+        assert!(!warnings.contains(index), "{index} in {warnings}");
+    }
+    let o = replay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        table.contains("- static: `a`'s outcome depends on how much traffic it gets"),
+        "{table}"
+    );
+    assert!(!table.contains("candidate 0"), "{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
