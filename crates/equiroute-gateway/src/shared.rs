@@ -25,6 +25,12 @@
 //! has decayed to), so decay is keyed by time, not by arrival. Sliding windows hold the last
 //! `W` observations in the stream's order, the same on every instance.
 //!
+//! Shadows: an interface's shadow policy learns from every observation its live policy
+//! learns from, so the syncer keeps a confirmed copy of it too, applies the same stream
+//! entries to it and rebuilds it the same way; snapshots carry it under `INTERFACE/shadow`
+//! (a snapshot without it, from an earlier release or an instance without a shadow, loads
+//! with the shadow empty at it). A rollout's candidate policy is not shared.
+//!
 //! Breakers are per instance, but opening one (consecutive failures, a `Retry-After`) is
 //! an event too: the others open theirs until the same time. The contexts of answered
 //! requests travel the same way, so quality feedback can be posted to any instance.
@@ -623,6 +629,10 @@ pub struct Syncer {
     /// Empty policies, to load snapshots into.
     empty: BTreeMap<String, Box<dyn Policy>>,
     confirmed: BTreeMap<String, Box<dyn Policy>>,
+    /// The shadows' empty policies and confirmed copies, by interface: every observation
+    /// applied to an interface's confirmed policy is applied to its shadow's too.
+    empty_shadows: BTreeMap<String, Box<dyn Policy>>,
+    shadows: BTreeMap<String, Box<dyn Policy>>,
     cursor: StreamId,
     /// Highest own journal number the confirmed copy holds.
     own_confirmed: u64,
@@ -686,6 +696,16 @@ pub struct SyncedInterface {
     pub feature_dim: usize,
     pub feature_max_words: usize,
     pub policy: Box<dyn Policy>,
+    /// A copy of its shadow policy (just built, empty), when it has one: the shadow learns
+    /// from the same observations as the live policy, so from the same stream.
+    pub shadow: Option<Box<dyn Policy>>,
+}
+
+/// The key of `iface`'s shadow state in a snapshot's map (`/` is never in an interface's
+/// name, so it cannot be another interface's key; instances that predate shadows in the
+/// stream ignore it).
+fn shadow_key(iface: &str) -> String {
+    format!("{iface}/shadow")
 }
 
 /// What the syncer needs of a running gateway. The server's state implements it, so this
@@ -703,6 +723,9 @@ pub trait SyncTarget: Send + Sync {
     /// Replaces the live policy of `iface` by what `rebuild` returns, under its write lock
     /// (so that no observation lands between the rebuild and the swap).
     fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>);
+    /// Replaces the shadow policy of `iface`, if it has one, by what `rebuild` returns, under
+    /// its write lock.
+    fn replace_shadow_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>);
     /// How long an answered request waits for its feedback.
     fn feedback_ttl(&self) -> Millis;
     /// How many answered requests wait for feedback at most.
@@ -731,9 +754,15 @@ impl Syncer {
         let client = client(cfg)?;
         let mut empty = BTreeMap::new();
         let mut confirmed = BTreeMap::new();
+        let (mut empty_shadows, mut shadows) = (BTreeMap::new(), BTreeMap::new());
         let mut shape = Vec::new();
         for iface in state.synced_interfaces()? {
             empty.insert(iface.name.clone(), iface.policy.clone_box());
+            // Not in the fingerprint: instances may run different shadows (or none).
+            if let Some(shadow) = iface.shadow {
+                empty_shadows.insert(iface.name.clone(), shadow.clone_box());
+                shadows.insert(iface.name.clone(), shadow);
+            }
             let mut entry = serde_json::json!({
                 "interface": iface.name,
                 "providers": iface.providers,
@@ -764,6 +793,8 @@ impl Syncer {
             fingerprint: serde_json::Value::Array(shape).to_string(),
             empty,
             confirmed,
+            empty_shadows,
+            shadows,
             cursor: StreamId::default(),
             own_confirmed: 0,
             pushed: 0,
@@ -804,12 +835,18 @@ impl Syncer {
         }
     }
 
-    /// The confirmed learning state of every interface (what the shared log holds).
+    /// The confirmed learning state of every interface (what the shared log holds), and of
+    /// every shadow under `INTERFACE/shadow`.
     #[must_use]
     pub fn confirmed_states(&self) -> BTreeMap<String, PolicyState> {
         self.confirmed
             .iter()
             .map(|(k, p)| (k.clone(), p.export_state()))
+            .chain(
+                self.shadows
+                    .iter()
+                    .map(|(k, p)| (shadow_key(k), p.export_state())),
+            )
             .collect()
     }
 
@@ -1151,6 +1188,22 @@ impl Syncer {
             }
             self.confirmed.insert(name.clone(), fresh);
         }
+        for (name, empty) in &self.empty_shadows {
+            let mut fresh = empty.clone_box();
+            // A snapshot written before shadows were shared, or by an instance without this
+            // shadow, has none: the shadow learns from the stream after it.
+            if let Some(s) = states.get(&shadow_key(name)) {
+                if let Err(e) = fresh.merge_state(s) {
+                    tracing::warn!(
+                        interface = %name,
+                        error = %e,
+                        "the shared snapshot's shadow state is of another shadow policy: this instance's shadow learns from the stream after it"
+                    );
+                    fresh = empty.clone_box();
+                }
+            }
+            self.shadows.insert(name.clone(), fresh);
+        }
         self.cursor = id;
         self.snapshot_taken();
         self.stale_live = true;
@@ -1169,6 +1222,9 @@ impl Syncer {
         match self.confirmed.get_mut(iface) {
             Some(p) if obs.candidate() < candidates => {
                 obs.apply(p.as_mut());
+                if let Some(shadow) = self.shadows.get_mut(iface) {
+                    obs.apply(shadow.as_mut());
+                }
                 self.stale_live |= !own;
                 1
             }
@@ -1249,21 +1305,26 @@ impl Syncer {
         observations
     }
 
-    /// Live policy = confirmed + this instance's observations the log does not hold yet.
+    /// Live policy = confirmed + this instance's observations the log does not hold yet;
+    /// the same for the shadows.
     fn rebuild_live(&self, state: &dyn SyncTarget) {
         let Some(shared) = state.shared() else {
             return;
         };
+        let rebuilt = |name: &str, confirmed: &dyn Policy| {
+            let mut fresh = confirmed.clone_box();
+            shared
+                .journal
+                .replay_after(self.own_confirmed, name, fresh.as_mut(), &|id| {
+                    self.seen.contains(id)
+                });
+            fresh
+        };
         for (name, confirmed) in &self.confirmed {
-            state.replace_live_policy(name, &mut || {
-                let mut fresh = confirmed.clone_box();
-                shared
-                    .journal
-                    .replay_after(self.own_confirmed, name, fresh.as_mut(), &|id| {
-                        self.seen.contains(id)
-                    });
-                fresh
-            });
+            state.replace_live_policy(name, &mut || rebuilt(name, confirmed.as_ref()));
+        }
+        for (name, shadow) in &self.shadows {
+            state.replace_shadow_policy(name, &mut || rebuilt(name, shadow.as_ref()));
         }
     }
 

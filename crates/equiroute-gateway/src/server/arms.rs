@@ -114,7 +114,7 @@ impl SidePolicy {
     }
 
     /// Learns `obs` now if the write side is free, else queues it (bounded).
-    fn observe(&self, obs: impl FnOnce() -> Observation) {
+    pub(crate) fn observe(&self, obs: impl FnOnce() -> Observation) {
         match self.policy.try_write() {
             Ok(mut policy) => {
                 self.drain(policy.as_mut());

@@ -403,6 +403,10 @@ impl AppState {
     /// # Errors
     /// A poisoned lock.
     pub fn observe(&self, iface: &InterfaceRuntime, obs: Observation) -> Result<(), Poisoned> {
+        // The shadow learns from every observation the live policy learns from.
+        if let Some(shadow) = &iface.arms.shadow {
+            shadow.policy.observe(|| obs.clone());
+        }
         let mut policy = self.policy_mut(iface)?;
         self.learn(iface, policy.as_mut(), obs);
         Ok(())
@@ -487,6 +491,17 @@ impl crate::shared::SyncTarget for AppState {
                     feature_dim: iface.featurizer.dim(),
                     feature_max_words: iface.featurizer.max_words(),
                     policy: policy.clone_box(),
+                    shadow: match &iface.arms.shadow {
+                        Some(s) => Some(
+                            s.policy
+                                .write()
+                                .map_err(|_| {
+                                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                                })?
+                                .clone_box(),
+                        ),
+                        None => None,
+                    },
                 })
             })
             .collect()
@@ -502,6 +517,19 @@ impl crate::shared::SyncTarget for AppState {
         };
         if let Ok(mut live) = self.policy_mut(iface) {
             *live = rebuild();
+        }
+    }
+
+    fn replace_shadow_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
+        let Some(shadow) = self
+            .interfaces
+            .get(iface)
+            .and_then(|i| i.arms.shadow.as_ref())
+        else {
+            return;
+        };
+        if let Ok(mut policy) = shadow.policy.write() {
+            *policy = rebuild();
         }
     }
 
