@@ -1171,3 +1171,121 @@ async fn a_snapshot_without_shadow_state_still_loads_and_the_shadow_learns_after
         "live policy after the stream",
     );
 }
+
+fn rollout_state(app: &AppState) -> Value {
+    let rollout = app.interfaces["chat"].arms.rollout.as_ref().unwrap();
+    serde_json::to_value(rollout.policy.write().unwrap().export_state()).unwrap()
+}
+
+#[tokio::test]
+async fn a_rollouts_candidate_learns_every_instances_canary_requests_and_the_live_policy_does_not()
+{
+    let Some(redis) = RedisServer::start("rollout") else {
+        return;
+    };
+    let text = compacting(&config(Some(&redis.url()), "rollout")).replace(
+        "feature_dim = 16\n",
+        "feature_dim = 16\nrollout = { policy = \"lqm\", percent = 50 }\n",
+    );
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let empty = (rollout_state(&b), live_state(&b));
+    // Attempts of requests the candidate routed on A, and the live arm's on B.
+    let iface = a.interfaces["chat"].clone();
+    let mut canary = 0;
+    for o in workload(2000) {
+        let Observation::Attempt {
+            candidate,
+            features,
+            slice,
+            deadline,
+            outcome,
+            ..
+        } = o
+        else {
+            continue;
+        };
+        a.record_routed_attempt(
+            &iface,
+            equiroute_gateway::server::arms::Arm::Candidate,
+            candidate,
+            &features,
+            slice,
+            &outcome,
+            deadline,
+        )
+        .unwrap();
+        canary += 1;
+        if canary % 40 == 0 {
+            sa.sync_once(&a).await.unwrap();
+        }
+    }
+    // And the quality scores of canary requests A routed.
+    let scores = |v: &Value| -> u64 {
+        v["heads"]["heads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["count"].as_u64().unwrap())
+            .sum()
+    };
+    sa.sync_once(&a).await.unwrap();
+    let learnt = scores(&rollout_state(&a));
+    let arms = equiroute_gateway::server::arms::Arm::Candidate;
+    for k in 0..20_usize {
+        let id = format!("canary-{k}");
+        let routed = equiroute_gateway::server::arms::Routed {
+            arm: arms,
+            n: k as u64,
+            policy: "lqm",
+        };
+        let done = equiroute_core::executor::RequestStatus::Succeeded { candidate: k % 3 };
+        equiroute_gateway::server::arms::finish(&iface, &id, routed, done, 1.7e12);
+        let features = vec![1.0; 16];
+        let obs = equiroute_core::policies::QualityObservation {
+            candidate: k % 3,
+            features: &features,
+            quality: 0.9,
+            latency: Millis(50.0),
+            now: Timestamp(1.7e12 + k as f64),
+        };
+        a.record_quality(&iface, &id, &obs).unwrap();
+    }
+    sa.sync_once(&a).await.unwrap();
+    assert_eq!(
+        scores(&rollout_state(&a)),
+        learnt + 20,
+        "A's candidate learnt the scores"
+    );
+    assert_ne!(rollout_state(&a), empty.0, "A's candidate learnt");
+    assert_close(
+        &live_state(&a),
+        &empty.1,
+        "A's live policy learnt none of them",
+    );
+    feed(&b, &workload(60));
+    sb.sync_once(&b).await.unwrap();
+    assert_close(
+        &rollout_state(&b),
+        &rollout_state(&a),
+        "B's candidate after a sync",
+    );
+    assert_eq!(
+        scores(&rollout_state(&b)),
+        learnt + 20,
+        "B's candidate has A's canary scores"
+    );
+    sa.sync_once(&a).await.unwrap();
+    assert_close(&live_state(&a), &live_state(&b), "the live policies");
+    // A late joiner starts from the compacted snapshot, which carries the candidate.
+    let c = app(&text, 3);
+    let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
+    let report = sc.sync_once(&c).await.unwrap();
+    assert!(report.loaded_snapshot, "{report:?}");
+    assert_close(
+        &rollout_state(&c),
+        &rollout_state(&a),
+        "late joiner's candidate",
+    );
+}

@@ -355,6 +355,13 @@ impl AppState {
         // waits in `deferred` rather than the request waiting for the lock. A canary's
         // attempts teach its own policy only.
         let live = super::arms::observe_attempt(iface, arm, &obs);
+        if !live {
+            // The rollout's candidate learnt it: the other instances' candidates learn it too.
+            self.journal(|| Event::RolloutLearn {
+                iface: iface.name.clone(),
+                obs: Observation::attempt(&obs),
+            });
+        }
         if live {
             match iface.policy.try_write() {
                 Ok(mut policy) => {
@@ -423,6 +430,11 @@ impl AppState {
         obs: &QualityObservation<'_>,
     ) -> Result<(), Poisoned> {
         if !super::arms::observe_quality(iface, request_id, obs, self.now().0) {
+            // The rollout's candidate routed it and learnt the score.
+            self.journal(|| Event::RolloutLearn {
+                iface: iface.name.clone(),
+                obs: Observation::quality(obs),
+            });
             return Ok(());
         }
         let mut policy = self.policy_mut(iface)?;
@@ -502,6 +514,17 @@ impl crate::shared::SyncTarget for AppState {
                         ),
                         None => None,
                     },
+                    rollout: match &iface.arms.rollout {
+                        Some(r) => Some(
+                            r.policy
+                                .write()
+                                .map_err(|_| {
+                                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                                })?
+                                .clone_box(),
+                        ),
+                        None => None,
+                    },
                 })
             })
             .collect()
@@ -520,15 +543,20 @@ impl crate::shared::SyncTarget for AppState {
         }
     }
 
-    fn replace_shadow_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
-        let Some(shadow) = self
-            .interfaces
-            .get(iface)
-            .and_then(|i| i.arms.shadow.as_ref())
-        else {
+    fn replace_side_policy(
+        &self,
+        side: crate::shared::Side,
+        iface: &str,
+        rebuild: &mut dyn FnMut() -> Box<dyn Policy>,
+    ) {
+        let Some(arms) = self.interfaces.get(iface).map(|i| &i.arms) else {
             return;
         };
-        if let Ok(mut policy) = shadow.policy.write() {
+        let policy = match side {
+            crate::shared::Side::Shadow => arms.shadow.as_ref().map(|s| &s.policy),
+            crate::shared::Side::Rollout => arms.rollout.as_ref().map(|r| &r.policy),
+        };
+        if let Some(Ok(mut policy)) = policy.map(super::arms::SidePolicy::write) {
             *policy = rebuild();
         }
     }
