@@ -249,30 +249,49 @@ pub enum SupportWarning {
 }
 
 impl fmt::Display for SupportWarning {
+    /// The warning in words, naming a candidate by its index (`candidate 2`); a caller that
+    /// knows the providers' ids uses [`SupportWarning::describe`].
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(|c| format!("candidate {c}")))
+    }
+}
+
+impl SupportWarning {
+    /// The candidate the warning is about, if any (its index in the log's index space).
+    #[must_use]
+    pub fn candidate(&self) -> Option<usize> {
         match self {
-            SupportWarning::DeterministicLogger => f.write_str(
-                "the logging policy was deterministic: the log only shows what happens when the \
+            SupportWarning::UnsupportedAction { candidate, .. }
+            | SupportWarning::LoadDependent { candidate, .. }
+            | SupportWarning::LoadReactive { candidate, .. } => Some(*candidate),
+            _ => None,
+        }
+    }
+
+    /// The warning in words, with candidate `c` named `name(c)`: the gateway and the CLI
+    /// pass the provider's id (as the configuration and the audit log spell it), so the
+    /// core stays free of the providers' names.
+    #[must_use]
+    pub fn describe(&self, name: impl Fn(usize) -> String) -> String {
+        match self {
+            SupportWarning::DeterministicLogger => "the logging policy was deterministic: the log only shows what happens when the \
                  evaluated policy makes the same choice, so the estimate is only valid for a policy \
-                 that agrees with it; log with an exploration floor (min_propensity) to evaluate others",
-            ),
+                 that agrees with it; log with an exploration floor (min_propensity) to evaluate others".to_owned(),
             SupportWarning::UnsupportedAction {
                 candidate,
                 target_mass,
-            } => write!(
-                f,
-                "the evaluated policy would put candidate {candidate} first on {:.1}% of requests, \
-                 but the log never chose it: its outcome there is unknown (log with an exploration floor)",
+            } => format!(
+                "the evaluated policy would put {} first on {:.1}% of requests, but the log never \
+                 chose it: its outcome there is unknown (log with an exploration floor, min_propensity)",
+                name(*candidate),
                 100.0 * target_mass
             ),
-            SupportWarning::TinyPropensities { share } => write!(
-                f,
+            SupportWarning::TinyPropensities { share } => format!(
                 "{:.1}% of the logged choices had a near-zero probability: a few records dominate \
                  the estimate",
                 100.0 * share
             ),
-            SupportWarning::LearningDependent { value, own_value } => write!(
-                f,
+            SupportWarning::LearningDependent { value, own_value } => format!(
                 "the evaluated policy learns from the traffic, and the estimate depends on what it \
                  learns: learning from every logged request it scores {value:.3}, learning only \
                  from the requests where the log made its own choice {own_value:.3}; its value on \
@@ -285,13 +304,12 @@ impl fmt::Display for SupportWarning {
                 logged_share,
                 target_share,
                 shift,
-            } => write!(
-                f,
-                "candidate {candidate}'s outcome depends on how much traffic it gets (slope \
-                 {slope:+.3} per unit of its recent share, t = {t:.1}): the evaluated policy would \
-                 send it {:.0}% of the requests, the logging policy sent it {:.0}%, which may move \
-                 the estimate by about {shift:+.3}; the log shows it under the logging policy's \
-                 load only",
+            } => format!(
+                "{}'s outcome depends on how much traffic it gets (slope {slope:+.3} per unit of \
+                 its recent share, t = {t:.1}): the evaluated policy would send it {:.0}% of the \
+                 requests, the logging policy sent it {:.0}%, which may move the estimate by about \
+                 {shift:+.3}; the log shows it under the logging policy's load only",
+                name(*candidate),
                 100.0 * target_share,
                 100.0 * logged_share
             ),
@@ -303,20 +321,19 @@ impl fmt::Display for SupportWarning {
                 target_share,
                 own_share,
                 shift,
-            } => write!(
-                f,
-                "the evaluated policy reacts to load: its probability of choosing candidate \
-                 {candidate} moves with the candidate's recent share of the traffic (slope \
-                 {slope:+.3}, t = {t:.1}); it would send it {:.0}% of the requests where the \
-                 logging policy sent {:.0}%, and under that load it would choose it about {:.0}% of \
-                 the time, which may move the estimate by about {shift:+.3}: the log shows the \
-                 providers under the logging policy's load only",
+            } => format!(
+                "the evaluated policy reacts to load: its probability of choosing {} moves with \
+                 that provider's recent share of the traffic (slope {slope:+.3}, t = {t:.1}); it \
+                 would send it {:.0}% of the requests where the logging policy sent {:.0}%, and \
+                 under that load it would choose it about {:.0}% of the time, which may move the \
+                 estimate by about {shift:+.3}: the log shows the providers under the logging \
+                 policy's load only",
+                name(*candidate),
                 100.0 * target_share,
                 100.0 * logged_share,
                 100.0 * own_share
             ),
-            SupportWarning::LowEffectiveSampleSize { ess } => write!(
-                f,
+            SupportWarning::LowEffectiveSampleSize { ess } => format!(
                 "the evaluated policy differs so much from the logging policy that the log is worth \
                  only {ess:.0} requests: the interval is unreliable (collect more traffic or raise \
                  the exploration floor)"

@@ -25,6 +25,15 @@
 //! has decayed to), so decay is keyed by time, not by arrival. Sliding windows hold the last
 //! `W` observations in the stream's order, the same on every instance.
 //!
+//! Shadows: an interface's shadow policy learns from every observation its live policy
+//! learns from, so the syncer keeps a confirmed copy of it too, applies the same stream
+//! entries to it and rebuilds it the same way; snapshots carry it under `INTERFACE/shadow`
+//! (a snapshot without it, from an earlier release or an instance without a shadow, loads
+//! with the shadow empty at it). A rollout's candidate learns from its own arm's
+//! observations: they travel as [`Event::RolloutLearn`] in each entry's `r` field (which
+//! earlier releases skip), are applied to a confirmed copy of the candidate, and snapshots
+//! carry it under `INTERFACE/rollout`. The rollout's status and guard stay per instance.
+//!
 //! Breakers are per instance, but opening one (consecutive failures, a `Retry-After`) is
 //! an event too: the others open theirs until the same time. The contexts of answered
 //! requests travel the same way, so quality feedback can be posted to any instance.
@@ -82,7 +91,11 @@ const PUSH_SCRIPT: &str = r"
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 local done = v and tonumber(string.match(v, '^%d+')) or 0
 if tonumber(ARGV[2]) <= done then return 0 end
-redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4])
+if #ARGV[5] > 0 then
+  redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4], 'r', ARGV[5])
+else
+  redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4])
+end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ':' .. redis.call('TIME')[1])
 return 1
 ";
@@ -169,6 +182,10 @@ pub enum Event {
         request_id: String,
         obs: Observation,
     },
+    /// An observation for interface `iface`'s rollout candidate (a request it routed, or the
+    /// quality score of one). Pushed in the entry's `r` field, apart from the others, so that
+    /// instances of earlier releases (which read only `b`) skip it rather than the batch.
+    RolloutLearn { iface: String, obs: Observation },
     /// The context of an answered request, so that its feedback can reach any instance.
     Pending {
         request_id: String,
@@ -243,25 +260,27 @@ impl Journal {
     }
 
     /// Applies to `policy`, in order and without copying them, the observations of interface
-    /// `iface` numbered after `seq`, but not the scores of requests `scored` says the
-    /// confirmed state holds already. Callers hold that interface's policy lock first (the
-    /// order the request path takes them in).
+    /// `iface` numbered after `seq` (its rollout candidate's when `rollout`, else the live
+    /// policy's), but not the scores of requests `scored` says the confirmed state holds
+    /// already. Callers hold that interface's policy lock first (the order the request path
+    /// takes them in).
     fn replay_after(
         &self,
         seq: u64,
-        iface: &str,
+        (iface, rollout): (&str, bool),
         policy: &mut dyn Policy,
         scored: &dyn Fn(&str) -> bool,
     ) {
         if let Ok(j) = self.inner.lock() {
             for (_, event) in j.events.iter().filter(|(s, _)| *s > seq) {
                 let obs = match event {
-                    Event::Learn { iface: i, obs } if i == iface => obs,
+                    Event::Learn { iface: i, obs } if !rollout && i == iface => obs,
                     Event::Feedback {
                         iface: i,
                         request_id,
                         obs,
-                    } if i == iface && !scored(request_id) => obs,
+                    } if !rollout && i == iface && !scored(request_id) => obs,
+                    Event::RolloutLearn { iface: i, obs } if rollout && i == iface => obs,
                     _ => continue,
                 };
                 obs.apply(policy);
@@ -512,6 +531,8 @@ struct Batch {
     number: u64,
     last_seq: u64,
     bytes: Vec<u8>,
+    /// The rollout candidates' observations (the `r` field; empty: none).
+    rollout: Vec<u8>,
 }
 
 /// Key names, all with one hash tag so that a Redis Cluster keeps them on one node.
@@ -623,6 +644,13 @@ pub struct Syncer {
     /// Empty policies, to load snapshots into.
     empty: BTreeMap<String, Box<dyn Policy>>,
     confirmed: BTreeMap<String, Box<dyn Policy>>,
+    /// The shadows' empty policies and confirmed copies, by interface: every observation
+    /// applied to an interface's confirmed policy is applied to its shadow's too.
+    empty_shadows: BTreeMap<String, Box<dyn Policy>>,
+    shadows: BTreeMap<String, Box<dyn Policy>>,
+    /// The same for the rollouts' candidates, which learn from their own arm's observations.
+    empty_rollouts: BTreeMap<String, Box<dyn Policy>>,
+    rollouts: BTreeMap<String, Box<dyn Policy>>,
     cursor: StreamId,
     /// Highest own journal number the confirmed copy holds.
     own_confirmed: u64,
@@ -686,6 +714,32 @@ pub struct SyncedInterface {
     pub feature_dim: usize,
     pub feature_max_words: usize,
     pub policy: Box<dyn Policy>,
+    /// A copy of its shadow policy (just built, empty), when it has one: the shadow learns
+    /// from the same observations as the live policy, so from the same stream.
+    pub shadow: Option<Box<dyn Policy>>,
+    /// A copy of its rollout's candidate policy (just built, empty), when it has one.
+    pub rollout: Option<Box<dyn Policy>>,
+}
+
+/// The side policies the stream teaches besides the live one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The shadow: the live policy's observations.
+    Shadow,
+    /// The rollout's candidate: the observations of the requests it routed.
+    Rollout,
+}
+
+impl Side {
+    /// The key of `iface`'s side state in a snapshot's map (`/` is never in an interface's
+    /// name, so it cannot be another interface's key; instances that predate side policies
+    /// in the stream ignore it).
+    fn key(self, iface: &str) -> String {
+        match self {
+            Side::Shadow => format!("{iface}/shadow"),
+            Side::Rollout => format!("{iface}/rollout"),
+        }
+    }
 }
 
 /// What the syncer needs of a running gateway. The server's state implements it, so this
@@ -703,6 +757,14 @@ pub trait SyncTarget: Send + Sync {
     /// Replaces the live policy of `iface` by what `rebuild` returns, under its write lock
     /// (so that no observation lands between the rebuild and the swap).
     fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>);
+    /// Replaces the `side` policy of `iface`, if it has one, by what `rebuild` returns, under
+    /// its write lock.
+    fn replace_side_policy(
+        &self,
+        side: Side,
+        iface: &str,
+        rebuild: &mut dyn FnMut() -> Box<dyn Policy>,
+    );
     /// How long an answered request waits for its feedback.
     fn feedback_ttl(&self) -> Millis;
     /// How many answered requests wait for feedback at most.
@@ -731,9 +793,20 @@ impl Syncer {
         let client = client(cfg)?;
         let mut empty = BTreeMap::new();
         let mut confirmed = BTreeMap::new();
+        let (mut empty_shadows, mut shadows) = (BTreeMap::new(), BTreeMap::new());
+        let (mut empty_rollouts, mut rollouts) = (BTreeMap::new(), BTreeMap::new());
         let mut shape = Vec::new();
         for iface in state.synced_interfaces()? {
             empty.insert(iface.name.clone(), iface.policy.clone_box());
+            // Not in the fingerprint: instances may run different shadows (or none).
+            if let Some(shadow) = iface.shadow {
+                empty_shadows.insert(iface.name.clone(), shadow.clone_box());
+                shadows.insert(iface.name.clone(), shadow);
+            }
+            if let Some(rollout) = iface.rollout {
+                empty_rollouts.insert(iface.name.clone(), rollout.clone_box());
+                rollouts.insert(iface.name.clone(), rollout);
+            }
             let mut entry = serde_json::json!({
                 "interface": iface.name,
                 "providers": iface.providers,
@@ -764,6 +837,10 @@ impl Syncer {
             fingerprint: serde_json::Value::Array(shape).to_string(),
             empty,
             confirmed,
+            empty_shadows,
+            shadows,
+            empty_rollouts,
+            rollouts,
             cursor: StreamId::default(),
             own_confirmed: 0,
             pushed: 0,
@@ -804,13 +881,29 @@ impl Syncer {
         }
     }
 
-    /// The confirmed learning state of every interface (what the shared log holds).
+    /// The confirmed learning state of every interface (what the shared log holds), of
+    /// every shadow under `INTERFACE/shadow` and of every rollout's candidate under
+    /// `INTERFACE/rollout`.
     #[must_use]
     pub fn confirmed_states(&self) -> BTreeMap<String, PolicyState> {
         self.confirmed
             .iter()
             .map(|(k, p)| (k.clone(), p.export_state()))
+            .chain(
+                self.sides()
+                    .flat_map(|(side, map)| map.iter().map(move |(k, p)| (side.key(k), p)))
+                    .map(|(k, p)| (k, p.export_state())),
+            )
             .collect()
+    }
+
+    /// The side policies' confirmed copies.
+    fn sides(&self) -> impl Iterator<Item = (Side, &BTreeMap<String, Box<dyn Policy>>)> {
+        [
+            (Side::Shadow, &self.shadows),
+            (Side::Rollout, &self.rollouts),
+        ]
+        .into_iter()
     }
 
     /// The connection, opened (and the namespace checked) if needed; a second one is
@@ -1093,8 +1186,16 @@ impl Syncer {
                 let Some(&(last_seq, _)) = events.last() else {
                     break;
                 };
-                let list: Vec<&Event> = events.iter().map(|(_, e)| e).collect();
+                let (rollout, list): (Vec<&Event>, Vec<&Event>) = events
+                    .iter()
+                    .map(|(_, e)| e)
+                    .partition(|e| matches!(e, Event::RolloutLearn { .. }));
                 let bytes = rmp_serde::to_vec_named(&list).map_err(|e| redis_err(&e))?;
+                let rollout = if rollout.is_empty() {
+                    Vec::new()
+                } else {
+                    rmp_serde::to_vec_named(&rollout).map_err(|e| redis_err(&e))?
+                };
                 self.batches += 1;
                 self.pushed = last_seq;
                 pushed += events.len();
@@ -1102,6 +1203,7 @@ impl Syncer {
                     number: self.batches,
                     last_seq,
                     bytes,
+                    rollout,
                 });
             }
             if let Some(batch) = &self.in_flight {
@@ -1113,6 +1215,7 @@ impl Syncer {
                         .arg(batch.number)
                         .arg(batch.last_seq)
                         .arg(batch.bytes.as_slice())
+                        .arg(batch.rollout.as_slice())
                         .invoke_async(conn),
                 )
                 .await?;
@@ -1151,6 +1254,8 @@ impl Syncer {
             }
             self.confirmed.insert(name.clone(), fresh);
         }
+        self.shadows = load_sides(Side::Shadow, &self.empty_shadows, &states);
+        self.rollouts = load_sides(Side::Rollout, &self.empty_rollouts, &states);
         self.cursor = id;
         self.snapshot_taken();
         self.stale_live = true;
@@ -1167,6 +1272,28 @@ impl Syncer {
     ) -> usize {
         let candidates = state.candidate_count(iface);
         match self.confirmed.get_mut(iface) {
+            Some(p) if obs.candidate() < candidates => {
+                obs.apply(p.as_mut());
+                if let Some(shadow) = self.shadows.get_mut(iface) {
+                    obs.apply(shadow.as_mut());
+                }
+                self.stale_live |= !own;
+                1
+            }
+            _ => 0,
+        }
+    }
+
+    /// Applies one rollout observation of the stream to the confirmed candidate; 1 if applied.
+    fn apply_rollout(
+        &mut self,
+        state: &dyn SyncTarget,
+        iface: &str,
+        obs: &Observation,
+        own: bool,
+    ) -> usize {
+        let candidates = state.candidate_count(iface);
+        match self.rollouts.get_mut(iface) {
             Some(p) if obs.candidate() < candidates => {
                 obs.apply(p.as_mut());
                 self.stale_live |= !own;
@@ -1186,6 +1313,7 @@ impl Syncer {
         let mut instance = None;
         let mut last_seq = 0;
         let mut batch: Vec<Event> = Vec::new();
+        let mut rollout: Vec<Event> = Vec::new();
         for pair in fields.chunks_exact(2) {
             match pair[0].as_slice() {
                 b"i" => instance = Some(String::from_utf8_lossy(&pair[1]).into_owned()),
@@ -1196,6 +1324,7 @@ impl Syncer {
                         .unwrap_or(0);
                 }
                 b"b" => batch = rmp_serde::from_slice(&pair[1]).unwrap_or_default(),
+                b"r" => rollout = rmp_serde::from_slice(&pair[1]).unwrap_or_default(),
                 _ => {}
             }
         }
@@ -1243,27 +1372,42 @@ impl Syncer {
                     until,
                     pinned,
                 } if !own => state.open_breaker(iface, *candidate, *until, *pinned),
-                Event::Pending { .. } | Event::BreakerOpen { .. } => {}
+                Event::Pending { .. } | Event::BreakerOpen { .. } | Event::RolloutLearn { .. } => {}
+            }
+        }
+        for event in &rollout {
+            if let Event::RolloutLearn { iface, obs } = event {
+                observations += self.apply_rollout(state, iface, obs, own);
             }
         }
         observations
     }
 
-    /// Live policy = confirmed + this instance's observations the log does not hold yet.
+    /// Live policy = confirmed + this instance's observations the log does not hold yet;
+    /// the same for the shadows.
     fn rebuild_live(&self, state: &dyn SyncTarget) {
         let Some(shared) = state.shared() else {
             return;
         };
+        let rebuilt = |name: &str, rollout: bool, confirmed: &dyn Policy| {
+            let mut fresh = confirmed.clone_box();
+            shared.journal.replay_after(
+                self.own_confirmed,
+                (name, rollout),
+                fresh.as_mut(),
+                &|id| self.seen.contains(id),
+            );
+            fresh
+        };
         for (name, confirmed) in &self.confirmed {
-            state.replace_live_policy(name, &mut || {
-                let mut fresh = confirmed.clone_box();
-                shared
-                    .journal
-                    .replay_after(self.own_confirmed, name, fresh.as_mut(), &|id| {
-                        self.seen.contains(id)
-                    });
-                fresh
-            });
+            state.replace_live_policy(name, &mut || rebuilt(name, false, confirmed.as_ref()));
+        }
+        for (side, map) in self.sides() {
+            for (name, p) in map {
+                state.replace_side_policy(side, name, &mut || {
+                    rebuilt(name, side == Side::Rollout, p.as_ref())
+                });
+            }
         }
     }
 
@@ -1334,6 +1478,35 @@ impl Syncer {
             }
         }
     }
+}
+
+/// Side policies of `side` from a snapshot's `states`, each started from its `empty` copy.
+/// A snapshot written before side policies were shared, or by an instance without this one,
+/// has none; one of another policy is skipped with a warning: the side policy then learns
+/// from the stream after the snapshot.
+fn load_sides(
+    side: Side,
+    empty: &BTreeMap<String, Box<dyn Policy>>,
+    states: &BTreeMap<String, PolicyState>,
+) -> BTreeMap<String, Box<dyn Policy>> {
+    empty
+        .iter()
+        .map(|(name, empty)| {
+            let mut fresh = empty.clone_box();
+            if let Some(s) = states.get(&side.key(name)) {
+                if let Err(e) = fresh.merge_state(s) {
+                    tracing::warn!(
+                        interface = %name,
+                        side = ?side,
+                        error = %e,
+                        "the shared snapshot's state of this side policy is of another policy: it learns from the stream after the snapshot"
+                    );
+                    fresh = empty.clone_box();
+                }
+            }
+            (name.clone(), fresh)
+        })
+        .collect()
 }
 
 /// The client of `cfg`'s URL (the error never shows the URL: it may hold a password).

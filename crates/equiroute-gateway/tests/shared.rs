@@ -1041,3 +1041,251 @@ async fn feedback_latency_with_and_without_the_claim() {
         chat[0].0, chat[0].1, chat[1].0, chat[1].1
     );
 }
+
+/// `config` with a shadow `lqm` beside the live `lqm-ts`.
+fn with_shadow(text: &str) -> String {
+    text.replace("feature_dim = 16\n", "feature_dim = 16\nshadow = \"lqm\"\n")
+}
+
+/// `config` compacting every 64 KiB of entries (the least allowed).
+fn compacting(text: &str) -> String {
+    text.replace(
+        "sync_interval_ms = 50",
+        "sync_interval_ms = 50\ncompact_every = 100\ncompact_bytes = 65536",
+    )
+}
+
+fn shadow_state(app: &AppState) -> Value {
+    let shadow = app.interfaces["chat"].arms.shadow.as_ref().unwrap();
+    serde_json::to_value(shadow.policy.write().unwrap().export_state()).unwrap()
+}
+
+#[tokio::test]
+async fn shadows_learn_every_instances_observations_through_the_stream_and_snapshots() {
+    let Some(redis) = RedisServer::start("shadow") else {
+        return;
+    };
+    let text = with_shadow(&compacting(&config(Some(&redis.url()), "shadow")));
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let all = workload(400);
+    // A learns the first half in small pushes (compacting on the way), B the second; each
+    // pulls what the other pushed.
+    let (first, second) = all.split_at(200);
+    for chunk in first.chunks(20) {
+        feed(&a, chunk);
+        sa.sync_once(&a).await.unwrap();
+    }
+    let empty_shadow = shadow_state(&app(&with_shadow(&config(None, "")), 9));
+    assert_ne!(shadow_state(&a), empty_shadow, "A's shadow learnt");
+    sb.sync_once(&b).await.unwrap();
+    // B's shadow never saw a request of its own, and holds A's observations.
+    assert_close(
+        &shadow_state(&b),
+        &shadow_state(&a),
+        "B's shadow after a sync",
+    );
+    feed(&b, second);
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    // Both hold the shadow of one instance that saw everything in the stream's order.
+    let single = app(&with_shadow(&config(None, "")), 9);
+    feed(&single, first);
+    feed(&single, second);
+    let expected = shadow_state(&single);
+    assert_close(&shadow_state(&a), &expected, "A's shadow");
+    assert_close(&shadow_state(&b), &expected, "B's shadow");
+    let confirmed = serde_json::to_value(&sa.confirmed_states()["chat/shadow"]).unwrap();
+    assert_close(&confirmed, &expected, "A's confirmed shadow");
+    // A late joiner starts from the compacted snapshot, which carries the shadow.
+    let mut compactions = 0;
+    for chunk in workload(2000).chunks(40) {
+        feed(&a, chunk);
+        compactions += usize::from(sa.sync_once(&a).await.unwrap().compacted);
+    }
+    assert!(compactions >= 2, "{compactions}");
+    let c = app(&text, 3);
+    let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
+    let report = sc.sync_once(&c).await.unwrap();
+    assert!(report.loaded_snapshot, "{report:?}");
+    assert_close(&shadow_state(&c), &shadow_state(&a), "late joiner's shadow");
+    assert_close(
+        &live_state(&c),
+        &live_state(&a),
+        "late joiner's live policy",
+    );
+}
+
+#[tokio::test]
+async fn a_snapshot_without_shadow_state_still_loads_and_the_shadow_learns_after_it() {
+    let Some(redis) = RedisServer::start("noshadow") else {
+        return;
+    };
+    // An instance without a shadow writes snapshots as earlier releases did: no shadow key.
+    let plain = compacting(&config(Some(&redis.url()), "noshadow"));
+    let w = app(&plain, 1);
+    let mut sw = Syncer::start(&redis_cfg(&plain), &w).await.unwrap();
+    let all = workload(2400);
+    let (before, after) = all.split_at(2000);
+    let mut compactions = 0;
+    for chunk in before.chunks(40) {
+        feed(&w, chunk);
+        compactions += usize::from(sw.sync_once(&w).await.unwrap().compacted);
+    }
+    assert!(compactions >= 2, "{compactions}");
+    assert!(!sw.confirmed_states().contains_key("chat/shadow"));
+    let text = with_shadow(&plain);
+    let d = app(&text, 2);
+    let mut sd = Syncer::start(&redis_cfg(&text), &d).await.unwrap();
+    let report = sd.sync_once(&d).await.unwrap();
+    assert!(report.loaded_snapshot, "{report:?}");
+    assert_close(
+        &live_state(&d),
+        &live_state(&w),
+        "live policy from the snapshot",
+    );
+    // The shadow starts empty at the snapshot and learns what follows it in the stream:
+    // what the snapshot's instance learnt after its last snapshot, then the rest.
+    feed(&w, after);
+    sw.sync_once(&w).await.unwrap();
+    sd.sync_once(&d).await.unwrap();
+    let shadow = shadow_state(&d);
+    let fresh = app(&with_shadow(&config(None, "")), 9);
+    let empty = shadow_state(&fresh);
+    assert_ne!(shadow, empty, "the shadow learnt from the stream");
+    // Of the 1200 quality scores, the live policy holds all; the shadow at least the last
+    // 200, and not those before the snapshot.
+    let learnt: u64 = shadow["heads"]["heads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["count"].as_u64().unwrap())
+        .sum();
+    let live: u64 = quality_counts(&live_state(&d)).iter().sum();
+    assert_eq!(live, 1200);
+    assert!((200..1200).contains(&learnt), "{learnt}");
+    assert_close(
+        &live_state(&d),
+        &live_state(&w),
+        "live policy after the stream",
+    );
+}
+
+fn rollout_state(app: &AppState) -> Value {
+    let rollout = app.interfaces["chat"].arms.rollout.as_ref().unwrap();
+    serde_json::to_value(rollout.policy.write().unwrap().export_state()).unwrap()
+}
+
+#[tokio::test]
+async fn a_rollouts_candidate_learns_every_instances_canary_requests_and_the_live_policy_does_not()
+{
+    let Some(redis) = RedisServer::start("rollout") else {
+        return;
+    };
+    let text = compacting(&config(Some(&redis.url()), "rollout")).replace(
+        "feature_dim = 16\n",
+        "feature_dim = 16\nrollout = { policy = \"lqm\", percent = 50 }\n",
+    );
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let empty = (rollout_state(&b), live_state(&b));
+    // Attempts of requests the candidate routed on A, and the live arm's on B.
+    let iface = a.interfaces["chat"].clone();
+    let mut canary = 0;
+    for o in workload(2000) {
+        let Observation::Attempt {
+            candidate,
+            features,
+            slice,
+            deadline,
+            outcome,
+            ..
+        } = o
+        else {
+            continue;
+        };
+        a.record_routed_attempt(
+            &iface,
+            equiroute_gateway::server::arms::Arm::Candidate,
+            candidate,
+            &features,
+            slice,
+            &outcome,
+            deadline,
+        )
+        .unwrap();
+        canary += 1;
+        if canary % 40 == 0 {
+            sa.sync_once(&a).await.unwrap();
+        }
+    }
+    // And the quality scores of canary requests A routed.
+    let scores = |v: &Value| -> u64 {
+        v["heads"]["heads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["count"].as_u64().unwrap())
+            .sum()
+    };
+    sa.sync_once(&a).await.unwrap();
+    let learnt = scores(&rollout_state(&a));
+    let arms = equiroute_gateway::server::arms::Arm::Candidate;
+    for k in 0..20_usize {
+        let id = format!("canary-{k}");
+        let routed = equiroute_gateway::server::arms::Routed {
+            arm: arms,
+            n: k as u64,
+            policy: "lqm",
+        };
+        let done = equiroute_core::executor::RequestStatus::Succeeded { candidate: k % 3 };
+        equiroute_gateway::server::arms::finish(&iface, &id, routed, done, 1.7e12);
+        let features = vec![1.0; 16];
+        let obs = equiroute_core::policies::QualityObservation {
+            candidate: k % 3,
+            features: &features,
+            quality: 0.9,
+            latency: Millis(50.0),
+            now: Timestamp(1.7e12 + k as f64),
+        };
+        a.record_quality(&iface, &id, &obs).unwrap();
+    }
+    sa.sync_once(&a).await.unwrap();
+    assert_eq!(
+        scores(&rollout_state(&a)),
+        learnt + 20,
+        "A's candidate learnt the scores"
+    );
+    assert_ne!(rollout_state(&a), empty.0, "A's candidate learnt");
+    assert_close(
+        &live_state(&a),
+        &empty.1,
+        "A's live policy learnt none of them",
+    );
+    feed(&b, &workload(60));
+    sb.sync_once(&b).await.unwrap();
+    assert_close(
+        &rollout_state(&b),
+        &rollout_state(&a),
+        "B's candidate after a sync",
+    );
+    assert_eq!(
+        scores(&rollout_state(&b)),
+        learnt + 20,
+        "B's candidate has A's canary scores"
+    );
+    sa.sync_once(&a).await.unwrap();
+    assert_close(&live_state(&a), &live_state(&b), "the live policies");
+    // A late joiner starts from the compacted snapshot, which carries the candidate.
+    let c = app(&text, 3);
+    let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
+    let report = sc.sync_once(&c).await.unwrap();
+    assert!(report.loaded_snapshot, "{report:?}");
+    assert_close(
+        &rollout_state(&c),
+        &rollout_state(&a),
+        "late joiner's candidate",
+    );
+}

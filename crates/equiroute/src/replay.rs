@@ -696,20 +696,12 @@ fn on_policy(log: &InterfaceLog, metric: Metric) -> Value {
 
 /// A warning in words, with provider ids instead of indices.
 fn warning_text(w: &SupportWarning, space: &Space) -> String {
-    match w {
-        SupportWarning::UnsupportedAction {
-            candidate,
-            target_mass,
-        } => format!(
-            "would put `{}` first on {:.1}% of requests, but the log never chose it: its outcome there is unknown (log with an exploration floor, min_propensity)",
-            space
-                .candidates
-                .get(*candidate)
-                .map_or("?", |c| c.id.0.as_str()),
-            100.0 * target_mass
-        ),
-        other => other.to_string(),
-    }
+    w.describe(|c| {
+        space
+            .candidates
+            .get(c)
+            .map_or_else(|| format!("candidate {c}"), |p| format!("`{}`", p.id.0))
+    })
 }
 
 /// One interface's report, as JSON (the table is printed from it).

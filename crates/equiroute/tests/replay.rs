@@ -545,3 +545,172 @@ fn bad_input_is_named_with_its_fix() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A coin-flip log (propensity 0.5) over `a` and `b` in which `a`'s cost grows with its
+/// share of the previous 50 requests (1 + 4·share, plus a little noise), `b` costing 1.
+fn load_dependent_log(n: usize) -> String {
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut chose_a: Vec<bool> = Vec::new();
+    let mut lines = Vec::new();
+    for i in 0..n {
+        let a = next() < 0.5;
+        let recent = &chose_a[chose_a.len().saturating_sub(50)..];
+        let share = recent.iter().filter(|x| **x).count() as f64 / 50.0;
+        let cost = if a {
+            1.0 + 4.0 * share + 0.05 * next()
+        } else {
+            1.0
+        };
+        lines.push(line(
+            "pool",
+            i,
+            if a { "a" } else { "b" },
+            0.5,
+            "exact",
+            true,
+            cost,
+        ));
+        chose_a.push(a);
+    }
+    lines.join("\n")
+}
+
+#[test]
+fn a_load_warning_names_the_provider_by_its_id() {
+    let dir = fresh_dir("load");
+    let audit = dir.join("audit.jsonl");
+    std::fs::write(&audit, load_dependent_log(400)).unwrap();
+    let audit_arg = audit.to_str().unwrap();
+    let args = [
+        "--audit",
+        audit_arg,
+        "--policies",
+        "static",
+        "--set",
+        "static.candidate=a",
+        "--estimator",
+        "ips",
+    ];
+    // `static` on `a` sends it every request where the coin sent it half: its cost under
+    // that load is not in the log.
+    let o = replay(&[&args[..], &["--format", "json"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let warnings = report["interfaces"][0]["policies"][0]["warnings"].to_string();
+    assert!(
+        warnings.contains("`a`'s outcome depends on how much traffic it gets"),
+        "{warnings}"
+    );
+    for index in ["candidate 0", "candidate 1"] {
+        assert!(!warnings.contains(index), "{index} in {warnings}");
+    }
+    let o = replay(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        table.contains("- static: `a`'s outcome depends on how much traffic it gets"),
+        "{table}"
+    );
+    assert!(!table.contains("candidate 0"), "{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A request line like [`line`]'s (a coin flip between `a` and `b`, propensity 0.5) that
+/// took `latency` ms against a deadline of 100 ms.
+fn timed_line(id: usize, chose: &str, latency: f64) -> String {
+    let mut v: Value = serde_json::from_str(&line("pool", id, chose, 0.5, "exact", true, 1.0))
+        .expect("line writes JSON");
+    v["ts_ms"] = serde_json::json!(1000.0 * id as f64 + latency);
+    v["latency_ms"] = serde_json::json!(latency);
+    v["attempts"][0]["latency_ms"] = serde_json::json!(latency);
+    v["deadline_ms"] = serde_json::json!(100.0);
+    v["deadline_miss"] = serde_json::json!(latency > 100.0);
+    v.to_string()
+}
+
+/// 400 coin flips between `a` and `b`: for the first 200 requests `a` answers in 50 ms
+/// and `b` in 200 (past the 100 ms deadline), for the last 200 `a` in 150 (past it) and `b`
+/// in 20.
+fn switching_latency_log() -> String {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..400)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let a = (state >> 40) & 1 == 0;
+            let latency = match (i < 200, a) {
+                (true, true) => 50.0,
+                (true, false) => 200.0,
+                (false, true) => 150.0,
+                (false, false) => 20.0,
+            };
+            timed_line(i, if a { "a" } else { "b" }, latency)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_policy_whose_value_depends_on_what_it_learns_is_warned_and_a_fixed_one_is_not() {
+    let dir = fresh_dir("learning");
+    let audit = dir.join("audit.jsonl");
+    std::fs::write(&audit, switching_latency_log()).unwrap();
+    let audit_arg = audit.to_str().unwrap();
+    // `least-latency` learning from every logged request follows the switch (a, then b)
+    // and misses almost no deadline; learning only from its own choices it never sees `b`
+    // again after its slow start and stays on `a`, missing the second half's deadlines.
+    // `static` on `a` learns nothing: one replay is the other.
+    let args = [
+        "--audit",
+        audit_arg,
+        "--policies",
+        "least-latency,static",
+        "--set",
+        "static.candidate=a",
+        "--estimator",
+        "ips",
+    ];
+    let o = replay(&[&args[..], &["--format", "json"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let iface = &report["interfaces"][0];
+    let says =
+        "the evaluated policy learns from the traffic, and the estimate depends on what it learns";
+    let least = policy_of(iface, "least-latency");
+    let warnings = least["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!("deadline_miss_rate (ips): {says}")),
+        "{warnings}"
+    );
+    // The estimate is the replay learning from everything; its interval spans the other.
+    let miss = metric(&least, "ips", "deadline_miss_rate");
+    assert!(value(miss) < 0.1, "{miss}");
+    assert!(miss["ci_high"].as_f64().unwrap() > 0.4, "{miss}");
+    let fixed = policy_of(iface, "static");
+    let warnings = fixed["warnings"].to_string();
+    assert!(!warnings.contains(says), "{warnings}");
+    // `static` on `a` misses the second half's deadlines: about half.
+    let miss = value(metric(&fixed, "ips", "deadline_miss_rate"));
+    assert!((miss - 0.5).abs() < 0.15, "{miss}");
+    // The table says it under the policy's name.
+    let o = replay(&args);
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        table.contains(&format!(
+            "- least-latency: deadline_miss_rate (ips): {says}"
+        )),
+        "{table}"
+    );
+    assert!(
+        !table.contains(&format!("- static: deadline_miss_rate (ips): {says}")),
+        "{table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

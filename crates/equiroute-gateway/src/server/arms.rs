@@ -114,7 +114,7 @@ impl SidePolicy {
     }
 
     /// Learns `obs` now if the write side is free, else queues it (bounded).
-    fn observe(&self, obs: impl FnOnce() -> Observation) {
+    pub(crate) fn observe(&self, obs: impl FnOnce() -> Observation) {
         match self.policy.try_write() {
             Ok(mut policy) => {
                 self.drain(policy.as_mut());
@@ -740,24 +740,35 @@ impl Shadow {
 
     /// Off-policy estimates of the shadow's value against the live policy's on the window,
     /// per metric, by `estimators` for the shadow (the live policy's is its plain mean), with
-    /// bootstrap intervals; `null` for a metric without finished records.
+    /// bootstrap intervals; `null` for a metric without finished records. Warnings name
+    /// the providers by their ids.
     #[must_use]
-    pub fn estimates(&self, candidates: usize, estimators: &[Estimator], resamples: u32) -> Value {
+    pub fn estimates(
+        &self,
+        candidates: &[equiroute_core::Candidate],
+        estimators: &[Estimator],
+        resamples: u32,
+    ) -> Value {
         let opts = OpeOptions {
             bootstrap_resamples: resamples,
             ..OpeOptions::default()
+        };
+        let name = |c: usize| {
+            candidates
+                .get(c)
+                .map_or_else(|| format!("candidate {c}"), |p| format!("`{}`", p.id.0))
         };
         let show = |e: Result<Estimate, equiroute_core::ope::OpeError>| match e {
             Ok(e) => json!({
                 "value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
                 "effective_sample_size": e.effective_sample_size, "n": e.n,
-                "warnings": e.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "warnings": e.warnings.iter().map(|w| w.describe(name)).collect::<Vec<_>>(),
             }),
             Err(e) => json!({"error": e.to_string()}),
         };
         let mut out = serde_json::Map::new();
         for metric in OPE_METRICS {
-            let (shadow, live) = self.logged(metric, candidates);
+            let (shadow, live) = self.logged(metric, candidates.len());
             if shadow.is_empty() {
                 out.insert(metric.into(), Value::Null);
                 continue;
@@ -780,7 +791,13 @@ impl Shadow {
 }
 
 /// The `equiroute_shadow_value` samples of one interface's shadow.
-fn shadow_values(out: &mut String, family: &str, name: &str, shadow: &Shadow, candidates: usize) {
+fn shadow_values(
+    out: &mut String,
+    family: &str,
+    name: &str,
+    shadow: &Shadow,
+    candidates: &[equiroute_core::Candidate],
+) {
     let est = shadow.estimates(candidates, &[Estimator::Snips], 200);
     for metric in OPE_METRICS {
         for (arm, at) in [("live", "/live"), ("shadow", "/shadow/snips")] {
@@ -859,13 +876,7 @@ pub fn render_metrics(
                 families[1].0,
                 s.agreements.load(Ordering::Relaxed)
             );
-            shadow_values(
-                &mut samples[6],
-                families[6].0,
-                name,
-                s,
-                iface.candidates.len(),
-            );
+            shadow_values(&mut samples[6], families[6].0, name, s, &iface.candidates);
         }
         let Some(r) = &iface.arms.rollout else {
             continue;

@@ -63,20 +63,17 @@ pub(super) async fn shadow(
         })
         .collect();
     // Bootstrap and cross-fitting over the window: off the event loop.
-    let estimate = {
-        let iface = iface.clone();
-        tokio::task::spawn_blocking(move || {
-            iface.arms.shadow.as_ref().map(|s| {
-                s.estimates(
-                    iface.candidates.len(),
-                    &[Estimator::Snips, Estimator::Dr],
-                    400,
-                )
+    let estimate =
+        {
+            let iface = iface.clone();
+            tokio::task::spawn_blocking(move || {
+                iface.arms.shadow.as_ref().map(|s| {
+                    s.estimates(&iface.candidates, &[Estimator::Snips, Estimator::Dr], 400)
+                })
             })
-        })
-        .await
-        .map_err(|_| ApiError::internal())?
-    };
+            .await
+            .map_err(|_| ApiError::internal())?
+        };
     let mut body = shadow.report();
     if let Some(b) = body.as_object_mut() {
         b.insert("estimate".into(), json!(estimate));

@@ -355,6 +355,13 @@ impl AppState {
         // waits in `deferred` rather than the request waiting for the lock. A canary's
         // attempts teach its own policy only.
         let live = super::arms::observe_attempt(iface, arm, &obs);
+        if !live {
+            // The rollout's candidate learnt it: the other instances' candidates learn it too.
+            self.journal(|| Event::RolloutLearn {
+                iface: iface.name.clone(),
+                obs: Observation::attempt(&obs),
+            });
+        }
         if live {
             match iface.policy.try_write() {
                 Ok(mut policy) => {
@@ -403,6 +410,10 @@ impl AppState {
     /// # Errors
     /// A poisoned lock.
     pub fn observe(&self, iface: &InterfaceRuntime, obs: Observation) -> Result<(), Poisoned> {
+        // The shadow learns from every observation the live policy learns from.
+        if let Some(shadow) = &iface.arms.shadow {
+            shadow.policy.observe(|| obs.clone());
+        }
         let mut policy = self.policy_mut(iface)?;
         self.learn(iface, policy.as_mut(), obs);
         Ok(())
@@ -419,6 +430,11 @@ impl AppState {
         obs: &QualityObservation<'_>,
     ) -> Result<(), Poisoned> {
         if !super::arms::observe_quality(iface, request_id, obs, self.now().0) {
+            // The rollout's candidate routed it and learnt the score.
+            self.journal(|| Event::RolloutLearn {
+                iface: iface.name.clone(),
+                obs: Observation::quality(obs),
+            });
             return Ok(());
         }
         let mut policy = self.policy_mut(iface)?;
@@ -487,6 +503,28 @@ impl crate::shared::SyncTarget for AppState {
                     feature_dim: iface.featurizer.dim(),
                     feature_max_words: iface.featurizer.max_words(),
                     policy: policy.clone_box(),
+                    shadow: match &iface.arms.shadow {
+                        Some(s) => Some(
+                            s.policy
+                                .write()
+                                .map_err(|_| {
+                                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                                })?
+                                .clone_box(),
+                        ),
+                        None => None,
+                    },
+                    rollout: match &iface.arms.rollout {
+                        Some(r) => Some(
+                            r.policy
+                                .write()
+                                .map_err(|_| {
+                                    crate::shared::SharedError::Redis("policy lock poisoned".into())
+                                })?
+                                .clone_box(),
+                        ),
+                        None => None,
+                    },
                 })
             })
             .collect()
@@ -502,6 +540,24 @@ impl crate::shared::SyncTarget for AppState {
         };
         if let Ok(mut live) = self.policy_mut(iface) {
             *live = rebuild();
+        }
+    }
+
+    fn replace_side_policy(
+        &self,
+        side: crate::shared::Side,
+        iface: &str,
+        rebuild: &mut dyn FnMut() -> Box<dyn Policy>,
+    ) {
+        let Some(arms) = self.interfaces.get(iface).map(|i| &i.arms) else {
+            return;
+        };
+        let policy = match side {
+            crate::shared::Side::Shadow => arms.shadow.as_ref().map(|s| &s.policy),
+            crate::shared::Side::Rollout => arms.rollout.as_ref().map(|r| &r.policy),
+        };
+        if let Some(Ok(mut policy)) = policy.map(super::arms::SidePolicy::write) {
+            *policy = rebuild();
         }
     }
 
