@@ -640,10 +640,39 @@ pub fn with_own_learning(all: Estimate, own: &Estimate, opts: &OpeOptions) -> Es
 /// Whether a replay learning only from its own choices learns from this request: with
 /// probability `min(1, target[action]/propensity)`, given a uniform draw `u` in `[0, 1)`.
 /// The requests learnt from then have the target's own first choices (exactly, for a
-/// deterministic target).
+/// deterministic target), but not its own mix of contexts: a request is kept more often
+/// where the logger was likely to make the target's choice, so the target learns most where
+/// it agrees with the logger. [`learns_as_own`] keeps the mix.
 #[must_use]
 pub fn learns_from(target_probability: f64, propensity: f64, u: f64) -> bool {
     propensity > 0.0 && u < (target_probability / propensity).min(1.0)
+}
+
+/// Rejection sampling with a constant bound (Li, Chu, Langford and Wang 2011): a request is
+/// learnt from with probability `bound·target[action]/propensity`, given a uniform draw `u`
+/// in `[0, 1)`, `bound` at most every logged propensity ([`rejection_bound`]). Every request
+/// is then kept with the same probability `bound` whatever its context, and a kept request's
+/// (context, first choice) is distributed as on the target's own traffic: the target learns
+/// from a sample of what it would have seen itself, not from the contexts where it happens
+/// to agree with the logger ([`learns_from`]). The price: it learns from about `bound·n` of
+/// `n` requests.
+#[must_use]
+pub fn learns_as_own(target_probability: f64, propensity: f64, bound: f64, u: f64) -> bool {
+    propensity > 0.0 && u < (bound * target_probability / propensity).min(1.0)
+}
+
+/// The bound of [`learns_as_own`] for a log: its smallest propensity (0 for an empty log).
+#[must_use]
+pub fn rejection_bound(propensities: impl IntoIterator<Item = f64>) -> f64 {
+    let min = propensities
+        .into_iter()
+        .filter(|p| *p > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    if min.is_finite() {
+        min.min(1.0)
+    } else {
+        0.0
+    }
 }
 
 /// What may make an evaluation of this log meaningless, whatever the estimator.
@@ -1427,5 +1456,57 @@ mod tests {
         // that never chooses the action never does.
         assert!(learns_from(0.9, 0.6, 0.999));
         assert!(!learns_from(0.0, 0.6, 0.0));
+    }
+
+    /// Share of the requests of each context learnt from by a deterministic target that
+    /// always agrees with the logged choice, the logger having made it with `propensity[x]`
+    /// in context `x` (the same number of requests per context, coins on a fixed grid).
+    fn kept_share(propensity: [f64; 2], keep: impl Fn(f64, f64) -> bool) -> [f64; 2] {
+        let n = 10_000u32;
+        let mut kept = [0.0; 2];
+        for i in 0..n {
+            let u = (f64::from(i) + 0.5) / f64::from(n);
+            for (x, p) in propensity.iter().enumerate() {
+                if keep(*p, u) {
+                    kept[x] += 1.0 / f64::from(n);
+                }
+            }
+        }
+        kept
+    }
+
+    #[test]
+    fn rejection_sampling_with_a_constant_bound_keeps_the_targets_mix_of_contexts() {
+        // The logger made the target's choice with 0.9 in context 0 and only with 0.1 in
+        // context 1 (its exploration floor): the target's own traffic has as many of each.
+        let tilted = [0.9, 0.1];
+        let bound = rejection_bound(tilted);
+        assert!((bound - 0.1).abs() < 1e-15);
+        // Kept with min(1, π/propensity) = 1: all of both, but the log holds nine times as
+        // many agreeing requests of context 0, so the target learns from nine of context 0
+        // for one of context 1.
+        let agreeing = kept_share(tilted, |p, u| learns_from(1.0, p, u));
+        assert!((agreeing[0] - 1.0).abs() < 1e-9 && (agreeing[1] - 1.0).abs() < 1e-9);
+        // With the bound, an agreeing request is kept with bound/propensity: 0.1/0.9 of
+        // context 0 and all of context 1, i.e. 0.1·(both contexts' requests) each — the
+        // target's own even mix.
+        let own = kept_share(tilted, |p, u| learns_as_own(1.0, p, bound, u));
+        let (mix0, mix1) = (tilted[0] * own[0], tilted[1] * own[1]);
+        assert!(
+            (mix0 - bound).abs() < 1e-3 && (mix1 - bound).abs() < 1e-3,
+            "{own:?}"
+        );
+        let (tilt0, tilt1) = (tilted[0] * agreeing[0], tilted[1] * agreeing[1]);
+        assert!(tilt0 / tilt1 > 8.9, "{tilt0} {tilt1}");
+        // Without the effect (the same propensity in both contexts) both rules keep the mix.
+        let even = [0.5, 0.5];
+        let b = rejection_bound(even);
+        let own = kept_share(even, |p, u| learns_as_own(1.0, p, b, u));
+        let agreeing = kept_share(even, |p, u| learns_from(1.0, p, u));
+        assert!((own[0] - own[1]).abs() < 1e-12 && (own[0] - 1.0).abs() < 1e-9);
+        assert!((agreeing[0] - agreeing[1]).abs() < 1e-12);
+        // A target that never makes the logged choice learns nothing; no propensity, no bound.
+        assert!(!learns_as_own(0.0, 0.1, 0.1, 0.0));
+        assert!(rejection_bound([]) == 0.0);
     }
 }

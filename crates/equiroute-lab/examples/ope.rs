@@ -3,7 +3,8 @@
 //! For each scenario and seed: log one policy's traffic with an exploration floor, evaluate
 //! other policies offline from that log (each replayed on the logged observations in order
 //! and asked for its first-choice distribution on every logged context, once learning from
-//! every logged request and once only from those where the log made its own choice), run each of them
+//! every logged request and once from a sample of them as it would have served them itself,
+//! rejection sampling with a constant bound), run each of them
 //! on-policy on the same scenario and seed for its true mean quality, and compare: estimate,
 //! truth, error, and whether the 95% bootstrap interval covers the truth, for IPS, SNIPS and
 //! DR. The bar: intervals cover the truth in at least 90% of the cases the evaluator does not

@@ -11,8 +11,8 @@
 use crate::runner::{run_logged, RunError};
 use crate::scenario::ScenarioSpec;
 use equiroute_core::ope::{
-    evaluate, learns_from, with_own_learning, Estimate, Estimator, LoggedDecision, OpeError,
-    OpeOptions,
+    evaluate, learns_as_own, learns_from, rejection_bound, with_own_learning, Estimate, Estimator,
+    LoggedDecision, OpeError, OpeOptions,
 };
 use equiroute_core::policies::{
     AttemptObservation, FirstChoice, Policy, QualityObservation, RankContext,
@@ -99,12 +99,18 @@ impl Metric {
 pub enum Learning {
     /// Every logged observation: the target learns from the logging policy's traffic.
     All,
-    /// Only the rounds it would have chosen itself (rejection sampling, Li et al. 2011): a
-    /// round is kept with probability `min(1, π(action)/propensity)`
-    /// ([`equiroute_core::ope::learns_from`]), so a kept round's first choice is one the
-    /// target would have made, and the target learns from (a subsample of) its own choices.
-    /// Its attempts and the quality of its answer are observed only when it is kept.
+    /// Only a sample of the rounds as it would have served them itself (rejection sampling
+    /// with a constant bound, Li et al. 2011): a round is kept with probability
+    /// `c·π(action)/propensity`, `c` the log's smallest propensity
+    /// ([`equiroute_core::ope::learns_as_own`]), so every round is kept with probability `c`
+    /// and a kept round's (context, first choice) is distributed as on the target's own
+    /// traffic. Its attempts and the quality of its answer are observed only when it is kept.
     Own,
+    /// As `Own` but kept with probability `min(1, π(action)/propensity)`
+    /// ([`equiroute_core::ope::learns_from`], the replay before): more rounds, but kept most
+    /// where the logger was likely to make the target's choice, so the target learns from
+    /// the contexts where it agrees with the logger rather than from its own mix.
+    Agreeing,
 }
 
 /// A replay's result.
@@ -129,6 +135,7 @@ pub fn replay(
     let mut kept = Vec::with_capacity(log.rounds.len());
     // The coin of rejection sampling, apart from the target's own draws.
     let mut coin = ChaCha8Rng::seed_from_u64(0x5eed_c017);
+    let bound = rejection_bound(log.rounds.iter().map(|r| r.propensity));
     for r in &log.rounds {
         for f in r
             .feedback
@@ -152,7 +159,13 @@ pub fn replay(
         let dist = target.first_choice_distribution(&ctx, rng, draws);
         let keep = match learning {
             Learning::All => true,
-            Learning::Own => learns_from(
+            Learning::Own => learns_as_own(
+                dist.probability(r.action),
+                r.propensity,
+                bound,
+                coin.random::<f64>(),
+            ),
+            Learning::Agreeing => learns_from(
                 dist.probability(r.action),
                 r.propensity,
                 coin.random::<f64>(),
@@ -435,16 +448,28 @@ mod tests {
                 .build(&log.candidates, spec.feature_dim)
                 .unwrap()
         };
-        let mut own = build();
+        let mut agreeing = build();
         let mut rng = ChaCha8Rng::seed_from_u64(2);
-        let r = replay(&log, own.as_mut(), &mut rng, 1, Learning::Own);
+        let r = replay(&log, agreeing.as_mut(), &mut rng, 1, Learning::Agreeing);
         // lqm is deterministic: π(action)/propensity is 0 where it would choose otherwise and
         // at least 1 where it agrees, so it learns from exactly the rounds that agree.
         for ((round, d), kept) in log.rounds.iter().zip(&r.choices).zip(&r.learnt_from) {
             assert_eq!(*kept, d.probability(round.action) > 0.5);
         }
+        let agreed = r.learnt_from.iter().filter(|k| **k).count();
+        assert!(agreed > 0 && agreed < 400, "{agreed}");
+        // Learning as on its own traffic, it keeps only rounds that agree, each with
+        // bound/propensity: about bound·400 of them, fewer than the agreeing ones.
+        let mut own = build();
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let r = replay(&log, own.as_mut(), &mut rng, 1, Learning::Own);
+        for ((round, d), kept) in log.rounds.iter().zip(&r.choices).zip(&r.learnt_from) {
+            assert!(!*kept || d.probability(round.action) > 0.5);
+        }
         let kept = r.learnt_from.iter().filter(|k| **k).count();
-        assert!(kept > 0 && kept < 400, "{kept}");
+        let bound = rejection_bound(log.rounds.iter().map(|r| r.propensity));
+        assert!((0.04..=0.06).contains(&bound), "{bound}");
+        assert!(kept > 0 && kept < agreed && kept < 50, "{kept} {agreed}");
         // It received the scores of those rounds only: fewer than when it learns from all.
         let mut all = build();
         let _ = replay(&log, all.as_mut(), &mut rng, 1, Learning::All);
