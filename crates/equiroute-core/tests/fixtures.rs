@@ -130,6 +130,7 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             warmup_exit_z: 0.0,
             gate: false,
             gate_margin: 0.0,
+            gate_z: 2.0,
         },
         failure_quality: None,
     };

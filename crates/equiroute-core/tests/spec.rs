@@ -189,6 +189,7 @@ fn a_inverse_matches_a_direct_inverse_after_a_million_updates_and_downdates() {
         warmup_exit_z: 0.0,
         gate: false,
         gate_margin: 0.0,
+        gate_z: 2.0,
     };
     let mut head = LinUcbHead::new(d, cfg);
     let mut r = rng(5);

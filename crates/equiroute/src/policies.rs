@@ -197,11 +197,15 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     (
         "head.gate",
-        "rank by each provider's context-free mean until the query is shown to predict scores",
+        "rank by each provider's context-free mean (with its head's width) until the query is shown to move scores",
     ),
     (
         "head.gate_margin",
         "share by which the contextual heads must predict better to open the gate, in [0, 1)",
+    ),
+    (
+        "head.gate_z",
+        "z the predicted deviations from the means must clear to open the gate (0: judge errors by gate_margin), >= 0",
     ),
     (
         "level_z",

@@ -15,15 +15,20 @@
 //!   and the mean fills in the rest. Without it, a context unlike the scored ones is estimated
 //!   near 0 after a few scores, whatever the provider's quality.
 //! - Gated (`gate = true`; off by default, `lqm-ts` included): beside the head, the same ridge
-//!   with one constant feature, `û₀ = Σu/(λr + n)` with width `1/sqrt(λr + n)` over the
-//!   same pairs ([`LinUcbHead::context_free`]), and a prequential record
-//!   ([`GateRecord`]): each score is predicted, before either model learns it, by the mean
-//!   score `ū` and by the centred head `ū + xᵀA⁻¹(b − ū·Σx)` (nested models: they differ
-//!   only by what the query adds), and both squared errors are summed. The policy ranks with
-//!   `û₀` until the centred heads' errors are below `(1 − gate_margin)` times the means'
-//!   (pooled over an interface's heads: `HeadsState::context_helps`), so that providers whose
-//!   quality does not depend on the query are not explored query by query in `d` dimensions.
-//!   The record is windowed and merges like `A` and `b`.
+//!   with one constant feature, `û₀ = Σu/(λr + n)` over the same pairs
+//!   ([`LinUcbHead::context_free`]), and a prequential record ([`GateRecord`]): each score is
+//!   predicted, before either model learns it, by the mean score `ū` and by the centred head
+//!   `ū + δ`, `δ = xᵀA⁻¹(b − ū·Σx)` (nested models: they differ only by what the query adds).
+//!   The record sums both squared errors, and `δ·(u − ū)` and its square. While the gate is
+//!   closed the policy ranks with `û₀` and the head's own width `sqrt(xᵀA⁻¹x)` (never below
+//!   the context-free `1/sqrt(λr + n)`, and wide for queries unlike those the candidate was
+//!   tried on: the lock-in guard); it opens, pooled over an interface's heads
+//!   (`HeadsState::context_helps`), when the predicted deviations are borne out by the scores,
+//!   `Σδ·(u − ū) > gate_z·sqrt(Σ(δ·(u − ū))²)` ([`signal_shown`], `gate_z = 2` by default),
+//!   or, with `gate_z = 0`, when the centred heads' squared errors are below
+//!   `(1 − gate_margin)` times the means' ([`context_wins`]). The signal test sees a query
+//!   that decides which provider is best although it barely improves the prediction of one
+//!   score; the error test does not. The record is windowed and merges like `A` and `b`.
 //! - Numerics: after 10⁶ rank-one steps the error in `A⁻¹` adds up, so every
 //!   `refresh_every` updates `A⁻¹` is recomputed by a Cholesky inverse of `A`, rebuilt exactly
 //!   as `λr·I + Σ xxᵀ` from the window (or kept incrementally when there is no window).
@@ -72,6 +77,25 @@ pub struct LinUcbConfig {
     /// scores', as a fraction of the latter, before the heads rank (in [0, 1); default 0).
     #[serde(skip_serializing_if = "is_default_margin")]
     pub gate_margin: f64,
+    /// The gate's test: `0` compares prequential errors (`gate_margin`); above 0 (the
+    /// default, 2), the heads rank once the deviations they predict from their means,
+    /// `δ = xᵀA⁻¹(b − ū·Σx)`, are borne out by the scores that follow:
+    /// `Σδ·(u − ū) > gate_z·sqrt(Σ(δ·(u − ū))²)`, pooled over the interface's heads
+    /// (module docs). Written out only when not the default.
+    #[serde(default = "default_gate_z", skip_serializing_if = "is_default_gate_z")]
+    pub gate_z: f64,
+}
+
+/// The default [`LinUcbConfig::gate_z`].
+pub const DEFAULT_GATE_Z: f64 = 2.0;
+
+fn default_gate_z() -> f64 {
+    DEFAULT_GATE_Z
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_default_gate_z(z: &f64) -> bool {
+    *z == DEFAULT_GATE_Z
 }
 
 /// The default [`LinUcbConfig::gate_margin`].
@@ -99,6 +123,7 @@ impl Default for LinUcbConfig {
             warmup_exit_z: 0.0,
             gate: false,
             gate_margin: DEFAULT_GATE_MARGIN,
+            gate_z: DEFAULT_GATE_Z,
         }
     }
 }
@@ -111,6 +136,7 @@ impl LinUcbConfig {
     pub fn validate(&self) -> Result<(), crate::ConfigError> {
         crate::error::positive("lambda_r", self.lambda_r)?;
         crate::error::non_negative("warmup_exit_z", self.warmup_exit_z)?;
+        crate::error::non_negative("gate_z", self.gate_z)?;
         if !(0.0..1.0).contains(&self.gate_margin) {
             return Err(crate::error::out_of_range(
                 "gate_margin",
@@ -147,6 +173,10 @@ pub struct WindowEntry {
     /// either learnt it (gated heads only; absent in state saved without the gate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errors: Option<[f64; 2]>,
+    /// `δ·(u − ū)`: the deviation from the mean the head predicted for `u`, times the one
+    /// that came (gated heads only; absent in state saved before the signal test).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<f64>,
 }
 
 /// The prequential record of a gated head: each score predicted, before either learnt it,
@@ -160,14 +190,24 @@ pub struct GateRecord {
     free_error: f64,
     /// `Σ(u − ū − xᵀA⁻¹(b − ū·Σx))²` over them.
     context_error: f64,
+    /// `Σδ·(u − ū)`, `δ = xᵀA⁻¹(b − ū·Σx)` the predicted deviation.
+    #[serde(default)]
+    cross: f64,
+    /// `Σ(δ·(u − ū))²`.
+    #[serde(default)]
+    cross_sq: f64,
 }
 
 impl GateRecord {
-    fn add(&mut self, errors: Option<[f64; 2]>, sign: f64) {
+    fn add(&mut self, errors: Option<[f64; 2]>, signal: Option<f64>, sign: f64) {
         if let Some([free, context]) = errors {
             self.scored += sign;
             self.free_error += sign * free;
             self.context_error += sign * context;
+        }
+        if let Some(c) = signal {
+            self.cross += sign * c;
+            self.cross_sq += sign * c * c;
         }
     }
 
@@ -175,6 +215,14 @@ impl GateRecord {
         self.scored += other.scored;
         self.free_error += other.free_error;
         self.context_error += other.context_error;
+        self.cross += other.cross;
+        self.cross_sq += other.cross_sq;
+    }
+
+    /// `(Σδ·(u − ū), Σ(δ·(u − ū))²)`: the signal test's sums.
+    #[must_use]
+    pub fn signal(&self) -> (f64, f64) {
+        (self.cross, self.cross_sq)
     }
 
     /// `(Σ free error, Σ context error, pairs scored)`.
@@ -190,6 +238,20 @@ impl GateRecord {
 pub fn context_wins(free: f64, context: f64, margin: f64) -> bool {
     free > 0.0 && context < (1.0 - margin) * free
 }
+
+/// Whether the deviations from the mean that contextual heads predicted are borne out by
+/// the scores that came: `Σδ·(u − ū) > z·sqrt(Σ(δ·(u − ū))²)` and above rounding error (the gate's
+/// signal test; nothing scored: no). Under no context effect each term has mean 0 given the past, so the sum
+/// clears `z` of its own spread by chance only rarely; where the query moves the scores by
+/// even a few hundredths it grows like `n` and its spread like `sqrt(n)`.
+#[must_use]
+pub fn signal_shown(cross: f64, cross_sq: f64, z: f64) -> bool {
+    cross > SIGNAL_FLOOR && cross > z * cross_sq.sqrt()
+}
+
+/// The least `Σδ·(u − ū)` the signal test counts: rounding errors of scores that do not vary
+/// at all must not open the gate.
+const SIGNAL_FLOOR: f64 = 1e-9;
 
 /// The sums behind a centred head, over the same pairs as `A` and `b`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -457,23 +519,34 @@ impl LinUcbHead {
     /// overflows.
     pub fn update(&mut self, x: &[f64], u: f64, at: Timestamp) {
         // Prequential: both models predict u before either learns it.
-        let errors = match (&self.gate, self.mean_score()) {
+        let (errors, signal) = match (&self.gate, self.mean_score()) {
             (Some(_), Some(mean)) => {
                 let free = u - mean;
-                let context = u - self.centred_with(|v| dot(v, x));
-                Some([free * free, context * context])
+                let deviation = self.centred_with(|v| dot(v, x)) - mean;
+                let context = free - deviation;
+                (
+                    Some([free * free, context * context]),
+                    Some(deviation * free),
+                )
             }
-            _ => None,
+            _ => (None, None),
         };
         self.count += 1;
         if let Some(g) = &mut self.gate {
-            g.add(errors, 1.0);
+            g.add(errors, signal, 1.0);
         }
-        self.update_inner(x, u, at, errors);
+        self.update_inner(x, u, at, errors, signal);
         self.sync_f32();
     }
 
-    fn update_inner(&mut self, x: &[f64], u: f64, at: Timestamp, errors: Option<[f64; 2]>) {
+    fn update_inner(
+        &mut self,
+        x: &[f64],
+        u: f64,
+        at: Timestamp,
+        errors: Option<[f64; 2]>,
+        signal: Option<f64>,
+    ) {
         let Some(w) = self.config.window else {
             self.rank_one(x, u, 1.0);
             return;
@@ -486,6 +559,7 @@ impl LinUcbHead {
             u,
             at,
             errors,
+            signal,
         });
         if self.window.len() <= w {
             self.rank_one(x, u, 1.0);
@@ -494,7 +568,7 @@ impl LinUcbHead {
         // A full window: add the new pair and remove the oldest in one fused rank-two step.
         if let Some(old) = self.window.pop_front() {
             if let Some(g) = &mut self.gate {
-                g.add(old.errors, -1.0);
+                g.add(old.errors, old.signal, -1.0);
             }
             self.replace(x, u, &old.x, old.u);
             self.spare = Some(old.x);
@@ -624,7 +698,7 @@ impl LinUcbHead {
                 c.add(&e.x, e.u, 1.0);
             }
             if let Some(g) = &mut gate {
-                g.add(e.errors, 1.0);
+                g.add(e.errors, e.signal, 1.0);
             }
         }
         self.a = a;
@@ -643,6 +717,7 @@ impl LinUcbHead {
         let gate_as_here = LinUcbConfig {
             gate: self.config.gate,
             gate_margin: self.config.gate_margin,
+            gate_z: self.config.gate_z,
             ..other.config
         };
         if other.dim != self.dim || gate_as_here != self.config {
@@ -976,9 +1051,15 @@ mod tests {
             }
             let (lf, lc, ls) = left.gate_record().unwrap().sums();
             let (rf, rc, rs) = right.gate_record().unwrap().sums();
+            let (lx, lx2) = left.gate_record().unwrap().signal();
+            let (rx, rx2) = right.gate_record().unwrap().signal();
+            // The right side saw two pairs: after one, δ = 0. The left side saw three.
+            assert!(lx2 > 0.0 && rx2.abs() < 1e-12, "{lx2} {rx2}");
             left.merge(&right).unwrap();
             let (f, c, s) = left.gate_record().unwrap().sums();
             assert!((f - lf - rf).abs() < 1e-12 && (c - lc - rc).abs() < 1e-12);
+            let (x, x2) = left.gate_record().unwrap().signal();
+            assert!((x - lx - rx).abs() < 1e-12 && (x2 - lx2 - rx2).abs() < 1e-12);
             assert!((s - ls - rs).abs() < 1e-12 && (s - 5.0).abs() < 1e-12);
             let (u0, _) = left.context_free().unwrap();
             assert!((u0 - 2.5 / 6.0).abs() < 1e-12, "window {window:?}: {u0}");
@@ -987,6 +1068,8 @@ mod tests {
                 serde_json::from_str(&serde_json::to_string(&left).unwrap()).unwrap();
             let (bf, bc, bs) = back.gate_record().unwrap().sums();
             assert!((bf - f).abs() < 1e-12 && (bc - c).abs() < 1e-12 && (bs - s).abs() < 1e-12);
+            let (bx, bx2) = back.gate_record().unwrap().signal();
+            assert!((bx - x).abs() < 1e-12 && (bx2 - x2).abs() < 1e-12);
             let (bu, bw) = back.context_free().unwrap();
             assert!((bu - u0).abs() < 1e-12 && (bw - 6f64.recip().sqrt()).abs() < 1e-12);
         }

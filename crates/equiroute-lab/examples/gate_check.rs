@@ -1,0 +1,124 @@
+//! `lqm-ts` with variants of the context gate (`lqm.head.gate`, `gate_z`) on
+//! built-in scenarios, beside the best of the other learning policies.
+//!
+//! `cargo run --release -p equiroute-lab --example gate_check -- SEEDS FIRST SCENARIOS VARIANTS`
+//!
+//! - `SCENARIOS`: `all` or a comma-separated list of built-in names;
+//! - `VARIANTS`: comma-separated, each `as-is` (the scenario's `lqm-ts`), `off` (gate off),
+//!   `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
+//!   prediction errors, `gate_margin`), or `others` (`lqm`, `ts-deadline`,
+//!   `sw-ucb`, `linucb`, `additive`, each under its own label).
+//!
+//! Every `lqm-ts` variant runs under the label `lqm-ts`, so on the same random streams. Prints
+//! per scenario and policy the mean gold quality and regret ± one standard error over the
+//! seeds, and the per-seed regret.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
+
+use equiroute_core::policies::PolicyConfig;
+use equiroute_lab::runner::{run, run_policy, RunResult};
+use equiroute_lab::scenario::{all_builtin, builtin, ScenarioSpec};
+use equiroute_lab::world::World;
+
+const OTHERS: [&str; 5] = ["lqm", "ts-deadline", "sw-ucb", "linucb", "additive"];
+
+fn lqm_ts(spec: &ScenarioSpec, variant: &str, seed: u64) -> RunResult {
+    let mut cfg = spec.policy("lqm-ts").unwrap();
+    if let PolicyConfig::LqmTs(c) = &mut cfg {
+        let head = &mut c.lqm.head;
+        match variant {
+            "as-is" => {}
+            "off" => head.gate = false,
+            "on" => head.gate = true,
+            v => {
+                head.gate = true;
+                head.gate_z = v
+                    .strip_prefix('z')
+                    .and_then(|z| z.parse().ok())
+                    .expect("a variant: as-is, off, on or z<Z>");
+            }
+        }
+    }
+    let world = World::new(spec);
+    let policy = cfg
+        .build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor("lqm-ts"))
+        .unwrap();
+    run_policy(spec, "lqm-ts", policy, seed, spec.rounds).unwrap()
+}
+
+fn mean_se(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, (var / n).sqrt())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let seeds: u64 = args.get(1).map_or(5, |s| s.parse().expect("SEEDS"));
+    let first: u64 = args.get(2).map_or(1, |s| s.parse().expect("FIRST"));
+    let scenarios = match args.get(3).map_or("all", String::as_str) {
+        "all" => all_builtin().unwrap(),
+        list => list.split(',').map(|n| builtin(n).unwrap()).collect(),
+    };
+    let variants: Vec<String> = args
+        .get(4)
+        .map_or("as-is,on", String::as_str)
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let range = first..first + seeds;
+    println!(
+        "seeds {}..={}; mean ± standard error over seeds",
+        range.start,
+        range.end - 1
+    );
+    for spec in &scenarios {
+        let mut rows: Vec<(String, Vec<RunResult>)> = Vec::new();
+        for v in &variants {
+            if v == "others" {
+                for label in OTHERS {
+                    let runs = range
+                        .clone()
+                        .map(|s| run(spec, label, s, spec.rounds).unwrap())
+                        .collect();
+                    rows.push((label.to_owned(), runs));
+                }
+            } else {
+                let runs = range.clone().map(|s| lqm_ts(spec, v, s)).collect();
+                rows.push((format!("lqm-ts {v}"), runs));
+            }
+        }
+        let verbose = std::env::var_os("GATE_CHECK_VERBOSE").is_some();
+        for (label, runs) in &rows {
+            if verbose {
+                for r in runs {
+                    let alpha: Vec<String> = r
+                        .share_over_time
+                        .iter()
+                        .map(|b| format!("{:.0}", 10.0 * b.first().copied().unwrap_or(0.0)))
+                        .collect();
+                    let rec: Vec<String> = r
+                        .recovery
+                        .iter()
+                        .map(|x| format!("{:?}", x.rounds))
+                        .collect();
+                    println!(
+                        "  {label} seed {}: first provider's share by bin (tenths) {} recovery {}",
+                        r.seed,
+                        alpha.join(""),
+                        rec.join(" ")
+                    );
+                }
+            }
+            let (q, qse) = mean_se(&runs.iter().map(|r| r.quality).collect::<Vec<_>>());
+            let (g, gse) = mean_se(&runs.iter().map(|r| r.regret).collect::<Vec<_>>());
+            let per: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.regret)).collect();
+            println!(
+                "{}\t{label}\tquality {q:.4} ± {qse:.4}\tregret {g:.1} ± {gse:.1}\t[{}]",
+                spec.name,
+                per.join(" ")
+            );
+        }
+    }
+}
