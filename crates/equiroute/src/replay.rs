@@ -576,8 +576,10 @@ fn events(decisions: &[Decision]) -> Vec<Event> {
 
 /// The target's first-choice probabilities at each decision, learning from the log as the
 /// gateway's policy did (`own = false`), or only from the requests where the log made the
-/// choice it would have made (`own = true`: rejection sampling, [`ope::learns_from`]; a
-/// request without a usable propensity is not learnt from).
+/// choice it would have made (`own = true`: rejection sampling with the log's smallest
+/// propensity as the constant bound, [`ope::learns_as_own`], so the kept requests are a
+/// sample of the target's own traffic, contexts included; a request without a usable
+/// propensity is not learnt from).
 fn replay(
     policy: &mut dyn Policy,
     log: &InterfaceLog,
@@ -589,6 +591,11 @@ fn replay(
     // The coin of rejection sampling, apart from the target's own draws.
     let mut coin = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c017);
     let mut learnt = vec![!own; log.decisions.len()];
+    let bound = ope::rejection_bound(
+        log.decisions
+            .iter()
+            .filter_map(|d| d.propensity.map(|(q, _)| q)),
+    );
     let zeros = vec![0.0; log.space.feature_dim];
     let features = |d: &Decision| d.features.clone().unwrap_or_else(|| zeros.clone());
     let mut targets = vec![Vec::new(); log.decisions.len()];
@@ -607,9 +614,9 @@ fn replay(
                     .probabilities;
                 if own {
                     let p = targets[i].get(d.action).copied().unwrap_or(0.0);
-                    learnt[i] = d
-                        .propensity
-                        .is_some_and(|(q, _)| ope::learns_from(p, q, coin.random::<f64>()));
+                    learnt[i] = d.propensity.is_some_and(|(q, _)| {
+                        ope::learns_as_own(p, q, bound, coin.random::<f64>())
+                    });
                 }
                 // The decision itself, for policies whose state moves with it (round-robin).
                 let _ = policy.rank(&ctx, &mut rng);
