@@ -490,6 +490,12 @@ impl crate::shared::SyncTarget for AppState {
     fn synced_interfaces(
         &self,
     ) -> Result<Vec<crate::shared::SyncedInterface>, crate::shared::SharedError> {
+        // A side policy's copy, its deferred observations applied first.
+        let side = |p: &super::arms::SidePolicy| {
+            p.write()
+                .map(|p| p.clone_box())
+                .map_err(|_| crate::shared::SharedError::Redis("policy lock poisoned".into()))
+        };
         self.interfaces
             .iter()
             .map(|(name, iface)| {
@@ -503,28 +509,18 @@ impl crate::shared::SyncTarget for AppState {
                     feature_dim: iface.featurizer.dim(),
                     feature_max_words: iface.featurizer.max_words(),
                     policy: policy.clone_box(),
-                    shadow: match &iface.arms.shadow {
-                        Some(s) => Some(
-                            s.policy
-                                .write()
-                                .map_err(|_| {
-                                    crate::shared::SharedError::Redis("policy lock poisoned".into())
-                                })?
-                                .clone_box(),
-                        ),
-                        None => None,
-                    },
-                    rollout: match &iface.arms.rollout {
-                        Some(r) => Some(
-                            r.policy
-                                .write()
-                                .map_err(|_| {
-                                    crate::shared::SharedError::Redis("policy lock poisoned".into())
-                                })?
-                                .clone_box(),
-                        ),
-                        None => None,
-                    },
+                    shadow: iface
+                        .arms
+                        .shadow
+                        .as_ref()
+                        .map(|s| side(&s.policy))
+                        .transpose()?,
+                    rollout: iface
+                        .arms
+                        .rollout
+                        .as_ref()
+                        .map(|r| side(&r.policy))
+                        .transpose()?,
                 })
             })
             .collect()

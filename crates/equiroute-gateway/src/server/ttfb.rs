@@ -10,7 +10,7 @@
 
 pub use crate::config::first_byte::FirstByteLimit;
 use equiroute_core::estimators::dist::normal_cdf;
-use equiroute_core::estimators::nig::{LogLatencyStats, NigPrior};
+use equiroute_core::estimators::nig::{LogLatencyStats, NigPosterior, NigPrior};
 use equiroute_core::estimators::shape::LatencyBelief;
 use equiroute_core::{Millis, Timestamp};
 
@@ -32,12 +32,9 @@ impl FirstByteLimit {
     /// mean of the log first-byte time and its predictive variance `E[σ²]·(1 + 1/κ)`.
     #[must_use]
     pub fn limit(&self, stats: &LogLatencyStats, now: Timestamp, max: Millis) -> Millis {
-        if !self.learned || stats.count < self.min_observations {
+        let Some(post) = self.learnt_posterior(stats, now) else {
             return max;
-        }
-        let mut s = *stats;
-        s.decay_to(now, Some(HALF_LIFE_MS));
-        let post = s.posterior(&PRIOR);
+        };
         let sigma = (post.mean_sigma2() * (1.0 + 1.0 / post.kappa_n)).sqrt();
         let quantile = (post.mu_n + z_of(self.quantile) * sigma).exp();
         Millis((self.factor * quantile).max(self.floor_ms).min(max.0))
@@ -50,13 +47,22 @@ impl FirstByteLimit {
     /// `learned`); `None` otherwise.
     #[must_use]
     pub fn belief(&self, stats: &LogLatencyStats, now: Timestamp) -> Option<LatencyBelief> {
-        if !self.learned || stats.count < self.min_observations {
-            return None;
-        }
-        let mut s = *stats;
-        s.decay_to(now, Some(HALF_LIFE_MS));
-        Some(LatencyBelief::log_normal(s.posterior(&PRIOR)))
+        self.learnt_posterior(stats, now)
+            .map(LatencyBelief::log_normal)
     }
+
+    /// The posterior at `now` once the statistics are learnt from (`learned`, at least
+    /// `min_observations` first bytes).
+    fn learnt_posterior(&self, stats: &LogLatencyStats, now: Timestamp) -> Option<NigPosterior> {
+        (self.learned && stats.count >= self.min_observations).then(|| posterior_at(stats, now))
+    }
+}
+
+/// The posterior of `stats` decayed to `now`.
+fn posterior_at(stats: &LogLatencyStats, now: Timestamp) -> NigPosterior {
+    let mut s = *stats;
+    s.decay_to(now, Some(HALF_LIFE_MS));
+    s.posterior(&PRIOR)
 }
 
 /// Records a first byte after `ttfb`.
@@ -66,9 +72,7 @@ pub fn observe(stats: &mut LogLatencyStats, now: Timestamp, ttfb: Millis) {
 
 /// Records an attempt that had no first byte within `cutoff`: at least that long.
 pub fn observe_cut_off(stats: &mut LogLatencyStats, now: Timestamp, cutoff: Millis) {
-    let mut at_now = *stats;
-    at_now.decay_to(now, Some(HALF_LIFE_MS));
-    let belief = at_now.posterior(&PRIOR);
+    let belief = posterior_at(stats, now);
     stats.observe_censored(now, cutoff.0, &belief, Some(HALF_LIFE_MS));
 }
 
