@@ -210,7 +210,7 @@ pub enum SupportWarning {
     /// The importance weights leave this few effective records.
     LowEffectiveSampleSize { ess: f64 },
     /// The evaluated policy learns from the traffic, and what it learns matters: replayed
-    /// learning only from the requests where the log made its own choice, it scores
+    /// learning only from a sample of the log drawn as its own traffic would be, it scores
     /// `own_value` instead of `value`, a gap above [`OpeOptions::learning_gap_warn`]
     /// half-widths of the interval (see [`with_own_learning`]).
     LearningDependent { value: f64, own_value: f64 },
@@ -256,6 +256,25 @@ impl fmt::Display for SupportWarning {
     }
 }
 
+/// A metric's value in words: three decimals for quality and rates, three significant
+/// digits for values below 0.01 (a cost per request of $5e-6 would print as 0.000).
+fn significant(v: f64) -> String {
+    if v == 0.0 || v.abs() >= 0.01 || !v.is_finite() {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+/// [`significant`] with its sign always shown (a shift of the estimate).
+fn signed_significant(v: f64) -> String {
+    if v.is_sign_negative() {
+        significant(v)
+    } else {
+        format!("+{}", significant(v))
+    }
+}
+
 impl SupportWarning {
     /// The candidate the warning is about, if any (its index in the log's index space).
     #[must_use]
@@ -293,9 +312,11 @@ impl SupportWarning {
             ),
             SupportWarning::LearningDependent { value, own_value } => format!(
                 "the evaluated policy learns from the traffic, and the estimate depends on what it \
-                 learns: learning from every logged request it scores {value:.3}, learning only \
-                 from the requests where the log made its own choice {own_value:.3}; its value on \
-                 its own traffic may differ from both (the interval spans both replays)"
+                 learns: learning from every logged request it scores {}, learning only from a \
+                 sample of the log drawn as its own traffic would be {}; its value on its own \
+                 traffic may differ from both (the interval spans both replays)",
+                significant(*value),
+                significant(*own_value)
             ),
             SupportWarning::LoadDependent {
                 candidate,
@@ -308,10 +329,11 @@ impl SupportWarning {
                 "{}'s outcome depends on how much traffic it gets (slope {slope:+.3} per unit of \
                  its recent share, t = {t:.1}): the evaluated policy would send it {:.0}% of the \
                  requests, the logging policy sent it {:.0}%, which may move the estimate by about \
-                 {shift:+.3}; the log shows it under the logging policy's load only",
+                 {}; the log shows it under the logging policy's load only",
                 name(*candidate),
                 100.0 * target_share,
-                100.0 * logged_share
+                100.0 * logged_share,
+                signed_significant(*shift)
             ),
             SupportWarning::LoadReactive {
                 candidate,
@@ -326,12 +348,13 @@ impl SupportWarning {
                  that provider's recent share of the traffic (slope {slope:+.3}, t = {t:.1}); it \
                  would send it {:.0}% of the requests where the logging policy sent {:.0}%, and \
                  under that load it would choose it about {:.0}% of the time, which may move the \
-                 estimate by about {shift:+.3}: the log shows the providers under the logging \
+                 estimate by about {}: the log shows the providers under the logging \
                  policy's load only",
                 name(*candidate),
                 100.0 * target_share,
                 100.0 * logged_share,
-                100.0 * own_share
+                100.0 * own_share,
+                signed_significant(*shift)
             ),
             SupportWarning::LowEffectiveSampleSize { ess } => format!(
                 "the evaluated policy differs so much from the logging policy that the log is worth \
@@ -1229,6 +1252,16 @@ mod tests {
         );
         let text = e.warnings[0].to_string();
         assert!(text.contains("0.600") && text.contains("0.650"), "{text}");
+        // A cost per request keeps its digits: $5.10e-6 against $4.96e-6, not 0.000 twice.
+        let cost = SupportWarning::LearningDependent {
+            value: 5.1e-6,
+            own_value: 4.96e-6,
+        }
+        .to_string();
+        assert!(
+            cost.contains("5.10e-6") && cost.contains("4.96e-6"),
+            "{cost}"
+        );
         // A policy that does not learn gives the same estimate twice: nothing changes.
         let same = estimate(0.60, 0.56, 0.64);
         assert_eq!(with_own_learning(same.clone(), &same, &o), same);
