@@ -1323,22 +1323,15 @@ const ROLLBACKS: &str =
 const ROLLBACKS_RECEIVED: &str =
     "equiroute_rollout_events_received_total{interface=\"chat\",event=\"rollback_bad_rate\"} ";
 
-#[tokio::test]
-async fn a_canary_rolled_back_on_one_instance_is_rolled_back_on_every_instance_and_a_late_joiner() {
+/// Finishes requests on `app`, every canary one failed and every live one answered, until
+/// its guard rolls the canary back.
+fn roll_back(app: &AppState) {
     use equiroute_core::executor::RequestStatus;
     use equiroute_gateway::server::arms::{Arm, Routed};
-    let Some(redis) = RedisServer::start("rollback") else {
-        return;
-    };
-    let text = with_canary(&compacting(&config(Some(&redis.url()), "rollback")));
-    let (a, b) = (app(&text, 1), app(&text, 2));
-    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
-    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
-    // On A every canary request fails and every live one succeeds, until A's guard fires.
-    let iface = a.interfaces["chat"].clone();
+    let iface = app.interfaces["chat"].clone();
     let mut n = 0_u64;
-    while rollout_report(&a)["status"]["state"] == "running" {
-        assert!(n < 400, "A's guard never fired: {}", rollout_report(&a));
+    while rollout_report(app)["status"]["state"] == "running" {
+        assert!(n < 400, "the guard never fired: {}", rollout_report(app));
         let (arm, status) = if n.is_multiple_of(2) {
             (Arm::Candidate, RequestStatus::Exhausted)
         } else {
@@ -1349,9 +1342,22 @@ async fn a_canary_rolled_back_on_one_instance_is_rolled_back_on_every_instance_a
             n,
             policy: "lqm",
         };
-        a.finish_routed(&iface, &format!("r{n}"), routed, status);
+        app.finish_routed(&iface, &format!("r{n}"), routed, status);
         n += 1;
     }
+}
+
+#[tokio::test]
+async fn a_canary_rolled_back_on_one_instance_is_rolled_back_on_every_instance_and_a_late_joiner() {
+    let Some(redis) = RedisServer::start("rollback") else {
+        return;
+    };
+    let text = with_canary(&compacting(&config(Some(&redis.url()), "rollback")));
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    // On A every canary request fails and every live one succeeds, until A's guard fires.
+    roll_back(&a);
     let ra = rollout_report(&a);
     assert_eq!(ra["status"]["state"], "rolled_back", "{ra}");
     assert_eq!(ra["status"]["decided_by"], "this_instance", "{ra}");
@@ -1397,6 +1403,14 @@ async fn a_canary_rolled_back_on_one_instance_is_rolled_back_on_every_instance_a
         arms_metric(&c, ACTIVE).abs() < 1e-12,
         "C's canary never runs"
     );
+    // A snapshot of an earlier release has no `rollouts` field: it still loads, with no
+    // rollout ended.
+    assert_eq!(redis.command("HDEL {rollback}:snapshot rollouts"), ":1");
+    let d = app(&text, 4);
+    let mut sd = Syncer::start(&redis_cfg(&text), &d).await.unwrap();
+    assert!(sd.sync_once(&d).await.unwrap().loaded_snapshot);
+    assert_eq!(rollout_report(&d)["status"]["state"], "running");
+    assert_close(&live_state(&d), &live_state(&a), "D's live policy");
 }
 
 #[tokio::test]
@@ -1475,6 +1489,15 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
         &live_state(&a),
         "the late joiner's live policy",
     );
+    // An instance without the rollout cannot follow the promotion: its sync says why.
+    let plain = config(Some(&redis.url()), "promote");
+    let d = app(&plain, 4);
+    let mut sd = Syncer::start(&redis_cfg(&plain), &d).await.unwrap();
+    let err = sd.sync_once(&d).await.unwrap_err().to_string();
+    assert!(
+        err.contains("interface `chat`") && err.contains("has no rollout"),
+        "{err}"
+    );
     // A promotion cannot be undone: a second end is refused with the rollout's state.
     let err = b
         .end_rollout_by_operator(&b.interfaces["chat"], false)
@@ -1537,5 +1560,42 @@ async fn an_abort_through_the_admin_route_reaches_every_gateway_and_one_started_
     assert_eq!(
         rc["status"]["state"], "aborted",
         "a gateway started later: {rc}"
+    );
+}
+
+#[tokio::test]
+async fn when_two_instances_end_a_canary_differently_the_first_end_in_the_stream_holds_everywhere()
+{
+    let Some(redis) = RedisServer::start("conflict") else {
+        return;
+    };
+    let text = with_canary(&config(Some(&redis.url()), "conflict"));
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    feed(&b, &workload(60));
+    // Within one sync interval: A's guard rolls back, B's operator promotes.
+    roll_back(&a);
+    b.end_rollout_by_operator(&b.interfaces["chat"], true)
+        .unwrap();
+    assert_eq!(b.interfaces["chat"].policy_name(), "lqm");
+    // A's rollback reaches the stream first.
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    for (name, app) in [("A", &a), ("B", &b)] {
+        let r = rollout_report(app);
+        assert_eq!(r["status"]["state"], "rolled_back", "{name}: {r}");
+        assert_eq!(app.interfaces["chat"].policy_name(), "lqm-ts", "{name}");
+    }
+    assert_eq!(
+        rollout_report(&b)["status"]["decided_by"],
+        "another_instance"
+    );
+    assert_close(&live_state(&a), &live_state(&b), "the live policies");
+    let promoted = "equiroute_rollout_events_received_total{interface=\"chat\",event=\"promote\"} ";
+    assert!(
+        arms_metric(&a, promoted).abs() < 1e-12,
+        "A ignored B's later promotion"
     );
 }
