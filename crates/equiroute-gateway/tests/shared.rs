@@ -1418,7 +1418,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     let Some(redis) = RedisServer::start("promote") else {
         return;
     };
-    let text = with_canary(&config(Some(&redis.url()), "promote"));
+    let text = with_canary(&compacting(&config(Some(&redis.url()), "promote")));
     let (a, b) = (app(&text, 1), app(&text, 2));
     let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
     let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
@@ -1489,8 +1489,26 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
         &live_state(&a),
         "the late joiner's live policy",
     );
+    // After compactions trimmed the promotion's entry, a late joiner starts from the snapshot:
+    // promoted, its live policy the promoted one with what it learnt since.
+    let mut compactions = 0;
+    for chunk in workload(2000).chunks(40) {
+        feed(&a, chunk);
+        compactions += usize::from(sa.sync_once(&a).await.unwrap().compacted);
+    }
+    assert!(compactions >= 2, "{compactions}");
+    let e = app(&text, 5);
+    let mut se = Syncer::start(&redis_cfg(&text), &e).await.unwrap();
+    assert!(se.sync_once(&e).await.unwrap().loaded_snapshot);
+    assert_eq!(rollout_report(&e)["status"]["state"], "promoted");
+    assert_eq!(e.interfaces["chat"].policy_name(), "lqm");
+    assert_close(
+        &live_state(&e),
+        &live_state(&a),
+        "the joiner's promoted live policy",
+    );
     // An instance without the rollout cannot follow the promotion: its sync says why.
-    let plain = config(Some(&redis.url()), "promote");
+    let plain = compacting(&config(Some(&redis.url()), "promote"));
     let d = app(&plain, 4);
     let mut sd = Syncer::start(&redis_cfg(&plain), &d).await.unwrap();
     let err = sd.sync_once(&d).await.unwrap_err().to_string();
