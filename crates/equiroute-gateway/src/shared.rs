@@ -32,7 +32,13 @@
 //! with the shadow empty at it). A rollout's candidate learns from its own arm's
 //! observations: they travel as [`Event::RolloutLearn`] in each entry's `r` field (which
 //! earlier releases skip), are applied to a confirmed copy of the candidate, and snapshots
-//! carry it under `INTERFACE/rollout`. The rollout's status and guard stay per instance.
+//! carry it under `INTERFACE/rollout`. The rollout's end is shared too: a rollback by an
+//! instance's guard, an operator's abort or promotion travels as [`Event::RolloutEnd`] in
+//! each entry's `e` field (which earlier releases skip); the first end of an interface's
+//! rollout in the stream's order is the one every instance applies (a promotion swaps the
+//! confirmed live policy for the confirmed candidate at that point of the stream), and
+//! snapshots carry the ends (the hash's `rollouts` field), so an instance that joins later
+//! starts with the rollout ended. Each instance's guard still counts the requests it routed.
 //!
 //! Breakers are per instance, but opening one (consecutive failures, a `Retry-After`) is
 //! an event too: the others open theirs until the same time. The contexts of answered
@@ -91,11 +97,16 @@ const PUSH_SCRIPT: &str = r"
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 local done = v and tonumber(string.match(v, '^%d+')) or 0
 if tonumber(ARGV[2]) <= done then return 0 end
+local fields = {'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4]}
 if #ARGV[5] > 0 then
-  redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4], 'r', ARGV[5])
-else
-  redis.call('XADD', KEYS[1], '*', 'i', ARGV[1], 's', ARGV[3], 'b', ARGV[4])
+  table.insert(fields, 'r')
+  table.insert(fields, ARGV[5])
 end
+if #ARGV[6] > 0 then
+  table.insert(fields, 'e')
+  table.insert(fields, ARGV[6])
+end
+redis.call('XADD', KEYS[1], '*', unpack(fields))
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2] .. ':' .. redis.call('TIME')[1])
 return 1
 ";
@@ -127,7 +138,7 @@ if cur then
   if am < bm or (am == bm and as <= bs) then return 0 end
 end
 local trimmed = cur or '0-0'
-redis.call('HSET', KEYS[1], 'id', ARGV[1], 'data', ARGV[2], 'seen', ARGV[3], 'trimmed', trimmed)
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'data', ARGV[2], 'seen', ARGV[3], 'trimmed', trimmed, 'rollouts', ARGV[5])
 redis.call('XTRIM', KEYS[2], 'MINID', trimmed)
 return 1
 ";
@@ -155,7 +166,7 @@ if meta and meta ~= ARGV[5] then return {3, meta} end
 redis.call('SET', KEYS[3], ARGV[5])
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'id', '0-1', 'trimmed', '0-1', 'data', ARGV[3], 'seen', ARGV[4])
+redis.call('HSET', KEYS[2], 'id', '0-1', 'trimmed', '0-1', 'data', ARGV[3], 'seen', ARGV[4], 'rollouts', ARGV[6])
 return {2, ARGV[2]}
 ";
 
@@ -186,6 +197,9 @@ pub enum Event {
     /// quality score of one). Pushed in the entry's `r` field, apart from the others, so that
     /// instances of earlier releases (which read only `b`) skip it rather than the batch.
     RolloutLearn { iface: String, obs: Observation },
+    /// Interface `iface`'s rollout ended (rolled back, aborted or promoted). Pushed in the
+    /// entry's `e` field, which earlier releases skip.
+    RolloutEnd { iface: String, end: RolloutEnd },
     /// The context of an answered request, so that its feedback can reach any instance.
     Pending {
         request_id: String,
@@ -205,6 +219,43 @@ pub enum Event {
 
 fn pinned_by_default() -> bool {
     true
+}
+
+/// How a rollout ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutOutcome {
+    RolledBack,
+    Aborted,
+    Promoted,
+}
+
+/// The end of an interface's rollout, as it travels between instances.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutEnd {
+    /// The candidate's policy: applied only to a rollout of the same policy.
+    pub policy: String,
+    pub outcome: RolloutOutcome,
+    /// A rollback's guard metric (`bad_rate` or `quality`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    pub at_unix_ms: f64,
+    /// A rollback's evidence, as the deciding instance's guard measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<RolloutEvidence>,
+    /// The instance that decided (set from the stream entry it arrived in).
+    #[serde(default)]
+    pub instance: String,
+}
+
+/// A guard's evidence: the confidence interval of the difference between the arms, and
+/// each arm's measurements.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RolloutEvidence {
+    pub low: f64,
+    pub high: f64,
+    pub candidate: equiroute_core::sequential::BoundedMean,
+    pub live: equiroute_core::sequential::BoundedMean,
 }
 
 /// This instance's events that the shared log does not hold yet, numbered from 1.
@@ -533,6 +584,8 @@ struct Batch {
     bytes: Vec<u8>,
     /// The rollout candidates' observations (the `r` field; empty: none).
     rollout: Vec<u8>,
+    /// The rollouts' ends (the `e` field; empty: none).
+    ends: Vec<u8>,
 }
 
 /// Key names, all with one hash tag so that a Redis Cluster keeps them on one node.
@@ -651,6 +704,10 @@ pub struct Syncer {
     /// The same for the rollouts' candidates, which learn from their own arm's observations.
     empty_rollouts: BTreeMap<String, Box<dyn Policy>>,
     rollouts: BTreeMap<String, Box<dyn Policy>>,
+    /// The first end of each interface's rollout in the stream's order (confirmed state).
+    ends: BTreeMap<String, RolloutEnd>,
+    /// Ends confirmed since the last sync, for the gateway to apply.
+    announce: Vec<(String, RolloutEnd)>,
     cursor: StreamId,
     /// Highest own journal number the confirmed copy holds.
     own_confirmed: u64,
@@ -775,6 +832,9 @@ pub trait SyncTarget: Send + Sync {
     fn consume_pending(&self, request_id: &str);
     /// Another instance opened a breaker (`pinned`: by a `Retry-After`).
     fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool);
+    /// The rollout of `iface` ended, first in the stream's order (`own`: this instance
+    /// decided). A promotion's live policy arrives by [`SyncTarget::replace_live_policy`].
+    fn end_rollout(&self, iface: &str, end: &RolloutEnd, own: bool);
     /// The gateway's clock.
     fn now(&self) -> Timestamp;
 }
@@ -841,6 +901,8 @@ impl Syncer {
             shadows,
             empty_rollouts,
             rollouts,
+            ends: BTreeMap::new(),
+            announce: Vec::new(),
             cursor: StreamId::default(),
             own_confirmed: 0,
             pushed: 0,
@@ -969,6 +1031,7 @@ impl Syncer {
     ) -> Result<(), SharedError> {
         let data = rmp_serde::to_vec_named(&self.confirmed_states()).map_err(|e| redis_err(&e))?;
         let seen = rmp_serde::to_vec_named(&self.seen).map_err(|e| redis_err(&e))?;
+        let ends = rmp_serde::to_vec_named(&self.ends).map_err(|e| redis_err(&e))?;
         let (code, epoch): (i64, String) = timed(
             self.recover_script
                 .key(&self.keys.epoch)
@@ -979,6 +1042,7 @@ impl Syncer {
                 .arg(data)
                 .arg(seen)
                 .arg(&self.fingerprint)
+                .arg(ends)
                 .invoke_async(conn),
         )
         .await?;
@@ -1090,7 +1154,7 @@ impl Syncer {
                 let Some(id) = StreamId::parse(&id) else {
                     continue;
                 };
-                let applied = self.apply_entry(state, &fields, &mut report);
+                let applied = self.apply_entry(state, &fields, &mut report)?;
                 report.applied_observations += applied;
                 self.cursor = id;
                 self.since_snapshot += 1;
@@ -1101,7 +1165,12 @@ impl Syncer {
                 break;
             }
         }
-        // 3. Rebuild the live policies.
+        // 3. Apply the rollouts' ends, and rebuild the live policies (a promotion swapped
+        // the confirmed one).
+        for (iface, end) in std::mem::take(&mut self.announce) {
+            let own = end.instance == self.instance;
+            state.end_rollout(&iface, &end, own);
+        }
         if self.stale_live {
             self.rebuild_live(state);
             self.stale_live = false;
@@ -1117,6 +1186,7 @@ impl Syncer {
             let states = self.confirmed_states();
             let bytes = rmp_serde::to_vec_named(&states).map_err(|e| redis_err(&e))?;
             let seen = rmp_serde::to_vec_named(&self.seen).map_err(|e| redis_err(&e))?;
+            let ends = rmp_serde::to_vec_named(&self.ends).map_err(|e| redis_err(&e))?;
             let _: i64 = timed(
                 self.snapshot_script
                     .key(&self.keys.snapshot)
@@ -1126,6 +1196,7 @@ impl Syncer {
                     .arg(bytes)
                     .arg(seen)
                     .arg(ACK_KEEP_S)
+                    .arg(ends)
                     .invoke_async(&mut conn),
             )
             .await?;
@@ -1186,16 +1257,23 @@ impl Syncer {
                 let Some(&(last_seq, _)) = events.last() else {
                     break;
                 };
-                let (rollout, list): (Vec<&Event>, Vec<&Event>) = events
-                    .iter()
-                    .map(|(_, e)| e)
-                    .partition(|e| matches!(e, Event::RolloutLearn { .. }));
+                let (mut list, mut rollout, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+                for (_, e) in &events {
+                    match e {
+                        Event::RolloutLearn { .. } => rollout.push(e),
+                        Event::RolloutEnd { .. } => ends.push(e),
+                        _ => list.push(e),
+                    }
+                }
                 let bytes = rmp_serde::to_vec_named(&list).map_err(|e| redis_err(&e))?;
-                let rollout = if rollout.is_empty() {
-                    Vec::new()
-                } else {
-                    rmp_serde::to_vec_named(&rollout).map_err(|e| redis_err(&e))?
+                let field = |events: &[&Event]| {
+                    if events.is_empty() {
+                        Ok(Vec::new())
+                    } else {
+                        rmp_serde::to_vec_named(events).map_err(|e| redis_err(&e))
+                    }
                 };
+                let (rollout, ends) = (field(&rollout)?, field(&ends)?);
                 self.batches += 1;
                 self.pushed = last_seq;
                 pushed += events.len();
@@ -1204,6 +1282,7 @@ impl Syncer {
                     last_seq,
                     bytes,
                     rollout,
+                    ends,
                 });
             }
             if let Some(batch) = &self.in_flight {
@@ -1216,6 +1295,7 @@ impl Syncer {
                         .arg(batch.last_seq)
                         .arg(batch.bytes.as_slice())
                         .arg(batch.rollout.as_slice())
+                        .arg(batch.ends.as_slice())
                         .invoke_async(conn),
                 )
                 .await?;
@@ -1227,12 +1307,19 @@ impl Syncer {
 
     /// Replaces the confirmed policies with the stored snapshot.
     async fn load_snapshot(&mut self, conn: &mut MultiplexedConnection) -> Result<(), SharedError> {
-        let (id, data, seen): (Option<String>, Option<Vec<u8>>, Option<Vec<u8>>) = timed(
+        type Fields = (
+            Option<String>,
+            Option<Vec<u8>>,
+            Option<Vec<u8>>,
+            Option<Vec<u8>>,
+        );
+        let (id, data, seen, ends): Fields = timed(
             redis::cmd("HMGET")
                 .arg(&self.keys.snapshot)
                 .arg("id")
                 .arg("data")
                 .arg("seen")
+                .arg("rollouts")
                 .query_async(conn),
         )
         .await?;
@@ -1244,8 +1331,25 @@ impl Syncer {
         let states: BTreeMap<String, PolicyState> = rmp_serde::from_slice(&data)
             .map_err(|e| SharedError::Redis(format!("the shared snapshot cannot be read ({e})")))?;
         self.seen = SeenFeedback::from_bytes(seen.as_deref())?;
+        // Written before rollouts' ends were shared (or empty): none ended.
+        let ends: BTreeMap<String, RolloutEnd> = match ends.as_deref() {
+            None | Some([]) => BTreeMap::new(),
+            Some(bytes) => rmp_serde::from_slice(bytes).map_err(|e| {
+                SharedError::Redis(format!(
+                    "the shared snapshot's rollout ends cannot be read ({e})"
+                ))
+            })?,
+        };
+        for (name, end) in &ends {
+            self.check_end(name, end)?;
+        }
         for (name, empty) in &self.empty {
-            let mut fresh = empty.clone_box();
+            // A promoted rollout's candidate is the live policy from its promotion on.
+            let promoted = ends
+                .get(name)
+                .filter(|e| e.outcome == RolloutOutcome::Promoted)
+                .and_then(|_| self.empty_rollouts.get(name));
+            let mut fresh = promoted.unwrap_or(empty).clone_box();
             if let Some(s) = states.get(name) {
                 fresh.merge_state(s).map_err(|e| SharedError::Mismatch {
                     namespace: self.cfg.namespace.clone(),
@@ -1256,6 +1360,8 @@ impl Syncer {
         }
         self.shadows = load_sides(Side::Shadow, &self.empty_shadows, &states);
         self.rollouts = load_sides(Side::Rollout, &self.empty_rollouts, &states);
+        self.announce = ends.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
+        self.ends = ends;
         self.cursor = id;
         self.snapshot_taken();
         self.stale_live = true;
@@ -1303,17 +1409,67 @@ impl Syncer {
         }
     }
 
+    /// A promotion this instance can follow only if it runs the same candidate: its
+    /// confirmed live policy becomes the candidate's.
+    ///
+    /// # Errors
+    /// The rollout of `iface` here is missing or tries another policy.
+    fn check_end(&self, iface: &str, end: &RolloutEnd) -> Result<(), SharedError> {
+        if end.outcome != RolloutOutcome::Promoted || !self.empty.contains_key(iface) {
+            return Ok(());
+        }
+        let here = self.empty_rollouts.get(iface).map(|p| p.kind().as_str());
+        if here == Some(end.policy.as_str()) {
+            return Ok(());
+        }
+        Err(SharedError::Mismatch {
+            namespace: self.cfg.namespace.clone(),
+            reason: format!(
+                "interface `{iface}`: its rollout's candidate `{}` was promoted by another instance, and this instance's configuration {}: run the same `rollout` as the other instances",
+                end.policy,
+                here.map_or("has no rollout".to_owned(), |p| format!("tries `{p}`")),
+            ),
+        })
+    }
+
+    /// Applies a rollout's end from the stream: the first end of an interface's rollout
+    /// counts (a later one, decided meanwhile elsewhere, is ignored everywhere alike); a
+    /// promotion makes the confirmed candidate the confirmed live policy.
+    fn apply_end(&mut self, iface: &str, end: &RolloutEnd, instance: Option<&str>) {
+        if self.ends.contains_key(iface) || !self.empty.contains_key(iface) {
+            // An own end that lost to an earlier one: the live policy follows the stream's.
+            self.stale_live = true;
+            return;
+        }
+        let mut end = end.clone();
+        instance.unwrap_or_default().clone_into(&mut end.instance);
+        if end.outcome == RolloutOutcome::Promoted {
+            if let Some(candidate) = self.rollouts.get(iface) {
+                self.confirmed
+                    .insert(iface.to_owned(), candidate.clone_box());
+            }
+        }
+        self.stale_live = true;
+        self.announce.push((iface.to_owned(), end.clone()));
+        self.ends.insert(iface.to_owned(), end);
+    }
+
     /// Applies one stream entry; returns the number of policy observations in it.
+    ///
+    /// # Errors
+    /// A promotion this instance cannot follow (checked before anything is applied, so the
+    /// entry is read again once the configuration is fixed).
     fn apply_entry(
         &mut self,
         state: &dyn SyncTarget,
         fields: &[Vec<u8>],
         report: &mut SyncReport,
-    ) -> usize {
+    ) -> Result<usize, SharedError> {
         let mut instance = None;
         let mut last_seq = 0;
         let mut batch: Vec<Event> = Vec::new();
         let mut rollout: Vec<Event> = Vec::new();
+        let mut ends: Vec<Event> = Vec::new();
         for pair in fields.chunks_exact(2) {
             match pair[0].as_slice() {
                 b"i" => instance = Some(String::from_utf8_lossy(&pair[1]).into_owned()),
@@ -1325,7 +1481,15 @@ impl Syncer {
                 }
                 b"b" => batch = rmp_serde::from_slice(&pair[1]).unwrap_or_default(),
                 b"r" => rollout = rmp_serde::from_slice(&pair[1]).unwrap_or_default(),
+                b"e" => ends = rmp_serde::from_slice(&pair[1]).unwrap_or_default(),
                 _ => {}
+            }
+        }
+        for event in &ends {
+            if let Event::RolloutEnd { iface, end } = event {
+                if !self.ends.contains_key(iface) {
+                    self.check_end(iface, end)?;
+                }
             }
         }
         let own = instance.as_deref() == Some(self.instance.as_str());
@@ -1372,7 +1536,10 @@ impl Syncer {
                     until,
                     pinned,
                 } if !own => state.open_breaker(iface, *candidate, *until, *pinned),
-                Event::Pending { .. } | Event::BreakerOpen { .. } | Event::RolloutLearn { .. } => {}
+                Event::Pending { .. }
+                | Event::BreakerOpen { .. }
+                | Event::RolloutLearn { .. }
+                | Event::RolloutEnd { .. } => {}
             }
         }
         for event in &rollout {
@@ -1380,7 +1547,13 @@ impl Syncer {
                 observations += self.apply_rollout(state, iface, obs, own);
             }
         }
-        observations
+        // Last: the candidate's observations of this entry are in before a promotion.
+        for event in &ends {
+            if let Event::RolloutEnd { iface, end } = event {
+                self.apply_end(iface, end, instance.as_deref());
+            }
+        }
+        Ok(observations)
     }
 
     /// Live policy = confirmed + this instance's observations the log does not hold yet;

@@ -1289,3 +1289,331 @@ async fn a_rollouts_candidate_learns_every_instances_canary_requests_and_the_liv
         "late joiner's candidate",
     );
 }
+
+/// `config` with a canary of `lqm` on half of the requests, whose guard is tuned for a
+/// rollback within a few dozen requests.
+fn with_canary(text: &str) -> String {
+    text.replace(
+        "feature_dim = 16\n",
+        "feature_dim = 16\nrollout = { policy = \"lqm\", percent = 50, guard = { tuned_for = 20 } }\n",
+    )
+}
+
+fn rollout_report(app: &AppState) -> Value {
+    app.interfaces["chat"]
+        .arms
+        .rollout
+        .as_ref()
+        .unwrap()
+        .report()
+}
+
+/// The value of the `/metrics` sample starting with `key` (labels included).
+fn arms_metric(app: &AppState, key: &str) -> f64 {
+    let mut out = String::new();
+    equiroute_gateway::server::arms::render_metrics(&app.interfaces, &mut out);
+    out.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no `{key}` in:\n{out}"))
+}
+
+const ACTIVE: &str = "equiroute_rollout_active{interface=\"chat\"} ";
+const ROLLBACKS: &str =
+    "equiroute_rollout_events_total{interface=\"chat\",event=\"rollback_bad_rate\"} ";
+const ROLLBACKS_RECEIVED: &str =
+    "equiroute_rollout_events_received_total{interface=\"chat\",event=\"rollback_bad_rate\"} ";
+
+/// Finishes requests on `app`, every canary one failed and every live one answered, until
+/// its guard rolls the canary back.
+fn roll_back(app: &AppState) {
+    use equiroute_core::executor::RequestStatus;
+    use equiroute_gateway::server::arms::{Arm, Routed};
+    let iface = app.interfaces["chat"].clone();
+    let mut n = 0_u64;
+    while rollout_report(app)["status"]["state"] == "running" {
+        assert!(n < 400, "the guard never fired: {}", rollout_report(app));
+        let (arm, status) = if n.is_multiple_of(2) {
+            (Arm::Candidate, RequestStatus::Exhausted)
+        } else {
+            (Arm::Live, RequestStatus::Succeeded { candidate: 0 })
+        };
+        let routed = Routed {
+            arm,
+            n,
+            policy: "lqm",
+        };
+        app.finish_routed(&iface, &format!("r{n}"), routed, status);
+        n += 1;
+    }
+}
+
+#[tokio::test]
+async fn a_canary_rolled_back_on_one_instance_is_rolled_back_on_every_instance_and_a_late_joiner() {
+    let Some(redis) = RedisServer::start("rollback") else {
+        return;
+    };
+    let text = with_canary(&compacting(&config(Some(&redis.url()), "rollback")));
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    // On A every canary request fails and every live one succeeds, until A's guard fires.
+    roll_back(&a);
+    let ra = rollout_report(&a);
+    assert_eq!(ra["status"]["state"], "rolled_back", "{ra}");
+    assert_eq!(ra["status"]["decided_by"], "this_instance", "{ra}");
+    assert_eq!(rollout_report(&b)["status"]["state"], "running");
+    assert!((arms_metric(&b, ACTIVE) - 1.0).abs() < 1e-12);
+    // One sync interval: A pushes, B pulls.
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    let rb = rollout_report(&b);
+    assert_eq!(rb["status"]["state"], "rolled_back", "{rb}");
+    assert_eq!(rb["status"]["decided_by"], "another_instance", "{rb}");
+    assert_eq!(rb["status"]["metric"], ra["status"]["metric"]);
+    assert_eq!(
+        rb["status"]["evidence"], ra["status"]["evidence"],
+        "B shows A's evidence"
+    );
+    assert!(arms_metric(&b, ACTIVE).abs() < 1e-12, "B's canary stopped");
+    // Counted once where decided; received elsewhere.
+    assert!((arms_metric(&a, ROLLBACKS) - 1.0).abs() < 1e-12);
+    assert!(arms_metric(&a, ROLLBACKS_RECEIVED).abs() < 1e-12);
+    assert!(arms_metric(&b, ROLLBACKS).abs() < 1e-12);
+    assert!((arms_metric(&b, ROLLBACKS_RECEIVED) - 1.0).abs() < 1e-12);
+    // A reads its own rollback back from the stream: nothing changes there.
+    sa.sync_once(&a).await.unwrap();
+    assert_eq!(rollout_report(&a), ra);
+    assert!(arms_metric(&a, ROLLBACKS_RECEIVED).abs() < 1e-12);
+    // A late joiner, after compactions trimmed the entry of the rollback: the snapshot has it.
+    let mut compactions = 0;
+    for chunk in workload(2000).chunks(40) {
+        feed(&a, chunk);
+        compactions += usize::from(sa.sync_once(&a).await.unwrap().compacted);
+    }
+    assert!(compactions >= 2, "{compactions}");
+    let c = app(&text, 3);
+    let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
+    assert_eq!(rollout_report(&c)["status"]["state"], "running");
+    let report = sc.sync_once(&c).await.unwrap();
+    assert!(report.loaded_snapshot, "{report:?}");
+    let rc = rollout_report(&c);
+    assert_eq!(rc["status"]["state"], "rolled_back", "{rc}");
+    assert_eq!(rc["status"]["evidence"], ra["status"]["evidence"]);
+    assert!(
+        arms_metric(&c, ACTIVE).abs() < 1e-12,
+        "C's canary never runs"
+    );
+    // A snapshot of an earlier release has no `rollouts` field: it still loads, with no
+    // rollout ended.
+    assert_eq!(redis.command("HDEL {rollback}:snapshot rollouts"), ":1");
+    let d = app(&text, 4);
+    let mut sd = Syncer::start(&redis_cfg(&text), &d).await.unwrap();
+    assert!(sd.sync_once(&d).await.unwrap().loaded_snapshot);
+    assert_eq!(rollout_report(&d)["status"]["state"], "running");
+    assert_close(&live_state(&d), &live_state(&a), "D's live policy");
+}
+
+#[tokio::test]
+async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_policy() {
+    let Some(redis) = RedisServer::start("promote") else {
+        return;
+    };
+    let text = with_canary(&compacting(&config(Some(&redis.url()), "promote")));
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    // A's canary learns from attempts it routed; B's live policy from its own traffic.
+    let iface = a.interfaces["chat"].clone();
+    for o in workload(400) {
+        let Observation::Attempt {
+            candidate,
+            features,
+            slice,
+            deadline,
+            outcome,
+            ..
+        } = o
+        else {
+            continue;
+        };
+        let arm = equiroute_gateway::server::arms::Arm::Candidate;
+        a.record_routed_attempt(&iface, arm, candidate, &features, slice, &outcome, deadline)
+            .unwrap();
+    }
+    feed(&b, &workload(60));
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    assert_close(&rollout_state(&b), &rollout_state(&a), "the candidates");
+    assert_eq!(b.interfaces["chat"].policy_name(), "lqm-ts");
+    let candidate = rollout_state(&a);
+    assert_ne!(live_state(&a), candidate);
+    // The operator promotes on A.
+    a.end_rollout_by_operator(&iface, true).unwrap();
+    assert_eq!(a.interfaces["chat"].policy_name(), "lqm");
+    assert_close(&live_state(&a), &candidate, "A's live policy");
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    let rb = rollout_report(&b);
+    assert_eq!(rb["status"]["state"], "promoted", "{rb}");
+    assert_eq!(rb["status"]["decided_by"], "another_instance", "{rb}");
+    assert_eq!(b.interfaces["chat"].policy_name(), "lqm");
+    assert_close(
+        &live_state(&b),
+        &candidate,
+        "B's live policy is the candidate",
+    );
+    let received = "equiroute_rollout_events_received_total{interface=\"chat\",event=\"promote\"} ";
+    assert!((arms_metric(&b, received) - 1.0).abs() < 1e-12);
+    assert!(arms_metric(&b, ACTIVE).abs() < 1e-12);
+    // From then on both instances' traffic teaches the promoted policy, the same on both.
+    feed(&b, &workload(90)[60..]);
+    feed(&a, &workload(120)[90..]);
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    assert_ne!(live_state(&b), candidate, "the promoted policy learns");
+    assert_close(
+        &live_state(&a),
+        &live_state(&b),
+        "the promoted live policies",
+    );
+    // An instance that starts later replays the stream: promoted from the start.
+    let c = app(&text, 3);
+    let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
+    sc.sync_once(&c).await.unwrap();
+    assert_eq!(rollout_report(&c)["status"]["state"], "promoted");
+    assert_eq!(c.interfaces["chat"].policy_name(), "lqm");
+    assert_close(
+        &live_state(&c),
+        &live_state(&a),
+        "the late joiner's live policy",
+    );
+    // After compactions trimmed the promotion's entry, a late joiner starts from the snapshot:
+    // promoted, its live policy the promoted one with what it learnt since.
+    let mut compactions = 0;
+    for chunk in workload(2000).chunks(40) {
+        feed(&a, chunk);
+        compactions += usize::from(sa.sync_once(&a).await.unwrap().compacted);
+    }
+    assert!(compactions >= 2, "{compactions}");
+    let e = app(&text, 5);
+    let mut se = Syncer::start(&redis_cfg(&text), &e).await.unwrap();
+    assert!(se.sync_once(&e).await.unwrap().loaded_snapshot);
+    assert_eq!(rollout_report(&e)["status"]["state"], "promoted");
+    assert_eq!(e.interfaces["chat"].policy_name(), "lqm");
+    assert_close(
+        &live_state(&e),
+        &live_state(&a),
+        "the joiner's promoted live policy",
+    );
+    // An instance without the rollout cannot follow the promotion: its sync says why.
+    let plain = compacting(&config(Some(&redis.url()), "promote"));
+    let d = app(&plain, 4);
+    let mut sd = Syncer::start(&redis_cfg(&plain), &d).await.unwrap();
+    let err = sd.sync_once(&d).await.unwrap_err().to_string();
+    assert!(
+        err.contains("interface `chat`") && err.contains("has no rollout"),
+        "{err}"
+    );
+    // A promotion cannot be undone: a second end is refused with the rollout's state.
+    let err = b
+        .end_rollout_by_operator(&b.interfaces["chat"], false)
+        .unwrap_err();
+    assert!(format!("{err:?}").contains("promoted"), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_through_the_admin_route_reaches_every_gateway_and_one_started_later() {
+    let Some(redis) = RedisServer::start("abort") else {
+        return;
+    };
+    let text = format!(
+        "[server]\nadmin_keys_env = [\"ADMIN_KEY\"]\n{}",
+        with_canary(&config(Some(&redis.url()), "abort"))
+    );
+    let env = [("ADMIN_KEY", "admin-secret")];
+    let admin = [("authorization", "Bearer admin-secret")];
+    let (ga, gb) = (
+        common::start(&text, &env).await,
+        common::start(&text, &env).await,
+    );
+    let path = "/v1/interfaces/chat/rollout";
+    let state_of = |r: common::Reply| r.json()["status"]["state"].clone();
+    assert_eq!(
+        state_of(common::http(gb.addr, "GET", path, &admin, "").await),
+        "running"
+    );
+    let r = common::http(ga.addr, "POST", &format!("{path}/abort"), &admin, "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // B syncs every 50 ms: it must show the abort within a few intervals (10 s on a loaded
+    // machine at most).
+    let until = |addr| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = common::http(addr, "GET", path, &admin, "").await.json();
+            if r["status"]["state"] == "aborted" || Instant::now() > deadline {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let rb = until(gb.addr).await;
+    assert_eq!(rb["status"]["state"], "aborted", "{rb}");
+    assert_eq!(rb["status"]["decided_by"], "another_instance", "{rb}");
+    let metrics = common::http(gb.addr, "GET", "/metrics", &admin, "")
+        .await
+        .body;
+    assert!(
+        metrics.contains(
+            "equiroute_rollout_events_received_total{interface=\"chat\",event=\"abort\"} 1"
+        ) && metrics.contains("equiroute_rollout_active{interface=\"chat\"} 0"),
+        "{metrics}"
+    );
+    // A second abort, on B, is refused: the rollout is not running there either.
+    let r = common::http(gb.addr, "POST", &format!("{path}/abort"), &admin, "").await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    let gc = common::start(&text, &env).await;
+    let rc = until(gc.addr).await;
+    assert_eq!(
+        rc["status"]["state"], "aborted",
+        "a gateway started later: {rc}"
+    );
+}
+
+#[tokio::test]
+async fn when_two_instances_end_a_canary_differently_the_first_end_in_the_stream_holds_everywhere()
+{
+    let Some(redis) = RedisServer::start("conflict") else {
+        return;
+    };
+    let text = with_canary(&config(Some(&redis.url()), "conflict"));
+    let (a, b) = (app(&text, 1), app(&text, 2));
+    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
+    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    feed(&b, &workload(60));
+    // Within one sync interval: A's guard rolls back, B's operator promotes.
+    roll_back(&a);
+    b.end_rollout_by_operator(&b.interfaces["chat"], true)
+        .unwrap();
+    assert_eq!(b.interfaces["chat"].policy_name(), "lqm");
+    // A's rollback reaches the stream first.
+    sa.sync_once(&a).await.unwrap();
+    sb.sync_once(&b).await.unwrap();
+    sa.sync_once(&a).await.unwrap();
+    for (name, app) in [("A", &a), ("B", &b)] {
+        let r = rollout_report(app);
+        assert_eq!(r["status"]["state"], "rolled_back", "{name}: {r}");
+        assert_eq!(app.interfaces["chat"].policy_name(), "lqm-ts", "{name}");
+    }
+    assert_eq!(
+        rollout_report(&b)["status"]["decided_by"],
+        "another_instance"
+    );
+    assert_close(&live_state(&a), &live_state(&b), "the live policies");
+    let promoted = "equiroute_rollout_events_received_total{interface=\"chat\",event=\"promote\"} ";
+    assert!(
+        arms_metric(&a, promoted).abs() < 1e-12,
+        "A ignored B's later promotion"
+    );
+}

@@ -16,13 +16,14 @@
 
 use super::state::{InterfaceRuntime, Poisoned};
 use crate::config::{GuardConfig, RolloutConfig};
+use crate::shared::{RolloutEnd, RolloutEvidence, RolloutOutcome};
 use equiroute_core::executor::RequestStatus;
 use equiroute_core::ope::{evaluate, Estimate, Estimator, LoggedDecision, OpeOptions};
 use equiroute_core::policies::{
     AttemptObservation, Observation, Policy, PolicyConfig, PolicyKind, QualityObservation,
     RankContext, Ranking,
 };
-use equiroute_core::sequential::{mixing_precision, BoundedMean, Comparison, Guard};
+use equiroute_core::sequential::{mixing_precision, BoundedMean, Comparison, Guard, Interval};
 use rand::SeedableRng;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -210,6 +211,86 @@ pub enum RolloutStatus {
 }
 
 impl RolloutStatus {
+    /// The status an end shared by another instance sets.
+    fn of_shared(end: &RolloutEnd) -> RolloutStatus {
+        let at_unix_ms = end.at_unix_ms;
+        match end.outcome {
+            RolloutOutcome::Promoted => RolloutStatus::Promoted { at_unix_ms },
+            RolloutOutcome::Aborted => RolloutStatus::Aborted { at_unix_ms },
+            RolloutOutcome::RolledBack => {
+                let e = end.evidence.unwrap_or(RolloutEvidence {
+                    low: f64::NAN,
+                    high: f64::NAN,
+                    candidate: BoundedMean::default(),
+                    live: BoundedMean::default(),
+                });
+                RolloutStatus::RolledBack {
+                    metric: if end.metric.as_deref() == Some("quality") {
+                        "quality"
+                    } else {
+                        "bad_rate"
+                    },
+                    evidence: Comparison {
+                        candidate: e.candidate,
+                        live: e.live,
+                        difference: Interval {
+                            low: e.low,
+                            high: e.high,
+                        },
+                        worse: true,
+                    },
+                    at_unix_ms,
+                }
+            }
+        }
+    }
+
+    /// What other instances are told of this end (`None` while running).
+    fn shared(&self, policy: &str) -> Option<RolloutEnd> {
+        let (outcome, metric, at_unix_ms, evidence) = match self {
+            RolloutStatus::Running => return None,
+            RolloutStatus::RolledBack {
+                metric,
+                evidence,
+                at_unix_ms,
+            } => (
+                RolloutOutcome::RolledBack,
+                Some((*metric).to_owned()),
+                *at_unix_ms,
+                Some(RolloutEvidence {
+                    low: evidence.difference.low,
+                    high: evidence.difference.high,
+                    candidate: evidence.candidate,
+                    live: evidence.live,
+                }),
+            ),
+            RolloutStatus::Promoted { at_unix_ms } => {
+                (RolloutOutcome::Promoted, None, *at_unix_ms, None)
+            }
+            RolloutStatus::Aborted { at_unix_ms } => {
+                (RolloutOutcome::Aborted, None, *at_unix_ms, None)
+            }
+        };
+        Some(RolloutEnd {
+            policy: policy.to_owned(),
+            outcome,
+            metric,
+            at_unix_ms,
+            evidence,
+            instance: String::new(),
+        })
+    }
+
+    /// Index into [`EVENTS`] (`None` while running).
+    fn event(&self) -> Option<usize> {
+        match self {
+            RolloutStatus::Running => None,
+            RolloutStatus::RolledBack { metric, .. } => Some(usize::from(*metric == "quality")),
+            RolloutStatus::Promoted { .. } => Some(2),
+            RolloutStatus::Aborted { .. } => Some(3),
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             RolloutStatus::Running => "running",
@@ -229,6 +310,8 @@ struct RolloutStats {
     /// Quality scores (stored as `1 − quality`, so that lower is better, as for `bad`).
     unquality: [BoundedMean; 2],
     candidate_requests: VecDeque<String>,
+    /// The end was decided on another instance and shared through Redis.
+    ended_elsewhere: bool,
 }
 
 /// A canary rollout of a candidate policy.
@@ -241,6 +324,8 @@ pub struct Rollout {
     stats: Mutex<RolloutStats>,
     /// Events by kind: rolled back on the bad rate, on quality, promoted, aborted.
     events: [AtomicU64; 4],
+    /// The same, decided on another instance and applied here (state shared through Redis).
+    received: [AtomicU64; 4],
 }
 
 const EVENTS: [&str; 4] = ["rollback_bad_rate", "rollback_quality", "promote", "abort"];
@@ -250,6 +335,8 @@ const EVENTS: [&str; 4] = ["rollback_bad_rate", "rollback_quality", "promote", "
 pub struct Arms {
     /// Index into [`PolicyKind::ALL`] of the live policy.
     live_kind: AtomicUsize,
+    /// The same, as configured (before any promotion).
+    configured_kind: usize,
     pub shadow: Option<Shadow>,
     pub rollout: Option<Rollout>,
 }
@@ -262,6 +349,7 @@ impl Arms {
     pub fn new(cfg: &crate::config::InterfaceConfig) -> Result<Arms, equiroute_core::ConfigError> {
         Ok(Arms {
             live_kind: AtomicUsize::new(kind_index(cfg.policy.kind())),
+            configured_kind: kind_index(cfg.policy.kind()),
             shadow: match &cfg.shadow {
                 None => None,
                 Some(p) => Some(Shadow {
@@ -282,8 +370,10 @@ impl Arms {
                         bad: [BoundedMean::default(); 2],
                         unquality: [BoundedMean::default(); 2],
                         candidate_requests: VecDeque::new(),
+                        ended_elsewhere: false,
                     }),
                     events: Default::default(),
+                    received: Default::default(),
                 }),
             },
         })
@@ -300,6 +390,58 @@ impl Arms {
     /// Makes `kind` the live policy's name (a promotion).
     pub fn set_live(&self, kind: PolicyKind) {
         self.live_kind.store(kind_index(kind), Ordering::Relaxed);
+    }
+
+    /// Applies a rollout's end shared through Redis, the first in the stream's order (`own`:
+    /// decided here, already in effect). An end decided elsewhere stops the canary here too
+    /// and is counted as received; a promotion makes the candidate's name the live one (its
+    /// policy arrives with the sync's rebuild). When this instance meanwhile ended the
+    /// rollout otherwise (say promoted while another's guard rolled it back), the stream's
+    /// first end wins on every instance.
+    pub fn apply_shared_end(&self, iface: &str, end: &RolloutEnd, own: bool) {
+        let Some(r) = &self.rollout else { return };
+        if own || end.policy != r.policy.kind.as_str() {
+            return;
+        }
+        let Ok(mut stats) = r.stats.lock() else {
+            return;
+        };
+        let status = RolloutStatus::of_shared(end);
+        if stats.status.name() == status.name() {
+            // Both decided the same (each on its own evidence): this one's stays.
+            return;
+        }
+        if stats.status != RolloutStatus::Running {
+            tracing::warn!(
+                interface = iface,
+                candidate = end.policy,
+                here = stats.status.name(),
+                first = status.name(),
+                "this instance ended the canary after another instance had ended it otherwise: the first end in the shared stream holds on every instance"
+            );
+        }
+        let was_promoted = matches!(stats.status, RolloutStatus::Promoted { .. });
+        r.active.store(false, Ordering::Relaxed);
+        if let Some(i) = status.event() {
+            r.received[i].fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::warn!(
+            interface = iface,
+            candidate = end.policy,
+            state = status.name(),
+            metric = end.metric.as_deref().unwrap_or(""),
+            instance = end.instance,
+            "canary ended by another instance: every request goes to the live policy again"
+        );
+        if matches!(status, RolloutStatus::Promoted { .. }) {
+            self.set_live(r.policy.kind);
+        } else if was_promoted {
+            if let Some(kind) = PolicyKind::ALL.get(self.configured_kind) {
+                self.set_live(*kind);
+            }
+        }
+        stats.status = status;
+        stats.ended_elsewhere = true;
     }
 
     /// The arm of a request whose session key is `session` (else the request's `seed`).
@@ -396,15 +538,17 @@ pub fn observe_attempt(iface: &InterfaceRuntime, arm: Arm, obs: &AttemptObservat
 }
 
 /// Feeds a quality score to the side policies and the rollout's statistics; `true` when
-/// the live policy learns from it too (the request was not the candidate's).
+/// the live policy learns from it too (the request was not the candidate's), and the
+/// rollback the score set off, if it did.
 pub fn observe_quality(
     iface: &InterfaceRuntime,
     request_id: &str,
     obs: &QualityObservation<'_>,
     now_unix_ms: f64,
-) -> bool {
+) -> (bool, Option<RolloutEnd>) {
     let arms = &iface.arms;
     let mut arm = Arm::Live;
+    let mut ended = None;
     if let Some(r) = &arms.rollout {
         if let Ok(mut stats) = r.stats.lock() {
             if stats.candidate_requests.iter().any(|id| id == request_id) {
@@ -412,7 +556,7 @@ pub fn observe_quality(
             }
             if stats.status == RolloutStatus::Running {
                 stats.unquality[arm as usize].push(1.0 - obs.quality);
-                r.check(&iface.name, &mut stats, now_unix_ms);
+                ended = r.check(&iface.name, &mut stats, now_unix_ms);
             }
         }
         if arm == Arm::Candidate {
@@ -420,7 +564,7 @@ pub fn observe_quality(
                 p.observe_quality(obs);
                 r.policy.learnt.fetch_add(1, Ordering::Relaxed);
             }
-            return false;
+            return (false, ended);
         }
     }
     if let Some(shadow) = &arms.shadow {
@@ -438,18 +582,19 @@ pub fn observe_quality(
             }
         }
     }
-    true
+    (true, ended)
 }
 
 /// Books the end of a request: its outcome in the shadow's window and the rollout's
-/// statistics (a client's own error counts for neither arm), then checks the guard.
+/// statistics (a client's own error counts for neither arm), then checks the guard; the
+/// rollback, when it fires, for the other instances.
 pub fn finish(
     iface: &InterfaceRuntime,
     request_id: &str,
     routed: Routed,
     status: RequestStatus,
     now_unix_ms: f64,
-) {
+) -> Option<RolloutEnd> {
     let bad = match status {
         RequestStatus::Succeeded { .. } => Some(false),
         RequestStatus::DeadlineExceeded | RequestStatus::Exhausted => Some(true),
@@ -463,10 +608,8 @@ pub fn finish(
             }
         }
     }
-    let Some(r) = &iface.arms.rollout else { return };
-    let Ok(mut stats) = r.stats.lock() else {
-        return;
-    };
+    let r = iface.arms.rollout.as_ref()?;
+    let mut stats = r.stats.lock().ok()?;
     if routed.arm == Arm::Candidate {
         if stats.candidate_requests.len() == MAX_CANDIDATE_REQUESTS {
             stats.candidate_requests.pop_front();
@@ -475,8 +618,9 @@ pub fn finish(
     }
     if let (Some(bad), RolloutStatus::Running) = (bad, &stats.status) {
         stats.bad[routed.arm as usize].push(f64::from(u8::from(bad)));
-        r.check(&iface.name, &mut stats, now_unix_ms);
+        return r.check(&iface.name, &mut stats, now_unix_ms);
     }
+    None
 }
 
 impl Rollout {
@@ -514,10 +658,11 @@ impl Rollout {
         ]
     }
 
-    /// Rolls back when a guard fires (called under the statistics' lock after each update).
-    fn check(&self, iface: &str, stats: &mut RolloutStats, now_unix_ms: f64) {
+    /// Rolls back when a guard fires (called under the statistics' lock after each update);
+    /// returns the rollback for the other instances.
+    fn check(&self, iface: &str, stats: &mut RolloutStats, now_unix_ms: f64) -> Option<RolloutEnd> {
         if stats.status != RolloutStatus::Running {
-            return;
+            return None;
         }
         for (i, (metric, c)) in self.comparisons(stats).into_iter().enumerate() {
             if !c.worse {
@@ -548,15 +693,17 @@ impl Rollout {
                 evidence: c,
                 at_unix_ms: now_unix_ms,
             };
-            return;
+            return stats.status.shared(self.policy.kind.as_str());
         }
+        None
     }
 
-    /// Stops the rollout by an operator's decision (`promote`, else abort).
+    /// Stops the rollout by an operator's decision (`promote`, else abort); returns the end
+    /// for the other instances.
     ///
     /// # Errors
     /// The rollout is not running (the message says its state).
-    pub fn end(&self, iface: &str, promote: bool, now_unix_ms: f64) -> Result<(), String> {
+    pub fn end(&self, iface: &str, promote: bool, now_unix_ms: f64) -> Result<RolloutEnd, String> {
         let mut stats = self.stats.lock().map_err(|_| "poisoned".to_owned())?;
         if stats.status != RolloutStatus::Running {
             return Err(format!(
@@ -594,7 +741,10 @@ impl Rollout {
             "canary ended by an operator"
         );
         stats.status = status;
-        Ok(())
+        stats
+            .status
+            .shared(self.policy.kind.as_str())
+            .ok_or_else(|| "the rollout is still running".to_owned())
     }
 
     /// The rollout's state for the admin route.
@@ -641,6 +791,14 @@ impl Rollout {
             }
             RolloutStatus::Running => json!({"state": "running"}),
         };
+        let mut status = status;
+        if stats.status != RolloutStatus::Running {
+            status["decided_by"] = json!(if stats.ended_elsewhere {
+                "another_instance"
+            } else {
+                "this_instance"
+            });
+        }
         json!({
             "candidate_policy": self.policy.kind.as_str(),
             "percent": self.config.percent,
@@ -818,50 +976,58 @@ fn shadow_values(
     }
 }
 
+/// The side policies' metric families: name, type and help.
+const METRIC_FAMILIES: [(&str, &str, &str); 8] = [
+    (
+        "equiroute_shadow_decisions_total",
+        "counter",
+        "Live decisions the shadow policy ranked.",
+    ),
+    (
+        "equiroute_shadow_agreements_total",
+        "counter",
+        "Live decisions whose first choice the shadow policy shared.",
+    ),
+    (
+        "equiroute_rollout_active",
+        "gauge",
+        "1 while the canary routes its share of the requests.",
+    ),
+    (
+        "equiroute_rollout_requests_total",
+        "counter",
+        "Finished requests of each rollout arm (client errors excluded).",
+    ),
+    (
+        "equiroute_rollout_bad_outcomes_total",
+        "counter",
+        "Requests of each rollout arm that failed or missed their deadline.",
+    ),
+    (
+        "equiroute_rollout_events_total",
+        "counter",
+        "Canary rollbacks (by metric), promotions and aborts.",
+    ),
+    (
+        "equiroute_rollout_events_received_total",
+        "counter",
+        "Canary rollbacks (by metric), promotions and aborts decided on another instance and applied here (state shared through Redis).",
+    ),
+    (
+        "equiroute_shadow_value",
+        "gauge",
+        "Value of the live policy (its mean) and of the shadow (self-normalised IPS) on the shadow's window of recent decisions, with the 95% interval's bounds.",
+    ),
+];
+
 /// The side policies' lines of `/metrics` (labels: interface, arm, event: bounded), each
 /// family's samples together under its `HELP` and `TYPE`.
 pub fn render_metrics(
     ifaces: &std::collections::BTreeMap<String, std::sync::Arc<InterfaceRuntime>>,
     out: &mut String,
 ) {
-    let families: [(&str, &str, &str); 7] = [
-        (
-            "equiroute_shadow_decisions_total",
-            "counter",
-            "Live decisions the shadow policy ranked.",
-        ),
-        (
-            "equiroute_shadow_agreements_total",
-            "counter",
-            "Live decisions whose first choice the shadow policy shared.",
-        ),
-        (
-            "equiroute_rollout_active",
-            "gauge",
-            "1 while the canary routes its share of the requests.",
-        ),
-        (
-            "equiroute_rollout_requests_total",
-            "counter",
-            "Finished requests of each rollout arm (client errors excluded).",
-        ),
-        (
-            "equiroute_rollout_bad_outcomes_total",
-            "counter",
-            "Requests of each rollout arm that failed or missed their deadline.",
-        ),
-        (
-            "equiroute_rollout_events_total",
-            "counter",
-            "Canary rollbacks (by metric), promotions and aborts.",
-        ),
-        (
-            "equiroute_shadow_value",
-            "gauge",
-            "Value of the live policy (its mean) and of the shadow (self-normalised IPS) on the shadow's window of recent decisions, with the 95% interval's bounds.",
-        ),
-    ];
-    let mut samples: [String; 7] = Default::default();
+    let families = &METRIC_FAMILIES;
+    let mut samples: [String; 8] = Default::default();
     for (name, iface) in ifaces {
         if let Some(s) = &iface.arms.shadow {
             let _ = writeln!(
@@ -876,7 +1042,7 @@ pub fn render_metrics(
                 families[1].0,
                 s.agreements.load(Ordering::Relaxed)
             );
-            shadow_values(&mut samples[6], families[6].0, name, s, &iface.candidates);
+            shadow_values(&mut samples[7], families[7].0, name, s, &iface.candidates);
         }
         let Some(r) = &iface.arms.rollout else {
             continue;
@@ -903,13 +1069,16 @@ pub fn render_metrics(
                 );
             }
         }
-        for (event, count) in EVENTS.iter().zip(&r.events) {
-            let _ = writeln!(
-                samples[5],
-                "{}{{interface=\"{name}\",event=\"{event}\"}} {}",
-                families[5].0,
-                count.load(Ordering::Relaxed)
-            );
+        // Decided here (family 5), and received from another instance (family 6).
+        for (family, counts) in [(5, &r.events), (6, &r.received)] {
+            for (event, count) in EVENTS.iter().zip(counts) {
+                let _ = writeln!(
+                    samples[family],
+                    "{}{{interface=\"{name}\",event=\"{event}\"}} {}",
+                    families[family].0,
+                    count.load(Ordering::Relaxed)
+                );
+            }
         }
     }
     for ((family, kind, help), lines) in families.iter().zip(&samples) {

@@ -674,13 +674,7 @@ fn record_request(
         outcome_label(result.status),
         fallback_reason(&result.attempts).as_deref(),
     );
-    super::arms::finish(
-        iface,
-        request_id,
-        decided.routed,
-        result.status,
-        state.now().0,
-    );
+    state.finish_routed(iface, request_id, decided.routed, result.status);
     iface.history.count(
         state.now(),
         decided.order.first().copied(),

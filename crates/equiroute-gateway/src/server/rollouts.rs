@@ -7,11 +7,14 @@
 //! - `POST /v1/interfaces/{name}/rollout/promote`: the candidate becomes the live policy (the
 //!   state file keeps the promotion across restarts; the configuration should say it too);
 //! - `POST /v1/interfaces/{name}/rollout/abort`: every request goes to the live policy again.
+//!
+//! With learning state shared through Redis, a promotion or abort (and a rollback by the
+//! guard) is journaled and reaches every instance within a sync interval (see
+//! [`crate::shared`]).
 
 use super::error::{echo, ApiError};
 use super::state::{AppState, InterfaceRuntime};
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 use equiroute_core::ope::Estimator;
 use equiroute_core::policies::RankContext;
@@ -122,29 +125,18 @@ pub(super) async fn promote(
 ) -> Result<Json<Value>, ApiError> {
     let iface = interface(&state, &name)?;
     let rollout = rollout_of(&iface, &name)?;
-    if state.shared.is_some() {
-        // Every instance would have to swap at once, and the shared state is the live policy's.
-        return Err(ApiError::invalid(
-            StatusCode::CONFLICT,
-            "promotion_needs_config",
-            "learning state is shared through Redis: promote by setting the interface's `policy` to the candidate's in the configuration of every instance and restarting them",
-        ));
-    }
-    let candidate = rollout.policy.write()?.clone_box();
-    rollout
-        .end(&name, true, state.now().0)
-        .map_err(|why| ApiError::invalid(StatusCode::CONFLICT, "rollout_not_running", why))?;
-    {
-        let mut live = state.policy_mut(&iface)?;
-        *live = candidate;
-    }
-    iface.arms.set_live(rollout.policy.kind);
+    state.end_rollout_by_operator(&iface, true)?;
     let policy = rollout.policy.kind.as_str();
+    let note = if state.shared.is_some() {
+        format!("promoted here, and on every instance sharing the state through Redis within a sync interval (a restarted instance of the same configuration starts promoted); to make it permanent set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters), remove `rollout`, and start on a new state.namespace (or with --reset-state): the namespace checks the configured policy")
+    } else {
+        format!("promoted: the state file keeps the promotion across restarts; set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters) and remove `rollout` to make it permanent (without a state file a restart runs the old policy again)")
+    };
     Ok(Json(json!({
         "interface": name,
         "status": "promoted",
         "live_policy": policy,
-        "note": format!("promoted: the state file keeps the promotion across restarts; set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters) and remove `rollout` to make it permanent (without a state file a restart runs the old policy again)"),
+        "note": note,
     })))
 }
 
@@ -154,13 +146,17 @@ pub(super) async fn abort(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let iface = interface(&state, &name)?;
-    rollout_of(&iface, &name)?
-        .end(&name, false, state.now().0)
-        .map_err(|why| ApiError::invalid(StatusCode::CONFLICT, "rollout_not_running", why))?;
+    rollout_of(&iface, &name)?;
+    state.end_rollout_by_operator(&iface, false)?;
+    let note = if state.shared.is_some() {
+        format!("every request goes to the live policy again, here and on every instance sharing the state through Redis within a sync interval (a restarted instance starts with the rollout ended); remove `rollout` from [interfaces.{name}]")
+    } else {
+        format!("every request goes to the live policy again; the state file keeps the rollout ended across restarts; remove `rollout` from [interfaces.{name}] (without a state file a restart starts the canary again)")
+    };
     Ok(Json(json!({
         "interface": name,
         "status": "aborted",
         "live_policy": iface.policy_name(),
-        "note": format!("every request goes to the live policy again; the state file keeps the rollout ended across restarts; remove `rollout` from [interfaces.{name}] (without a state file a restart starts the canary again)"),
+        "note": note,
     })))
 }

@@ -303,6 +303,71 @@ impl AppState {
         }
     }
 
+    /// Journals the end of `iface`'s rollout decided here, so that the other instances end
+    /// theirs (state shared through Redis).
+    pub fn journal_rollout_end(&self, iface: &InterfaceRuntime, end: crate::shared::RolloutEnd) {
+        self.journal(|| Event::RolloutEnd {
+            iface: iface.name.clone(),
+            end,
+        });
+    }
+
+    /// Ends `iface`'s rollout by an operator's decision: `promote` swaps the live policy for
+    /// the candidate (its configuration and learnt state), else the canary is aborted; with
+    /// state shared through Redis the end reaches every instance.
+    ///
+    /// # Errors
+    /// No rollout, or one not running (409 `rollout_not_running`), or a poisoned lock.
+    pub fn end_rollout_by_operator(
+        &self,
+        iface: &InterfaceRuntime,
+        promote: bool,
+    ) -> Result<(), super::error::ApiError> {
+        use super::error::ApiError;
+        let Some(rollout) = &iface.arms.rollout else {
+            return Err(ApiError::not_found(
+                "no_rollout",
+                format!("interface `{}` has no rollout", iface.name),
+            ));
+        };
+        let not_running =
+            |why| ApiError::invalid(axum::http::StatusCode::CONFLICT, "rollout_not_running", why);
+        if !promote {
+            let end = rollout
+                .end(&iface.name, false, self.now().0)
+                .map_err(not_running)?;
+            self.journal_rollout_end(iface, end);
+            return Ok(());
+        }
+        let candidate = rollout.policy.write()?.clone_box();
+        let end = rollout
+            .end(&iface.name, true, self.now().0)
+            .map_err(not_running)?;
+        {
+            let mut live = self.policy_mut(iface)?;
+            *live = candidate;
+            // Journaled under the live policy's lock: the observations journaled after it
+            // are the promoted policy's (the order the shared stream replays them in).
+            self.journal_rollout_end(iface, end);
+        }
+        iface.arms.set_live(rollout.policy.kind);
+        Ok(())
+    }
+
+    /// Books the end of request `request_id` with its arms ([`super::arms::finish`]), and
+    /// shares the rollback its outcome set off, if it did.
+    pub fn finish_routed(
+        &self,
+        iface: &InterfaceRuntime,
+        request_id: &str,
+        routed: super::arms::Routed,
+        status: equiroute_core::executor::RequestStatus,
+    ) {
+        if let Some(end) = super::arms::finish(iface, request_id, routed, status, self.now().0) {
+            self.journal_rollout_end(iface, end);
+        }
+    }
+
     /// Feeds one finished attempt (ending now) to the policy, the breaker and the metrics,
     /// and to the shared journal when state is shared.
     ///
@@ -429,7 +494,11 @@ impl AppState {
         request_id: &str,
         obs: &QualityObservation<'_>,
     ) -> Result<(), Poisoned> {
-        if !super::arms::observe_quality(iface, request_id, obs, self.now().0) {
+        let (live, ended) = super::arms::observe_quality(iface, request_id, obs, self.now().0);
+        if let Some(end) = ended {
+            self.journal_rollout_end(iface, end);
+        }
+        if !live {
             // The rollout's candidate routed it and learnt the score.
             self.journal(|| Event::RolloutLearn {
                 iface: iface.name.clone(),
@@ -579,6 +648,12 @@ impl crate::shared::SyncTarget for AppState {
 
     fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
         AppState::open_breaker(self, iface, candidate, until, pinned);
+    }
+
+    fn end_rollout(&self, iface: &str, end: &crate::shared::RolloutEnd, own: bool) {
+        if let Some(i) = self.interfaces.get(iface) {
+            i.arms.apply_shared_end(iface, end, own);
+        }
     }
 
     fn now(&self) -> Timestamp {
