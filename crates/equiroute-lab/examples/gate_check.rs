@@ -5,7 +5,7 @@
 //!
 //! - `SCENARIOS`: `all` or a comma-separated list of built-in names;
 //! - `VARIANTS`: comma-separated, each `as-is` (the scenario's `lqm-ts`), `off` (gate off),
-//!   `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
+//!   `centred` (gate as configured, `head.center = true`), `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
 //!   prediction errors, `gate_margin`), `z<Z>r<C>` (the same with the lock-in guard
 //!   `gate_retry = C`), or `others` (`lqm`, `ts-deadline`,
 //!   `sw-ucb`, `linucb`, `additive`, each under its own label).
@@ -31,6 +31,7 @@ fn lqm_ts(spec: &ScenarioSpec, variant: &str, seed: u64) -> RunResult {
             "as-is" => {}
             "off" => head.gate = false,
             "on" => head.gate = true,
+            "centred" => head.center = true,
             v => {
                 head.gate = true;
                 // `z<Z>` or `z<Z>r<C>`: gate_z = Z and, with `r<C>`, gate_retry = C.
