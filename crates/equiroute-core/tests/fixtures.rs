@@ -131,6 +131,7 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             gate: false,
             gate_margin: 0.0,
             gate_z: 2.0,
+            gate_retry: 0.0,
         },
         failure_quality: None,
     };

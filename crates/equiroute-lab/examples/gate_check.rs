@@ -5,8 +5,9 @@
 //!
 //! - `SCENARIOS`: `all` or a comma-separated list of built-in names;
 //! - `VARIANTS`: comma-separated, each `as-is` (the scenario's `lqm-ts`), `off` (gate off),
-//!   `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
-//!   prediction errors, `gate_margin`), or `others` (`lqm`, `ts-deadline`,
+//!   `centred` (gate as configured, `head.center = true`), `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
+//!   prediction errors, `gate_margin`), `z<Z>r<C>` (the same with the lock-in guard
+//!   `gate_retry = C`), or `others` (`lqm`, `ts-deadline`,
 //!   `sw-ucb`, `linucb`, `additive`, each under its own label).
 //!
 //! Every `lqm-ts` variant runs under the label `lqm-ts`, so on the same random streams. Prints
@@ -30,12 +31,16 @@ fn lqm_ts(spec: &ScenarioSpec, variant: &str, seed: u64) -> RunResult {
             "as-is" => {}
             "off" => head.gate = false,
             "on" => head.gate = true,
+            "centred" => head.center = true,
             v => {
                 head.gate = true;
-                head.gate_z = v
+                // `z<Z>` or `z<Z>r<C>`: gate_z = Z and, with `r<C>`, gate_retry = C.
+                let (z, retry) = v.split_once('r').unwrap_or((v, "0"));
+                head.gate_z = z
                     .strip_prefix('z')
                     .and_then(|z| z.parse().ok())
-                    .expect("a variant: as-is, off, on or z<Z>");
+                    .expect("a variant: as-is, off, on, z<Z> or z<Z>r<C>");
+                head.gate_retry = retry.parse().expect("r<C>: a number, e.g. r1");
             }
         }
     }

@@ -208,6 +208,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "z the predicted deviations from the means must clear to open the gate (0: judge errors by gate_margin), >= 0",
     ),
     (
+        "head.gate_retry",
+        "c of the closed gate's lock-in guard: width at least sqrt(c·ln N/n), N the interface's scores (0 = off), >= 0",
+    ),
+    (
         "level_z",
         "standard errors the fast level must clear before it moves the latency (0 = always), >= 0",
     ),

@@ -84,6 +84,12 @@ pub struct LinUcbConfig {
     /// (module docs). Written out only when not the default.
     #[serde(default = "default_gate_z", skip_serializing_if = "is_default_gate_z")]
     pub gate_z: f64,
+    /// The closed gate's lock-in guard: a candidate's width is at least UCB1's
+    /// `sqrt(gate_retry·ln N/(λr + n))`, `n` its scores and `N` the interface's, so a
+    /// candidate left untried is retried within a bounded number of scores. `0` (the
+    /// default) is off; only read while the gate is closed. Written out only when set.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gate_retry: f64,
 }
 
 /// The default [`LinUcbConfig::gate_z`].
@@ -124,6 +130,7 @@ impl Default for LinUcbConfig {
             gate: false,
             gate_margin: DEFAULT_GATE_MARGIN,
             gate_z: DEFAULT_GATE_Z,
+            gate_retry: 0.0,
         }
     }
 }
@@ -137,6 +144,7 @@ impl LinUcbConfig {
         crate::error::positive("lambda_r", self.lambda_r)?;
         crate::error::non_negative("warmup_exit_z", self.warmup_exit_z)?;
         crate::error::non_negative("gate_z", self.gate_z)?;
+        crate::error::non_negative("gate_retry", self.gate_retry)?;
         if !(0.0..1.0).contains(&self.gate_margin) {
             return Err(crate::error::out_of_range(
                 "gate_margin",
@@ -718,6 +726,7 @@ impl LinUcbHead {
             gate: self.config.gate,
             gate_margin: self.config.gate_margin,
             gate_z: self.config.gate_z,
+            gate_retry: self.config.gate_retry,
             ..other.config
         };
         if other.dim != self.dim || gate_as_here != self.config {
