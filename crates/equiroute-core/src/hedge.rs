@@ -61,12 +61,20 @@ pub enum HedgeRule {
     /// The delay that maximises the expected saved misses minus a price per hedge, the price
     /// set so that hedges start on `target_rate` of the requests (unset: 90% of `max_rate`,
     /// so the token bucket is rarely empty when a request's best hedge comes; see the module
-    /// doc); without a deadline, A's predictive `tail_quantile`.
+    /// doc); without a deadline, A's predictive `tail_quantile`. With `latency_quantile`, a
+    /// request the priced rule does not hedge (no miss worth the price: a loose deadline, a
+    /// steady first provider) hedges at A's predictive `latency_quantile` when that comes
+    /// before its deadline: a "latency" hedge on the tail of requests without real deadline
+    /// risk, paid from the same budget (the price then buys misses with what is left).
     PricedSaving {
         #[serde(default)]
         target_rate: Option<f64>,
         #[serde(default = "default_quantile")]
         tail_quantile: f64,
+        #[serde(default)]
+        latency_quantile: Option<f64>,
+        #[serde(default = "default_loose_risk")]
+        loose_risk: f64,
     },
     /// The classic rule: after the `quantile` of A's last observed latencies.
     ObservedQuantile {
@@ -79,6 +87,11 @@ pub enum HedgeRule {
 /// within 5% extra calls on the heavy-tailed scenarios (of the thresholds).
 fn default_threshold() -> f64 {
     0.2
+}
+
+/// A deadline A misses with at most this probability is loose: beyond A's predictive p99.
+fn default_loose_risk() -> f64 {
+    0.01
 }
 
 fn default_quantile() -> f64 {
@@ -94,6 +107,8 @@ impl Default for HedgeRule {
         HedgeRule::PricedSaving {
             target_rate: None,
             tail_quantile: default_quantile(),
+            latency_quantile: None,
+            loose_risk: default_loose_risk(),
         }
     }
 }
@@ -145,8 +160,14 @@ impl HedgeConfig {
             HedgeRule::PricedSaving {
                 target_rate,
                 tail_quantile,
+                latency_quantile,
+                loose_risk,
             } => {
                 open_unit("hedge.tail_quantile", tail_quantile)?;
+                if let Some(q) = latency_quantile {
+                    open_unit("hedge.latency_quantile", q)?;
+                }
+                open_unit("hedge.loose_risk", loose_risk)?;
                 let Some(target_rate) = target_rate else {
                     return self.validate_budget();
                 };
@@ -262,9 +283,25 @@ pub fn hedge_delay(
             None => predictive_quantile(&first?.latency, tail_quantile)?,
             Some(d) => risk_delay(first?, target?, d.0, threshold)?,
         },
-        HedgeRule::PricedSaving { tail_quantile, .. } => match deadline {
+        HedgeRule::PricedSaving {
+            tail_quantile,
+            latency_quantile,
+            loose_risk,
+            ..
+        } => match deadline {
             None => predictive_quantile(&first?.latency, tail_quantile)?,
-            Some(d) => priced_delay(first?, target?, d.0, price)?,
+            Some(d) => {
+                let priced = priced_delay(first?, target?, d.0, price);
+                // A loose deadline: the tail, not the deadline, makes this request's p99.
+                let loose = first?.latency.exceedance(d.0) <= loose_risk;
+                let latency = latency_quantile
+                    .filter(|_| loose)
+                    .and_then(|q| latency_hedge(first?, target?, q));
+                match (priced, latency) {
+                    (Some(p), Some(l)) => p.min(l),
+                    (p, l) => p.or(l)?,
+                }
+            }
         },
     };
     // Past the deadline a hedge has no time left to answer in.
@@ -272,6 +309,17 @@ pub fn hedge_delay(
         return None;
     }
     Some(Millis(delay.max(MIN_DELAY_MS)))
+}
+
+/// A latency hedge at A's predictive `quantile`, when it is more likely than not to cut the
+/// wait: B's median answer after it comes before A's median given A is silent then (its
+/// `(1 + quantile)/2` quantile). A steady first provider, whose tail past the quantile is
+/// short, is not hedged for latency: the hedge would rarely win and only spend the budget.
+fn latency_hedge(first: &LatencyOutlook, target: &LatencyOutlook, quantile: f64) -> Option<f64> {
+    let at = predictive_quantile(&first.latency, quantile)?;
+    let silent_median = predictive_quantile(&first.latency, 0.5 * (1.0 + quantile))?;
+    let hedge_median = predictive_quantile(&target.latency, 0.5)?;
+    (at + hedge_median < silent_median).then_some(at)
 }
 
 /// `save(t)` of the module doc.
@@ -598,6 +646,8 @@ mod tests {
         let rule = HedgeRule::PricedSaving {
             target_rate: Some(0.045),
             tail_quantile: 0.95,
+            latency_quantile: None,
+            loose_risk: 0.01,
         };
         let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.1).unwrap();
         let best = hedge_gain(&a, &b, 2000.0, d.0, 0.1);
@@ -621,6 +671,8 @@ mod tests {
         let rule = HedgeRule::PricedSaving {
             target_rate: Some(0.045),
             tail_quantile: 0.95,
+            latency_quantile: None,
+            loose_risk: 0.01,
         };
         let deadline = Some(Millis(2000.0));
         // Heavy A: 2.9% of its calls miss 2000 ms, and B nearly always saves them.
@@ -644,6 +696,48 @@ mod tests {
     }
 
     #[test]
+    fn a_loose_deadline_gets_a_latency_hedge_at_the_quantile_when_the_hedge_would_win() {
+        // A: median 250 ms, σ = 1: S_A(4000) = P(Z > ln 16 = 2.773) = 0.0028, below 1%: the
+        // 4000 ms deadline is loose. B: median 350 ms, σ = 0.3.
+        let (a, b) = (outlook(250.0, 1.0, 0.0), outlook(350.0, 0.3, 0.0));
+        let rule = |latency_quantile| HedgeRule::PricedSaving {
+            target_rate: Some(0.045),
+            tail_quantile: 0.95,
+            latency_quantile,
+            loose_risk: 0.01,
+        };
+        let loose = Some(Millis(4000.0));
+        // A price so high that no miss is worth a hedge: the priced rule alone does not hedge.
+        assert_eq!(
+            hedge_delay(rule(None), Some(&a), Some(&b), None, loose, 0.9),
+            None
+        );
+        // With latency hedges at the p95: 250·e^1.6449 = 1295 ms, and B's median after it
+        // (1295 + 350 = 1645 ms) comes before A's median given silence then (its p97.5,
+        // 250·e^1.96 = 1774 ms).
+        let d = hedge_delay(rule(Some(0.95)), Some(&a), Some(&b), None, loose, 0.9).unwrap();
+        assert!((d.0 - 1295.0).abs() < 2.0, "{d:?}");
+        // At a price where the priced rule hedges (late, just in time for B), the earlier wins.
+        let priced = hedge_delay(rule(None), Some(&a), Some(&b), None, loose, 0.01).unwrap();
+        assert!(priced.0 > 1295.0, "{priced:?}");
+        let both = hedge_delay(rule(Some(0.95)), Some(&a), Some(&b), None, loose, 0.01).unwrap();
+        assert!((both.0 - 1295.0).abs() < 2.0, "{both:?}");
+        // A tight deadline is not loose: S_A(1500) = P(Z > 1.792) = 0.037 > 1%, priced only.
+        let tight = Some(Millis(1500.0));
+        assert_eq!(
+            hedge_delay(rule(Some(0.95)), Some(&a), Some(&b), None, tight, 0.9),
+            None
+        );
+        // A steady A (median 700, σ = 0.33): its p95 is 1205 ms, its p97.5 1337 ms, and B's
+        // median after its p95 (1555 ms) comes later: the hedge would rarely win, none.
+        let steady = outlook(700.0, 0.33, 0.0);
+        assert_eq!(
+            hedge_delay(rule(Some(0.95)), Some(&steady), Some(&b), None, loose, 0.9),
+            None
+        );
+    }
+
+    #[test]
     fn the_price_controller_keeps_the_hedge_rate_near_its_target() {
         use rand::SeedableRng;
         use rand_distr::Distribution;
@@ -655,6 +749,8 @@ mod tests {
             rule: HedgeRule::PricedSaving {
                 target_rate: Some(0.03),
                 tail_quantile: 0.95,
+                latency_quantile: None,
+                loose_risk: 0.01,
             },
             ..HedgeConfig::default()
         };
@@ -759,6 +855,30 @@ mod tests {
             ),
             (
                 HedgeConfig {
+                    rule: HedgeRule::PricedSaving {
+                        target_rate: None,
+                        tail_quantile: 0.95,
+                        latency_quantile: Some(1.0),
+                        loose_risk: 0.01,
+                    },
+                    ..HedgeConfig::default()
+                },
+                "hedge.latency_quantile",
+            ),
+            (
+                HedgeConfig {
+                    rule: HedgeRule::PricedSaving {
+                        target_rate: None,
+                        tail_quantile: 0.95,
+                        latency_quantile: Some(0.95),
+                        loose_risk: 0.0,
+                    },
+                    ..HedgeConfig::default()
+                },
+                "hedge.loose_risk",
+            ),
+            (
+                HedgeConfig {
                     rule: HedgeRule::ObservedQuantile { quantile: 1.0 },
                     ..HedgeConfig::default()
                 },
@@ -769,6 +889,8 @@ mod tests {
                     rule: HedgeRule::PricedSaving {
                         target_rate: Some(0.08),
                         tail_quantile: 0.95,
+                        latency_quantile: None,
+                        loose_risk: 0.01,
                     },
                     ..HedgeConfig::default()
                 },

@@ -8,6 +8,7 @@
 mod common;
 
 use common::{audit_record, calls, http, mock, start, Gateway};
+use equiroute_core::hedge::HedgeRule;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -351,6 +352,48 @@ async fn a_tool_interface_hedges_only_when_marked_idempotent() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("hedge.max_parallel"), "{err}");
+}
+
+#[tokio::test]
+async fn latency_hedges_are_configured_on_the_priced_rule_and_checked_by_field() {
+    let cfg = |rule: &str| {
+        format!(
+            "[interfaces.chat]\nkind = \"chat\"\nhedge = {{ rule = {rule} }}\n\
+             [[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\n\
+             sim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n"
+        )
+    };
+    let env = |_: &str| None;
+    let ok = equiroute_gateway::config::load(
+        &cfg("{ kind = \"priced-saving\", latency_quantile = 0.95 }"),
+        "t.toml",
+        &env,
+    )
+    .unwrap();
+    assert!(
+        matches!(
+            ok.interfaces[0].hedge.rule,
+            HedgeRule::PricedSaving { latency_quantile: Some(q), loose_risk, .. }
+                if (q - 0.95).abs() < 1e-12 && (loose_risk - 0.01).abs() < 1e-12
+        ),
+        "{:?}",
+        ok.interfaces[0].hedge.rule
+    );
+    for (rule, field) in [
+        (
+            "{ kind = \"priced-saving\", latency_quantile = 1.5 }",
+            "hedge.latency_quantile",
+        ),
+        (
+            "{ kind = \"priced-saving\", latency_quantile = 0.95, loose_risk = 0 }",
+            "hedge.loose_risk",
+        ),
+    ] {
+        let err = equiroute_gateway::config::load(&cfg(rule), "t.toml", &env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{err}");
+    }
 }
 
 /// Sends a streamed request over a raw connection; returns (time to the first `data:` event

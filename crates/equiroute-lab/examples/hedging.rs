@@ -10,7 +10,9 @@
 //! rate against extra calls, one line per rule. `-- FIRST LAST confirm THRESHOLD [Q…]` runs
 //! only no hedging, the model at `THRESHOLD` and the fixed rule at the observed quantiles `Q`
 //! (0.95 by default), and with `… priced R…` the priced rule at target rates `R`: the
-//! confirmation on fresh seeds of settings chosen on others. A scenario with several
+//! confirmation on fresh seeds of settings chosen on others; `… latency Q…` adds the priced
+//! rule (at the last of those rates, 4.5% without them) with latency hedges at A's predictive
+//! quantiles `Q` on the requests it does not price. A scenario with several
 //! deadlines (`tail-pair`) gets a second table, p99 and misses per deadline, because the
 //! p99 of all its requests sits at a deadline whenever more than 1% are cut off there.
 //! docs/hedging.md shows the output.
@@ -27,6 +29,8 @@ const SCENARIOS: [&str; 3] = ["heavy-tail", "tail-pair", "llm-tail"];
 const POLICY: &str = "lqm-ts";
 const THRESHOLDS: [f64; 5] = [0.1, 0.2, 0.3, 0.4, 0.5];
 const QUANTILES: [f64; 3] = [0.9, 0.95, 0.98];
+/// The head of a scenario's table.
+const HEADER: &str = "| hedging | p50 ms | p95 ms | p99 ms | deadline misses % | quality | cost per request µ$ | extra calls % |\n|---|---|---|---|---|---|---|---|";
 const TARGET_RATES: [f64; 4] = [0.02, 0.03, 0.04, 0.045];
 
 fn config(rule: HedgeRule) -> HedgeConfig {
@@ -85,6 +89,8 @@ struct Plan {
     quantiles: Vec<f64>,
     rates: Vec<f64>,
     tail_rates: Vec<f64>,
+    latency_quantiles: Vec<f64>,
+    loose_risks: Vec<f64>,
     svg_dir: Option<String>,
 }
 
@@ -101,20 +107,24 @@ fn plan(args: &[String]) -> Plan {
             quantiles: QUANTILES.to_vec(),
             rates: TARGET_RATES.to_vec(),
             tail_rates: TARGET_RATES.to_vec(),
+            latency_quantiles: Vec::new(),
+            loose_risks: Vec::new(),
             svg_dir: args.get(2).cloned(),
         };
     };
-    // Quantiles, then `priced R…`, then `tail R…`.
-    let mut lists: [Vec<f64>; 3] = Default::default();
+    // Quantiles, then `priced R…`, `tail R…`, `latency Q…`, `loose R…`.
+    let mut lists: [Vec<f64>; 5] = Default::default();
     let mut at = 0;
     for a in &args[4..] {
         match a.as_str() {
             "priced" => at = 1,
             "tail" => at = 2,
+            "latency" => at = 3,
+            "loose" => at = 4,
             x => lists[at].push(x.parse().expect("a number")),
         }
     }
-    let [quantiles, rates, tail_rates] = lists;
+    let [quantiles, rates, tail_rates, latency_quantiles, loose_risks] = lists;
     Plan {
         first,
         last,
@@ -126,6 +136,12 @@ fn plan(args: &[String]) -> Plan {
         },
         rates,
         tail_rates,
+        latency_quantiles,
+        loose_risks: if loose_risks.is_empty() {
+            vec![0.01]
+        } else {
+            loose_risks
+        },
         svg_dir: None,
     }
 }
@@ -196,10 +212,83 @@ fn deadline_row(label: &str, runs: &[RunResult]) -> Option<String> {
     Some(format!("| {label} | {} |", cells.join(" | ")))
 }
 
+/// The priced rule (at the last of the plan's rates) with latency hedges, one run set per
+/// loose risk and latency quantile, and each one's per-seed difference from `reference`.
+fn latency_variants(
+    plan: &Plan,
+    all: &dyn Fn(Option<HedgeConfig>) -> Vec<RunResult>,
+    reference: Option<&[RunResult]>,
+) -> (Vec<(String, Vec<RunResult>)>, Vec<String>) {
+    let latency_rate = plan.rates.last().copied().unwrap_or(0.045);
+    let sets: Vec<(String, Vec<RunResult>)> = plan
+        .loose_risks
+        .iter()
+        .flat_map(|&risk| plan.latency_quantiles.iter().map(move |&q| (risk, q)))
+        .map(|(risk, q)| {
+            let label = format!(
+                "priced + latency p{} if miss ≤ {}%, target {}%",
+                q * 100.0,
+                risk * 100.0,
+                latency_rate * 100.0
+            );
+            let h = priced_latency(latency_rate, Some(q), risk);
+            (label, all(Some(h)))
+        })
+        .collect();
+    let paired = reference.map_or_else(Vec::new, |reference| {
+        sets.iter()
+            .map(|(label, runs)| paired_row(label, runs, reference))
+            .collect()
+    });
+    (sets, paired)
+}
+
+/// The table of [`paired_row`]s (nothing without them).
+fn print_paired(name: &str, paired: &[String]) {
+    if paired.is_empty() {
+        return;
+    }
+    println!("\n{name}, latency hedges minus the priced rule alone, seed by seed (mean ± 95% interval; negative: fewer)\n");
+    println!("| variant | Δ p99 ms | Δ deadline misses % | Δ extra calls % |");
+    println!("|---|---|---|---|");
+    for line in paired {
+        println!("{line}");
+    }
+}
+
+/// Per-seed differences `runs − reference` (the same seeds in the same order).
+fn paired_row(label: &str, runs: &[RunResult], reference: &[RunResult]) -> String {
+    let d = |f: fn(&RunResult) -> f64, scale: f64| {
+        let xs: Vec<f64> = runs
+            .iter()
+            .zip(reference)
+            .map(|(a, b)| (f(a) - f(b)) * scale)
+            .collect();
+        Summary::of(&xs)
+    };
+    let (p99, miss, calls) = (
+        d(|r| r.latency_p99_ms, 1.0),
+        d(|r| r.deadline_miss_rate, 100.0),
+        d(|r| r.hedge_rate, 100.0),
+    );
+    format!(
+        "| {label} | {:+.0} ± {:.0} | {:+.2} ± {:.2} | {:+.2} ± {:.2} |",
+        p99.mean, p99.ci95, miss.mean, miss.ci95, calls.mean, calls.ci95
+    )
+}
+
 fn priced(target_rate: f64) -> HedgeConfig {
+    priced_latency(target_rate, None, 0.01)
+}
+
+/// The priced rule with latency hedges at A's predictive `latency_quantile` on the requests
+/// it does not price (`None`: none).
+fn priced_latency(target_rate: f64, latency_quantile: Option<f64>, loose_risk: f64) -> HedgeConfig {
     config(HedgeRule::PricedSaving {
         target_rate: Some(target_rate),
         tail_quantile: 0.95,
+        latency_quantile,
+        loose_risk,
     })
 }
 
@@ -222,9 +311,7 @@ fn main() {
                 .collect()
         };
         let all = |hedge: Option<HedgeConfig>| on(&spec, hedge);
-        println!("\n### {name}: {POLICY}, seeds {first}–{last}, {rounds} rounds\n");
-        println!("| hedging | p50 ms | p95 ms | p99 ms | deadline misses % | quality | cost per request µ$ | extra calls % |");
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("\n### {name}: {POLICY}, seeds {first}–{last}, {rounds} rounds\n\n{HEADER}");
         let none = all(None);
         println!("{}", row("none", &none));
         let mut per_deadline: Vec<String> = deadline_row("none", &none).into_iter().collect();
@@ -243,17 +330,17 @@ fn main() {
                 .collect(),
             &mut per_deadline,
         );
-        let priced_line = curve(
-            base,
-            plan.rates
-                .iter()
-                .map(|&r| {
-                    let label = format!("priced, target {}%", r * 100.0);
-                    (label, all(Some(priced(r))))
-                })
-                .collect(),
-            &mut per_deadline,
-        );
+        let priced_sets: Vec<(String, Vec<RunResult>)> = plan
+            .rates
+            .iter()
+            .map(|&r| {
+                let label = format!("priced, target {}%", r * 100.0);
+                (label, all(Some(priced(r))))
+            })
+            .collect();
+        // The latency variants are compared seed by seed with the last priced rate.
+        let reference = priced_sets.last().map(|(_, runs)| runs.clone());
+        let priced_line = curve(base, priced_sets, &mut per_deadline);
         let tailed = curve(
             base,
             plan.tail_rates
@@ -265,6 +352,8 @@ fn main() {
                 .collect(),
             &mut per_deadline,
         );
+        let (latency_sets, paired) = latency_variants(&plan, &all, reference.as_deref());
+        let _ = curve(base, latency_sets, &mut per_deadline);
         if !plan.tail_rates.is_empty() {
             let rule = HedgeRule::ObservedQuantile { quantile: 0.95 };
             let runs = on(&tail_spec, Some(config(rule)));
@@ -286,6 +375,7 @@ fn main() {
             &mut per_deadline,
         );
         print_by_deadline(name, &none, &per_deadline);
+        print_paired(name, &paired);
         if let Some(dir) = &plan.svg_dir {
             let svg = plot::curves(
                 &format!("{name}: {POLICY}, seeds {first}-{last}"),
