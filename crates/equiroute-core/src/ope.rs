@@ -346,9 +346,9 @@ impl SupportWarning {
             } => format!(
                 "the evaluated policy learns from the traffic, and the estimate depends on what it \
                  learns: learning from every logged request it scores {}, learning only from a \
-                 sample of the log drawn as its own traffic would be {} (every request against \
-                 its own traffic differ); its value on its own traffic may differ from both (the \
-                 interval spans both replays)",
+                 sample of the log drawn as its own traffic would be {} (these two replays \
+                 differ); its value on its own traffic may differ from both (the interval spans \
+                 both replays)",
                 significant(*value),
                 significant(*own_value)
             ),
@@ -360,9 +360,9 @@ impl SupportWarning {
                 "the evaluated policy learns from the traffic, and the estimate depends on what it \
                  learns: learning from every logged request it scores {}, learning only from a \
                  sample of the log drawn as its own traffic would be {}, and from a uniformly \
-                 random sample of the log of the same size {} (its own traffic against the \
-                 random sample differ, so not only the smaller sample moves it); its value on its \
-                 own traffic may differ from both (the interval spans the first two replays)",
+                 random sample of the log of the same size {} (the own-traffic replay differs \
+                 from both, so not only the smaller sample moves it); its value on its own \
+                 traffic may differ from all three (the interval spans the first two replays)",
                 significant(*value),
                 significant(*own_value),
                 significant(*sample_value)
