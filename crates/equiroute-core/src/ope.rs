@@ -135,6 +135,8 @@ pub struct OpeOptions {
     /// many half-widths of the interval is warned about (default 0.5, chosen on the
     /// laboratory's seeds 1–5 against 1).
     pub learning_gap_warn: f64,
+    /// Which comparison of a learning policy's replays warns ([`with_learning_replays`]).
+    pub learning_check: LearningCheck,
     /// Length of the bootstrap's blocks of consecutive records (circular block bootstrap):
     /// 0 (the default) is `⌈n^{1/3}⌉`, the usual order for a block bootstrap's variance
     /// (Hall, Horowitz and Jing 1995); 1 is the iid bootstrap. Records must be in time
@@ -164,12 +166,31 @@ impl Default for OpeOptions {
             min_target_mass_warn: 0.01,
             ridge: 1.0,
             learning_gap_warn: 0.5,
+            learning_check: LearningCheck::OwnVsSample,
             bootstrap_block: 0,
             load_window: 50,
             load_t_warn: 3.0,
             seed: 0,
         }
     }
+}
+
+/// Which comparison of a learning policy's replays ([`with_learning_replays`]) warns that
+/// the estimate depends on what it learns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LearningCheck {
+    /// Learning from every logged request against learning from a sample drawn as its own
+    /// traffic would be (`all` vs `own`), beyond [`OpeOptions::learning_gap_warn`]
+    /// half-widths. The own sample keeps about `c·n` requests (`c` the log's smallest
+    /// propensity), so a policy that merely learns slowly is warned too.
+    AllVsOwn,
+    /// As [`LearningCheck::AllVsOwn`], and also the own sample against a uniformly random
+    /// sample of the log of the same expected size (`own` vs `sample`), beyond the same
+    /// threshold: a gap that the smaller sample alone explains (`own` close to `sample`) is
+    /// not warned; one that learning on its own traffic adds is. Without a sample replay it
+    /// is [`LearningCheck::AllVsOwn`].
+    OwnVsSample,
 }
 
 /// An estimate of the target policy's mean outcome.
@@ -212,8 +233,16 @@ pub enum SupportWarning {
     /// The evaluated policy learns from the traffic, and what it learns matters: replayed
     /// learning only from a sample of the log drawn as its own traffic would be, it scores
     /// `own_value` instead of `value`, a gap above [`OpeOptions::learning_gap_warn`]
-    /// half-widths of the interval (see [`with_own_learning`]).
-    LearningDependent { value: f64, own_value: f64 },
+    /// half-widths of the interval (see [`with_learning_replays`]). With the
+    /// [`LearningCheck::OwnVsSample`] check, `sample_value` is the replay learning from a
+    /// uniformly random sample of the log of the same expected size, which `own_value` also
+    /// differs from: the gap is not only the smaller sample's.
+    LearningDependent {
+        value: f64,
+        own_value: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sample_value: Option<f64>,
+    },
     /// Load interference: the outcome of requests sent to `candidate` moved with the share
     /// of the previous [`OpeOptions::load_window`] requests the logger sent it (`slope` per
     /// unit of share, `|t|` above [`OpeOptions::load_t_warn`]), and the evaluated policy would
@@ -310,13 +339,33 @@ impl SupportWarning {
                  the estimate",
                 100.0 * share
             ),
-            SupportWarning::LearningDependent { value, own_value } => format!(
+            SupportWarning::LearningDependent {
+                value,
+                own_value,
+                sample_value: None,
+            } => format!(
                 "the evaluated policy learns from the traffic, and the estimate depends on what it \
                  learns: learning from every logged request it scores {}, learning only from a \
-                 sample of the log drawn as its own traffic would be {}; its value on its own \
-                 traffic may differ from both (the interval spans both replays)",
+                 sample of the log drawn as its own traffic would be {} (these two replays \
+                 differ); its value on its own traffic may differ from both (the interval spans \
+                 both replays)",
                 significant(*value),
                 significant(*own_value)
+            ),
+            SupportWarning::LearningDependent {
+                value,
+                own_value,
+                sample_value: Some(sample_value),
+            } => format!(
+                "the evaluated policy learns from the traffic, and the estimate depends on what it \
+                 learns: learning from every logged request it scores {}, learning only from a \
+                 sample of the log drawn as its own traffic would be {}, and from a uniformly \
+                 random sample of the log of the same size {} (the own-traffic replay differs \
+                 from both, so not only the smaller sample moves it); its value on its own \
+                 traffic may differ from all three (the interval spans the first two replays)",
+                significant(*value),
+                significant(*own_value),
+                significant(*sample_value)
             ),
             SupportWarning::LoadDependent {
                 candidate,
@@ -636,25 +685,53 @@ fn slope_t(pts: &[(f64, f64)]) -> Option<(f64, f64)> {
 }
 
 /// Combines the estimates of one policy replayed twice on the same log: learning from every
-/// logged request (`all`, the estimate reported) and learning only from the requests where
-/// the log made the choice it would have made (`own`, rejection sampling: a request is
-/// learnt from with probability `min(1, target[action]/propensity)`). A policy that does not
+/// logged request (`all`, the estimate reported) and learning only from a sample of the log
+/// drawn as its own traffic would be (`own`, [`learns_as_own`]). A policy that does not
 /// learn gives the same number twice. Where they differ, what the policy learns from the
 /// traffic is part of the uncertainty: the interval is widened to span both intervals, and
 /// when the gap exceeds [`OpeOptions::learning_gap_warn`] half-widths of `all`'s interval the
-/// estimate carries [`SupportWarning::LearningDependent`].
+/// estimate carries [`SupportWarning::LearningDependent`]. [`with_learning_replays`] without a
+/// sample replay.
 #[must_use]
 pub fn with_own_learning(all: Estimate, own: &Estimate, opts: &OpeOptions) -> Estimate {
+    with_learning_replays(all, own, None, opts)
+}
+
+/// Combines the estimates of one policy replayed on the same log learning from every logged
+/// request (`all`, the estimate reported), from a sample drawn as its own traffic would be
+/// (`own`, [`learns_as_own`]: about `c·n` requests) and, optionally, from a uniformly random
+/// sample of the log of the same expected size (`sample`, [`learns_as_sample`]). `all` vs
+/// `sample` is what learning from fewer requests alone changes; `own` vs `sample` is what
+/// learning on its own traffic changes at equal size. The interval spans `all`'s and `own`'s
+/// (the sample replay does not narrow or widen it). The estimate is warned
+/// ([`SupportWarning::LearningDependent`]) when `all` and `own` differ by more than
+/// [`OpeOptions::learning_gap_warn`] half-widths of `all`'s interval and, with
+/// [`LearningCheck::OwnVsSample`] and a `sample`, `own` and `sample` differ by more than the
+/// same: a slow learner whose own and random samples agree is not warned.
+#[must_use]
+pub fn with_learning_replays(
+    all: Estimate,
+    own: &Estimate,
+    sample: Option<&Estimate>,
+    opts: &OpeOptions,
+) -> Estimate {
     let half_width = opts.learning_gap_warn * (all.ci_high - all.ci_low) / 2.0;
     let mut out = Estimate {
         ci_low: all.ci_low.min(own.ci_low),
         ci_high: all.ci_high.max(own.ci_high),
         ..all
     };
-    if (out.value - own.value).abs() > half_width {
+    let sample = match opts.learning_check {
+        LearningCheck::AllVsOwn => None,
+        LearningCheck::OwnVsSample => sample,
+    };
+    let all_vs_own = (out.value - own.value).abs() > half_width;
+    let own_vs_sample = sample.is_none_or(|s| (own.value - s.value).abs() > half_width);
+    if all_vs_own && own_vs_sample {
         out.warnings.push(SupportWarning::LearningDependent {
             value: out.value,
             own_value: own.value,
+            sample_value: sample.map(|s| s.value),
         });
     }
     out
@@ -682,6 +759,19 @@ pub fn learns_from(target_probability: f64, propensity: f64, u: f64) -> bool {
 #[must_use]
 pub fn learns_as_own(target_probability: f64, propensity: f64, bound: f64, u: f64) -> bool {
     propensity > 0.0 && u < (bound * target_probability / propensity).min(1.0)
+}
+
+/// Whether a replay learning from a uniformly random sample of the log learns from this
+/// request: with probability `bound` whatever the target would choose, given a uniform draw
+/// `u` in `[0, 1)`. With the bound of [`learns_as_own`], the sample has the same expected size
+/// as the own sample (about `bound·n` requests) but the logger's mix of contexts and choices:
+/// the two differ only by what the target would have chosen, so comparing them tells what
+/// learning on its own traffic changes from what a smaller sample alone changes. Drawn with
+/// the same `u` as [`learns_as_own`], a request kept by one is kept by the other wherever the
+/// target's probability of the logged choice equals its propensity.
+#[must_use]
+pub fn learns_as_sample(bound: f64, u: f64) -> bool {
+    u < bound
 }
 
 /// The bound of [`learns_as_own`] for a log: its smallest propensity (0 for an empty log).
@@ -1247,7 +1337,8 @@ mod tests {
             e.warnings,
             vec![SupportWarning::LearningDependent {
                 value: 0.60,
-                own_value: 0.65
+                own_value: 0.65,
+                sample_value: None,
             }]
         );
         let text = e.warnings[0].to_string();
@@ -1256,6 +1347,7 @@ mod tests {
         let cost = SupportWarning::LearningDependent {
             value: 5.1e-6,
             own_value: 4.96e-6,
+            sample_value: None,
         }
         .to_string();
         assert!(
@@ -1271,6 +1363,64 @@ mod tests {
             &estimate(0.63, 0.58, 0.69),
             &OpeOptions::default(),
         );
+        assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
+    }
+
+    #[test]
+    fn a_slow_learner_whose_own_and_random_samples_agree_is_not_warned() {
+        // Default: warned beyond half a half-width. All: 0.60 in [0.56, 0.64], so 0.02.
+        let all = estimate(0.60, 0.56, 0.64);
+        let o = OpeOptions::default();
+        assert_eq!(o.learning_check, LearningCheck::OwnVsSample);
+        // A slow learner: from ~c·n requests it scores 0.65 on its own sample and 0.64 on a
+        // random sample of the same size. All vs own: 0.05 > 0.02, but own vs sample: 0.01,
+        // within 0.02: the smaller sample explains the gap, not warned. The interval still
+        // spans all and own: [0.56, 0.70].
+        let own = estimate(0.65, 0.61, 0.70);
+        let e = with_learning_replays(all.clone(), &own, Some(&estimate(0.64, 0.60, 0.69)), &o);
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        assert!((e.value - 0.60).abs() < 1e-12);
+        assert!((e.ci_low - 0.56).abs() < 1e-12 && (e.ci_high - 0.70).abs() < 1e-12);
+        // The rule before (all vs own only) warns the same replays.
+        let before = OpeOptions {
+            learning_check: LearningCheck::AllVsOwn,
+            ..o
+        };
+        let e = with_learning_replays(
+            all.clone(),
+            &own,
+            Some(&estimate(0.64, 0.60, 0.69)),
+            &before,
+        );
+        assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
+        assert_eq!(e, with_own_learning(all.clone(), &own, &before));
+        // One that learns differently on its own traffic: the random sample scores 0.61, own
+        // vs sample 0.04 > 0.02: warned, with the three values in the text.
+        let e = with_learning_replays(all.clone(), &own, Some(&estimate(0.61, 0.57, 0.65)), &o);
+        assert_eq!(
+            e.warnings,
+            vec![SupportWarning::LearningDependent {
+                value: 0.60,
+                own_value: 0.65,
+                sample_value: Some(0.61),
+            }]
+        );
+        let text = e.warnings[0].to_string();
+        assert!(
+            text.contains("0.600") && text.contains("0.650") && text.contains("0.610"),
+            "{text}"
+        );
+        assert!(text.contains("random sample"), "{text}");
+        // Own close to all (0.61, within 0.02) is not warned, however far the sample is.
+        let e = with_learning_replays(
+            all.clone(),
+            &estimate(0.61, 0.57, 0.65),
+            Some(&estimate(0.50, 0.46, 0.54)),
+            &o,
+        );
+        assert!(e.warnings.is_empty(), "{:?}", e.warnings);
+        // Without a sample replay, the check is all vs own.
+        let e = with_learning_replays(all, &own, None, &o);
         assert_eq!(e.warnings.len(), 1, "{:?}", e.warnings);
     }
 
@@ -1541,5 +1691,33 @@ mod tests {
         // A target that never makes the logged choice learns nothing; no propensity, no bound.
         assert!(!learns_as_own(0.0, 0.1, 0.1, 0.0));
         assert!(rejection_bound([]) == 0.0);
+    }
+
+    #[test]
+    fn a_random_sample_keeps_as_many_requests_as_the_own_sample_whatever_the_target() {
+        // Tilted log, bound 0.1: the random sample keeps 0.1 of every request, agreeing or
+        // not; the own sample keeps 0.1 of the target's own traffic: the same expected size.
+        let tilted = [0.9, 0.1];
+        let bound = rejection_bound(tilted);
+        let sample = kept_share(tilted, |_, u| learns_as_sample(bound, u));
+        assert!((sample[0] - 0.1).abs() < 1e-3 && (sample[1] - 0.1).abs() < 1e-3);
+        let own = kept_share(tilted, |p, u| learns_as_own(1.0, p, bound, u));
+        // Share of all requests kept, the two contexts equally frequent: a request of
+        // context x is agreeing with probability tilted[x], then kept with own[x].
+        let own_size = 0.5 * (tilted[0] * own[0] + tilted[1] * own[1]);
+        let sample_size = 0.5 * (sample[0] + sample[1]);
+        assert!((own_size - 0.1).abs() < 1e-3, "{own_size}");
+        assert!(
+            (own_size - sample_size).abs() < 1e-3,
+            "{own_size} {sample_size}"
+        );
+        // Drawn with the same u, where the target's probability of the logged choice is its
+        // propensity (it is the logger), both keep exactly the same requests.
+        for i in 0..1000 {
+            let u = (f64::from(i) + 0.5) / 1000.0;
+            for p in [0.1, 0.5, 0.9] {
+                assert_eq!(learns_as_own(p, p, bound, u), learns_as_sample(bound, u));
+            }
+        }
     }
 }

@@ -3,8 +3,9 @@
 //! For each scenario and seed: log one policy's traffic with an exploration floor, evaluate
 //! other policies offline from that log (each replayed on the logged observations in order
 //! and asked for its first-choice distribution on every logged context, once learning from
-//! every logged request and once from a sample of them as it would have served them itself,
-//! rejection sampling with a constant bound), run each of them
+//! every logged request, once from a sample of them as it would have served them itself,
+//! rejection sampling with a constant bound, and once from a uniformly random sample of the
+//! same expected size), run each of them
 //! on-policy on the same scenario and seed for its true mean quality, and compare: estimate,
 //! truth, error, and whether the 95% bootstrap interval covers the truth, for IPS, SNIPS and
 //! DR. The bar: intervals cover the truth in at least 90% of the cases the evaluator does not
@@ -13,8 +14,12 @@
 //! ```text
 //! cargo run -p equiroute-lab --example ope -- [--seeds N] [--first-seed S] [--rounds R]
 //!     [--logger lqm-ts] [--floor 0.05] [--draws 50] [--scenarios a,b,...] [--jobs 2] [--rows]
-//!     [--tsv FILE] [--learning-gap-warn 0.5] [--block 0] [--load-window 50]
+//!     [--tsv FILE] [--learning-gap-warn 0.5] [--learning-check own-vs-sample]
+//!     [--block 0] [--load-window 50]
 //! ```
+//!
+//! `--learning-check all-vs-own` is the learning warning before the random-sample replay
+//! (warned when learning from every request and as on its own traffic differ).
 //!
 //! `--block 1 --load-window 0` is the evaluator before the block bootstrap and the load test
 //! (iid bootstrap, round-robin cross-fitting, no load-interference warning).
@@ -30,7 +35,7 @@
     clippy::too_many_lines
 )]
 
-use equiroute_core::ope::{Estimate, Estimator, OpeOptions};
+use equiroute_core::ope::{Estimate, Estimator, LearningCheck, OpeOptions};
 use equiroute_lab::ope::{evaluate_targets, OpeCase};
 use equiroute_lab::runner::run;
 use equiroute_lab::scenario::{builtin, Variant};
@@ -52,6 +57,7 @@ struct Args {
     rows: bool,
     tsv: Option<String>,
     learning_gap_warn: f64,
+    learning_check: LearningCheck,
     block: u32,
     load_window: u32,
 }
@@ -77,6 +83,7 @@ fn parse() -> Args {
         rows: false,
         tsv: None,
         learning_gap_warn: OpeOptions::default().learning_gap_warn,
+        learning_check: OpeOptions::default().learning_check,
         block: OpeOptions::default().bootstrap_block,
         load_window: OpeOptions::default().load_window,
     };
@@ -97,6 +104,13 @@ fn parse() -> Args {
             "--tsv" => a.tsv = Some(value()),
             "--learning-gap-warn" => {
                 a.learning_gap_warn = value().parse().expect("--learning-gap-warn: e.g. 0.5");
+            }
+            "--learning-check" => {
+                a.learning_check = match value().as_str() {
+                    "all-vs-own" => LearningCheck::AllVsOwn,
+                    "own-vs-sample" => LearningCheck::OwnVsSample,
+                    other => panic!("--learning-check {other}: all-vs-own or own-vs-sample"),
+                };
             }
             "--block" => a.block = value().parse().expect("--block: 0 (n^1/3) or a length"),
             "--load-window" => {
@@ -150,6 +164,7 @@ fn main() {
     }
     let opts = OpeOptions {
         learning_gap_warn: args.learning_gap_warn,
+        learning_check: args.learning_check,
         bootstrap_block: args.block,
         load_window: args.load_window,
         ..OpeOptions::default()
@@ -243,7 +258,7 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
     let last = args.first_seed + args.seeds - 1;
     println!(
-        "logger `{logger}`, seeds {}-{last}, {} cases, {} draws per Thompson distribution, 95% percentile block bootstrap ({} resamples, block {} (0: n^1/3)), load test over {} requests, DR with {}-fold cross-fitted ridge; intervals span both replays (learning from every request, from its own choices), warned beyond {} half-widths apart\n",
+        "logger `{logger}`, seeds {}-{last}, {} cases, {} draws per Thompson distribution, 95% percentile block bootstrap ({} resamples, block {} (0: n^1/3)), load test over {} requests, DR with {}-fold cross-fitted ridge; intervals span both replays (learning from every request, from its own choices), warned beyond {} half-widths apart ({})\n",
         args.first_seed,
         cases.len(),
         args.draws,
@@ -252,6 +267,11 @@ fn report(args: &Args, logger: &str, cases: &[OpeCase]) {
         args.load_window,
         OpeOptions::default().folds,
         args.learning_gap_warn,
+        match args.learning_check {
+            LearningCheck::AllVsOwn => "every request against its own traffic",
+            LearningCheck::OwnVsSample =>
+                "every request against its own traffic, and its own traffic against a random sample of the same size",
+        },
     );
     summary(cases, |c| &c.estimates);
     println!(
@@ -388,7 +408,16 @@ fn warning_labels(ws: &[equiroute_core::ope::SupportWarning]) -> String {
             W::DeterministicLogger => "deterministic".to_owned(),
             W::UnsupportedAction { candidate, .. } => format!("unsupported {candidate}"),
             W::TinyPropensities { share } => format!("tiny {share:.3}"),
-            W::LearningDependent { own_value, .. } => format!("learning {own_value:.3}"),
+            W::LearningDependent {
+                own_value,
+                sample_value: None,
+                ..
+            } => format!("learning {own_value:.3}"),
+            W::LearningDependent {
+                own_value,
+                sample_value: Some(sample),
+                ..
+            } => format!("learning {own_value:.3} sample {sample:.3}"),
             W::LowEffectiveSampleSize { ess } => format!("ess {ess:.0}"),
             W::LoadDependent {
                 candidate,
@@ -409,11 +438,14 @@ fn warning_labels(ws: &[equiroute_core::ope::SupportWarning]) -> String {
 }
 
 /// Every case, one line each, for analysis: the truths and each estimator's value, interval
-/// and warnings.
+/// and warnings, as reported (no prefix), and the replays alone: learning as on its own
+/// traffic (`own_`), from every request (`all_`, its own interval) and from a random sample
+/// of the same size (`sample_`); `before_` is the evaluator before the block bootstrap.
 fn write_tsv(path: &str, cases: &[OpeCase]) {
-    let mut out =
-        String::from("scenario\ttarget\tseed\ttruth\ttruth_se\treplay_truth\town_replay_truth");
-    for prefix in ["", "own_", "before_"] {
+    let mut out = String::from(
+        "scenario\ttarget\tseed\ttruth\ttruth_se\treplay_truth\town_replay_truth\tsample_replay_truth",
+    );
+    for prefix in ["", "own_", "before_", "all_", "sample_"] {
         for e in Estimator::ALL {
             let _ = write!(
                 out,
@@ -425,14 +457,23 @@ fn write_tsv(path: &str, cases: &[OpeCase]) {
     for c in cases {
         let _ = write!(
             out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}",
-            c.scenario, c.target, c.seed, c.truth, c.truth_se, c.replay_truth, c.own_replay_truth
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            c.scenario,
+            c.target,
+            c.seed,
+            c.truth,
+            c.truth_se,
+            c.replay_truth,
+            c.own_replay_truth,
+            c.sample_replay_truth
         );
         for (_, est) in c
             .estimates
             .iter()
             .chain(&c.own_estimates)
             .chain(&c.baseline)
+            .chain(&c.all_estimates)
+            .chain(&c.sample_estimates)
         {
             let _ = write!(
                 out,

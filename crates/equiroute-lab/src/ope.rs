@@ -11,8 +11,8 @@
 use crate::runner::{run_logged, RunError};
 use crate::scenario::ScenarioSpec;
 use equiroute_core::ope::{
-    evaluate, learns_as_own, learns_from, rejection_bound, with_own_learning, Estimate, Estimator,
-    LoggedDecision, OpeError, OpeOptions,
+    evaluate, learns_as_own, learns_as_sample, learns_from, rejection_bound, with_learning_replays,
+    Estimate, Estimator, LoggedDecision, OpeError, OpeOptions,
 };
 use equiroute_core::policies::{
     AttemptObservation, FirstChoice, Policy, QualityObservation, RankContext,
@@ -111,6 +111,12 @@ pub enum Learning {
     /// where the logger was likely to make the target's choice, so the target learns from
     /// the contexts where it agrees with the logger rather than from its own mix.
     Agreeing,
+    /// A uniformly random sample of the rounds of the same expected size as `Own`: every
+    /// round kept with probability `c` whatever the target would choose
+    /// ([`equiroute_core::ope::learns_as_sample`], the same coin as `Own`). Against `All` it
+    /// shows what learning from fewer rounds alone changes; against `Own`, what learning on
+    /// its own traffic changes at equal size.
+    Sample,
 }
 
 /// A replay's result.
@@ -165,6 +171,7 @@ pub fn replay(
                 bound,
                 coin.random::<f64>(),
             ),
+            Learning::Sample => learns_as_sample(bound, coin.random::<f64>()),
             Learning::Agreeing => learns_from(
                 dist.probability(r.action),
                 r.propensity,
@@ -253,13 +260,21 @@ pub struct OpeCase {
     pub logged_regret: f64,
     /// IPS, SNIPS and DR, in [`Estimator::ALL`] order, as the evaluator reports them: the
     /// target learning from every logged observation ([`Learning::All`]), the interval
-    /// spanning the replay learning from its own choices too, warned when they disagree
-    /// ([`with_own_learning`]).
+    /// spanning the replay learning as on its own traffic too, warned as
+    /// [`with_learning_replays`] says (with the random-sample replay).
     pub estimates: Vec<(Estimator, Estimate)>,
+    /// IPS, SNIPS and DR of the target learning from every logged observation, alone (the
+    /// interval before it spans the other replay, no learning warning).
+    pub all_estimates: Vec<(Estimator, Estimate)>,
     /// The replay truth of the target learning from its own choices ([`Learning::Own`]).
     pub own_replay_truth: f64,
     /// IPS, SNIPS and DR of the target learning from its own choices.
     pub own_estimates: Vec<(Estimator, Estimate)>,
+    /// The replay truth of the target learning from a random sample of the same expected
+    /// size ([`Learning::Sample`]).
+    pub sample_replay_truth: f64,
+    /// IPS, SNIPS and DR of the target learning from that random sample.
+    pub sample_estimates: Vec<(Estimator, Estimate)>,
     /// As `estimates`, by the evaluator without the block bootstrap and the load tests
     /// ([`baseline_options`]), on the same replays: the before of a before/after.
     pub baseline: Vec<(Estimator, Estimate)>,
@@ -314,8 +329,8 @@ pub fn evaluate_targets(
                 })
         };
         let variants = [*opts, baseline_options(opts)];
-        let mut runs = Vec::with_capacity(2);
-        for learning in [Learning::All, Learning::Own] {
+        let mut runs = Vec::with_capacity(3);
+        for learning in [Learning::All, Learning::Own, Learning::Sample] {
             let mut policy = build()?;
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0ff_9011c7);
             let dist = replay(&log, policy.as_mut(), &mut rng, draws, learning).choices;
@@ -338,18 +353,35 @@ pub fn evaluate_targets(
                 .collect::<Result<Vec<_>, _>>()?;
             runs.push((replay_truth(&log, &dist), per_variant));
         }
+        let (sample_replay_truth, mut sample) = runs.pop().unwrap_or_default();
         let (own_replay_truth, mut own) = runs.pop().unwrap_or_default();
         let (replay_truth, mut all) = runs.pop().unwrap_or_default();
-        let combine = |all: Vec<(Estimator, Estimate)>, own: &[(Estimator, Estimate)], o| {
-            all.into_iter()
+        let combine = |all: &[(Estimator, Estimate)],
+                       own: &[(Estimator, Estimate)],
+                       sample: &[(Estimator, Estimate)],
+                       o| {
+            all.iter()
                 .zip(own)
-                .map(|((e, all), (_, own))| (e, with_own_learning(all, own, o)))
+                .zip(sample)
+                .map(|(((e, all), (_, own)), (_, sample))| {
+                    (*e, with_learning_replays(all.clone(), own, Some(sample), o))
+                })
                 .collect::<Vec<_>>()
         };
-        let own_baseline = own.pop().unwrap_or_default();
+        let (own_baseline, sample_baseline) = (
+            own.pop().unwrap_or_default(),
+            sample.pop().unwrap_or_default(),
+        );
         let own_estimates = own.pop().unwrap_or_default();
-        let baseline = combine(all.pop().unwrap_or_default(), &own_baseline, &variants[1]);
-        let estimates = combine(all.pop().unwrap_or_default(), &own_estimates, opts);
+        let sample_estimates = sample.pop().unwrap_or_default();
+        let baseline = combine(
+            &all.pop().unwrap_or_default(),
+            &own_baseline,
+            &sample_baseline,
+            &variants[1],
+        );
+        let all_estimates = all.pop().unwrap_or_default();
+        let estimates = combine(&all_estimates, &own_estimates, &sample_estimates, opts);
         let (on_policy, on_policy_log) = run_logged(spec, target, seed, rounds, 1)?;
         let truth = on_policy.quality;
         let n = on_policy_log.rounds.len().max(2) as f64;
@@ -371,8 +403,11 @@ pub fn evaluate_targets(
             logged_value: logged.quality,
             logged_regret: logged.regret,
             estimates,
+            all_estimates,
             own_replay_truth,
             own_estimates,
+            sample_replay_truth,
+            sample_estimates,
             baseline,
         });
     }
@@ -470,6 +505,25 @@ mod tests {
         let bound = rejection_bound(log.rounds.iter().map(|r| r.propensity));
         assert!((0.04..=0.06).contains(&bound), "{bound}");
         assert!(kept > 0 && kept < agreed && kept < 50, "{kept} {agreed}");
+        // A random sample of the same expected size keeps rounds whatever lqm would choose:
+        // about bound·400 of them, agreeing or not, and never one the same coin's draw is
+        // above the bound for.
+        let mut sample = build();
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let s = replay(&log, sample.as_mut(), &mut rng, 1, Learning::Sample);
+        let sampled = s.learnt_from.iter().filter(|k| **k).count();
+        assert!(
+            (5..=40).contains(&sampled),
+            "{sampled} of 400, bound {bound}"
+        );
+        let disagreeing = log
+            .rounds
+            .iter()
+            .zip(&s.choices)
+            .zip(&s.learnt_from)
+            .filter(|((round, d), kept)| **kept && d.probability(round.action) < 0.5)
+            .count();
+        assert!(disagreeing > 0, "{sampled}");
         // It received the scores of those rounds only: fewer than when it learns from all.
         let mut all = build();
         let _ = replay(&log, all.as_mut(), &mut rng, 1, Learning::All);

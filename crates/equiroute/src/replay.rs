@@ -53,6 +53,38 @@ impl EstimatorArg {
     }
 }
 
+/// `--learning-check`: which comparison of a learning policy's replays warns
+/// ([`ope::LearningCheck`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LearningCheckArg {
+    /// Learning from every request against learning as on its own traffic (the rule before
+    /// the random-sample replay: a policy that merely learns slowly is warned too).
+    AllVsOwn,
+    /// That, and learning as on its own traffic against learning from a uniformly random
+    /// sample of the log of the same size.
+    OwnVsSample,
+}
+
+impl From<LearningCheckArg> for ope::LearningCheck {
+    fn from(a: LearningCheckArg) -> Self {
+        match a {
+            LearningCheckArg::AllVsOwn => ope::LearningCheck::AllVsOwn,
+            LearningCheckArg::OwnVsSample => ope::LearningCheck::OwnVsSample,
+        }
+    }
+}
+
+/// What a replayed policy learns from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Learning {
+    /// Every logged request, as the gateway's policy did.
+    All,
+    /// A sample drawn as its own traffic would be ([`ope::learns_as_own`]).
+    Own,
+    /// A uniformly random sample of the same expected size ([`ope::learns_as_sample`]).
+    Sample,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Audit log files (the gateway's `[audit] path`); each file's rotations (`FILE.1`,
@@ -88,6 +120,12 @@ pub struct Args {
     /// Seed of the policies' sampling and of the bootstrap intervals.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Which comparison warns that a learning policy's estimate depends on what it learns
+    /// (docs/ope.md): `own-vs-sample` also replays it learning from a random sample of the
+    /// log of the size of its own-traffic sample, and warns only when the own-traffic
+    /// sample differs from both that and every request.
+    #[arg(long, value_enum, default_value = "own-vs-sample")]
+    learning_check: LearningCheckArg,
 }
 
 /// Policies that read the request's features: they cannot be replayed without them.
@@ -575,22 +613,23 @@ fn events(decisions: &[Decision]) -> Vec<Event> {
 }
 
 /// The target's first-choice probabilities at each decision, learning from the log as the
-/// gateway's policy did (`own = false`), or only from the requests where the log made the
-/// choice it would have made (`own = true`: rejection sampling with the log's smallest
+/// gateway's policy did ([`Learning::All`]), or only from the requests where the log made the
+/// choice it would have made ([`Learning::Own`]: rejection sampling with the log's smallest
 /// propensity as the constant bound, [`ope::learns_as_own`], so the kept requests are a
-/// sample of the target's own traffic, contexts included; a request without a usable
-/// propensity is not learnt from).
+/// sample of the target's own traffic, contexts included), or from a uniformly random sample
+/// of the same expected size ([`Learning::Sample`], the same coin). A request without a
+/// usable propensity is not learnt from by the samples.
 fn replay(
     policy: &mut dyn Policy,
     log: &InterfaceLog,
     draws: u32,
     seed: u64,
-    own: bool,
+    learning: Learning,
 ) -> Vec<Vec<f64>> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     // The coin of rejection sampling, apart from the target's own draws.
     let mut coin = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c017);
-    let mut learnt = vec![!own; log.decisions.len()];
+    let mut learnt = vec![learning == Learning::All; log.decisions.len()];
     let bound = ope::rejection_bound(
         log.decisions
             .iter()
@@ -612,11 +651,19 @@ fn replay(
                 targets[i] = policy
                     .first_choice_distribution(&ctx, &mut rng, draws)
                     .probabilities;
-                if own {
-                    let p = targets[i].get(d.action).copied().unwrap_or(0.0);
-                    learnt[i] = d.propensity.is_some_and(|(q, _)| {
-                        ope::learns_as_own(p, q, bound, coin.random::<f64>())
-                    });
+                let p = targets[i].get(d.action).copied().unwrap_or(0.0);
+                match learning {
+                    Learning::All => {}
+                    Learning::Own => {
+                        learnt[i] = d.propensity.is_some_and(|(q, _)| {
+                            ope::learns_as_own(p, q, bound, coin.random::<f64>())
+                        });
+                    }
+                    Learning::Sample => {
+                        learnt[i] = d
+                            .propensity
+                            .is_some_and(|_| ope::learns_as_sample(bound, coin.random::<f64>()));
+                    }
                 }
                 // The decision itself, for policies whose state moves with it (round-robin).
                 let _ = policy.rank(&ctx, &mut rng);
@@ -808,38 +855,36 @@ fn evaluate_target(
             "no logged request has a usable propensity: nothing can be reweighted (log with a policy that reports its propensities, or an exploration floor)".into(),
         );
     }
-    let built = target.config(log.space.policy.as_ref()).and_then(|cfg| {
-        cfg.build(&log.space.candidates, log.space.feature_dim)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-    });
-    let mut policy = match built {
-        Ok(p) => p,
-        Err(e) => {
-            return refused(format!(
-                "cannot be built for interface `{}`: {e:#}",
-                log.name
-            ))
-        }
-    };
-    let distributions = replay(policy.as_mut(), log, args.draws, seed, false);
-    // The same policy, learning only from its own choices: a policy that learns may score
-    // otherwise ([`ope::with_own_learning`]).
-    let own_distributions = match target.config(log.space.policy.as_ref()).and_then(|cfg| {
-        cfg.build(&log.space.candidates, log.space.feature_dim)
-            .map_err(|e| anyhow::anyhow!("{e}"))
-    }) {
-        Ok(mut p) => replay(p.as_mut(), log, args.draws, seed, true),
-        Err(e) => {
-            return refused(format!(
-                "cannot be built for interface `{}`: {e:#}",
-                log.name
-            ))
-        }
-    };
     let opts = OpeOptions {
         seed,
+        learning_check: args.learning_check.into(),
         ..OpeOptions::default()
     };
+    // Replayed learning from every request (the estimate), then only from a sample drawn as
+    // its own traffic would be, and from a random sample of the same size: a policy that
+    // learns may score otherwise ([`ope::with_learning_replays`]).
+    let mut learnings = vec![Learning::All, Learning::Own];
+    if opts.learning_check == ope::LearningCheck::OwnVsSample {
+        learnings.push(Learning::Sample);
+    }
+    let mut replays = Vec::with_capacity(learnings.len());
+    for learning in learnings {
+        let built = target.config(log.space.policy.as_ref()).and_then(|cfg| {
+            cfg.build(&log.space.candidates, log.space.feature_dim)
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        });
+        match built {
+            Ok(mut p) => replays.push(replay(p.as_mut(), log, args.draws, seed, learning)),
+            Err(e) => {
+                return refused(format!(
+                    "cannot be built for interface `{}`: {e:#}",
+                    log.name
+                ))
+            }
+        }
+    }
+    let (distributions, own_distributions, sample_distributions) =
+        (&replays[0], &replays[1], replays.get(2));
     // Contextual reward models for DR only when every record has its features.
     let with_features = missing_features == 0;
     let mut warnings: Vec<String> = Vec::new();
@@ -849,10 +894,13 @@ fn evaluate_target(
         for metric in Metric::ALL {
             let records =
                 |targets: &[Vec<f64>]| records(log, usable, with_features, metric, targets);
-            let (all, own) = (records(&distributions), records(&own_distributions));
+            let (all, own) = (records(distributions), records(own_distributions));
             let evaluated = ope::evaluate(&all, estimator, &opts).and_then(|e| {
                 let o = ope::evaluate(&own, estimator, &opts)?;
-                Ok(ope::with_own_learning(e, &o, &opts))
+                let s = sample_distributions
+                    .map(|d| ope::evaluate(&records(d), estimator, &opts))
+                    .transpose()?;
+                Ok(ope::with_learning_replays(e, &o, s.as_ref(), &opts))
             });
             let value = match evaluated {
                 Ok(e) => {

@@ -693,6 +693,9 @@ fn a_policy_whose_value_depends_on_what_it_learns_is_warned_and_a_fixed_one_is_n
     let miss = metric(&least, "ips", "deadline_miss_rate");
     assert!(value(miss) < 0.1, "{miss}");
     assert!(miss["ci_high"].as_f64().unwrap() > 0.4, "{miss}");
+    // Learning from a random sample of the same size it follows the switch: the comparison
+    // that fired is its own traffic against that sample, and the warning says so.
+    assert!(warnings.contains("uniformly random sample"), "{warnings}");
     let fixed = policy_of(iface, "static");
     let warnings = fixed["warnings"].to_string();
     assert!(!warnings.contains(says), "{warnings}");
@@ -712,5 +715,18 @@ fn a_policy_whose_value_depends_on_what_it_learns_is_warned_and_a_fixed_one_is_n
         !table.contains(&format!("- static: deadline_miss_rate (ips): {says}")),
         "{table}"
     );
+    // The check before the random-sample replay warns too, naming only its two replays.
+    let o = replay(
+        &[
+            &args[..],
+            &["--format", "json", "--learning-check", "all-vs-own"],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let warnings = policy_of(&report["interfaces"][0], "least-latency")["warnings"].to_string();
+    assert!(warnings.contains(says), "{warnings}");
+    assert!(!warnings.contains("random sample"), "{warnings}");
     let _ = std::fs::remove_dir_all(&dir);
 }
