@@ -885,7 +885,10 @@ mod tests {
             other => panic!("not the priced rule: {other:?}"),
         };
         assert_eq!(latency(HedgeRule::default()), Some(0.95));
-        assert_eq!(latency(rule(r#"{"kind": "priced-saving"}"#).unwrap()), Some(0.95));
+        assert_eq!(
+            latency(rule(r#"{"kind": "priced-saving"}"#).unwrap()),
+            Some(0.95)
+        );
         let off = rule(r#"{"kind": "priced-saving", "latency_quantile": false}"#).unwrap();
         assert_eq!(latency(off), None);
         let at = rule(r#"{"kind": "priced-saving", "latency_quantile": 0.9}"#).unwrap();
@@ -898,7 +901,10 @@ mod tests {
         let err = rule(r#"{"kind": "priced-saving", "latency_quantile": true}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("latency_quantile") && err.contains("false"), "{err}");
+        assert!(
+            err.contains("latency_quantile") && err.contains("false"),
+            "{err}"
+        );
     }
 
     #[test]
