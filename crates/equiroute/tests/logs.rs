@@ -92,9 +92,19 @@ fn json_logs_are_one_object_per_line_and_a_request_carries_its_id() {
         .filter(|l| l["span"]["request_id"] == id.as_str())
         .collect();
     assert!(own.iter().any(|l| message(l) == "decided"), "{lines:?}");
-    let attempt = own.iter().find(|l| message(l) == "attempt").unwrap();
-    assert_eq!(attempt["fields"]["outcome"], "ok");
-    assert_eq!(attempt["span"]["interface"], "chat");
+    // The embedded providers fail 1–2% of calls: a first attempt may fail and a fallback
+    // answer, so the answer's attempt is the one logged `ok`, and every attempt names its
+    // outcome.
+    let attempts: Vec<_> = own.iter().filter(|l| message(l) == "attempt").collect();
+    assert!(
+        attempts.iter().all(|a| a["fields"]["outcome"].is_string()),
+        "{attempts:?}"
+    );
+    let answered = attempts
+        .iter()
+        .find(|a| a["fields"]["outcome"] == "ok")
+        .unwrap_or_else(|| panic!("no attempt logged ok: {attempts:?}"));
+    assert_eq!(answered["span"]["interface"], "chat");
     // Never a body: the prompt is nowhere in the logs.
     assert!(!lines.iter().any(|l| l.to_string().contains("hello")));
 }
