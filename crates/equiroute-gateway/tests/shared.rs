@@ -274,6 +274,27 @@ fn feed(app: &AppState, obs: &[Observation]) {
     }
 }
 
+/// Records `o`, when it is an attempt, as one the rollout's candidate routed on `app` (its
+/// canary arm); `false` for other observations.
+fn route_to_candidate(app: &AppState, o: Observation) -> bool {
+    let Observation::Attempt {
+        candidate,
+        features,
+        slice,
+        deadline,
+        outcome,
+        ..
+    } = o
+    else {
+        return false;
+    };
+    let iface = app.interfaces["chat"].clone();
+    let arm = equiroute_gateway::server::arms::Arm::Candidate;
+    app.record_routed_attempt(&iface, arm, candidate, &features, slice, &outcome, deadline)
+        .unwrap();
+    true
+}
+
 #[tokio::test]
 async fn three_instances_hold_the_statistics_of_one_instance_that_saw_everything() {
     let Some(redis) = RedisServer::start("exact") else {
@@ -1195,27 +1216,9 @@ async fn a_rollouts_candidate_learns_every_instances_canary_requests_and_the_liv
     let iface = a.interfaces["chat"].clone();
     let mut canary = 0;
     for o in workload(2000) {
-        let Observation::Attempt {
-            candidate,
-            features,
-            slice,
-            deadline,
-            outcome,
-            ..
-        } = o
-        else {
+        if !route_to_candidate(&a, o) {
             continue;
-        };
-        a.record_routed_attempt(
-            &iface,
-            equiroute_gateway::server::arms::Arm::Candidate,
-            candidate,
-            &features,
-            slice,
-            &outcome,
-            deadline,
-        )
-        .unwrap();
+        }
         canary += 1;
         if canary % 40 == 0 {
             sa.sync_once(&a).await.unwrap();
@@ -1425,20 +1428,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     // A's canary learns from attempts it routed; B's live policy from its own traffic.
     let iface = a.interfaces["chat"].clone();
     for o in workload(400) {
-        let Observation::Attempt {
-            candidate,
-            features,
-            slice,
-            deadline,
-            outcome,
-            ..
-        } = o
-        else {
-            continue;
-        };
-        let arm = equiroute_gateway::server::arms::Arm::Candidate;
-        a.record_routed_attempt(&iface, arm, candidate, &features, slice, &outcome, deadline)
-            .unwrap();
+        route_to_candidate(&a, o);
     }
     feed(&b, &workload(60));
     sa.sync_once(&a).await.unwrap();
