@@ -330,12 +330,12 @@ pub fn hedge_delay(
         } => match deadline {
             None => predictive_quantile(&first?.latency, tail_quantile)?,
             Some(d) => {
-                let priced = priced_delay(first?, target?, d.0, price);
+                let (first, target) = (first?, target?);
+                let priced = priced_delay(first, target, d.0, price);
                 // A loose deadline: the tail, not the deadline, makes this request's p99.
-                let loose = first?.latency.exceedance(d.0) <= loose_risk;
                 let latency = latency_quantile
-                    .filter(|_| loose)
-                    .and_then(|q| latency_hedge(first?, target?, q));
+                    .filter(|_| first.latency.exceedance(d.0) <= loose_risk)
+                    .and_then(|q| latency_hedge(first, target, q));
                 match (priced, latency) {
                     (Some(p), Some(l)) => p.min(l),
                     (p, l) => p.or(l)?,

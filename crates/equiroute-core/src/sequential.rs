@@ -62,7 +62,7 @@ impl BoundedMean {
 }
 
 /// A closed interval.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Interval {
     pub low: f64,
     pub high: f64,
@@ -110,7 +110,7 @@ pub struct Guard {
 }
 
 /// The evidence of one comparison.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     pub candidate: BoundedMean,
     pub live: BoundedMean,

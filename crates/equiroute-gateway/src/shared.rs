@@ -242,20 +242,10 @@ pub struct RolloutEnd {
     pub at_unix_ms: f64,
     /// A rollback's evidence, as the deciding instance's guard measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evidence: Option<RolloutEvidence>,
+    pub evidence: Option<equiroute_core::sequential::Comparison>,
     /// The instance that decided (set from the stream entry it arrived in).
     #[serde(default)]
     pub instance: String,
-}
-
-/// A guard's evidence: the confidence interval of the difference between the arms, and
-/// each arm's measurements.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RolloutEvidence {
-    pub low: f64,
-    pub high: f64,
-    pub candidate: equiroute_core::sequential::BoundedMean,
-    pub live: equiroute_core::sequential::BoundedMean,
 }
 
 /// This instance's events that the shared log does not hold yet, numbered from 1.
@@ -1368,45 +1358,33 @@ impl Syncer {
         Ok(())
     }
 
-    /// Applies one observation of the stream to the confirmed policies; 1 if applied.
+    /// Applies one observation of the stream to the confirmed policies (the live policy and
+    /// its shadow; with `rollout`, the rollout's candidate, which learns from its own arm's
+    /// observations only); 1 if applied.
     fn apply_observation(
         &mut self,
         state: &dyn SyncTarget,
-        iface: &str,
+        (iface, rollout): (&str, bool),
         obs: &Observation,
         own: bool,
     ) -> usize {
-        let candidates = state.candidate_count(iface);
-        match self.confirmed.get_mut(iface) {
-            Some(p) if obs.candidate() < candidates => {
-                obs.apply(p.as_mut());
-                if let Some(shadow) = self.shadows.get_mut(iface) {
-                    obs.apply(shadow.as_mut());
-                }
-                self.stale_live |= !own;
-                1
-            }
-            _ => 0,
+        if obs.candidate() >= state.candidate_count(iface) {
+            return 0;
         }
-    }
-
-    /// Applies one rollout observation of the stream to the confirmed candidate; 1 if applied.
-    fn apply_rollout(
-        &mut self,
-        state: &dyn SyncTarget,
-        iface: &str,
-        obs: &Observation,
-        own: bool,
-    ) -> usize {
-        let candidates = state.candidate_count(iface);
-        match self.rollouts.get_mut(iface) {
-            Some(p) if obs.candidate() < candidates => {
-                obs.apply(p.as_mut());
-                self.stale_live |= !own;
-                1
-            }
-            _ => 0,
+        let (policy, shadow) = if rollout {
+            (self.rollouts.get_mut(iface), None)
+        } else {
+            (self.confirmed.get_mut(iface), self.shadows.get_mut(iface))
+        };
+        let Some(policy) = policy else {
+            return 0;
+        };
+        obs.apply(policy.as_mut());
+        if let Some(shadow) = shadow {
+            obs.apply(shadow.as_mut());
         }
+        self.stale_live |= !own;
+        1
     }
 
     /// A promotion this instance can follow only if it runs the same candidate: its
@@ -1500,7 +1478,7 @@ impl Syncer {
         for event in &batch {
             match event {
                 Event::Learn { iface, obs } => {
-                    observations += self.apply_observation(state, iface, obs, own);
+                    observations += self.apply_observation(state, (iface, false), obs, own);
                 }
                 Event::Feedback {
                     iface,
@@ -1516,7 +1494,7 @@ impl Syncer {
                         .seen
                         .insert(request_id, at, self.seen_horizon, self.seen_cap)
                     {
-                        observations += self.apply_observation(state, iface, obs, own);
+                        observations += self.apply_observation(state, (iface, false), obs, own);
                     } else {
                         // Scored on two instances without Redis: the first in the stream
                         // counts. This instance's live policies hold its own: rebuild them.
@@ -1544,7 +1522,7 @@ impl Syncer {
         }
         for event in &rollout {
             if let Event::RolloutLearn { iface, obs } = event {
-                observations += self.apply_rollout(state, iface, obs, own);
+                observations += self.apply_observation(state, (iface, true), obs, own);
             }
         }
         // Last: the candidate's observations of this entry are in before a promotion.

@@ -25,15 +25,26 @@ struct Rig {
     audit: std::path::PathBuf,
 }
 
-async fn rig(name: &str, hedge: &str) -> Rig {
-    let slow = mock("[chat]\nlatency = { p50_ms = 2500, p95_ms = 2500 }\n").await;
-    let fast = mock("[chat]\nlatency = { p50_ms = 10, p95_ms = 10 }\n").await;
+/// A fresh audit log path for the test `name`.
+fn audit_path(name: &str) -> std::path::PathBuf {
     let audit = std::env::temp_dir().join(format!(
         "equiroute-hedging-{}-{name}.jsonl",
         std::process::id()
     ));
     let _ = std::fs::remove_file(&audit);
-    let cfg = format!(
+    audit
+}
+
+/// A `chat` interface under `ts-deadline` with `interface`'s extra lines, auditing to
+/// `audit`: provider `a` (cheap, ranked first) on the first mock's model, `b` (dear) on the
+/// second's.
+fn chat_config(
+    audit: &std::path::Path,
+    interface: &str,
+    (a, a_model): (std::net::SocketAddr, &str),
+    (b, b_model): (std::net::SocketAddr, &str),
+) -> String {
+    format!(
         r#"
 [audit]
 path = {audit:?}
@@ -41,27 +52,32 @@ path = {audit:?}
 [interfaces.chat]
 kind = "chat"
 policy = {{ name = "ts-deadline" }}
-deadline_ms = 10000
-{hedge}
+{interface}
 
 [[interfaces.chat.providers]]
 id = "a"
 kind = "openai"
-model = "slow"
-base_url = "http://{}/v1"
+model = "{a_model}"
+base_url = "http://{a}/v1"
 price = {{ per_call = 0.0001 }}
 
 [[interfaces.chat.providers]]
 id = "b"
 kind = "openai"
-model = "fast"
-base_url = "http://{}/v1"
+model = "{b_model}"
+base_url = "http://{b}/v1"
 price = {{ per_call = 1.0 }}
 "#,
-        slow.addr,
-        fast.addr,
         audit = audit.display().to_string(),
-    );
+    )
+}
+
+async fn rig(name: &str, hedge: &str) -> Rig {
+    let slow = mock("[chat]\nlatency = { p50_ms = 2500, p95_ms = 2500 }\n").await;
+    let fast = mock("[chat]\nlatency = { p50_ms = 10, p95_ms = 10 }\n").await;
+    let audit = audit_path(name);
+    let interface = format!("deadline_ms = 10000\n{hedge}");
+    let cfg = chat_config(&audit, &interface, (slow.addr, "slow"), (fast.addr, "fast"));
     let gw = start(&cfg, &[]).await;
     Rig {
         slow,
@@ -127,40 +143,9 @@ impl FirstByteRig {
         .await;
         let b =
             mock("[models.b]\nlatency = { p50_ms = 20, p95_ms = 30 }\nchunk_gap_ms = 5\n").await;
-        let audit = std::env::temp_dir().join(format!(
-            "equiroute-hedging-{}-{name}.jsonl",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&audit);
-        let cfg = format!(
-            r#"
-[audit]
-path = {audit:?}
-
-[interfaces.chat]
-kind = "chat"
-policy = {{ name = "ts-deadline" }}
-hedge = {{ streams = true }}
-{interface}
-
-[[interfaces.chat.providers]]
-id = "a"
-kind = "openai"
-model = "a"
-base_url = "http://{}/v1"
-price = {{ per_call = 0.0001 }}
-
-[[interfaces.chat.providers]]
-id = "b"
-kind = "openai"
-model = "b"
-base_url = "http://{}/v1"
-price = {{ per_call = 1.0 }}
-"#,
-            a.addr,
-            b.addr,
-            audit = audit.display().to_string(),
-        );
+        let audit = audit_path(name);
+        let interface = format!("hedge = {{ streams = true }}\n{interface}");
+        let cfg = chat_config(&audit, &interface, (a.addr, "a"), (b.addr, "b"));
         let gw = start(&cfg, &[]).await;
         FirstByteRig {
             a,

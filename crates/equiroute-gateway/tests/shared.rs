@@ -267,6 +267,14 @@ fn live_state(app: &AppState) -> Value {
     serde_json::to_value(iface.policy.read().unwrap().export_state()).unwrap()
 }
 
+/// Two instances of `text` (ids 1 and 2), each with its syncer started.
+async fn two_instances(text: &str) -> (AppState, AppState, Syncer, Syncer) {
+    let (a, b) = (app(text, 1), app(text, 2));
+    let sa = Syncer::start(&redis_cfg(text), &a).await.unwrap();
+    let sb = Syncer::start(&redis_cfg(text), &b).await.unwrap();
+    (a, b, sa, sb)
+}
+
 fn feed(app: &AppState, obs: &[Observation]) {
     let iface = app.interfaces["chat"].clone();
     for o in obs {
@@ -1087,9 +1095,7 @@ async fn shadows_learn_every_instances_observations_through_the_stream_and_snaps
         return;
     };
     let text = with_shadow(&compacting(&config(Some(&redis.url()), "shadow")));
-    let (a, b) = (app(&text, 1), app(&text, 2));
-    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
-    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let (a, b, mut sa, mut sb) = two_instances(&text).await;
     let all = workload(400);
     // A learns the first half in small pushes (compacting on the way), B the second; each
     // pulls what the other pushed.
@@ -1208,9 +1214,7 @@ async fn a_rollouts_candidate_learns_every_instances_canary_requests_and_the_liv
         "feature_dim = 16\n",
         "feature_dim = 16\nrollout = { policy = \"lqm\", percent = 50 }\n",
     );
-    let (a, b) = (app(&text, 1), app(&text, 2));
-    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
-    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let (a, b, mut sa, mut sb) = two_instances(&text).await;
     let empty = (rollout_state(&b), live_state(&b));
     // Attempts of requests the candidate routed on A, and the live arm's on B.
     let iface = a.interfaces["chat"].clone();
@@ -1356,9 +1360,7 @@ async fn a_canary_rolled_back_on_one_instance_is_rolled_back_on_every_instance_a
         return;
     };
     let text = with_canary(&compacting(&config(Some(&redis.url()), "rollback")));
-    let (a, b) = (app(&text, 1), app(&text, 2));
-    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
-    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let (a, b, mut sa, mut sb) = two_instances(&text).await;
     // On A every canary request fails and every live one succeeds, until A's guard fires.
     roll_back(&a);
     let ra = rollout_report(&a);
@@ -1422,9 +1424,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
         return;
     };
     let text = with_canary(&compacting(&config(Some(&redis.url()), "promote")));
-    let (a, b) = (app(&text, 1), app(&text, 2));
-    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
-    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let (a, b, mut sa, mut sb) = two_instances(&text).await;
     // A's canary learns from attempts it routed; B's live policy from its own traffic.
     let iface = a.interfaces["chat"].clone();
     for o in workload(400) {
@@ -1578,9 +1578,7 @@ async fn when_two_instances_end_a_canary_differently_the_first_end_in_the_stream
         return;
     };
     let text = with_canary(&config(Some(&redis.url()), "conflict"));
-    let (a, b) = (app(&text, 1), app(&text, 2));
-    let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
-    let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
+    let (a, b, mut sa, mut sb) = two_instances(&text).await;
     feed(&b, &workload(60));
     // Within one sync interval: A's guard rolls back, B's operator promotes.
     roll_back(&a);

@@ -67,6 +67,18 @@ fn replay(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `replay`'s output, which must succeed.
+fn replay_text(args: &[&str]) -> String {
+    let o = replay(args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// `replay`'s report, which must succeed (the arguments ask for `--format json`).
+fn replay_json(args: &[&str]) -> Value {
+    serde_json::from_str(&replay_text(args)).unwrap()
+}
+
 fn header<'a>(reply: &'a str, name: &str) -> Option<&'a str> {
     reply
         .lines()
@@ -288,7 +300,7 @@ fn serve_then_replay_estimates_other_policies_from_the_audit_log() {
     assert_eq!(chosen.len(), 3, "random tries every provider: {chosen:?}");
     check_the_log(&audit);
     let (config_arg, audit_arg) = (config.to_str().unwrap(), audit.to_str().unwrap());
-    let o = replay(&[
+    let report = replay_json(&[
         "--audit",
         audit_arg,
         "--config",
@@ -302,8 +314,6 @@ fn serve_then_replay_estimates_other_policies_from_the_audit_log() {
         "--format",
         "json",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["malformed_lines"], 0);
     let ifaces = report["interfaces"].as_array().unwrap();
     check_chat(
@@ -323,7 +333,7 @@ fn serve_then_replay_estimates_other_policies_from_the_audit_log() {
     assert!(refused.contains("sim-standard"), "{refused}");
 
     // The same as a table.
-    let o = replay(&[
+    let text = replay_text(&[
         "--audit",
         audit_arg,
         "--config",
@@ -335,8 +345,6 @@ fn serve_then_replay_estimates_other_policies_from_the_audit_log() {
         "--interface",
         "chat",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let text = String::from_utf8(o.stdout).unwrap();
     let head = "interface `chat`: 90 requests (90 with a quality score), logged by random (propensities exact)";
     assert!(text.contains(head), "{text}");
     assert!(text.contains("random (logged)  on-policy"), "{text}");
@@ -397,7 +405,7 @@ fn a_hand_written_log_gives_the_ips_numbers_by_hand_and_every_warning() {
     let audit = dir.join("audit.jsonl");
     std::fs::write(&audit, text.join("\n")).unwrap();
     let audit_arg = audit.to_str().unwrap();
-    let o = replay(&[
+    let report = replay_json(&[
         "--audit",
         audit_arg,
         "--policies",
@@ -409,8 +417,6 @@ fn a_hand_written_log_gives_the_ips_numbers_by_hand_and_every_warning() {
         "--format",
         "json",
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["malformed_lines"], 1);
     assert!(
         report["notes"][0]
@@ -599,9 +605,7 @@ fn a_load_warning_names_the_provider_by_its_id() {
     ];
     // `static` on `a` sends it every request where the coin sent it half: its cost under
     // that load is not in the log.
-    let o = replay(&[&args[..], &["--format", "json"]].concat());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let report = replay_json(&[&args[..], &["--format", "json"]].concat());
     let warnings = report["interfaces"][0]["policies"][0]["warnings"].to_string();
     assert!(
         warnings.contains("`a`'s outcome depends on how much traffic it gets"),
@@ -610,9 +614,7 @@ fn a_load_warning_names_the_provider_by_its_id() {
     for index in ["candidate 0", "candidate 1"] {
         assert!(!warnings.contains(index), "{index} in {warnings}");
     }
-    let o = replay(&args);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let table = String::from_utf8(o.stdout).unwrap();
+    let table = replay_text(&args);
     assert!(
         table.contains("- static: `a`'s outcome depends on how much traffic it gets"),
         "{table}"
@@ -677,9 +679,7 @@ fn a_policy_whose_value_depends_on_what_it_learns_is_warned_and_a_fixed_one_is_n
         "--estimator",
         "ips",
     ];
-    let o = replay(&[&args[..], &["--format", "json"]].concat());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let report = replay_json(&[&args[..], &["--format", "json"]].concat());
     let iface = &report["interfaces"][0];
     let says =
         "the evaluated policy learns from the traffic, and the estimate depends on what it learns";
@@ -716,15 +716,13 @@ fn a_policy_whose_value_depends_on_what_it_learns_is_warned_and_a_fixed_one_is_n
         "{table}"
     );
     // The check before the random-sample replay warns too, naming only its two replays.
-    let o = replay(
+    let report = replay_json(
         &[
             &args[..],
             &["--format", "json", "--learning-check", "all-vs-own"],
         ]
         .concat(),
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
     let warnings = policy_of(&report["interfaces"][0], "least-latency")["warnings"].to_string();
     assert!(warnings.contains(says), "{warnings}");
     assert!(!warnings.contains("random sample"), "{warnings}");

@@ -16,7 +16,7 @@
 
 use super::state::{InterfaceRuntime, Poisoned};
 use crate::config::{GuardConfig, RolloutConfig};
-use crate::shared::{RolloutEnd, RolloutEvidence, RolloutOutcome};
+use crate::shared::{RolloutEnd, RolloutOutcome};
 use equiroute_core::executor::RequestStatus;
 use equiroute_core::ope::{evaluate, Estimate, Estimator, LoggedDecision, OpeOptions};
 use equiroute_core::policies::{
@@ -217,31 +217,23 @@ impl RolloutStatus {
         match end.outcome {
             RolloutOutcome::Promoted => RolloutStatus::Promoted { at_unix_ms },
             RolloutOutcome::Aborted => RolloutStatus::Aborted { at_unix_ms },
-            RolloutOutcome::RolledBack => {
-                let e = end.evidence.unwrap_or(RolloutEvidence {
-                    low: f64::NAN,
-                    high: f64::NAN,
+            RolloutOutcome::RolledBack => RolloutStatus::RolledBack {
+                metric: if end.metric.as_deref() == Some("quality") {
+                    "quality"
+                } else {
+                    "bad_rate"
+                },
+                evidence: end.evidence.unwrap_or(Comparison {
                     candidate: BoundedMean::default(),
                     live: BoundedMean::default(),
-                });
-                RolloutStatus::RolledBack {
-                    metric: if end.metric.as_deref() == Some("quality") {
-                        "quality"
-                    } else {
-                        "bad_rate"
+                    difference: Interval {
+                        low: f64::NAN,
+                        high: f64::NAN,
                     },
-                    evidence: Comparison {
-                        candidate: e.candidate,
-                        live: e.live,
-                        difference: Interval {
-                            low: e.low,
-                            high: e.high,
-                        },
-                        worse: true,
-                    },
-                    at_unix_ms,
-                }
-            }
+                    worse: true,
+                }),
+                at_unix_ms,
+            },
         }
     }
 
@@ -257,12 +249,7 @@ impl RolloutStatus {
                 RolloutOutcome::RolledBack,
                 Some((*metric).to_owned()),
                 *at_unix_ms,
-                Some(RolloutEvidence {
-                    low: evidence.difference.low,
-                    high: evidence.difference.high,
-                    candidate: evidence.candidate,
-                    live: evidence.live,
-                }),
+                Some(*evidence),
             ),
             RolloutStatus::Promoted { at_unix_ms } => {
                 (RolloutOutcome::Promoted, None, *at_unix_ms, None)
