@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release -p equiroute-lab --example gate_check -- SEEDS FIRST SCENARIOS VARIANTS`
 //!
-//! - `SCENARIOS`: `all` or a comma-separated list of built-in names;
+//! - `SCENARIOS`: `all` or a comma-separated list of built-in names and scenario files (`.toml`);
 //! - `VARIANTS`: comma-separated, each `as-is` (the scenario's `lqm-ts`), `off` (gate off),
 //!   `centred` (gate as configured, `head.center = true`), `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
 //!   prediction errors, `gate_margin`), `z<Z>r<C>` (the same with the lock-in guard
@@ -12,7 +12,9 @@
 //!
 //! Every `lqm-ts` variant runs under the label `lqm-ts`, so on the same random streams. Prints
 //! per scenario and policy the mean gold quality and regret ± one standard error over the
-//! seeds, and the per-seed regret.
+//! seeds, and the per-seed regret. `GATE_CHECK_VERBOSE=1` adds each seed's share by bin and
+//! recovery rounds, `GATE_CHECK_CURVE=1` the mean regret over time, shares of first choices,
+//! failures, misses and spend ([`print_curve`]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -62,10 +64,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seeds: u64 = args.get(1).map_or(5, |s| s.parse().expect("SEEDS"));
     let first: u64 = args.get(2).map_or(1, |s| s.parse().expect("FIRST"));
-    let scenarios = match args.get(3).map_or("all", String::as_str) {
-        "all" => all_builtin().unwrap(),
-        list => list.split(',').map(|n| builtin(n).unwrap()).collect(),
-    };
+    let scenarios = scenarios(args.get(3).map_or("all", String::as_str));
     let variants: Vec<String> = args
         .get(4)
         .map_or("as-is,on", String::as_str)
@@ -116,6 +115,9 @@ fn main() {
                     );
                 }
             }
+            if std::env::var_os("GATE_CHECK_CURVE").is_some() {
+                print_curve(label, runs);
+            }
             let (q, qse) = mean_se(&runs.iter().map(|r| r.quality).collect::<Vec<_>>());
             let (g, gse) = mean_se(&runs.iter().map(|r| r.regret).collect::<Vec<_>>());
             let per: Vec<String> = runs.iter().map(|r| format!("{:.0}", r.regret)).collect();
@@ -126,4 +128,57 @@ fn main() {
             );
         }
     }
+}
+
+/// The scenarios named by `arg`: `all` the built-ins, else a comma-separated list of built-in
+/// names and scenario files (ending in `.toml`).
+fn scenarios(arg: &str) -> Vec<ScenarioSpec> {
+    if arg == "all" {
+        return all_builtin().unwrap();
+    }
+    arg.split(',')
+        .map(|n| {
+            let is_file = std::path::Path::new(n)
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+            if is_file {
+                let text = std::fs::read_to_string(n).expect("a readable scenario file");
+                ScenarioSpec::from_toml(&text, n).unwrap()
+            } else {
+                builtin(n).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// `GATE_CHECK_CURVE=1`: the mean cumulative regret at the end of every fourth time bin, each
+/// provider's share of first choices in the first bin and over the run, and the request
+/// failures, deadline misses and spend per request, means over the seeds.
+fn print_curve(label: &str, runs: &[RunResult]) {
+    let n = runs.len() as f64;
+    let avg = |f: &dyn Fn(&RunResult) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    let bins = runs.first().map_or(0, |r| r.regret_over_time.len());
+    let curve: Vec<String> = (0..bins)
+        .step_by(4)
+        .map(|b| format!("{:.1}", avg(&|r| r.regret_over_time[b])))
+        .collect();
+    println!("  {label}: mean regret by bin {}", curve.join(" "));
+    let k = runs.first().map_or(0, |r| r.share.len());
+    let first_bin: Vec<String> = (0..k)
+        .map(|i| format!("{:.0}%", 100.0 * avg(&|r| r.share_over_time[0][i])))
+        .collect();
+    println!(
+        "  {label}: first bin's share per provider {}",
+        first_bin.join(" ")
+    );
+    let overall: Vec<String> = (0..k)
+        .map(|i| format!("{:.1}%", 100.0 * avg(&|r| r.share[i])))
+        .collect();
+    println!(
+        "  {label}: whole run's share per provider {}; request failures {:.2}%, deadline misses {:.2}%, ${:.5}/request",
+        overall.join(" "),
+        100.0 * avg(&|r| r.request_failure_rate),
+        100.0 * avg(&|r| r.deadline_miss_rate),
+        avg(&|r| r.cost_per_request)
+    );
 }

@@ -183,4 +183,17 @@ fn main() {
             pulls.join(" / ")
         );
     }
+    println!();
+    println!("Mean cumulative regret at the end of every fourth of the run's time bins:");
+    for (label, runs) in &rows {
+        let bins = runs.first().map_or(0, |r| r.regret_over_time.len());
+        let curve: Vec<String> = (0..bins)
+            .step_by(4)
+            .map(|b| {
+                let m = runs.iter().map(|r| r.regret_over_time[b]).sum::<f64>() / runs.len() as f64;
+                format!("{m:.1}")
+            })
+            .collect();
+        println!("- {label}: {}", curve.join(" "));
+    }
 }
