@@ -1227,3 +1227,87 @@ fn quality_observations_count_the_scores_an_estimate_rests_on() {
         );
     }
 }
+
+/// A latency estimate learnt during a spike goes stale with the risk belief. c0 (quality 0.8)
+/// answered in 600 ms, then 30 times in 4800 ms; c1 (0.7) keeps answering in 700 ms. With
+/// `L_ref` = 1500 ms c0's `τ̂` (600 + 900·0.9⁵⁰ ≈ 605 ms, then 4800 − 4195·0.9³⁰ ≈ 4622 ms) discounts it to 0.8/(1 + 3122/1500) ≈
+/// 0.26, and c1 goes first. Left untried, c0's `τ̂` fades toward `τ₀ = L_ref` by
+/// `2^(−age/h)` (`risk.stale_half_life_ms`, 120 s): ten minutes later it reads
+/// 1500 + 2^(−5)·3122 ≈ 1598 ms, no longer over budget enough to matter, and c0 is first
+/// again; its next latency folds into that faded value, not the stale one. With staleness
+/// off c0 stays behind for good.
+#[test]
+fn a_latency_estimate_from_a_spike_fades_while_the_provider_goes_untried() {
+    let cands = candidates(2);
+    let f = Featurizer::new(16).unwrap();
+    let x = f.featurize("what changed in the tax rules");
+    let run = |stale: Option<f64>| {
+        let mut cfg = LqmTsConfig::default();
+        cfg.lqm.alpha_ucb = 0.0;
+        cfg.lqm.l_ref_ms = 1500.0;
+        cfg.risk.stale_half_life_ms = stale;
+        let mut p = LqmTs::new(2, 16, cfg);
+        let mut tau: f64 = 1500.0;
+        let mut t = 0.0;
+        for n in 0..80 {
+            let slow = if n < 50 { 600.0 } else { 4800.0 };
+            answered(&mut p, 0, &x, slow, 0.8, t);
+            answered(&mut p, 1, &x, 700.0, 0.7, t);
+            tau = 0.9 * tau + 0.1 * slow;
+            t += 1000.0;
+        }
+        let spiked = t - 1000.0;
+        let ctx = RankContext {
+            now: Timestamp(t),
+            ..RankContext::new(&cands, &[0, 1], &x)
+        };
+        let now = p.rank(&ctx, &mut rng(1));
+        // Ten minutes on, c1 still answering every second.
+        while t < spiked + 600_000.0 {
+            answered(&mut p, 1, &x, 700.0, 0.7, t);
+            t += 1000.0;
+        }
+        let ctx = RankContext {
+            now: Timestamp(spiked + 600_000.0),
+            ..RankContext::new(&cands, &[0, 1], &x)
+        };
+        let later = p.rank(&ctx, &mut rng(1));
+        (tau, now, later, p)
+    };
+    let (tau, now, later, mut p) = run(Some(120_000.0));
+    assert!((tau - 4622.15).abs() < 0.01, "τ̂ after the spike {tau}");
+    assert_eq!(now.order[0].index, 1);
+    let c0 = |r: &Ranking| r.order.iter().find(|s| s.index == 0).unwrap().breakdown;
+    // One second after its last answer c0's estimate has faded by 2^(−1/120) only.
+    let read = 1500.0 + (tau - 1500.0) * 2f64.powf(-1000.0 / 120_000.0);
+    assert!(
+        (c0(&now).latency_ms.unwrap() - read).abs() < 1e-6,
+        "{:?} vs {read}",
+        c0(&now)
+    );
+    let faded = 1500.0 + (tau - 1500.0) / 32.0;
+    assert!(
+        (c0(&later).latency_ms.unwrap() - faded).abs() < 1e-6,
+        "{:?} vs {faded}",
+        c0(&later)
+    );
+    assert_eq!(later.order[0].index, 0);
+    // The next latency folds into the faded value: 0.9·1597.6 + 0.1·600.
+    let at = 80_000.0 - 1000.0 + 600_000.0;
+    answered(&mut p, 0, &x, 600.0, 0.8, at);
+    let ctx = RankContext {
+        now: Timestamp(at),
+        ..RankContext::new(&cands, &[0, 1], &x)
+    };
+    let after = p.rank(&ctx, &mut rng(1));
+    let want = 0.9 * faded + 0.1 * 600.0;
+    assert!(
+        (c0(&after).latency_ms.unwrap() - want).abs() < 1e-6,
+        "{:?} vs {want}",
+        c0(&after)
+    );
+    // Staleness off: the spike's estimate stays, and so does c1.
+    let (_, _, later_off, _) = run(None);
+    assert!((c0(&later_off).latency_ms.unwrap() - tau).abs() < 1e-6);
+    assert_eq!(later_off.order[0].index, 1);
+}

@@ -185,7 +185,7 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
     ),
     (
         "stale_latency_half_life_ms",
-        "stale_half_life_ms for the latency belief alone (absent: stale_half_life_ms), > 0",
+        "stale_half_life_ms for the latency belief (lqm-ts: and its latency EMA tau) alone (absent: stale_half_life_ms), > 0",
     ),
     (
         "stale_failure_half_life_ms",

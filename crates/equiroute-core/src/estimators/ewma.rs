@@ -145,6 +145,13 @@ impl LatencyEma {
         self.count += 1;
     }
 
+    /// The estimate with its evidence weighted by `fresh` (in [0, 1]): `τ₀ + fresh·(τ̂ − τ₀)`,
+    /// back at the prior `tau0_ms` once the evidence is wholly stale.
+    #[must_use]
+    pub fn faded_ms(&self, tau0_ms: f64, fresh: f64) -> f64 {
+        tau0_ms + fresh.clamp(0.0, 1.0) * (self.value_ms - tau0_ms)
+    }
+
     /// Combines two instances' estimates. An EMA has no exact merge: this is the
     /// observation-count-weighted mean of the two, which equals either side when the other
     /// has seen nothing.

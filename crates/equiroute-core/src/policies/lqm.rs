@@ -126,6 +126,18 @@ impl LqmState {
         ctx: &RankContext<'_>,
         latency: LatencyTerm,
     ) -> Vec<ScoredCandidate> {
+        self.score_faded(cfg, ctx, latency, |_| 1.0)
+    }
+
+    /// [`Self::score`] with candidate `i`'s latency estimate faded toward `τ₀` by
+    /// `fresh(i)` ([`LatencyEma::faded_ms`]): 1 keeps it, 0 is the prior.
+    pub(crate) fn score_faded(
+        &self,
+        cfg: &LqmConfig,
+        ctx: &RankContext<'_>,
+        latency: LatencyTerm,
+        fresh: impl Fn(usize) -> f64,
+    ) -> Vec<ScoredCandidate> {
         let estimates = self.heads.estimates(ctx.eligible, ctx.features);
         let mut out: Vec<ScoredCandidate> = ctx
             .eligible
@@ -137,7 +149,7 @@ impl LqmState {
                 breakdown: ScoreBreakdown {
                     quality: Some(u),
                     exploration: Some(cfg.alpha_ucb * w),
-                    latency_ms: Some(self.latency[i].value_ms),
+                    latency_ms: Some(self.latency[i].faded_ms(cfg.tau0(), fresh(i))),
                     ..ScoreBreakdown::default()
                 },
             })
@@ -166,11 +178,30 @@ impl LqmState {
     /// bound, still the service time the call consumed). Provider errors do not: a fast
     /// connection refusal is no evidence of fast service.
     pub(crate) fn observe_latency(&mut self, cfg: &LqmConfig, obs: &AttemptObservation<'_>) {
+        self.observe_latency_faded(cfg, obs, 1.0);
+    }
+
+    /// [`Self::observe_latency`] for an estimate whose evidence counts `fresh` at the time of
+    /// the attempt. Below one half (the belief is older than one stale half-life) the latency
+    /// is folded into the faded value the ranking used ([`LatencyEma::faded_ms`]), not into
+    /// the stale one, so a provider back from a spike needs a few answers, not dozens, to
+    /// shed it; a younger estimate is updated as it is, so a provider in regular use keeps an
+    /// EMA of its own latencies with no pull toward `τ₀`.
+    pub(crate) fn observe_latency_faded(
+        &mut self,
+        cfg: &LqmConfig,
+        obs: &AttemptObservation<'_>,
+        fresh: f64,
+    ) {
         if matches!(
             obs.outcome.status,
             AttemptStatus::Ok | AttemptStatus::Timeout
         ) {
-            self.latency[obs.candidate].update(obs.outcome.latency.0, cfg.ema_beta);
+            let ema = &mut self.latency[obs.candidate];
+            if fresh < 0.5 {
+                ema.value_ms = ema.faded_ms(cfg.tau0(), fresh);
+            }
+            ema.update(obs.outcome.latency.0, cfg.ema_beta);
         }
     }
 

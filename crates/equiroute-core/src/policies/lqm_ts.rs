@@ -20,7 +20,9 @@
 //! the exploration guard come last. `P̃(bad)` is a Thompson draw from the failure EWMA and the
 //! sliced log-latency posterior for *this request's* deadline (exploration of risk), the
 //! posterior's location shifted by the fast latency [`super::risk::Level`] so that load shows
-//! within a few calls.
+//! within a few calls. `τ̂` is LQM's latency EMA, read faded toward `τ₀` as the candidate's
+//! risk belief goes stale (`risk.stale_half_life_ms`), so that a spike's estimate does not
+//! keep a provider the ranking left discounted for good.
 //!
 //! **A bad-outcome budget** (`objective = { kind = "risk-budget", max_bad = B }`, off by
 //! default): the reference's objective, the cheapest candidate whose risk is acceptable,
@@ -234,6 +236,17 @@ impl LqmTs {
         }
     }
 
+    /// The quality part's scores, each candidate's latency estimate `τ̂` faded toward `τ₀`
+    /// as its risk belief goes stale ([`RiskModel::freshness`]): a `τ̂` learnt during a
+    /// spike stops discounting a provider the ranking left, so it is tried again within a
+    /// few stale half-lives, as the risk draws already make it.
+    fn quality_scores(&self, ctx: &RankContext<'_>) -> Vec<ScoredCandidate> {
+        self.quality
+            .score_faded(&self.cfg.lqm, ctx, self.cfg.latency, |i| {
+                self.risk.freshness(i, ctx.now)
+            })
+    }
+
     /// One ranking from the (deterministic) quality scores and a fresh risk draw.
     fn rank_with(
         &self,
@@ -333,7 +346,7 @@ impl Policy for LqmTs {
     }
 
     fn rank(&self, ctx: &RankContext<'_>, rng: &mut dyn RngCore) -> Ranking {
-        let quality = self.quality.score(&self.cfg.lqm, ctx, self.cfg.latency);
+        let quality = self.quality_scores(ctx);
         let mut ranking = self.rank_with(&quality, ctx, rng);
         if self.cfg.propensity_samples > 0 {
             if let Some(first) = ranking.order.first().map(|s| s.index) {
@@ -359,7 +372,7 @@ impl Policy for LqmTs {
         rng: &mut dyn RngCore,
         draws: u32,
     ) -> FirstChoice {
-        let quality = self.quality.score(&self.cfg.lqm, ctx, self.cfg.latency);
+        let quality = self.quality_scores(ctx);
         FirstChoice::from_draws(ctx, draws, || {
             self.rank_with(&quality, ctx, rng)
                 .order
@@ -370,7 +383,10 @@ impl Policy for LqmTs {
 
     fn observe_attempt(&mut self, obs: &AttemptObservation<'_>) {
         self.quality.heads.note_try(obs);
-        self.quality.observe_latency(&self.cfg.lqm, obs);
+        // Before the risk model learns the attempt, which makes the candidate fresh again.
+        let fresh = self.risk.freshness(obs.candidate, obs.now);
+        self.quality
+            .observe_latency_faded(&self.cfg.lqm, obs, fresh);
         self.risk.observe(obs);
     }
 

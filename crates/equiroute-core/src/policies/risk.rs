@@ -102,8 +102,9 @@ pub struct RiskConfig {
     /// prior, and the failure rate is drawn from its widening Beta posterior, so the candidate
     /// is tried again. Attempts of every kind (breaker half-open probes too) refresh it.
     pub stale_half_life_ms: Option<f64>,
-    /// The half-life of a stale belief's latency part (posterior and histogram) alone;
-    /// absent (or `null`): `stale_half_life_ms`.
+    /// The half-life of a stale belief's latency part (posterior and histogram, and in
+    /// `lqm-ts` the quality part's latency estimate `τ̂`) alone; absent (or `null`):
+    /// `stale_half_life_ms`.
     pub stale_latency_half_life_ms: Option<f64>,
     /// The half-life of a stale belief's failure part (the counts behind the Beta draw)
     /// alone; absent (or `null`): `stale_half_life_ms`.
