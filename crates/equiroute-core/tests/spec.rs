@@ -1228,7 +1228,8 @@ fn quality_observations_count_the_scores_an_estimate_rests_on() {
     }
 }
 
-/// A latency estimate learnt during a spike goes stale with the risk belief. c0 (quality 0.8)
+/// A latency estimate learnt during a spike goes stale with the risk belief (EMA weight 0.1,
+/// LQM's, for round numbers). c0 (quality 0.8)
 /// answered in 600 ms, then 30 times in 4800 ms; c1 (0.7) keeps answering in 700 ms. With
 /// `L_ref` = 1500 ms c0's `τ̂` (600 + 900·0.9⁵⁰ ≈ 605 ms, then 4800 − 4195·0.9³⁰ ≈ 4622 ms) discounts it to 0.8/(1 + 3122/1500) ≈
 /// 0.26, and c1 goes first. Left untried, c0's `τ̂` fades toward `τ₀ = L_ref` by
@@ -1245,6 +1246,7 @@ fn a_latency_estimate_from_a_spike_fades_while_the_provider_goes_untried() {
         let mut cfg = LqmTsConfig::default();
         cfg.lqm.alpha_ucb = 0.0;
         cfg.lqm.l_ref_ms = 1500.0;
+        cfg.lqm.ema_beta = 0.1;
         cfg.risk.stale_half_life_ms = stale;
         let mut p = LqmTs::new(2, 16, cfg);
         let mut tau: f64 = 1500.0;

@@ -14,7 +14,8 @@
 //! per scenario and policy the mean gold quality and regret ± one standard error over the
 //! seeds, and the per-seed regret. `GATE_CHECK_VERBOSE=1` adds each seed's share by bin and
 //! recovery rounds, `GATE_CHECK_CURVE=1` the mean regret over time, shares of first choices,
-//! failures, misses and spend ([`print_curve`]).
+//! failures, misses and spend ([`print_curve`]). `GATE_CHECK_EMA=B` sets every `lqm-ts`
+//! variant's latency EMA weight `lqm.ema_beta` to `B`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -45,6 +46,9 @@ fn lqm_ts(spec: &ScenarioSpec, variant: &str, seed: u64) -> RunResult {
                 head.gate_retry = retry.parse().expect("r<C>: a number, e.g. r1");
             }
         }
+    }
+    if let (Ok(t), PolicyConfig::LqmTs(c)) = (std::env::var("GATE_CHECK_EMA"), &mut cfg) {
+        c.lqm.ema_beta = t.parse().unwrap();
     }
     let world = World::new(spec);
     let policy = cfg

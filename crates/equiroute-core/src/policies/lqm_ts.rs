@@ -51,7 +51,9 @@
 //! scores are clearly below the best candidate's leaves the warm-up early
 //! (`head.warmup_exit_z = 3`, LQM: off); the fast level (`risk.level_beta = 0.3`, moving the
 //! location only by what clears one standard error of its noise, `risk.level_z = 1`; off in
-//! `ts-deadline`).
+//! `ts-deadline`); a slower latency EMA (`lqm.ema_beta = 0.03`, LQM: 0.1): the EMA's own
+//! noise crossing `L_ref` discounted a heavy-tailed provider below a worse one (the fast
+//! level and the deadline risk answer load within a few calls).
 //!
 //! **Degenerate cases** (tested):
 //! - no deadline, equal costs, no failures, `latency = "renewal"` and LQM's parameters:
@@ -140,6 +142,7 @@ impl Default for LqmTsConfig {
             lqm: LqmConfig {
                 failure_quality: None,
                 alpha_ucb: 0.2,
+                ema_beta: 0.03,
                 head: LinUcbConfig {
                     warmup: 10,
                     warmup_exit_z: 3.0,
