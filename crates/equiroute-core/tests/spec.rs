@@ -1229,10 +1229,10 @@ fn quality_observations_count_the_scores_an_estimate_rests_on() {
 }
 
 /// A latency estimate learnt during a spike goes stale with the risk belief (EMA weight 0.1,
-/// LQM's, for round numbers). c0 (quality 0.8)
-/// answered in 600 ms, then 30 times in 4800 ms; c1 (0.7) keeps answering in 700 ms. With
-/// `L_ref` = 1500 ms c0's `τ̂` (600 + 900·0.9⁵⁰ ≈ 605 ms, then 4800 − 4195·0.9³⁰ ≈ 4622 ms) discounts it to 0.8/(1 + 3122/1500) ≈
-/// 0.26, and c1 goes first. Left untried, c0's `τ̂` fades toward `τ₀ = L_ref` by
+/// LQM's, for round numbers). c0 (quality 0.8) answered in 600 ms, then 30 times in 4800 ms;
+/// c1 (0.7) keeps answering in 700 ms. With `L_ref` = 1500 ms c0's `τ̂` (600 + 900·0.9⁵⁰ ≈
+/// 605 ms, then 4800 − 4195·0.9³⁰ ≈ 4622 ms) discounts it to 0.8/(1 + 3122/1500) ≈ 0.26,
+/// and c1 goes first. Left untried, c0's `τ̂` fades toward `τ₀ = L_ref` by
 /// `2^(−age/h)` (`risk.stale_half_life_ms`, 120 s): ten minutes later it reads
 /// 1500 + 2^(−5)·3122 ≈ 1598 ms, no longer over budget enough to matter, and c0 is first
 /// again; its next latency folds into that faded value, not the stale one. With staleness

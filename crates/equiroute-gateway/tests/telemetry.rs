@@ -311,7 +311,6 @@ async fn a_collector_that_never_answers_neither_delays_nor_fails_requests() {
     drop(black_hole);
 }
 
-/// Receives spans until a `request` span arrives; returns every span received.
 /// Every span received up to the request span, and those that arrive within 500 ms after it.
 /// The request span ends last, but the exporter sends in batches, and a batch holding an
 /// earlier attempt can reach the receiver after the one holding the request span (seen once
