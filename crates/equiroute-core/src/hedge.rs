@@ -296,11 +296,36 @@ const GRID: usize = 96;
 /// The earliest hedge (ms): a hedge at 0 would be a second request, not a hedge.
 pub const MIN_DELAY_MS: f64 = 1.0;
 
-/// The delay after the first attempt's start at which the request hedges, by `rule`, or
-/// `None` for no hedge. `first` and `target` are the policy's outlooks for the first candidate
-/// and the hedge target; `observed` is the first candidate's recent latencies (for the
-/// classic rule); `price` is the price of a hedge in saved misses ([`HedgeBudget::price`], for
-/// [`HedgeRule::PricedSaving`]).
+/// Which part of a [`HedgeRule`] set a hedge's delay (for counting hedges by why they fire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HedgeReason {
+    /// A quantile of the first provider's latency: the quantile rules, and every rule on a
+    /// request without a deadline (its `tail_quantile`).
+    Quantile,
+    /// [`HedgeRule::DeadlineRisk`]'s save threshold.
+    DeadlineRisk,
+    /// [`HedgeRule::PricedSaving`]'s price of a hedge in saved deadline misses.
+    Priced,
+    /// [`HedgeRule::PricedSaving`]'s latency hedge on a loose deadline (`latency_quantile`),
+    /// when it comes before the priced delay.
+    Latency,
+}
+
+impl HedgeReason {
+    /// A short lowercase name for metrics and logs.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HedgeReason::Quantile => "quantile",
+            HedgeReason::DeadlineRisk => "deadline_risk",
+            HedgeReason::Priced => "priced",
+            HedgeReason::Latency => "latency",
+        }
+    }
+}
+
+/// [`hedge_plan`]'s delay alone: the delay after the first attempt's start at which the
+/// request hedges, by `rule`, or `None` for no hedge.
 #[must_use]
 pub fn hedge_delay(
     rule: HedgeRule,
@@ -310,17 +335,43 @@ pub fn hedge_delay(
     deadline: Option<Millis>,
     price: f64,
 ) -> Option<Millis> {
-    let delay = match rule {
-        HedgeRule::ObservedQuantile { quantile } => observed?.quantile(quantile)?,
-        HedgeRule::PredictiveQuantile { quantile } => {
-            predictive_quantile(&first?.latency, quantile)?
+    hedge_plan(rule, first, target, observed, deadline, price).map(|(delay, _)| delay)
+}
+
+/// The delay after the first attempt's start at which the request hedges, by `rule`, and
+/// which part of the rule set it, or `None` for no hedge. `first` and `target` are the
+/// policy's outlooks for the first candidate and the hedge target; `observed` is the first
+/// candidate's recent latencies (for the classic rule); `price` is the price of a hedge in
+/// saved misses ([`HedgeBudget::price`], for [`HedgeRule::PricedSaving`]).
+#[must_use]
+pub fn hedge_plan(
+    rule: HedgeRule,
+    first: Option<&LatencyOutlook>,
+    target: Option<&LatencyOutlook>,
+    observed: Option<&RecentLatencies>,
+    deadline: Option<Millis>,
+    price: f64,
+) -> Option<(Millis, HedgeReason)> {
+    let (delay, reason) = match rule {
+        HedgeRule::ObservedQuantile { quantile } => {
+            (observed?.quantile(quantile)?, HedgeReason::Quantile)
         }
+        HedgeRule::PredictiveQuantile { quantile } => (
+            predictive_quantile(&first?.latency, quantile)?,
+            HedgeReason::Quantile,
+        ),
         HedgeRule::DeadlineRisk {
             threshold,
             tail_quantile,
         } => match deadline {
-            None => predictive_quantile(&first?.latency, tail_quantile)?,
-            Some(d) => risk_delay(first?, target?, d.0, threshold)?,
+            None => (
+                predictive_quantile(&first?.latency, tail_quantile)?,
+                HedgeReason::Quantile,
+            ),
+            Some(d) => (
+                risk_delay(first?, target?, d.0, threshold)?,
+                HedgeReason::DeadlineRisk,
+            ),
         },
         HedgeRule::PricedSaving {
             tail_quantile,
@@ -328,7 +379,10 @@ pub fn hedge_delay(
             loose_risk,
             ..
         } => match deadline {
-            None => predictive_quantile(&first?.latency, tail_quantile)?,
+            None => (
+                predictive_quantile(&first?.latency, tail_quantile)?,
+                HedgeReason::Quantile,
+            ),
             Some(d) => {
                 let (first, target) = (first?, target?);
                 let priced = priced_delay(first, target, d.0, price);
@@ -337,8 +391,9 @@ pub fn hedge_delay(
                     .filter(|_| first.latency.exceedance(d.0) <= loose_risk)
                     .and_then(|q| latency_hedge(first, target, q));
                 match (priced, latency) {
-                    (Some(p), Some(l)) => p.min(l),
-                    (p, l) => p.or(l)?,
+                    (Some(p), Some(l)) if l < p => (l, HedgeReason::Latency),
+                    (Some(p), _) => (p, HedgeReason::Priced),
+                    (None, l) => (l?, HedgeReason::Latency),
                 }
             }
         },
@@ -347,7 +402,7 @@ pub fn hedge_delay(
     if deadline.is_some_and(|d| delay >= d.0) {
         return None;
     }
-    Some(Millis(delay.max(MIN_DELAY_MS)))
+    Some((Millis(delay.max(MIN_DELAY_MS)), reason))
 }
 
 /// A latency hedge at A's predictive `quantile`, when it is more likely than not to cut the
@@ -773,6 +828,34 @@ mod tests {
         assert_eq!(
             hedge_delay(rule(Some(0.95)), Some(&steady), Some(&b), None, loose, 0.9),
             None
+        );
+        // Which part set each delay: the latency hedge when it comes first (alone, or before
+        // the priced delay), the priced delay when only it hedges, and without a deadline
+        // the tail quantile (A's p95, 1295 ms).
+        let reason = |latency_quantile, deadline, price| {
+            hedge_plan(
+                rule(latency_quantile),
+                Some(&a),
+                Some(&b),
+                None,
+                deadline,
+                price,
+            )
+            .map(|(_, r)| r)
+        };
+        assert_eq!(reason(Some(0.95), loose, 0.9), Some(HedgeReason::Latency));
+        assert_eq!(reason(Some(0.95), loose, 0.01), Some(HedgeReason::Latency));
+        assert_eq!(reason(None, loose, 0.01), Some(HedgeReason::Priced));
+        assert_eq!(reason(Some(0.95), None, 0.9), Some(HedgeReason::Quantile));
+        assert_eq!(
+            [
+                HedgeReason::Quantile,
+                HedgeReason::DeadlineRisk,
+                HedgeReason::Priced,
+                HedgeReason::Latency
+            ]
+            .map(HedgeReason::as_str),
+            ["quantile", "deadline_risk", "priced", "latency"]
         );
     }
 

@@ -187,6 +187,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.fallback("chat");
     m.last_resort("chat");
     m.hedge("chat", "started");
+    m.hedge_reason("chat", "priced");
     m.stream_continuation("chat", "prefix");
     m.breaker("a", "open");
     m.task_class_unlisted("chat");

@@ -189,6 +189,14 @@ async fn a_hedge_cuts_a_slow_first_attempt_and_the_loser_is_cancelled() {
     assert_eq!(rig.calls().await, (1, 1));
     let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;
     assert_eq!(hedges(&m), (1, 1, 1));
+    // The predictive-quantile rule set the delay.
+    assert_eq!(
+        metric(
+            &m,
+            "equiroute_hedge_reasons_total{interface=\"chat\",reason=\"quantile\"} "
+        ),
+        1
+    );
     assert_eq!(
         metric(
             &m,

@@ -104,6 +104,7 @@ async fn execute_unstreamed(
                 arm: decided.routed.arm,
                 slice: decided.slice,
                 tokens,
+                hedge_reason: decided.hedge_reason,
             };
             super::hedge::race(
                 state,
@@ -123,6 +124,7 @@ async fn execute_unstreamed(
                 arm: decided.routed.arm,
                 slice: decided.slice,
                 tokens,
+                hedge_reason: decided.hedge_reason,
             };
             let (outcome, reply) = attempt(
                 state,
@@ -312,6 +314,8 @@ struct Decided {
     first_byte_limits: Vec<FirstByteLimitRecord>,
     /// When the first attempt gets a hedge (`None`: no hedge), from the policy's beliefs.
     hedge_delay: Option<Millis>,
+    /// What set that delay ([`equiroute_core::hedge::HedgeReason::as_str`]; `none`).
+    hedge_reason: &'static str,
     /// The attempts (by number) that continued a broken stream, and how (`stream_resume`).
     continuations: Vec<(usize, &'static str)>,
 }
@@ -494,6 +498,8 @@ fn decide(
         };
         (ranking, routed, delay)
     };
+    let (hedge_delay, hedge_reason) =
+        hedge_delay.map_or((None, "none"), |(d, r)| (Some(d), r.as_str()));
     state
         .metrics
         .decision_time(started.elapsed().as_secs_f64() * 1e6);
@@ -514,6 +520,7 @@ fn decide(
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
         hedge_delay,
+        hedge_reason,
         continuations: Vec::new(),
     })
 }
@@ -1061,6 +1068,7 @@ async fn execute_streamed(
                 arm: decided.routed.arm,
                 slice: decided.slice,
                 tokens,
+                hedge_reason: decided.hedge_reason,
             };
             super::hedge::race_streams(
                 &state,

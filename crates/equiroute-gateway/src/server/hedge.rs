@@ -12,13 +12,16 @@ use super::execute::{admit, attempt_ended, book, outcome_of, usage_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
 use equiroute_core::executor::{Execution, NextAttempt};
-use equiroute_core::hedge::{first_byte_outlook, hedge_delay, HedgeRule, LatencyOutlook};
+use equiroute_core::hedge::{
+    first_byte_outlook, hedge_plan, HedgeReason, HedgeRule, LatencyOutlook,
+};
 use equiroute_core::policies::{Policy, RankContext, Ranking};
 use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, SlicePath, Timestamp, TokenEstimate};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-/// The hedge delay of a request just ranked, when the interface hedges. A `streamed` request
+/// The hedge delay of a request just ranked, and the part of the rule that set it, when the
+/// interface hedges. A `streamed` request
 /// (on an interface whose streams hedge) races to the first byte, so it is planned on
 /// first-byte beliefs once the first candidate has one ([`first_byte_outlooks`]).
 pub(super) fn delay(
@@ -27,7 +30,7 @@ pub(super) fn delay(
     ctx: &RankContext<'_>,
     ranking: &Ranking,
     streamed: bool,
-) -> Option<Millis> {
+) -> Option<(Millis, HedgeReason)> {
     if !iface.hedge.active() {
         return None;
     }
@@ -49,7 +52,7 @@ pub(super) fn delay(
     if streamed {
         (first, target) = first_byte_outlooks(iface, ctx.now, (a, b), (first, target));
     }
-    hedge_delay(
+    hedge_plan(
         iface.hedge.rule,
         first.as_ref(),
         target.as_ref(),
@@ -90,6 +93,8 @@ pub(super) struct Booking<'a> {
     pub arm: super::arms::Arm,
     pub slice: SlicePath,
     pub tokens: TokenEstimate,
+    /// What set the planned hedge's delay ([`HedgeReason::as_str`]; `none` without one).
+    pub hedge_reason: &'static str,
 }
 
 /// Runs `first` (started at `now`) with `hedge` beside it if it is still out after
@@ -159,6 +164,7 @@ pub(super) async fn race(
     spend_hedge(iface)?;
     run.start_hedge(&hedge);
     state.metrics.hedge(&iface.name, "started");
+    state.metrics.hedge_reason(&iface.name, ctx.hedge_reason);
     let hedge_started = Instant::now();
     let first_started = hedge_started
         .checked_sub(Duration::from_secs_f64(
@@ -282,6 +288,7 @@ pub(super) async fn race_streams<'a>(
     spend_hedge(iface)?;
     run.start_hedge(&hedge);
     state.metrics.hedge(&iface.name, "started");
+    state.metrics.hedge_reason(&iface.name, ctx.hedge_reason);
     let hedge_started = Instant::now();
     let first_started = hedge_started
         .checked_sub(Duration::from_secs_f64(

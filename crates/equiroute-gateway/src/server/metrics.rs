@@ -80,6 +80,12 @@ struct EventLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    interface: Name,
+    reason: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModeLabels {
     interface: Name,
     mode: Name,
@@ -172,6 +178,7 @@ pub struct Metrics {
     fallbacks: Family<InterfaceLabel, Counter>,
     last_resort: Family<InterfaceLabel, Counter>,
     hedges: Family<EventLabels, Counter>,
+    hedge_reasons: Family<ReasonLabels, Counter>,
     stream_continuations: Family<ModeLabels, Counter>,
     breaker: Family<BreakerLabels, Counter>,
     task_class_unlisted: Family<InterfaceLabel, Counter>,
@@ -245,6 +252,7 @@ impl Default for Metrics {
             fallbacks: Family::default(),
             last_resort: Family::default(),
             hedges: Family::default(),
+            hedge_reasons: Family::default(),
             stream_continuations: Family::default(),
             breaker: Family::default(),
             task_class_unlisted: Family::default(),
@@ -301,6 +309,12 @@ impl Metrics {
         );
         register(
             r,
+            "equiroute_hedge_reasons_total",
+            "Hedges started, by the part of the hedge rule that set their delay",
+            self.hedge_reasons.clone(),
+        );
+        register(
+            r,
             "equiroute_stream_continuations_total",
             "Broken streams continued on another provider",
             self.stream_continuations.clone(),
@@ -329,6 +343,15 @@ impl Metrics {
             "Quality feedback by outcome",
             self.feedback.clone(),
         );
+        self.register_histograms();
+        self.register_by_provider();
+        self.registry.register_collector(Box::new(TraceExport));
+        self
+    }
+
+    /// The histograms without a provider label, in the exposition's order.
+    fn register_histograms(&mut self) {
+        let r = &mut self.registry;
         register(
             r,
             "equiroute_decision_microseconds",
@@ -365,9 +388,6 @@ impl Metrics {
             "Time from an answer to its accepted quality score (s)",
             self.feedback_delay.clone(),
         );
-        self.register_by_provider();
-        self.registry.register_collector(Box::new(TraceExport));
-        self
     }
 
     /// Registers the histograms labelled by interface and provider.
@@ -428,6 +448,16 @@ impl Metrics {
             event,
         };
         self.hedges.get_or_create(&labels).inc();
+    }
+
+    /// A hedge started, with the part of the rule that set its delay
+    /// ([`equiroute_core::hedge::HedgeReason::as_str`]).
+    pub fn hedge_reason(&self, interface: &str, reason: &'static str) {
+        let labels = ReasonLabels {
+            interface: name(interface),
+            reason,
+        };
+        self.hedge_reasons.get_or_create(&labels).inc();
     }
 
     /// A stream that broke after it reached the client, continued on another provider
