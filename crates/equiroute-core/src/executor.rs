@@ -29,7 +29,7 @@
 //!   random draw is passed in: [`Execution::with_jitter`]), on the candidate's first 5xx of
 //!   the request.
 //!
-//! **Hedging** ([`crate::hedge`]): given a hedge delay ([`Execution::with_hedge_delay`]), the
+//! **Hedging** ([`crate::hedge`]): given a hedge delay ([`Execution::with_hedge`]), the
 //! first attempt may get company. After starting it the driver asks [`Execution::hedge`],
 //! which says "at `wait` after the first attempt's start, start this attempt on the next
 //! candidate of the ranking, unless the first has answered"; the driver starts it
@@ -49,6 +49,7 @@
 //! ```
 
 use crate::decision::{AttemptOutcome, AttemptStatus, Millis, Timestamp, Usd};
+use crate::hedge::{HedgePlan, HedgeReason};
 use serde::{Deserialize, Serialize};
 
 /// Limits on one request's attempts.
@@ -209,8 +210,8 @@ pub struct Execution {
     retried: bool,
     /// Where in [0, 1) the 5xx retry's pause falls within its jitter range.
     jitter: f64,
-    /// After how long beside the first attempt a hedge starts (`None`: no hedging).
-    hedge_delay: Option<Millis>,
+    /// After how long beside the first attempt a hedge starts, and why (`None`: no hedging).
+    hedge_plan: Option<HedgePlan>,
     /// The hedge's candidate, from its start until it is recorded.
     hedged: Option<usize>,
     /// A hedge started (at most one per request).
@@ -239,19 +240,25 @@ impl Execution {
             retry: None,
             retried: false,
             jitter: 0.5,
-            hedge_delay: None,
+            hedge_plan: None,
             hedged: None,
             hedge_started: false,
             in_flight: 0,
         }
     }
 
-    /// Lets the first attempt be hedged after `delay` (from [`crate::hedge::hedge_delay`];
+    /// Lets the first attempt be hedged after `plan.delay` (from [`crate::hedge::hedge_plan`];
     /// `None`: no hedge).
     #[must_use]
-    pub fn with_hedge_delay(mut self, delay: Option<Millis>) -> Execution {
-        self.hedge_delay = delay.filter(|d| d.0.is_finite() && d.0 >= 0.0);
+    pub fn with_hedge(mut self, plan: Option<HedgePlan>) -> Execution {
+        self.hedge_plan = plan.filter(|p| p.delay.0.is_finite() && p.delay.0 >= 0.0);
         self
+    }
+
+    /// Why the planned hedge has its delay (`None`: no hedge planned).
+    #[must_use]
+    pub fn hedge_reason(&self) -> Option<HedgeReason> {
+        self.hedge_plan.map(|p| p.reason)
     }
 
     /// The hedge of `first` (the attempt [`Execution::next_attempt`] just gave, started at
@@ -262,7 +269,7 @@ impl Execution {
     /// attempt's own timeout (or the deadline) comes before the hedge would start.
     #[must_use]
     pub fn hedge(&self, first: &NextAttempt, started: Timestamp) -> Option<NextAttempt> {
-        let delay = self.hedge_delay?;
+        let delay = self.hedge_plan?.delay;
         if !first.is_first() || self.hedge_started || self.ended.is_some() {
             return None;
         }
@@ -500,6 +507,14 @@ impl Execution {
 mod tests {
     use super::*;
     use crate::decision::ProviderFailure;
+
+    /// A hedge planned `delay_ms` after the first attempt's start.
+    fn plan(delay_ms: f64) -> HedgePlan {
+        HedgePlan {
+            delay: Millis(delay_ms),
+            reason: HedgeReason::Quantile,
+        }
+    }
 
     fn outcome(latency: f64, status: AttemptStatus, cost: f64) -> AttemptOutcome {
         AttemptOutcome {
@@ -833,7 +848,7 @@ mod tests {
             ..ExecutionLimits::default()
         };
         let mut run = Execution::new(order, Timestamp(0.0), Some(Millis(deadline)), limits)
-            .with_hedge_delay(Some(Millis(delay)));
+            .with_hedge(Some(plan(delay)));
         let first = run.next_attempt(Timestamp(0.0)).unwrap();
         (run, first)
     }
@@ -932,8 +947,8 @@ mod tests {
             max_attempts: 1,
             ..ExecutionLimits::default()
         };
-        let mut run = Execution::new(vec![0, 1], Timestamp(0.0), None, limits)
-            .with_hedge_delay(Some(Millis(10.0)));
+        let mut run =
+            Execution::new(vec![0, 1], Timestamp(0.0), None, limits).with_hedge(Some(plan(10.0)));
         let first = run.next_attempt(Timestamp(0.0)).unwrap();
         assert!(run.hedge(&first, Timestamp(0.0)).is_none());
         // No delay planned.
@@ -942,7 +957,7 @@ mod tests {
         assert!(run.hedge(&first, Timestamp(0.0)).is_none());
         // Without a deadline the hedge has the attempt timeout only (here none).
         let mut run = Execution::new(vec![0, 1], Timestamp(0.0), None, ExecutionLimits::default())
-            .with_hedge_delay(Some(Millis(10.0)));
+            .with_hedge(Some(plan(10.0)));
         let first = run.next_attempt(Timestamp(0.0)).unwrap();
         let h = run.hedge(&first, Timestamp(0.0)).unwrap();
         assert_eq!((h.candidate, h.timeout), (1, None));

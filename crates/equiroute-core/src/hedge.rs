@@ -274,7 +274,7 @@ pub struct LatencyOutlook {
 /// known yet. `None` without `answer`: a policy with no latency model does not hedge.
 ///
 /// A stream's deadline bounds its first byte (the attempt's time left is its first-byte
-/// limit), so [`hedge_delay`] on these outlooks asks the same question as for an answer:
+/// limit), so [`hedge_plan`] on these outlooks asks the same question as for an answer:
 /// `S_A(d)` is the chance that A's first byte misses the deadline.
 #[must_use]
 pub fn first_byte_outlook(
@@ -311,6 +311,15 @@ pub enum HedgeReason {
     Latency,
 }
 
+/// When a request hedges, and why ([`hedge_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HedgePlan {
+    /// The delay after the first attempt's start at which the hedge starts.
+    pub delay: Millis,
+    /// The part of the rule that set it.
+    pub reason: HedgeReason,
+}
+
 impl HedgeReason {
     /// A short lowercase name for metrics and logs.
     #[must_use]
@@ -322,20 +331,6 @@ impl HedgeReason {
             HedgeReason::Latency => "latency",
         }
     }
-}
-
-/// [`hedge_plan`]'s delay alone: the delay after the first attempt's start at which the
-/// request hedges, by `rule`, or `None` for no hedge.
-#[must_use]
-pub fn hedge_delay(
-    rule: HedgeRule,
-    first: Option<&LatencyOutlook>,
-    target: Option<&LatencyOutlook>,
-    observed: Option<&RecentLatencies>,
-    deadline: Option<Millis>,
-    price: f64,
-) -> Option<Millis> {
-    hedge_plan(rule, first, target, observed, deadline, price).map(|(delay, _)| delay)
 }
 
 /// The delay after the first attempt's start at which the request hedges, by `rule`, and
@@ -351,7 +346,7 @@ pub fn hedge_plan(
     observed: Option<&RecentLatencies>,
     deadline: Option<Millis>,
     price: f64,
-) -> Option<(Millis, HedgeReason)> {
+) -> Option<HedgePlan> {
     let (delay, reason) = match rule {
         HedgeRule::ObservedQuantile { quantile } => {
             (observed?.quantile(quantile)?, HedgeReason::Quantile)
@@ -402,7 +397,10 @@ pub fn hedge_plan(
     if deadline.is_some_and(|d| delay >= d.0) {
         return None;
     }
-    Some((Millis(delay.max(MIN_DELAY_MS)), reason))
+    Some(HedgePlan {
+        delay: Millis(delay.max(MIN_DELAY_MS)),
+        reason,
+    })
 }
 
 /// A latency hedge at A's predictive `quantile`, when it is more likely than not to cut the
@@ -701,7 +699,9 @@ mod tests {
             threshold: 0.25,
             tail_quantile: 0.95,
         };
-        let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.0).unwrap();
+        let d = hedge_plan(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.0)
+            .map(|p| p.delay)
+            .unwrap();
         // save(990) = 0.2487·0.9899 = 0.246: the crossing lies just below 1000 ms.
         assert!(d.0 > 990.0 && d.0 <= 1000.0, "{d:?}");
         assert!(save_probability(&a, &b, 2000.0, d.0) >= 0.25);
@@ -709,22 +709,25 @@ mod tests {
         // best, near t = 1350, is 0.436·0.809·0.5 = 0.18).
         let flaky = outlook(500.0, 0.3, 0.5);
         assert_eq!(
-            hedge_delay(
+            hedge_plan(
                 rule,
                 Some(&a),
                 Some(&flaky),
                 None,
                 Some(Millis(2000.0)),
                 0.0
-            ),
+            )
+            .map(|p| p.delay),
             None
         );
         // No deadline: the tail quantile, 300·e^1.6449 = 1553 ms.
-        let d = hedge_delay(rule, Some(&a), Some(&b), None, None, 0.0).unwrap();
+        let d = hedge_plan(rule, Some(&a), Some(&b), None, None, 0.0)
+            .map(|p| p.delay)
+            .unwrap();
         assert!((d.0 - 1553.0).abs() < 2.0, "{d:?}");
         // A policy without a latency model gives no outlook: no hedge.
         assert_eq!(
-            hedge_delay(rule, None, None, None, Some(Millis(2000.0)), 0.0),
+            hedge_plan(rule, None, None, None, Some(Millis(2000.0)), 0.0).map(|p| p.delay),
             None
         );
     }
@@ -743,7 +746,9 @@ mod tests {
             latency_quantile: None,
             loose_risk: 0.01,
         };
-        let d = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.1).unwrap();
+        let d = hedge_plan(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.1)
+            .map(|p| p.delay)
+            .unwrap();
         let best = hedge_gain(&a, &b, 2000.0, d.0, 0.1);
         assert!(best > 0.0);
         for t in [d.0 / 1.05, d.0 * 1.05] {
@@ -751,10 +756,12 @@ mod tests {
         }
         // A dearer hedge comes later (it must save more per hedge fired), a dear enough one
         // never (max over t of S_A(d)·P_B − λ·S_A(t) < 0 once λ > S_A(d)/S_A(t)·P_B for all t).
-        let later = hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.2).unwrap();
+        let later = hedge_plan(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.2)
+            .map(|p| p.delay)
+            .unwrap();
         assert!(later.0 > d.0, "{later:?} vs {d:?}");
         assert_eq!(
-            hedge_delay(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.9),
+            hedge_plan(rule, Some(&a), Some(&b), None, Some(Millis(2000.0)), 0.9).map(|p| p.delay),
             None
         );
     }
@@ -771,21 +778,27 @@ mod tests {
         let deadline = Some(Millis(2000.0));
         // Heavy A: 2.9% of its calls miss 2000 ms, and B nearly always saves them.
         let heavy = outlook(300.0, 1.0, 0.0);
-        assert!(hedge_delay(rule, Some(&heavy), Some(&b), None, deadline, 0.1).is_some());
+        assert!(
+            hedge_plan(rule, Some(&heavy), Some(&b), None, deadline, 0.1)
+                .map(|p| p.delay)
+                .is_some()
+        );
         // Steady A (median 300, σ = 0.2): S_A(2000) = P(Z > 9.5) ≈ 1e-21, nothing to save.
         let steady = outlook(300.0, 0.2, 0.0);
         assert_eq!(
-            hedge_delay(rule, Some(&steady), Some(&b), None, deadline, 0.1),
+            hedge_plan(rule, Some(&steady), Some(&b), None, deadline, 0.1).map(|p| p.delay),
             None
         );
         // A target that cannot answer in time saves nothing either (median 5 s).
         let slow = outlook(5000.0, 0.3, 0.0);
         assert_eq!(
-            hedge_delay(rule, Some(&heavy), Some(&slow), None, deadline, 0.1),
+            hedge_plan(rule, Some(&heavy), Some(&slow), None, deadline, 0.1).map(|p| p.delay),
             None
         );
         // Without a deadline, the tail quantile (300·e^1.6449 = 1553 ms), whatever the price.
-        let d = hedge_delay(rule, Some(&heavy), Some(&b), None, None, 0.9).unwrap();
+        let d = hedge_plan(rule, Some(&heavy), Some(&b), None, None, 0.9)
+            .map(|p| p.delay)
+            .unwrap();
         assert!((d.0 - 1553.0).abs() < 2.0, "{d:?}");
     }
 
@@ -803,30 +816,37 @@ mod tests {
         let loose = Some(Millis(4000.0));
         // A price so high that no miss is worth a hedge: the priced rule alone does not hedge.
         assert_eq!(
-            hedge_delay(rule(None), Some(&a), Some(&b), None, loose, 0.9),
+            hedge_plan(rule(None), Some(&a), Some(&b), None, loose, 0.9).map(|p| p.delay),
             None
         );
         // With latency hedges at the p95: 250·e^1.6449 = 1295 ms, and B's median after it
         // (1295 + 350 = 1645 ms) comes before A's median given silence then (its p97.5,
         // 250·e^1.96 = 1774 ms).
-        let d = hedge_delay(rule(Some(0.95)), Some(&a), Some(&b), None, loose, 0.9).unwrap();
+        let d = hedge_plan(rule(Some(0.95)), Some(&a), Some(&b), None, loose, 0.9)
+            .map(|p| p.delay)
+            .unwrap();
         assert!((d.0 - 1295.0).abs() < 2.0, "{d:?}");
         // At a price where the priced rule hedges (late, just in time for B), the earlier wins.
-        let priced = hedge_delay(rule(None), Some(&a), Some(&b), None, loose, 0.01).unwrap();
+        let priced = hedge_plan(rule(None), Some(&a), Some(&b), None, loose, 0.01)
+            .map(|p| p.delay)
+            .unwrap();
         assert!(priced.0 > 1295.0, "{priced:?}");
-        let both = hedge_delay(rule(Some(0.95)), Some(&a), Some(&b), None, loose, 0.01).unwrap();
+        let both = hedge_plan(rule(Some(0.95)), Some(&a), Some(&b), None, loose, 0.01)
+            .map(|p| p.delay)
+            .unwrap();
         assert!((both.0 - 1295.0).abs() < 2.0, "{both:?}");
         // A tight deadline is not loose: S_A(1500) = P(Z > 1.792) = 0.037 > 1%, priced only.
         let tight = Some(Millis(1500.0));
         assert_eq!(
-            hedge_delay(rule(Some(0.95)), Some(&a), Some(&b), None, tight, 0.9),
+            hedge_plan(rule(Some(0.95)), Some(&a), Some(&b), None, tight, 0.9).map(|p| p.delay),
             None
         );
         // A steady A (median 700, σ = 0.33): its p95 is 1205 ms, its p97.5 1337 ms, and B's
         // median after its p95 (1555 ms) comes later: the hedge would rarely win, none.
         let steady = outlook(700.0, 0.33, 0.0);
         assert_eq!(
-            hedge_delay(rule(Some(0.95)), Some(&steady), Some(&b), None, loose, 0.9),
+            hedge_plan(rule(Some(0.95)), Some(&steady), Some(&b), None, loose, 0.9)
+                .map(|p| p.delay),
             None
         );
         // Which part set each delay: the latency hedge when it comes first (alone, or before
@@ -841,7 +861,7 @@ mod tests {
                 deadline,
                 price,
             )
-            .map(|(_, r)| r)
+            .map(|p| p.reason)
         };
         assert_eq!(reason(Some(0.95), loose, 0.9), Some(HedgeReason::Latency));
         assert_eq!(reason(Some(0.95), loose, 0.01), Some(HedgeReason::Latency));
@@ -881,14 +901,15 @@ mod tests {
         let normal = rand_distr::Normal::new(300f64.ln(), 1.0).unwrap();
         let (n, mut hedges) = (20_000, 0);
         for _ in 0..n {
-            let delay = hedge_delay(
+            let delay = hedge_plan(
                 cfg.rule,
                 Some(&a),
                 Some(&b),
                 None,
                 Some(Millis(2000.0)),
                 budget.price(),
-            );
+            )
+            .map(|p| p.delay);
             budget.earn();
             let latency = normal.sample(&mut rng).exp();
             if delay.is_some_and(|d| latency > d.0) && budget.try_spend() {
@@ -917,18 +938,18 @@ mod tests {
             recent.push(f64::from(ms) * 10.0);
         }
         assert_eq!(
-            hedge_delay(rule, None, None, Some(&recent), None, 0.0),
+            hedge_plan(rule, None, None, Some(&recent), None, 0.0).map(|p| p.delay),
             None
         );
         recent.push(200.0);
         // 20 answers 10..200 ms: the 95% nearest rank is the 19th, 190 ms.
         assert_eq!(
-            hedge_delay(rule, None, None, Some(&recent), None, 0.0),
+            hedge_plan(rule, None, None, Some(&recent), None, 0.0).map(|p| p.delay),
             Some(Millis(190.0))
         );
         // Past the deadline it would be pointless.
         assert_eq!(
-            hedge_delay(rule, None, None, Some(&recent), Some(Millis(150.0)), 0.0),
+            hedge_plan(rule, None, None, Some(&recent), Some(Millis(150.0)), 0.0).map(|p| p.delay),
             None
         );
         for _ in 0..RecentLatencies::WINDOW {
@@ -1080,9 +1101,13 @@ mod tests {
         let rule = HedgeRule::default();
         // No deadline: the tail quantile of the first byte, 30·e^(1.6449·0.25) = 45.3 ms,
         // where the answer's is 1500·e^(1.6449·0.25) = 2266 ms.
-        let d = hedge_delay(rule, Some(&stream), None, None, None, 0.2).unwrap();
+        let d = hedge_plan(rule, Some(&stream), None, None, None, 0.2)
+            .map(|p| p.delay)
+            .unwrap();
         assert!((d.0 - 45.3).abs() < 0.2, "{d:?}");
-        let whole = hedge_delay(rule, Some(&answer), None, None, None, 0.2).unwrap();
+        let whole = hedge_plan(rule, Some(&answer), None, None, None, 0.2)
+            .map(|p| p.delay)
+            .unwrap();
         assert!((whole.0 - 2266.0).abs() < 5.0, "{whole:?}");
         // With a deadline the priced rule asks whether the first byte misses it: a heavy first
         // byte (median 300 ms, σ = 1) against a 2000 ms deadline hedges, before the deadline;
@@ -1090,10 +1115,12 @@ mod tests {
         let b = outlook(500.0, 0.3, 0.0);
         let heavy = first_byte_outlook(Some(&answer), Some(lognormal(300.0, 1.0))).unwrap();
         let deadline = Some(Millis(2000.0));
-        let d = hedge_delay(rule, Some(&heavy), Some(&b), None, deadline, 0.1).unwrap();
+        let d = hedge_plan(rule, Some(&heavy), Some(&b), None, deadline, 0.1)
+            .map(|p| p.delay)
+            .unwrap();
         assert!(d.0 < 2000.0, "{d:?}");
         assert_eq!(
-            hedge_delay(rule, Some(&stream), Some(&b), None, deadline, 0.1),
+            hedge_plan(rule, Some(&stream), Some(&b), None, deadline, 0.1).map(|p| p.delay),
             None
         );
         // No first-byte belief yet: the whole answer's outlook, unchanged; no policy belief: none.

@@ -9,7 +9,7 @@ use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
 use equiroute_core::features::Featurizer;
-use equiroute_core::hedge::{hedge_delay, HedgeBudget, HedgeConfig, RecentLatencies};
+use equiroute_core::hedge::{hedge_plan, HedgeBudget, HedgeConfig, RecentLatencies};
 use equiroute_core::policies::{AttemptObservation, Policy, QualityObservation, RankContext};
 use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, Requirements, SlicePath, Timestamp};
 use rand::SeedableRng;
@@ -574,10 +574,10 @@ fn simulate(
         });
 
         let price = budget.as_ref().map_or(0.0, HedgeBudget::price);
-        let delay = hedging.and_then(|h| {
+        let plan = hedging.and_then(|h| {
             let outlook = |i: usize| policy.latency_outlook(i, &ctx);
             let target = order.get(1).and_then(|&j| outlook(j));
-            hedge_delay(
+            hedge_plan(
                 h.rule,
                 outlook(first).as_ref(),
                 target.as_ref(),
@@ -589,7 +589,7 @@ fn simulate(
         if let Some(b) = budget.as_mut() {
             b.earn();
         }
-        let mut run = Execution::new(order, t, deadline, limits).with_hedge_delay(delay);
+        let mut run = Execution::new(order, t, deadline, limits).with_hedge(plan);
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
             // A retry's pause passes before the attempt.

@@ -104,7 +104,6 @@ async fn execute_unstreamed(
                 arm: decided.routed.arm,
                 slice: decided.slice,
                 tokens,
-                hedge_reason: decided.hedge_reason,
             };
             super::hedge::race(
                 state,
@@ -124,7 +123,6 @@ async fn execute_unstreamed(
                 arm: decided.routed.arm,
                 slice: decided.slice,
                 tokens,
-                hedge_reason: decided.hedge_reason,
             };
             let (outcome, reply) = attempt(
                 state,
@@ -259,7 +257,7 @@ fn begin(
             excluded: &decided.excluded,
             ranking: &decided.ranking,
             last_resort: decided.last_resort,
-            hedge_delay: decided.hedge_delay.map(|d| d.0),
+            hedge_delay: decided.hedge.map(|h| h.delay.0),
         },
     );
     drop(span);
@@ -277,9 +275,9 @@ fn begin(
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
         .with_jitter(jitter)
-        .with_hedge_delay(
+        .with_hedge(
             decided
-                .hedge_delay
+                .hedge
                 .filter(|_| iface.hedge.streams || !body_streams(body)),
         );
     Ok(Begun {
@@ -312,10 +310,9 @@ struct Decided {
     last_resort: bool,
     /// Each streamed attempt's first-byte limit in ms (streamed requests only).
     first_byte_limits: Vec<FirstByteLimitRecord>,
-    /// When the first attempt gets a hedge (`None`: no hedge), from the policy's beliefs.
-    hedge_delay: Option<Millis>,
-    /// What set that delay ([`equiroute_core::hedge::HedgeReason::as_str`]; `none`).
-    hedge_reason: &'static str,
+    /// When the first attempt gets a hedge and why (`None`: no hedge), from the policy's
+    /// beliefs.
+    hedge: Option<equiroute_core::hedge::HedgePlan>,
     /// The attempts (by number) that continued a broken stream, and how (`stream_resume`).
     continuations: Vec<(usize, &'static str)>,
 }
@@ -477,7 +474,7 @@ fn decide(
     if eligible.eligible.is_empty() {
         return Err(no_eligible(state, iface, &eligible.excluded, now));
     }
-    let (ranking, routed, hedge_delay) = {
+    let (ranking, routed, hedge) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
         ctx.tokens = tokens;
@@ -498,8 +495,6 @@ fn decide(
         };
         (ranking, routed, delay)
     };
-    let (hedge_delay, hedge_reason) =
-        hedge_delay.map_or((None, "none"), |(d, r)| (Some(d), r.as_str()));
     state
         .metrics
         .decision_time(started.elapsed().as_secs_f64() * 1e6);
@@ -519,8 +514,7 @@ fn decide(
         last_resort,
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
-        hedge_delay,
-        hedge_reason,
+        hedge,
         continuations: Vec::new(),
     })
 }
@@ -1068,7 +1062,6 @@ async fn execute_streamed(
                 arm: decided.routed.arm,
                 slice: decided.slice,
                 tokens,
-                hedge_reason: decided.hedge_reason,
             };
             super::hedge::race_streams(
                 &state,

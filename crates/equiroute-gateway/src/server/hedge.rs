@@ -12,9 +12,7 @@ use super::execute::{admit, attempt_ended, book, outcome_of, usage_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
 use equiroute_core::executor::{Execution, NextAttempt};
-use equiroute_core::hedge::{
-    first_byte_outlook, hedge_plan, HedgeReason, HedgeRule, LatencyOutlook,
-};
+use equiroute_core::hedge::{first_byte_outlook, hedge_plan, HedgePlan, HedgeRule, LatencyOutlook};
 use equiroute_core::policies::{Policy, RankContext, Ranking};
 use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, SlicePath, Timestamp, TokenEstimate};
 use std::time::{Duration, Instant};
@@ -30,7 +28,7 @@ pub(super) fn delay(
     ctx: &RankContext<'_>,
     ranking: &Ranking,
     streamed: bool,
-) -> Option<(Millis, HedgeReason)> {
+) -> Option<HedgePlan> {
     if !iface.hedge.active() {
         return None;
     }
@@ -93,8 +91,6 @@ pub(super) struct Booking<'a> {
     pub arm: super::arms::Arm,
     pub slice: SlicePath,
     pub tokens: TokenEstimate,
-    /// What set the planned hedge's delay ([`HedgeReason::as_str`]; `none` without one).
-    pub hedge_reason: &'static str,
 }
 
 /// Runs `first` (started at `now`) with `hedge` beside it if it is still out after
@@ -163,8 +159,7 @@ pub(super) async fn race(
     }
     spend_hedge(iface)?;
     run.start_hedge(&hedge);
-    state.metrics.hedge(&iface.name, "started");
-    state.metrics.hedge_reason(&iface.name, ctx.hedge_reason);
+    hedge_started(state, iface, run);
     let hedge_started = Instant::now();
     let first_started = hedge_started
         .checked_sub(Duration::from_secs_f64(
@@ -222,6 +217,14 @@ pub(super) async fn race(
         }
     }
     Ok(ended)
+}
+
+/// Counts a hedge that started, and the part of the rule that set its delay.
+fn hedge_started(state: &AppState, iface: &InterfaceRuntime, run: &Execution) {
+    state.metrics.hedge(&iface.name, "started");
+    if let Some(reason) = run.hedge_reason() {
+        state.metrics.hedge_reason(&iface.name, reason.as_str());
+    }
 }
 
 fn has_hedge(iface: &InterfaceRuntime) -> Result<bool, ApiError> {
@@ -287,8 +290,7 @@ pub(super) async fn race_streams<'a>(
     }
     spend_hedge(iface)?;
     run.start_hedge(&hedge);
-    state.metrics.hedge(&iface.name, "started");
-    state.metrics.hedge_reason(&iface.name, ctx.hedge_reason);
+    hedge_started(state, iface, run);
     let hedge_started = Instant::now();
     let first_started = hedge_started
         .checked_sub(Duration::from_secs_f64(
