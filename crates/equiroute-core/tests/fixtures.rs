@@ -132,6 +132,7 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             gate_margin: 0.0,
             gate_z: 2.0,
             gate_retry: 0.0,
+            gate_tie_z: 0.0,
         },
         failure_quality: None,
     };

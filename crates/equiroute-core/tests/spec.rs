@@ -191,6 +191,7 @@ fn a_inverse_matches_a_direct_inverse_after_a_million_updates_and_downdates() {
         gate_margin: 0.0,
         gate_z: 2.0,
         gate_retry: 0.0,
+        gate_tie_z: 0.0,
     };
     let mut head = LinUcbHead::new(d, cfg);
     let mut r = rng(5);

@@ -7,7 +7,7 @@
 //! - `VARIANTS`: comma-separated, each `as-is` (the scenario's `lqm-ts`), `off` (gate off),
 //!   `centred` (gate as configured, `head.center = true`), `on` (gate on, the default `gate_z`), `z<Z>` (gate on, `gate_z = Z`; `z0` judges
 //!   prediction errors, `gate_margin`), `z<Z>r<C>` (the same with the lock-in guard
-//!   `gate_retry = C`), or `others` (`lqm`, `ts-deadline`,
+//!   `gate_retry = C`), `z<Z>t<T>` (with near-ties `gate_tie_z = T`), or `others` (`lqm`, `ts-deadline`,
 //!   `sw-ucb`, `linucb`, `additive`, each under its own label).
 //!
 //! Every `lqm-ts` variant runs under the label `lqm-ts`, so on the same random streams. Prints
@@ -37,12 +37,15 @@ fn lqm_ts(spec: &ScenarioSpec, variant: &str, seed: u64) -> RunResult {
             "centred" => head.center = true,
             v => {
                 head.gate = true;
-                // `z<Z>` or `z<Z>r<C>`: gate_z = Z and, with `r<C>`, gate_retry = C.
+                // `z<Z>`, `z<Z>r<C>` or `z<Z>t<T>`: gate_z = Z and, with `r<C>`,
+                // gate_retry = C, with `t<T>`, gate_tie_z = T.
+                let (v, tie) = v.split_once('t').unwrap_or((v, "0"));
+                head.gate_tie_z = tie.parse().expect("t<T>: a number, e.g. t2");
                 let (z, retry) = v.split_once('r').unwrap_or((v, "0"));
                 head.gate_z = z
                     .strip_prefix('z')
                     .and_then(|z| z.parse().ok())
-                    .expect("a variant: as-is, off, on, z<Z> or z<Z>r<C>");
+                    .expect("a variant: as-is, off, on, z<Z>, z<Z>r<C> or z<Z>t<T>");
                 head.gate_retry = retry.parse().expect("r<C>: a number, e.g. r1");
             }
         }

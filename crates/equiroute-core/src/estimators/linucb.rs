@@ -90,6 +90,14 @@ pub struct LinUcbConfig {
     /// default) is off; only read while the gate is closed. Written out only when set.
     #[serde(skip_serializing_if = "is_zero")]
     pub gate_retry: f64,
+    /// While the gate is closed, the candidates whose mean scores are not yet told apart
+    /// from the leader's (intervals `mean ± gate_tie_z·s/√n` that overlap the leader's, `s`
+    /// the scores' deviation floored at 0.1; needs `warmup_exit_z > 0`, which keeps those
+    /// moments) rank on their centred contextual estimates, so that the query, and not one
+    /// order for every request, decides between near-tied candidates. `0` (the default) is
+    /// off. Written out only when set.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub gate_tie_z: f64,
 }
 
 /// The default [`LinUcbConfig::gate_z`].
@@ -131,6 +139,7 @@ impl Default for LinUcbConfig {
             gate_margin: DEFAULT_GATE_MARGIN,
             gate_z: DEFAULT_GATE_Z,
             gate_retry: 0.0,
+            gate_tie_z: 0.0,
         }
     }
 }
@@ -145,6 +154,7 @@ impl LinUcbConfig {
         crate::error::non_negative("warmup_exit_z", self.warmup_exit_z)?;
         crate::error::non_negative("gate_z", self.gate_z)?;
         crate::error::non_negative("gate_retry", self.gate_retry)?;
+        crate::error::non_negative("gate_tie_z", self.gate_tie_z)?;
         if !(0.0..1.0).contains(&self.gate_margin) {
             return Err(crate::error::out_of_range(
                 "gate_margin",
@@ -434,6 +444,12 @@ impl LinUcbHead {
             Some(c) if pairs > 0 => u + c.su / pairs as f64 * (1.0 - dot_x(&c.theta_one)),
             _ => u,
         }
+    }
+
+    /// The centred estimate `ū + xᵀA⁻¹(b − ū·Σx)` (the plain one without the centre's sums).
+    #[must_use]
+    pub fn centred_estimate(&self, x: &[f64]) -> f64 {
+        self.centred_with(|v| dot(v, x))
     }
 
     /// The head's mean score `ū` (0 before any; `None` without the centre's sums).
@@ -727,6 +743,7 @@ impl LinUcbHead {
             gate_margin: self.config.gate_margin,
             gate_z: self.config.gate_z,
             gate_retry: self.config.gate_retry,
+            gate_tie_z: self.config.gate_tie_z,
             ..other.config
         };
         if other.dim != self.dim || gate_as_here != self.config {

@@ -82,14 +82,21 @@ impl HeadsState {
     /// `sqrt(c·ln N/m_i)`, `m_i = λr + n_i`, `N = Σ_j m_j` over the interface's heads: it
     /// grows while a candidate goes untried, so every candidate is retried within a bounded
     /// number of scores, however its first ones came out ([`Self::retry_width`]).
+    ///
+    /// With `gate_tie_z > 0` the candidates the closed gate cannot yet tell apart from the
+    /// leader ([`Self::tied`]) rank on their centred estimates `ū + xᵀA⁻¹(b − ū·Σx)` with
+    /// their heads' widths instead: a ranking that is the same for every request sends all
+    /// the traffic of two near-tied providers to one of them, which queues under load.
     pub(crate) fn estimates(&self, eligible: &[usize], x: &[f64]) -> Vec<(f64, f64)> {
         let contextual = self.contextual_estimates(eligible, x);
         if self.gate_closed() {
             let log_total = self.log_total();
+            let tied = self.tied(eligible);
             return eligible
                 .iter()
                 .zip(contextual)
                 .map(|(&i, (u, w))| match self.heads[i].context_free() {
+                    Some(_) if tied.contains(&i) => (self.heads[i].centred_estimate(x), w),
                     Some((mean, free_width)) => {
                         let retry = self.retry_width(i, free_width, log_total);
                         (mean, w.max(retry))
@@ -99,6 +106,40 @@ impl HeadsState {
                 .collect();
         }
         contextual
+    }
+
+    /// The closed gate's near-ties ([`LinUcbConfig::gate_tie_z`]): the candidates in
+    /// `eligible` whose mean-score interval reaches the lower end of the leader's (the one
+    /// with the highest mean), the leader included; empty when that is the leader alone,
+    /// the knob is off, or the moments are not kept.
+    fn tied(&self, eligible: &[usize]) -> Vec<usize> {
+        let z = self.heads.first().map_or(0.0, |h| h.config().gate_tie_z);
+        if z <= 0.0 {
+            return Vec::new();
+        }
+        let bounds: Vec<(usize, (f64, f64))> = eligible
+            .iter()
+            .filter_map(|&i| self.score_bounds(i, z).map(|b| (i, b)))
+            .collect();
+        // The leader has the highest mean, the middle of its interval.
+        let Some(lead_low) = bounds
+            .iter()
+            .map(|(_, (lo, hi))| (lo + hi, *lo))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, lo)| lo)
+        else {
+            return Vec::new();
+        };
+        let tied: Vec<usize> = bounds
+            .iter()
+            .filter(|(_, (_, hi))| *hi >= lead_low)
+            .map(|(i, _)| *i)
+            .collect();
+        if tied.len() < 2 {
+            Vec::new()
+        } else {
+            tied
+        }
     }
 
     /// `ln N`, `N = Σ_j m_j` the context-free models' counts `m_j = λr + n_j` over the
@@ -626,5 +667,71 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The closed gate's near-ties (`gate_tie_z`). The gate stays closed (`gate_z = 100`).
+    /// Candidates 0 and 1 have the same mean, 0.55: 0 scores 0.65 on queries of type 0 and
+    /// 0.45 on type 1, 1 the reverse; candidate 2 scores 0.2 everywhere. Each score is its
+    /// level ± 0.05, alternately, 200 per candidate. Without near-ties both rank on their
+    /// context-free means for every query (equal to 1e-9); with `gate_tie_z = 2` the two
+    /// are not told apart (their intervals, ±2·0.1/√200 = ±0.014, overlap) and rank on
+    /// their centred estimates, so each leads on its own type, while candidate 2, far below,
+    /// keeps its context-free mean.
+    #[test]
+    fn near_tied_candidates_rank_on_the_query_while_the_gate_is_closed() {
+        let x_of = |t: usize| {
+            let mut x = [0.0; 6];
+            x[0] = std::f64::consts::FRAC_1_SQRT_2;
+            x[1 + t] = std::f64::consts::FRAC_1_SQRT_2;
+            x
+        };
+        for tie in [0.0, 2.0] {
+            let cfg = LinUcbConfig {
+                gate: true,
+                gate_z: 100.0,
+                gate_tie_z: tie,
+                warmup_exit_z: 3.0,
+                ..LinUcbConfig::default()
+            };
+            let mut heads = HeadsState::new(3, 6, cfg);
+            for n in 0..400 {
+                let t = (n / 2) % 2;
+                let jitter = if (n / 4) % 2 == 0 { 0.05 } else { -0.05 };
+                let (a, b) = if t == 0 { (0.65, 0.45) } else { (0.45, 0.65) };
+                let at = crate::Timestamp(n as f64);
+                if n % 2 == 0 {
+                    heads.learn(0, &x_of(t), a + jitter, at);
+                    heads.learn(2, &x_of(t), 0.2 + jitter, at);
+                } else {
+                    heads.learn(1, &x_of(t), b + jitter, at);
+                }
+            }
+            assert!(!heads.context_helps());
+            let tied = heads.tied(&[0, 1, 2]);
+            for t in 0..2 {
+                let x = x_of(t);
+                let est = heads.estimates(&[0, 1, 2], &x);
+                let mean = |i: usize| heads.heads[i].context_free().unwrap().0;
+                assert!((est[2].0 - mean(2)).abs() < 1e-12, "{tie} {t}: {est:?}");
+                if tie == 0.0 {
+                    assert!(tied.is_empty());
+                    assert!((est[0].0 - mean(0)).abs() < 1e-12, "{t}: {est:?}");
+                    assert!((est[1].0 - mean(1)).abs() < 1e-12, "{t}: {est:?}");
+                    assert!((est[0].0 - est[1].0).abs() < 1e-9, "{t}: {est:?}");
+                } else {
+                    assert_eq!(tied, vec![0, 1]);
+                    let (own, other) = if t == 0 { (0, 1) } else { (1, 0) };
+                    assert!(est[own].0 > 0.6 && est[other].0 < 0.5, "{t}: {est:?}");
+                    let want = heads.heads[own].centred_estimate(&x);
+                    assert!((est[own].0 - want).abs() < 1e-12);
+                }
+            }
+        }
+        let bad = LinUcbConfig {
+            gate_tie_z: -1.0,
+            ..LinUcbConfig::default()
+        };
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("gate_tie_z"), "{err}");
     }
 }
