@@ -674,7 +674,7 @@ mod tests {
     /// 0.45 on type 1, 1 the reverse; candidate 2 scores 0.2 everywhere. Each score is its
     /// level ± 0.05, alternately, 200 per candidate. Without near-ties both rank on their
     /// context-free means for every query (equal to 1e-9); with `gate_tie_z = 2` the two
-    /// are not told apart (their intervals, ±2·0.1/√200 = ±0.014, overlap) and rank on
+    /// are not told apart (their intervals, ±2·0.112/√200 = ±0.016, overlap) and rank on
     /// their centred estimates, so each leads on its own type, while candidate 2, far below,
     /// keeps its context-free mean.
     #[test]
