@@ -10,8 +10,9 @@
 //! Its score is an estimate of what learning the order costs at the least, to set beside
 //! `lqm-ts`, which learns per context and must also weigh latency, deadlines and cost.
 //!
-//! A last row runs `lqm-ts` with the context gate on (`lqm.head.gate = true`,
-//! docs/policies.md), under the same label and random streams as its default row.
+//! A last row runs `lqm-ts` with the context gate alone (`lqm.head.gate_tie_z = 0`: no
+//! near-ties; the default has the gate on with near-ties, docs/policies.md), under the same
+//! label and random streams as its default row.
 //!
 //! `cargo run --release -p equiroute-lab --example k10_floor [-- SEEDS [FIRST]]` (default 15
 //! seeds from seed 1: 1..=15; `-- 20 16` runs 16..=35). Not a policy of the product: it knows
@@ -132,10 +133,10 @@ fn main() {
         })
         .collect();
     rows.push(("mean-thompson (told: no context)", floor));
-    // lqm-ts with the context gate (`lqm.head.gate = true`), under the same label and so
-    // the same random streams as the default row.
+    // lqm-ts with the context gate alone (no near-ties), under the same label and so the
+    // same random streams as the default row.
     let mut gated = LqmTsConfig::default();
-    gated.lqm.head.gate = true;
+    gated.lqm.head.gate_tie_z = 0.0;
     let gated_runs = range
         .clone()
         .map(|s| {
@@ -143,7 +144,7 @@ fn main() {
             run_policy(&spec, "lqm-ts", p, s, rounds).unwrap()
         })
         .collect();
-    rows.push(("lqm-ts, lqm.head.gate = true", gated_runs));
+    rows.push(("lqm-ts, gate alone (lqm.head.gate_tie_z = 0)", gated_runs));
     println!(
         "priority-mismatch-k10, seeds {}..={}, {rounds} rounds; mean ± 95% CI over seeds",
         range.start,

@@ -212,6 +212,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "c of the closed gate's lock-in guard: width at least sqrt(c·ln N/n), N the interface's scores (0 = off), >= 0",
     ),
     (
+        "head.gate_tie_z",
+        "z within which a provider's mean score is not yet told apart from the leader's; such near-ties rank on the query while the gate is closed (0 = off), >= 0",
+    ),
+    (
         "level_z",
         "standard errors the fast level must clear before it moves the latency (0 = always), >= 0",
     ),

@@ -53,7 +53,12 @@
 //! location only by what clears one standard error of its noise, `risk.level_z = 1`; off in
 //! `ts-deadline`); a slower latency EMA (`lqm.ema_beta = 0.03`, LQM: 0.1): the EMA's own
 //! noise crossing `L_ref` discounted a heavy-tailed provider below a worse one (the fast
-//! level and the deadline risk answer load within a few calls).
+//! level and the deadline risk answer load within a few calls); the context gate
+//! (`head.gate = true`, LQM: off): the heads rank on context-free means until the scores
+//! bear out the deviations the query predicts, except between candidates not yet told
+//! apart from the leader (`head.gate_tie_z = 2`), which the query splits, so that the
+//! contextual heads' noise neither explores a clearly worse provider query by query nor,
+//! removed, herds the traffic of two near-tied ones.
 //!
 //! **Degenerate cases** (tested):
 //! - no deadline, equal costs, no failures, `latency = "renewal"` and LQM's parameters:
@@ -146,6 +151,8 @@ impl Default for LqmTsConfig {
                 head: LinUcbConfig {
                     warmup: 10,
                     warmup_exit_z: 3.0,
+                    gate: true,
+                    gate_tie_z: 2.0,
                     ..LinUcbConfig::default()
                 },
                 ..LqmConfig::default()
