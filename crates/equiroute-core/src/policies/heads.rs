@@ -465,6 +465,14 @@ mod tests {
     use super::*;
     use crate::features::Featurizer;
 
+    /// A unit-length query of type `t` (0–4): a constant feature and one per type.
+    fn x_of(t: usize) -> [f64; 6] {
+        let mut x = [0.0; 6];
+        x[0] = std::f64::consts::FRAC_1_SQRT_2;
+        x[1 + t] = std::f64::consts::FRAC_1_SQRT_2;
+        x
+    }
+
     /// The lock-in guard. Gate closed (scores that do not depend on the query): candidate 0
     /// had ten unlucky scores of 0.47, all on queries of one type, candidate 1 two hundred
     /// of 0.55 on every type. With `lqm-ts`'s α = 0.2, ranked by mean plus the context-free
@@ -474,12 +482,6 @@ mod tests {
     /// type it was tried on.
     #[test]
     fn the_closed_gate_retries_a_candidate_whose_first_scores_were_unlucky() {
-        let x_of = |t: usize| {
-            let mut x = [0.0; 6];
-            x[0] = std::f64::consts::FRAC_1_SQRT_2;
-            x[1 + t] = std::f64::consts::FRAC_1_SQRT_2;
-            x
-        };
         let cfg = LinUcbConfig {
             gate: true,
             ..LinUcbConfig::default()
@@ -619,12 +621,6 @@ mod tests {
     #[test]
     fn the_gate_picks_the_mean_on_context_free_scores_and_the_heads_on_contextual_ones() {
         use rand::{Rng, SeedableRng};
-        let x_of = |t: usize| {
-            let mut x = [0.0; 6];
-            x[0] = std::f64::consts::FRAC_1_SQRT_2;
-            x[1 + t] = std::f64::consts::FRAC_1_SQRT_2;
-            x
-        };
         let cfg = LinUcbConfig {
             gate: true,
             ..LinUcbConfig::default()
@@ -679,12 +675,6 @@ mod tests {
     /// keeps its context-free mean.
     #[test]
     fn near_tied_candidates_rank_on_the_query_while_the_gate_is_closed() {
-        let x_of = |t: usize| {
-            let mut x = [0.0; 6];
-            x[0] = std::f64::consts::FRAC_1_SQRT_2;
-            x[1 + t] = std::f64::consts::FRAC_1_SQRT_2;
-            x
-        };
         for tie in [0.0, 2.0] {
             let cfg = LinUcbConfig {
                 gate: true,
