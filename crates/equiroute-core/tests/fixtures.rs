@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
 use equiroute_core::estimators::dist::lognormal_exceedance;
-use equiroute_core::estimators::linucb::LinUcbConfig;
+use equiroute_core::estimators::linucb::{LinUcbConfig, WarmupOrder};
 use equiroute_core::estimators::nig::{LogLatencyStats, NigPosterior, NigPrior};
 use equiroute_core::policies::{
     AttemptObservation, Lqm, LqmConfig, Policy, PolicyState, QualityObservation, RankContext,
@@ -133,6 +133,7 @@ fn check_lqm_stream(fast_width: bool, score_tol: f64) {
             gate_z: 2.0,
             gate_retry: 0.0,
             gate_tie_z: 0.0,
+            warmup_order: WarmupOrder::Scores,
         },
         failure_quality: None,
     };

@@ -6,7 +6,7 @@ mod common;
 
 use common::{answered, attempt, attempt_in, queries};
 use equiroute_core::estimators::linalg::spd_inverse;
-use equiroute_core::estimators::linucb::{LinUcbConfig, LinUcbHead};
+use equiroute_core::estimators::linucb::{LinUcbConfig, LinUcbHead, WarmupOrder};
 use equiroute_core::estimators::nig::{bad_outcome_probability, NigPrior};
 use equiroute_core::policies::*;
 use equiroute_core::prelude::Featurizer;
@@ -192,6 +192,7 @@ fn a_inverse_matches_a_direct_inverse_after_a_million_updates_and_downdates() {
         gate_z: 2.0,
         gate_retry: 0.0,
         gate_tie_z: 0.0,
+        warmup_order: WarmupOrder::Scores,
     };
     let mut head = LinUcbHead::new(d, cfg);
     let mut r = rng(5);
@@ -1155,6 +1156,49 @@ fn the_warm_up_release_counts_scores_merged_from_other_instances() {
     };
     // Four scores of c1 counted: two from each instance.
     assert!((s.quality.heads.moments[1][0] - 4.0).abs() < 1e-12);
+}
+
+#[test]
+fn the_warm_up_takes_cold_candidates_in_turn_by_attempts_while_their_scores_are_late() {
+    // c0: one attempt judged, two more answered and not yet judged (3 attempts, 1 score).
+    // c1: two attempts, both judged. c2: never tried. By scores the warm-up puts c0 (1)
+    // before c1 (2) and tries it a fourth time before its judgments are back; by attempts
+    // (lqm-ts's default) c1 (2) goes before c0 (3). Same fast answers, so only the warm-up
+    // differs; the untried c2 leads both.
+    let cands = candidates(3);
+    let f = Featurizer::new(16).unwrap();
+    let x = f.featurize("compare rust and python");
+    let ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+    let order = |warmup_order: WarmupOrder| {
+        let mut cfg = LqmTsConfig::default();
+        cfg.lqm.head.warmup_order = warmup_order;
+        let mut p = LqmTs::new(3, 16, cfg);
+        answered(&mut p, 0, &x, 100.0, 0.5, 0.0);
+        answered(&mut p, 1, &x, 100.0, 0.5, 1.0);
+        answered(&mut p, 1, &x, 100.0, 0.5, 2.0);
+        attempt(&mut p, 0, &x, AttemptStatus::Ok, 100.0, 3.0);
+        attempt(&mut p, 0, &x, AttemptStatus::Ok, 100.0, 4.0);
+        let r = p.rank(&ctx, &mut rng(1));
+        assert!(r.order.iter().all(|s| s.breakdown.warmup), "{r:?}");
+        r.indices().collect::<Vec<_>>()
+    };
+    assert_eq!(
+        LqmTsConfig::default().lqm.head.warmup_order,
+        WarmupOrder::Attempts
+    );
+    assert_eq!(order(WarmupOrder::Scores), vec![2, 0, 1]);
+    assert_eq!(order(WarmupOrder::Attempts), vec![2, 1, 0]);
+    // Written out only when not the default of the heads (scores); a typo is named.
+    let lqm = serde_json::to_string(&LqmConfig::default()).unwrap();
+    assert!(!lqm.contains("warmup_order"), "{lqm}");
+    let lqm_ts = serde_json::to_string(&LqmTsConfig::default()).unwrap();
+    assert!(lqm_ts.contains(r#""warmup_order":"attempts""#), "{lqm_ts}");
+    let e = serde_json::from_str::<PolicyConfig>(
+        r#"{"name": "lqm-ts", "lqm": {"head": {"warmup_order": "tries"}}}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("tries") && e.contains("attempts"), "{e}");
 }
 
 #[test]

@@ -15,10 +15,12 @@
 //! seeds, and the per-seed regret. `GATE_CHECK_VERBOSE=1` adds each seed's share by bin and
 //! recovery rounds, `GATE_CHECK_CURVE=1` the mean regret over time, shares of first choices,
 //! failures, misses and spend ([`print_curve`]). `GATE_CHECK_EMA=B` sets every `lqm-ts`
-//! variant's latency EMA weight `lqm.ema_beta` to `B`.
+//! variant's latency EMA weight `lqm.ema_beta` to `B`, `GATE_CHECK_WARMUP=scores|attempts`
+//! its warm-up order `lqm.head.warmup_order`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
+use equiroute_core::estimators::linucb::WarmupOrder;
 use equiroute_core::policies::PolicyConfig;
 use equiroute_lab::runner::{run, run_policy, RunResult};
 use equiroute_lab::scenario::{all_builtin, builtin, ScenarioSpec};
@@ -49,6 +51,13 @@ fn lqm_ts(spec: &ScenarioSpec, variant: &str, seed: u64) -> RunResult {
                 head.gate_retry = retry.parse().expect("r<C>: a number, e.g. r1");
             }
         }
+    }
+    if let (Ok(o), PolicyConfig::LqmTs(c)) = (std::env::var("GATE_CHECK_WARMUP"), &mut cfg) {
+        c.lqm.head.warmup_order = match o.as_str() {
+            "scores" => WarmupOrder::Scores,
+            "attempts" => WarmupOrder::Attempts,
+            _ => panic!("GATE_CHECK_WARMUP: scores or attempts"),
+        };
     }
     if let (Ok(t), PolicyConfig::LqmTs(c)) = (std::env::var("GATE_CHECK_EMA"), &mut cfg) {
         c.lqm.ema_beta = t.parse().unwrap();

@@ -11,8 +11,8 @@
 //! `lqm-ts`, which learns per context and must also weigh latency, deadlines and cost.
 //!
 //! A last row runs `lqm-ts` with the context gate alone (`lqm.head.gate_tie_z = 0`: no
-//! near-ties; the default has the gate on with near-ties, docs/policies.md), under the same
-//! label and random streams as its default row.
+//! near-ties; the default has the gate on with near-ties and the warm-up by attempts,
+//! docs/policies.md), under the same label and random streams as its default row.
 //!
 //! `cargo run --release -p equiroute-lab --example k10_floor [-- SEEDS [FIRST]]` (default 15
 //! seeds from seed 1: 1..=15; `-- 20 16` runs 16..=35). Not a policy of the product: it knows

@@ -130,6 +130,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "leave the warm-up early once clearly worse (z standard errors; 0 = off)",
     ),
     (
+        "head.warmup_order",
+        "\"scores\" or \"attempts\": which provider in its warm-up goes first, the one with the fewest scores or the fewest attempts",
+    ),
+    (
         "head.center",
         "shrink towards the head's mean score instead of 0",
     ),

@@ -98,6 +98,33 @@ pub struct LinUcbConfig {
     /// off. Written out only when set.
     #[serde(skip_serializing_if = "is_zero")]
     pub gate_tie_z: f64,
+    /// Which candidate of those still in the warm-up goes first: the one with the fewest
+    /// scores (`scores`, the default) or the fewest attempts (`attempts`). Scores come back
+    /// late (a judge's delay, a user's rating); until they do, `scores` keeps putting first
+    /// the candidate whose first attempts are still unjudged, while `attempts` takes the
+    /// cold candidates in turn. Written out only when not the default.
+    #[serde(skip_serializing_if = "WarmupOrder::is_scores")]
+    pub warmup_order: WarmupOrder,
+}
+
+/// The order of the candidates still in the warm-up ([`LinUcbConfig::warmup_order`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WarmupOrder {
+    /// Fewest quality scores first (ties in ranked order).
+    #[default]
+    Scores,
+    /// Fewest attempts first (attempts that reached the candidate, client errors excluded;
+    /// ties in ranked order): one attempt per cold candidate in turn, whether or not its
+    /// earlier ones are judged yet.
+    Attempts,
+}
+
+impl WarmupOrder {
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+    fn is_scores(&self) -> bool {
+        *self == WarmupOrder::Scores
+    }
 }
 
 /// The default [`LinUcbConfig::gate_z`].
@@ -140,6 +167,7 @@ impl Default for LinUcbConfig {
             gate_z: DEFAULT_GATE_Z,
             gate_retry: 0.0,
             gate_tie_z: 0.0,
+            warmup_order: WarmupOrder::Scores,
         }
     }
 }
@@ -737,13 +765,15 @@ impl LinUcbHead {
     /// # Errors
     /// Different dimensions or configurations.
     pub fn merge(&mut self, other: &LinUcbHead) -> Result<(), crate::StateError> {
-        // The gate decides, it does not shape the state: heads saved with or without it merge.
+        // The gate and the warm-up's order decide, they do not shape the state: heads saved
+        // with or without them merge.
         let gate_as_here = LinUcbConfig {
             gate: self.config.gate,
             gate_margin: self.config.gate_margin,
             gate_z: self.config.gate_z,
             gate_retry: self.config.gate_retry,
             gate_tie_z: self.config.gate_tie_z,
+            warmup_order: self.config.warmup_order,
             ..other.config
         };
         if other.dim != self.dim || gate_as_here != self.config {

@@ -8,7 +8,9 @@ use super::{
 use crate::estimators::linalg::{
     dot_f32, dots, dots_f32, nonzeros, packed_outer, packed_outer_f32,
 };
-use crate::estimators::linucb::{context_wins, signal_shown, LinUcbConfig, LinUcbHead};
+use crate::estimators::linucb::{
+    context_wins, signal_shown, LinUcbConfig, LinUcbHead, WarmupOrder,
+};
 use crate::StateError;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -319,8 +321,8 @@ fn sparse_limit(k: usize) -> usize {
 /// or three equal scores must not make a candidate look certain).
 const EXIT_SD_FLOOR: f64 = 0.1;
 
-/// Moves candidates with fewer than `warmup` quality scores to the front (fewest first,
-/// otherwise in ranked order): every candidate is tried a few times before the estimates
+/// Moves candidates with fewer than `warmup` quality scores to the front (fewest scores
+/// first, or fewest attempts with [`WarmupOrder::Attempts`]; otherwise in ranked order): every candidate is tried a few times before the estimates
 /// decide. Without it, an unexplored head's `û = 0` looks dominated next to providers whose
 /// quality is high, and the dominance shrink stops LQM from ever trying it. A candidate held
 /// back by a guardrail is never forced, nor one already tried `10 × warmup` times without
@@ -360,13 +362,14 @@ pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinU
     for s in &mut ranking.order {
         s.breakdown.warmup = cold(s);
     }
-    ranking.order.sort_by_key(|s| {
-        if s.breakdown.warmup {
-            count(s)
-        } else {
-            u64::MAX
-        }
-    });
+    // Attempts, never fewer than the scores (state saved before `tries` was kept has none).
+    let key = |s: &ScoredCandidate| match cfg.warmup_order {
+        WarmupOrder::Scores => count(s),
+        WarmupOrder::Attempts => heads.tries.get(s.index).copied().unwrap_or(0).max(count(s)),
+    };
+    ranking
+        .order
+        .sort_by_key(|s| if s.breakdown.warmup { key(s) } else { u64::MAX });
 }
 
 /// The quality that a failed or timed-out attempt teaches, if any.

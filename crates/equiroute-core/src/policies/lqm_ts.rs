@@ -76,7 +76,7 @@ use super::{
     wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState, Propensity,
     QualityObservation, RankContext, Ranking, ScoredCandidate,
 };
-use crate::estimators::linucb::LinUcbConfig;
+use crate::estimators::linucb::{LinUcbConfig, WarmupOrder};
 use crate::StateError;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -153,6 +153,7 @@ impl Default for LqmTsConfig {
                     warmup_exit_z: 3.0,
                     gate: true,
                     gate_tie_z: 2.0,
+                    warmup_order: WarmupOrder::Attempts,
                     ..LinUcbConfig::default()
                 },
                 ..LqmConfig::default()
