@@ -78,7 +78,7 @@ use equiroute_core::prelude::Featurizer;
 use equiroute_core::{Millis, Timestamp};
 use redis::aio::MultiplexedConnection;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -586,6 +586,9 @@ struct Keys {
     snapshot: String,
     meta: String,
     epoch: String,
+    /// The promoted rollouts' policies by interface (a hash), so that instances configured
+    /// with a promoted policy recognise the namespace ([`Syncer::follows_promotions`]).
+    promoted: String,
     /// Prefix of the feedback claims (`{ns}:fb:` and the request id).
     claims: String,
 }
@@ -598,6 +601,7 @@ impl Keys {
             snapshot: format!("{{{ns}}}:snapshot"),
             meta: format!("{{{ns}}}:meta"),
             epoch: format!("{{{ns}}}:epoch"),
+            promoted: format!("{{{ns}}}:promoted"),
             claims: format!("{{{ns}}}:fb:"),
         }
     }
@@ -694,6 +698,12 @@ pub struct Syncer {
     /// The same for the rollouts' candidates, which learn from their own arm's observations.
     empty_rollouts: BTreeMap<String, Box<dyn Policy>>,
     rollouts: BTreeMap<String, Box<dyn Policy>>,
+    /// Interfaces configured here with the policy a rollout promoted in this namespace, and
+    /// no rollout: the promoted candidate's confirmed copy is kept for them as if they ran
+    /// its rollout, so they follow the stream like the instances that did.
+    adopted: BTreeSet<String>,
+    /// Promotions to write into the namespace's `promoted` hash at the next sync.
+    unrecorded: Vec<(String, String)>,
     /// The first end of each interface's rollout in the stream's order (confirmed state).
     ends: BTreeMap<String, RolloutEnd>,
     /// Ends confirmed since the last sync, for the gateway to apply.
@@ -831,7 +841,8 @@ pub trait SyncTarget: Send + Sync {
 
 impl Syncer {
     /// The syncer of `state`, whose policies must still be empty (just built). Connects and
-    /// checks that the namespace holds state of the same configuration; an unreachable Redis
+    /// checks that the namespace holds state of the same configuration (or of one whose
+    /// promoted rollouts this configuration has made live, [`Self::follows_promotions`]); an unreachable Redis
     /// is not an error here (the instance starts on local state and syncs when it can).
     ///
     /// # Errors
@@ -891,6 +902,8 @@ impl Syncer {
             shadows,
             empty_rollouts,
             rollouts,
+            adopted: BTreeSet::new(),
+            unrecorded: Vec::new(),
             ends: BTreeMap::new(),
             announce: Vec::new(),
             cursor: StreamId::default(),
@@ -985,14 +998,28 @@ impl Syncer {
             )
             .await?;
             if stored.as_deref() != Some(self.fingerprint.as_str()) {
-                return Err(SharedError::Mismatch {
-                    namespace: self.cfg.namespace.clone(),
-                    reason: format!(
-                        "stored: {}; this configuration: {}",
-                        stored.unwrap_or_default(),
-                        self.fingerprint
-                    ),
-                });
+                let promoted: BTreeMap<String, String> = timed(
+                    redis::cmd("HGETALL")
+                        .arg(&self.keys.promoted)
+                        .query_async(&mut conn),
+                )
+                .await?;
+                match stored {
+                    Some(stored) if self.follows_promotions(&stored, &promoted) => {
+                        // From now on this instance speaks for the namespace's configuration.
+                        self.fingerprint = stored;
+                    }
+                    stored => {
+                        return Err(SharedError::Mismatch {
+                            namespace: self.cfg.namespace.clone(),
+                            reason: format!(
+                                "stored: {}; this configuration: {}",
+                                stored.unwrap_or_default(),
+                                self.fingerprint
+                            ),
+                        })
+                    }
+                }
             }
         }
         if let Some(shared) = shared {
@@ -1001,6 +1028,51 @@ impl Syncer {
         }
         self.conn = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Whether this instance's configuration is the namespace's `stored` one with the live
+    /// policy of some interfaces replaced by the policy a rollout promoted there
+    /// (`promoted`, from the namespace's hash): the configuration an operator writes after
+    /// a promotion, the promoted policy made the interface's own and the rollout removed.
+    /// Such an interface is adopted: its candidate's confirmed copy is kept as if this
+    /// instance ran the rollout (it must have none of its own).
+    fn follows_promotions(&mut self, stored: &str, promoted: &BTreeMap<String, String>) -> bool {
+        let Ok(serde_json::Value::Array(mut shape)) = serde_json::from_str(stored) else {
+            return false;
+        };
+        let mut adopted = Vec::new();
+        for entry in &mut shape {
+            let Some(name) = entry["interface"].as_str().map(str::to_owned) else {
+                return false;
+            };
+            let (Some(policy), Some(empty)) = (promoted.get(&name), self.empty.get(&name)) else {
+                continue;
+            };
+            if entry["policy"] != policy.as_str()
+                && empty.kind().as_str() == policy
+                && !self.empty_rollouts.contains_key(&name)
+            {
+                entry["policy"] = policy.as_str().into();
+                adopted.push(name);
+            }
+        }
+        let here = serde_json::from_str::<serde_json::Value>(&self.fingerprint).ok();
+        if adopted.is_empty() || here != Some(serde_json::Value::Array(shape)) {
+            return false;
+        }
+        for name in adopted {
+            if let Some(empty) = self.empty.get(&name) {
+                self.empty_rollouts.insert(name.clone(), empty.clone_box());
+                self.rollouts.insert(name.clone(), empty.clone_box());
+            }
+            tracing::info!(
+                namespace = %self.cfg.namespace,
+                interface = %name,
+                "this instance runs the policy a rollout promoted in the shared namespace: it follows that promotion"
+            );
+            self.adopted.insert(name);
+        }
+        true
     }
 
     /// A new epoch value of `kind` (`fresh` or `reseed`), unique to this instance and time.
@@ -1049,6 +1121,7 @@ impl Syncer {
             }
             2 => {
                 // The confirmed state is the snapshot now; the new stream's entries follow.
+                self.unrecorded = promotions(&self.ends);
                 self.cursor = RESEED_ID;
                 self.snapshot_taken();
                 self.stale_live = true;
@@ -1157,10 +1230,7 @@ impl Syncer {
         }
         // 3. Apply the rollouts' ends, and rebuild the live policies (a promotion swapped
         // the confirmed one).
-        for (iface, end) in std::mem::take(&mut self.announce) {
-            let own = end.instance == self.instance;
-            state.end_rollout(&iface, &end, own);
-        }
+        self.apply_ends(&mut conn, state).await?;
         if self.stale_live {
             self.rebuild_live(state);
             self.stale_live = false;
@@ -1194,6 +1264,39 @@ impl Syncer {
             report.compacted = true;
         }
         Ok(report)
+    }
+
+    /// Hands the rollouts' ends confirmed since the last sync to the gateway, after writing
+    /// their promotions into the namespace's hash (the same value from every instance: the
+    /// first end in the stream holds).
+    async fn apply_ends(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+        state: &dyn SyncTarget,
+    ) -> Result<(), SharedError> {
+        if !self.unrecorded.is_empty() {
+            self.record_promotions(conn).await?;
+        }
+        for (iface, end) in std::mem::take(&mut self.announce) {
+            let own = end.instance == self.instance;
+            state.end_rollout(&iface, &end, own);
+        }
+        Ok(())
+    }
+
+    /// Writes the promotions not yet recorded into the namespace's `promoted` hash.
+    async fn record_promotions(
+        &mut self,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<(), SharedError> {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(&self.keys.promoted);
+        for (iface, policy) in &self.unrecorded {
+            cmd.arg(iface).arg(policy);
+        }
+        let _: i64 = timed(cmd.query_async(conn)).await?;
+        self.unrecorded.clear();
+        Ok(())
     }
 
     /// A snapshot stands at (or past) the cursor: the count towards the next compaction
@@ -1340,7 +1443,10 @@ impl Syncer {
                 .filter(|e| e.outcome == RolloutOutcome::Promoted)
                 .and_then(|_| self.empty_rollouts.get(name));
             let mut fresh = promoted.unwrap_or(empty).clone_box();
-            if let Some(s) = states.get(name) {
+            // Adopted and not yet promoted in this snapshot: its live state is the old policy's,
+            // which the promotion further on in the stream replaces.
+            let old_live = self.adopted.contains(name) && promoted.is_none();
+            if let Some(s) = states.get(name).filter(|_| !old_live) {
                 fresh.merge_state(s).map_err(|e| SharedError::Mismatch {
                     namespace: self.cfg.namespace.clone(),
                     reason: format!("interface `{name}`: {e}"),
@@ -1351,6 +1457,7 @@ impl Syncer {
         self.shadows = load_sides(Side::Shadow, &self.empty_shadows, &states);
         self.rollouts = load_sides(Side::Rollout, &self.empty_rollouts, &states);
         self.announce = ends.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
+        self.unrecorded = promotions(&ends);
         self.ends = ends;
         self.cursor = id;
         self.snapshot_taken();
@@ -1426,6 +1533,7 @@ impl Syncer {
                 self.confirmed
                     .insert(iface.to_owned(), candidate.clone_box());
             }
+            self.unrecorded.push((iface.to_owned(), end.policy.clone()));
         }
         self.stale_live = true;
         self.announce.push((iface.to_owned(), end.clone()));
@@ -1660,6 +1768,14 @@ fn load_sides(
         .collect()
 }
 
+/// The promotions among `ends`: `(interface, promoted policy)`.
+fn promotions(ends: &BTreeMap<String, RolloutEnd>) -> Vec<(String, String)> {
+    ends.iter()
+        .filter(|(_, e)| e.outcome == RolloutOutcome::Promoted)
+        .map(|(k, e)| (k.clone(), e.policy.clone()))
+        .collect()
+}
+
 /// The client of `cfg`'s URL (the error never shows the URL: it may hold a password).
 fn client(cfg: &RedisStateConfig) -> Result<redis::Client, SharedError> {
     redis::Client::open(cfg.url.0.as_str())
@@ -1680,6 +1796,7 @@ pub async fn reset(cfg: &RedisStateConfig) -> Result<(), SharedError> {
             .arg(&keys.snapshot)
             .arg(&keys.meta)
             .arg(&keys.epoch)
+            .arg(&keys.promoted)
             .query_async(&mut conn),
     )
     .await?;

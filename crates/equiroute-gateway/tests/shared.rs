@@ -1513,6 +1513,86 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     assert!(format!("{err:?}").contains("promoted"), "{err:?}");
 }
 
+/// The error with which an instance of configuration `text` fails to start its syncer.
+async fn refused_at_start(text: &str, seed: u64) -> String {
+    let instance = app(text, seed);
+    Syncer::start(&redis_cfg(text), &instance)
+        .await
+        .unwrap_err()
+        .to_string()
+}
+
+/// The interface's policy in `config`.
+const LIVE_POLICY: &str = "policy = { name = \"lqm-ts\", lqm = { head = { window = 25 } } }";
+
+#[tokio::test]
+async fn after_a_promotion_instances_configured_with_the_promoted_policy_join_the_namespace() {
+    let Some(redis) = RedisServer::start("adopt") else {
+        return;
+    };
+    let text = with_canary(&compacting(&config(Some(&redis.url()), "adopt")));
+    // What the operator writes after the promotion: the candidate's policy, no rollout.
+    let plain = compacting(&config(Some(&redis.url()), "adopt"));
+    assert!(plain.contains(LIVE_POLICY));
+    let promoted = plain.replace(LIVE_POLICY, "policy = { name = \"lqm\" }");
+    let (a, b, mut sa, mut sb) = two_instances(&text).await;
+    // Canary traffic until a compaction: the snapshot then holds lqm-ts's live state and the
+    // candidate's, and no end.
+    let mut compactions = 0;
+    for (n, o) in workload(1200).into_iter().enumerate() {
+        route_to_candidate(&a, o);
+        if n % 100 == 99 {
+            compactions += usize::from(sa.sync_once(&a).await.unwrap().compacted);
+        }
+    }
+    assert!(compactions >= 1, "{compactions}");
+    feed(&b, &workload(30));
+    sb.sync_once(&b).await.unwrap();
+    // Before any promotion the promoted configuration is another configuration.
+    let err = refused_at_start(&promoted, 6).await;
+    assert!(err.contains("another configuration"), "{err}");
+    a.end_rollout_by_operator(&a.interfaces["chat"], true)
+        .unwrap();
+    assert!(!sa.sync_once(&a).await.unwrap().compacted);
+    // F joins from the snapshot taken before the promotion, which the stream then brings.
+    let f = app(&promoted, 7);
+    let mut sf = Syncer::start(&redis_cfg(&promoted), &f).await.unwrap();
+    assert!(sf.sync_once(&f).await.unwrap().loaded_snapshot);
+    assert_eq!(f.interfaces["chat"].policy_name(), "lqm");
+    assert_close(&live_state(&f), &live_state(&a), "F's live policy");
+    // Everyone's traffic then teaches the same policy: the old configuration with the
+    // rollout (A, B) and the new one (F).
+    feed(&f, &workload(60)[30..]);
+    feed(&b, &workload(90)[60..]);
+    for _ in 0..2 {
+        sf.sync_once(&f).await.unwrap();
+        sb.sync_once(&b).await.unwrap();
+        sa.sync_once(&a).await.unwrap();
+    }
+    assert_close(&live_state(&f), &live_state(&a), "F and A");
+    assert_close(&live_state(&b), &live_state(&a), "B and A");
+    // G joins after compactions that hold the promotion, and follows too.
+    let before = compactions;
+    for chunk in workload(2000).chunks(40) {
+        feed(&a, chunk);
+        compactions += usize::from(sa.sync_once(&a).await.unwrap().compacted);
+    }
+    assert!(compactions > before, "{compactions}");
+    let g = app(&promoted, 8);
+    let mut sg = Syncer::start(&redis_cfg(&promoted), &g).await.unwrap();
+    assert!(sg.sync_once(&g).await.unwrap().loaded_snapshot);
+    assert_close(&live_state(&g), &live_state(&a), "G's live policy");
+    // The old policy without the rollout still cannot follow, and says why.
+    let d = app(&plain, 9);
+    let mut sd = Syncer::start(&redis_cfg(&plain), &d).await.unwrap();
+    let err = sd.sync_once(&d).await.unwrap_err().to_string();
+    assert!(err.contains("has no rollout"), "{err}");
+    // Neither does a third policy.
+    let other = plain.replace(LIVE_POLICY, "policy = { name = \"linucb\" }");
+    let err = refused_at_start(&other, 10).await;
+    assert!(err.contains("another configuration"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_through_the_admin_route_reaches_every_gateway_and_one_started_later() {
     let Some(redis) = RedisServer::start("abort") else {
