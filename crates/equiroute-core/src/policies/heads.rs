@@ -110,6 +110,15 @@ impl HeadsState {
         contextual
     }
 
+    /// The near-ties of [`Self::tied`] while the gate is closed (empty while it is open).
+    pub(crate) fn tied_while_closed(&self, eligible: &[usize]) -> Vec<usize> {
+        if self.gate_closed() {
+            self.tied(eligible)
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The closed gate's near-ties ([`LinUcbConfig::gate_tie_z`]): the candidates in
     /// `eligible` whose mean-score interval reaches the lower end of the leader's (the one
     /// with the highest mean), the leader included; empty when that is the leader alone,

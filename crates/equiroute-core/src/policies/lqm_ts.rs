@@ -314,8 +314,15 @@ impl LqmTs {
                 .filter(open)
                 .max_by(|a, b| a.optimistic.total_cmp(&b.optimistic))
                 .map(|k| k.pos);
+            // With a budget, candidates whose quality the scores cannot yet tell from the
+            // leader's are in the group too: the budget, not the query's noise, decides.
+            let tied = if budget {
+                self.quality.heads.tied_while_closed(ctx.eligible)
+            } else {
+                Vec::new()
+            };
             for k in keyed.iter_mut().filter(|k| k.tier != Tier::Guarded) {
-                k.tier = if k.estimate >= bar {
+                k.tier = if k.estimate >= bar || tied.contains(&ctx.eligible[k.pos]) {
                     Tier::Top
                 } else if Some(k.pos) == leader {
                     Tier::Exploring
