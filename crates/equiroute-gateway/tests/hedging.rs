@@ -156,6 +156,21 @@ impl FirstByteRig {
     }
 }
 
+impl FirstByteRig {
+    /// Eight streams, two at a time, each answered in full; returns the streamed body.
+    async fn warm_up(&self) -> String {
+        let streamed = stream_body();
+        for _ in 0..4 {
+            let (x, y) = tokio::join!(
+                stream_timed(self.gw.addr, &streamed),
+                stream_timed(self.gw.addr, &streamed)
+            );
+            assert!(x.1.contains("data: [DONE]") && y.1.contains("data: [DONE]"));
+        }
+        streamed
+    }
+}
+
 impl Drop for FirstByteRig {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.audit);
@@ -437,14 +452,7 @@ async fn a_stream_hedges_on_its_first_byte_belief_and_an_unstreamed_request_on_i
     let (a, gw, audit) = (&rig.a, &rig.gw, &rig.audit);
     // Warm-up: 8 streams from `a`, two at a time (its first bytes: about 30 ms; its
     // answers: about 1 s, which is what the whole-answer belief learns).
-    let streamed = stream_body();
-    for _ in 0..4 {
-        let (x, y) = tokio::join!(
-            stream_timed(gw.addr, &streamed),
-            stream_timed(gw.addr, &streamed)
-        );
-        assert!(x.1.contains("data: [DONE]") && y.1.contains("data: [DONE]"));
-    }
+    let streamed = rig.warm_up().await;
     assert_eq!(calls(a.addr, "a").await, 8);
     let before = hedges(&http(gw.addr, "GET", "/metrics", &[], "").await.body);
 
@@ -471,6 +479,32 @@ async fn a_stream_hedges_on_its_first_byte_belief_and_an_unstreamed_request_on_i
     assert_eq!(reply.status, 200, "{}", reply.body);
     let id = reply.header("x-equiroute-request-id").unwrap().to_owned();
     let record = audit_record(audit, &id).await;
+    assert_eq!(record["order"][0], "a", "{record}");
+    if let Some(started) = hedge_start(&record) {
+        assert!(started >= 600.0, "the hedge started {started} ms in");
+    }
+}
+
+#[tokio::test]
+async fn with_plan_hedges_off_a_stream_hedges_on_its_answer_belief() {
+    // The rig above with `first_byte = { plan_hedges = false }`: after the same warm-up, a
+    // stream whose first byte stalls hedges no earlier than the whole-answer belief says
+    // (about 1 s), not at the first byte's tens of ms; the learnt first-byte limit (1.5 s
+    // stalls are cut at its floor) still applies.
+    let rig = FirstByteRig::new(
+        "first-byte-off",
+        200,
+        8,
+        "first_byte = { plan_hedges = false }\n",
+    )
+    .await;
+    let (gw, audit) = (&rig.gw, &rig.audit);
+    let streamed = rig.warm_up().await;
+    let (first_byte, text) = stream_timed(gw.addr, &streamed).await;
+    assert!(text.contains("data: [DONE]"), "{text}");
+    // With the first-byte plan, `b`'s first byte arrives within 600 ms (the test above).
+    assert!(first_byte >= Duration::from_millis(600), "{first_byte:?}");
+    let record = audit_record(audit, &request_id(&text)).await;
     assert_eq!(record["order"][0], "a", "{record}");
     if let Some(started) = hedge_start(&record) {
         assert!(started >= 600.0, "the hedge started {started} ms in");

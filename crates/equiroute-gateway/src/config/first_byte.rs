@@ -16,6 +16,9 @@ pub struct FirstByteLimit {
     pub floor_ms: f64,
     /// First bytes seen before the limit is derived.
     pub min_observations: u64,
+    /// Plan a streamed request's hedge delay on the first-byte belief (false: on the
+    /// whole-answer latency beliefs, as an unstreamed request's; the limit is unchanged).
+    pub plan_hedges: bool,
 }
 
 impl Default for FirstByteLimit {
@@ -26,6 +29,7 @@ impl Default for FirstByteLimit {
             factor: 3.0,
             floor_ms: 1000.0,
             min_observations: 5,
+            plan_hedges: true,
         }
     }
 }

@@ -21,7 +21,8 @@ use tracing::Instrument;
 /// The hedge delay of a request just ranked, and the part of the rule that set it, when the
 /// interface hedges. A `streamed` request
 /// (on an interface whose streams hedge) races to the first byte, so it is planned on
-/// first-byte beliefs once the first candidate has one ([`first_byte_outlooks`]).
+/// first-byte beliefs once the first candidate has one ([`first_byte_outlooks`]), unless
+/// `first_byte.plan_hedges` is off.
 pub(super) fn delay(
     iface: &InterfaceRuntime,
     policy: &dyn Policy,
@@ -47,7 +48,7 @@ pub(super) fn delay(
     let (a, b) = (order.next()?, order.next());
     let mut first = policy.latency_outlook(a, ctx);
     let mut target = b.and_then(|j| policy.latency_outlook(j, ctx));
-    if streamed {
+    if streamed && iface.first_byte.plan_hedges {
         (first, target) = first_byte_outlooks(iface, ctx.now, (a, b), (first, target));
     }
     hedge_plan(
