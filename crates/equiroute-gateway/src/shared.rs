@@ -842,8 +842,9 @@ pub trait SyncTarget: Send + Sync {
 impl Syncer {
     /// The syncer of `state`, whose policies must still be empty (just built). Connects and
     /// checks that the namespace holds state of the same configuration (or of one whose
-    /// promoted rollouts this configuration has made live, [`Self::follows_promotions`]); an unreachable Redis
-    /// is not an error here (the instance starts on local state and syncs when it can).
+    /// promoted rollouts this configuration has made live, [`Self::follows_promotions`]); an
+    /// unreachable Redis is not an error here (the instance starts on local state and syncs
+    /// when it can).
     ///
     /// # Errors
     /// The URL is invalid, or the namespace belongs to another configuration.
@@ -1061,9 +1062,9 @@ impl Syncer {
             return false;
         }
         for name in adopted {
-            if let Some(empty) = self.empty.get(&name) {
-                self.empty_rollouts.insert(name.clone(), empty.clone_box());
+            if let Some(empty) = self.empty.get(&name).map(|p| p.clone_box()) {
                 self.rollouts.insert(name.clone(), empty.clone_box());
+                self.empty_rollouts.insert(name.clone(), empty);
             }
             tracing::info!(
                 namespace = %self.cfg.namespace,
