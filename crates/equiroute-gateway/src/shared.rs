@@ -702,8 +702,9 @@ pub struct Syncer {
     /// no rollout: the promoted candidate's confirmed copy is kept for them as if they ran
     /// its rollout, so they follow the stream like the instances that did.
     adopted: BTreeSet<String>,
-    /// Promotions to write into the namespace's `promoted` hash at the next sync.
-    unrecorded: Vec<(String, String)>,
+    /// The promotions among `ends` are to be written into the namespace's `promoted` hash
+    /// at the next sync.
+    promotions_unrecorded: bool,
     /// The first end of each interface's rollout in the stream's order (confirmed state).
     ends: BTreeMap<String, RolloutEnd>,
     /// Ends confirmed since the last sync, for the gateway to apply.
@@ -904,7 +905,7 @@ impl Syncer {
             empty_rollouts,
             rollouts,
             adopted: BTreeSet::new(),
-            unrecorded: Vec::new(),
+            promotions_unrecorded: false,
             ends: BTreeMap::new(),
             announce: Vec::new(),
             cursor: StreamId::default(),
@@ -1122,7 +1123,7 @@ impl Syncer {
             }
             2 => {
                 // The confirmed state is the snapshot now; the new stream's entries follow.
-                self.unrecorded = promotions(&self.ends);
+                self.promotions_unrecorded = true;
                 self.cursor = RESEED_ID;
                 self.snapshot_taken();
                 self.stale_live = true;
@@ -1268,35 +1269,32 @@ impl Syncer {
     }
 
     /// Hands the rollouts' ends confirmed since the last sync to the gateway, after writing
-    /// their promotions into the namespace's hash (the same value from every instance: the
-    /// first end in the stream holds).
+    /// the promotions among the ends into the namespace's hash (the same values from every
+    /// instance: the first end in the stream holds).
     async fn apply_ends(
         &mut self,
         conn: &mut MultiplexedConnection,
         state: &dyn SyncTarget,
     ) -> Result<(), SharedError> {
-        if !self.unrecorded.is_empty() {
-            self.record_promotions(conn).await?;
+        if self.promotions_unrecorded {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(&self.keys.promoted);
+            let mut any = false;
+            for (iface, end) in &self.ends {
+                if end.outcome == RolloutOutcome::Promoted {
+                    cmd.arg(iface).arg(&end.policy);
+                    any = true;
+                }
+            }
+            if any {
+                let _: i64 = timed(cmd.query_async(conn)).await?;
+            }
+            self.promotions_unrecorded = false;
         }
         for (iface, end) in std::mem::take(&mut self.announce) {
             let own = end.instance == self.instance;
             state.end_rollout(&iface, &end, own);
         }
-        Ok(())
-    }
-
-    /// Writes the promotions not yet recorded into the namespace's `promoted` hash.
-    async fn record_promotions(
-        &mut self,
-        conn: &mut MultiplexedConnection,
-    ) -> Result<(), SharedError> {
-        let mut cmd = redis::cmd("HSET");
-        cmd.arg(&self.keys.promoted);
-        for (iface, policy) in &self.unrecorded {
-            cmd.arg(iface).arg(policy);
-        }
-        let _: i64 = timed(cmd.query_async(conn)).await?;
-        self.unrecorded.clear();
         Ok(())
     }
 
@@ -1458,7 +1456,7 @@ impl Syncer {
         self.shadows = load_sides(Side::Shadow, &self.empty_shadows, &states);
         self.rollouts = load_sides(Side::Rollout, &self.empty_rollouts, &states);
         self.announce = ends.iter().map(|(k, e)| (k.clone(), e.clone())).collect();
-        self.unrecorded = promotions(&ends);
+        self.promotions_unrecorded = true;
         self.ends = ends;
         self.cursor = id;
         self.snapshot_taken();
@@ -1534,7 +1532,7 @@ impl Syncer {
                 self.confirmed
                     .insert(iface.to_owned(), candidate.clone_box());
             }
-            self.unrecorded.push((iface.to_owned(), end.policy.clone()));
+            self.promotions_unrecorded = true;
         }
         self.stale_live = true;
         self.announce.push((iface.to_owned(), end.clone()));
@@ -1766,14 +1764,6 @@ fn load_sides(
             }
             (name.clone(), fresh)
         })
-        .collect()
-}
-
-/// The promotions among `ends`: `(interface, promoted policy)`.
-fn promotions(ends: &BTreeMap<String, RolloutEnd>) -> Vec<(String, String)> {
-    ends.iter()
-        .filter(|(_, e)| e.outcome == RolloutOutcome::Promoted)
-        .map(|(k, e)| (k.clone(), e.policy.clone()))
         .collect()
 }
 

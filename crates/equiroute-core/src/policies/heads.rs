@@ -332,8 +332,9 @@ const EXIT_SD_FLOOR: f64 = 0.1;
 
 /// Moves candidates with fewer than `warmup` quality scores to the front (fewest scores
 /// first, or fewest attempts with [`WarmupOrder::Attempts`]; otherwise in ranked order):
-/// every candidate is tried a few times before the estimates decide. Without it, an unexplored head's `û = 0` looks dominated next to providers whose
-/// quality is high, and the dominance shrink stops LQM from ever trying it. A candidate held
+/// every candidate is tried a few times before the estimates decide. Without it, an
+/// unexplored head's `û = 0` looks dominated next to providers whose quality is high, and
+/// the dominance shrink stops LQM from ever trying it. A candidate held
 /// back by a guardrail is never forced, nor one already tried `10 × warmup` times without
 /// yielding that many scores (it keeps failing or its feedback never comes), nor, with
 /// `warmup_exit_z > 0`, one whose scores are clearly below another's (see
