@@ -23,6 +23,8 @@ pub enum ExclusionReason {
     TenantNotAllowed {
         tenant: String,
     },
+    /// The candidate serves only the tenants on its allow-list, and the request has none.
+    TenantRequired,
     LabelMismatch {
         key: String,
         wanted: String,
@@ -63,6 +65,12 @@ impl fmt::Display for ExclusionReason {
             }
             ExclusionReason::TenantNotAllowed { tenant } => {
                 write!(f, "tenant `{tenant}` is not on its allow-list")
+            }
+            ExclusionReason::TenantRequired => {
+                write!(
+                    f,
+                    "serves only the tenants on its allow-list and the request has none"
+                )
             }
             ExclusionReason::LabelMismatch { key, wanted, found } => write!(
                 f,
@@ -122,6 +130,8 @@ pub struct QualitySummary {
 pub struct EligibilityInput<'a> {
     pub candidates: &'a [Candidate],
     pub requirements: &'a Requirements,
+    /// The request's tenant. `None` is no tenant, not any: candidates with a `tenants`
+    /// allow-list are then excluded ([`ExclusionReason::TenantRequired`]).
     pub tenant: Option<&'a str>,
     /// Labels the candidate must carry with these values (e.g. `region = eu`).
     pub required_labels: &'a [(String, String)],
@@ -230,11 +240,17 @@ fn exclusion(input: &EligibilityInput<'_>, i: usize, c: &Candidate) -> Option<Ex
             available: caps.context_tokens,
         });
     }
-    if let (Some(tenant), Some(allowed)) = (input.tenant, &c.tenants) {
-        if !allowed.iter().any(|t| t == tenant) {
-            return Some(ExclusionReason::TenantNotAllowed {
-                tenant: tenant.to_owned(),
-            });
+    // A candidate restricted to tenants never serves a request without one: a missing
+    // tenant is not a wildcard.
+    if let Some(allowed) = &c.tenants {
+        match input.tenant {
+            None => return Some(ExclusionReason::TenantRequired),
+            Some(tenant) if !allowed.iter().any(|t| t == tenant) => {
+                return Some(ExclusionReason::TenantNotAllowed {
+                    tenant: tenant.to_owned(),
+                });
+            }
+            Some(_) => {}
         }
     }
     for (key, wanted) in input.required_labels {

@@ -85,6 +85,27 @@ fn each_filter_excludes_with_its_reason() {
 }
 
 #[test]
+fn a_request_without_a_tenant_is_not_served_by_a_tenant_restricted_candidate() {
+    let cands = pool();
+    let req = Requirements::default();
+    let mut input = EligibilityInput::new(&cands, &req);
+    let out = check_eligibility(&input);
+    assert_eq!(out.eligible, vec![0, 1, 2, 4, 5], "c3 serves only acme");
+    assert_eq!(out.excluded.len(), 1);
+    assert_eq!(out.excluded[0].candidate, 3);
+    assert!(matches!(
+        out.excluded[0].reason,
+        ExclusionReason::TenantRequired
+    ));
+    assert_eq!(
+        out.excluded[0].reason.to_string(),
+        "serves only the tenants on its allow-list and the request has none"
+    );
+    input.tenant = Some("acme");
+    assert_eq!(check_eligibility(&input).eligible, vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[test]
 fn breakers_spend_caps_quality_gates_and_pins_exclude() {
     let mut cands = pool();
     cands[0].spend_cap = Some(Usd(5.0));
@@ -108,6 +129,8 @@ fn breakers_spend_caps_quality_gates_and_pins_exclude() {
         QualitySummary::default(),
     ];
     let mut input = EligibilityInput::new(&cands, &req);
+    // c3 serves only `acme`.
+    input.tenant = Some("acme");
     input.breakers = Some((&breakers, &cfg));
     input.spent = Some(&spent);
     input.quality = Some((

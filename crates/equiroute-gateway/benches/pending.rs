@@ -1,5 +1,5 @@
 //! The pending-feedback store on the request path: every answered request leaves its context
-//! (interface, candidate, features, latency) until its quality score arrives, in a store of
+//! (interface, candidate, features, latency, the label of the key that made it) until its quality score arrives, in a store of
 //! `server.max_pending_feedback` entries (32,768 by default) that evicts the oldest when full.
 //! This times `AppState::remember`'s insert one call at a time with the store full (the steady
 //! state of a busy gateway), d = 64 features, ids as the gateway makes them, and prints the
@@ -18,11 +18,10 @@ const CAP: usize = 32_768;
 const D: usize = 64;
 const CALLS: usize = 200_000;
 
-fn id(n: u64) -> String {
-    format!(
-        "req-{:016x}",
-        7u64.wrapping_add(n).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ n
-    )
+/// An id of the gateway's form: `req-` and 128 random bits in 32 hex digits (drawn here from
+/// a seeded generator, so that runs are alike).
+fn id(rng: &mut rand_chacha::ChaCha8Rng) -> String {
+    format!("req-{:032x}", rand::Rng::random::<u128>(rng))
 }
 
 fn main() {
@@ -37,17 +36,23 @@ fn main() {
             features: Features::F64(&features),
             latency: Millis(1.0),
             at: Timestamp(n as f64),
+            owner: Some(if n.is_multiple_of(2) {
+                "TEAM_A"
+            } else {
+                "TEAM_B"
+            }),
         };
         store.remember(id, ctx);
         n += 1;
     };
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(7);
     // Fill it, then go round it twice so every slot has been evicted and reused.
-    for k in 0..3 * CAP {
-        insert(&mut store, &id(k as u64));
+    for _ in 0..3 * CAP {
+        insert(&mut store, &id(&mut rng));
     }
     let mut ns: Vec<f64> = Vec::with_capacity(CALLS);
-    for k in 0..CALLS {
-        let next = id((3 * CAP + k) as u64);
+    for _ in 0..CALLS {
+        let next = id(&mut rng);
         let started = Instant::now();
         insert(&mut store, &next);
         ns.push(started.elapsed().as_secs_f64() * 1e9);

@@ -2,9 +2,15 @@
 //!
 //! Every answered request leaves one here, on the request path, so the store is built to take
 //! it without allocating once warm: a ring of `cap` slots reused oldest first (each keeps its
-//! feature buffer), ids of the gateway's own form (`req-` and 16 hex digits) kept as the
-//! number they spell, interfaces as an index into a short list of names. Before, each insert
-//! made four allocations and each eviction freed four, often made by another event loop.
+//! feature buffer), ids of the gateway's own form (`req-` and 32 hex digits, 128 random bits)
+//! kept as the number they spell, indexed by its two halves folded into 64 bits; interfaces
+//! and owners (the labels of the keys that made the requests) as indexes into short lists of
+//! names. Before, each insert made four allocations and each eviction freed four, often made
+//! by another event loop.
+//!
+//! Each context is bound to its owner: [`PendingFeedback::owner`] travels with it in snapshots
+//! and the shared journal, and the feedback route checks it (`server::auth::Caller::may_score`).
+//! Contexts saved before owners existed load unbound (`None`).
 
 use equiroute_core::features::Fnv64;
 use equiroute_core::hash::KeyHasher;
@@ -24,6 +30,10 @@ pub struct PendingFeedback {
     pub latency: Millis,
     pub at: Timestamp,
     pub consumed: bool,
+    /// The label of the key that made the request; `None`: unbound (made without a key, or
+    /// saved before requests were bound to their keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl PendingFeedback {
@@ -43,6 +53,8 @@ pub struct PendingContext<'a> {
     pub features: Features<'a>,
     pub latency: Millis,
     pub at: Timestamp,
+    /// The label of the key that made the request, if a key did.
+    pub owner: Option<&'a str>,
 }
 
 impl PendingContext<'_> {
@@ -60,6 +72,7 @@ impl PendingContext<'_> {
             latency: self.latency,
             at: self.at,
             consumed: false,
+            owner: self.owner.map(str::to_owned),
         }
     }
 }
@@ -83,17 +96,35 @@ impl Features<'_> {
     }
 }
 
-/// An id as the store keys it: the number of a gateway-made id (`req-` and 16 lowercase hex
-/// digits), else a hash of the text, which the slot then keeps to tell collisions apart.
-fn key_of(id: &str) -> (u64, bool) {
+/// The digits of a gateway-made id after `req-`.
+const OWN_DIGITS: usize = 32;
+
+/// An id as a slot holds it: the number of a gateway-made id, else the text.
+#[derive(Debug)]
+enum SlotId {
+    Own(u128),
+    Foreign(Box<str>),
+}
+
+impl Default for SlotId {
+    fn default() -> Self {
+        SlotId::Own(0)
+    }
+}
+
+/// An id as the store looks it up: its index key, and the number of a gateway-made id
+/// (`req-` and 32 lowercase hex digits), else `None` (the slot then keeps the text to tell
+/// ids with the same key apart).
+fn key_of(id: &str) -> (u64, Option<u128>) {
     if let Some(hex) = id.strip_prefix("req-") {
-        if hex.len() == 16
+        if hex.len() == OWN_DIGITS
             && hex
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         {
-            if let Ok(n) = u64::from_str_radix(hex, 16) {
-                return (n, true);
+            if let Ok(n) = u128::from_str_radix(hex, 16) {
+                // Random bits: folding the halves keeps them well spread.
+                return ((n as u64) ^ ((n >> 64) as u64), Some(n));
             }
         }
     }
@@ -101,17 +132,27 @@ fn key_of(id: &str) -> (u64, bool) {
     // clients (they come from this or another instance of the gateway).
     let mut h = Fnv64::new();
     h.write(id.as_bytes());
-    (h.finish(), false)
+    (h.finish(), None)
 }
+
+/// The most distinct owners a store names; the contexts of further owners are kept bound to
+/// an owner no caller has ([`NO_ONE`]). Owners are the labels of configured keys, so only a
+/// journal from instances configured otherwise could come near it.
+const MAX_OWNERS: usize = 4096;
+/// The owner index of an unbound context.
+const UNBOUND: u16 = 0;
+/// The owner index of a context whose owner did not fit in the list: no key's label.
+const NO_ONE: u16 = u16::MAX;
 
 type Index = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
 #[derive(Debug, Default)]
 struct Slot {
     key: u64,
-    /// The id as given, when it is not of the gateway's own form.
-    foreign_id: Option<Box<str>>,
+    id: SlotId,
     interface: u16,
+    /// [`UNBOUND`], [`NO_ONE`], or 1 + an index into the store's owners.
+    owner: u16,
     candidate: usize,
     features: Vec<f32>,
     latency: Millis,
@@ -121,18 +162,18 @@ struct Slot {
 
 impl Slot {
     fn id(&self) -> String {
-        match &self.foreign_id {
-            Some(id) => id.to_string(),
-            None => format!("req-{:016x}", self.key),
+        match &self.id {
+            SlotId::Own(n) => format!("req-{n:032x}"),
+            SlotId::Foreign(id) => id.to_string(),
         }
     }
 
-    /// Whether this slot holds `id`, given that `id` has this slot's key and is (`own`) or
-    /// is not of the gateway's form.
-    fn is(&self, id: &str, own: bool) -> bool {
-        match &self.foreign_id {
-            Some(f) => **f == *id,
-            None => own,
+    /// Whether this slot holds `id`, whose number (for a gateway-made id) is `own`.
+    fn is(&self, id: &str, own: Option<u128>) -> bool {
+        match (&self.id, own) {
+            (SlotId::Own(n), Some(m)) => *n == m,
+            (SlotId::Foreign(f), None) => **f == *id,
+            _ => false,
         }
     }
 }
@@ -148,6 +189,7 @@ pub struct PendingStore {
     len: usize,
     cap: usize,
     interfaces: Vec<Box<str>>,
+    owners: Vec<Box<str>>,
     evicted: u64,
 }
 
@@ -167,6 +209,7 @@ impl PendingStore {
             len: 0,
             cap,
             interfaces: Vec::new(),
+            owners: Vec::new(),
             evicted: 0,
         }
     }
@@ -179,6 +222,7 @@ impl PendingStore {
             features: Features::F32(&entry.features),
             latency: entry.latency,
             at: entry.at,
+            owner: entry.owner.as_deref(),
         };
         self.put(id, ctx, entry.consumed);
     }
@@ -200,14 +244,19 @@ impl PendingStore {
             self.evicted += 1;
         }
         let interface = self.interface_index(ctx.interface);
+        let owner = self.owner_index(ctx.owner);
         let at = (self.head + self.len) % self.cap;
         if at == self.slots.len() {
             self.slots.push(Slot::default());
         }
         let slot = &mut self.slots[at];
         slot.key = key;
-        slot.foreign_id = if own { None } else { Some(id.into()) };
+        slot.id = match own {
+            Some(n) => SlotId::Own(n),
+            None => SlotId::Foreign(id.into()),
+        };
         slot.interface = interface;
+        slot.owner = owner;
         slot.candidate = ctx.candidate;
         ctx.features.copy_into(&mut slot.features);
         slot.latency = ctx.latency;
@@ -228,13 +277,38 @@ impl PendingStore {
         u16::try_from(self.interfaces.len() - 1).unwrap_or(u16::MAX)
     }
 
+    /// The owner index of `owner` (allocates only for an owner not seen before).
+    fn owner_index(&mut self, owner: Option<&str>) -> u16 {
+        let Some(name) = owner else {
+            return UNBOUND;
+        };
+        if let Some(i) = self.owners.iter().position(|n| &**n == name) {
+            return (i + 1) as u16;
+        }
+        if self.owners.len() >= MAX_OWNERS {
+            return NO_ONE;
+        }
+        self.owners.push(name.into());
+        self.owners.len() as u16
+    }
+
+    /// The owner of a slot, as [`PendingFeedback::owner`] has it.
+    fn owner_of(&self, slot: &Slot) -> Option<String> {
+        match slot.owner {
+            UNBOUND => None,
+            // Not a label any key can have (labels are letters, digits, `_`, `-`, `.`).
+            NO_ONE => Some("(unknown owner)".to_owned()),
+            i => self.owners.get(usize::from(i) - 1).map(ToString::to_string),
+        }
+    }
+
     fn find(&self, id: &str) -> Option<usize> {
         let (key, own) = key_of(id);
         self.find_key(id, key, own)
     }
 
-    /// The slot of `id`, whose key (and form) `key_of` gave.
-    fn find_key(&self, id: &str, key: u64, own: bool) -> Option<usize> {
+    /// The slot of `id`, whose key (and number) `key_of` gave.
+    fn find_key(&self, id: &str, key: u64, own: Option<u128>) -> Option<usize> {
         let at = *self.index.get(&key)? as usize;
         self.slots[at].is(id, own).then_some(at)
     }
@@ -261,6 +335,7 @@ impl PendingStore {
             latency: s.latency,
             at: s.at,
             consumed: s.consumed,
+            owner: self.owner_of(s),
         }
     }
 
@@ -331,6 +406,7 @@ mod tests {
             latency: Millis(1.0),
             at: Timestamp(at),
             consumed: false,
+            owner: None,
         }
     }
 
@@ -358,7 +434,12 @@ mod tests {
     #[test]
     fn gateway_ids_round_trip_and_slots_are_reused_with_their_contexts() {
         let mut p = PendingStore::new(2);
-        let id = |n: u64| format!("req-{:016x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let id = |n: u64| {
+            format!(
+                "req-{:032x}",
+                u128::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
+            )
+        };
         for n in 0..7u32 {
             let features = [f64::from(n), 0.5];
             assert!(p.remember(
@@ -369,6 +450,7 @@ mod tests {
                     features: Features::F64(&features),
                     latency: Millis(f64::from(n)),
                     at: Timestamp(f64::from(n)),
+                    owner: (n % 3 != 0).then_some(if n % 3 == 1 { "TEAM_A" } else { "TEAM_B" }),
                 }
             ));
         }
@@ -380,11 +462,34 @@ mod tests {
         assert_eq!(kept[1].1.interface, "chat");
         assert_eq!(kept[1].1.features, vec![6.0, 0.5]);
         assert_eq!(kept[1].1.candidate, 6);
+        // 5 % 3 = 2, 6 % 3 = 0: each context keeps its owner, or none.
+        assert_eq!(kept[0].1.owner.as_deref(), Some("TEAM_B"));
+        assert_eq!(kept[1].1.owner, None);
         // Upper-case hex is not the gateway's form: a different id, not found.
         assert!(p.get(&id(6).to_uppercase().replace("REQ", "req")).is_none());
         assert!(p.consume(&id(6)) && !p.consume(&id(4)));
         assert!(p.get(&id(6)).is_some_and(|e| e.consumed));
         assert!(p.get(&id(5)).is_some_and(|e| !e.consumed));
+    }
+
+    #[test]
+    fn ids_of_the_old_form_and_near_misses_are_kept_apart_from_gateway_ids() {
+        let mut p = PendingStore::new(8);
+        let own = "req-0123456789abcdeffedcba9876543210";
+        // The 16-digit form of earlier releases (from an old snapshot) is kept by its text.
+        let old = "req-0123456789abcdef";
+        // The halves swapped: the same folded index key, another id.
+        let other = "req-fedcba98765432100123456789abcdef";
+        assert_eq!(key_of(own).0, key_of(other).0);
+        let mut owned = ctx(1.0);
+        owned.owner = Some("TEAM_A".into());
+        p.insert(own, &owned);
+        p.insert(old, &ctx(2.0));
+        assert!(p.get(other).is_none());
+        assert_eq!(p.get(own).and_then(|e| e.owner).as_deref(), Some("TEAM_A"));
+        assert!(p.get(old).is_some_and(|e| e.owner.is_none()));
+        let ids: Vec<String> = p.iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, [own, old]);
     }
 
     #[test]

@@ -490,6 +490,7 @@ async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instance
             features: equiroute_gateway::server::state::Features::F32(&[0.5; 16]),
             latency: Millis(12.0),
             at: a.now(),
+            owner: None,
         },
     );
     sa.sync_once(&a).await.unwrap();
@@ -827,6 +828,7 @@ fn answered(app: &AppState, id: &str, candidate: usize) {
             features: equiroute_gateway::server::state::Features::F32(&[0.25; 16]),
             latency: Millis(10.0),
             at: app.now(),
+            owner: None,
         },
     );
 }
@@ -1684,4 +1686,89 @@ async fn when_two_instances_end_a_canary_differently_the_first_end_in_the_stream
         arms_metric(&a, promoted).abs() < 1e-12,
         "A ignored B's later promotion"
     );
+}
+
+/// Posts a score with `key` to the gateway at `addr`.
+async fn score_with(addr: std::net::SocketAddr, key: &str, id: &str) -> common::Reply {
+    let auth = format!("Bearer {key}");
+    let body = serde_json::json!({"request_id": id, "quality": 0.0}).to_string();
+    common::http(
+        addr,
+        "POST",
+        "/v1/feedback",
+        &[("authorization", &auth)],
+        &body,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_stays_bound_to_its_key_on_every_instance_sharing_redis() {
+    let Some(redis) = RedisServer::start("bound") else {
+        return;
+    };
+    let text = format!(
+        "[server]\napi_keys_env = [\"KEY_A\", \"KEY_B\"]\n{}",
+        config(Some(&redis.url()), "bound")
+    );
+    let env = [("KEY_A", "sk-a"), ("KEY_B", "sk-b")];
+    let (ga, gb) = (
+        common::start(&text, &env).await,
+        common::start(&text, &env).await,
+    );
+    let ask = || async {
+        let body =
+            serde_json::json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]});
+        let r = common::http(
+            ga.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", "Bearer sk-a")],
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.header("x-equiroute-request-id").unwrap().to_owned()
+    };
+    // Two of A's requests on gateway A; once A's second score is accepted on gateway B, B
+    // holds both contexts (the journal is read in order).
+    let (first, second) = (ask().await, ask().await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = score_with(gb.addr, "sk-a", &second).await;
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never learnt A's request: {}",
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Key B, on either instance: the answer of an id that was never issued.
+    let never = "req-0123456789abcdef0123456789abcdef";
+    for addr in [gb.addr, ga.addr] {
+        let foreign = score_with(addr, "sk-b", &first).await;
+        let unknown = score_with(addr, "sk-b", never).await;
+        assert_eq!(
+            foreign.status, 404,
+            "B scored A's request: {}",
+            foreign.body
+        );
+        assert_eq!(
+            foreign.body.replace(&first, "<id>"),
+            unknown.body.replace(never, "<id>")
+        );
+    }
+    // Key A scores it on B, once across both.
+    let r = score_with(gb.addr, "sk-a", &first).await;
+    assert_eq!(
+        (r.status, r.json()["status"].clone()),
+        (200, "accepted".into()),
+        "{}",
+        r.body
+    );
+    let r = score_with(ga.addr, "sk-a", &first).await;
+    assert_eq!(r.json()["status"], "duplicate", "{}", r.body);
 }

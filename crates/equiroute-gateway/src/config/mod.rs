@@ -14,10 +14,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod first_byte;
+mod keys;
 mod rollout;
 mod state;
 mod telemetry;
 
+pub use keys::{valid_tenant, FeedbackRate, KeyConfig, KeyGrant, KeyRole, TENANT_FIX};
 pub use rollout::{GuardConfig, RolloutConfig};
 
 /// Defaults of `kind = "anthropic"` providers (here, below the upstreams that use them).
@@ -279,6 +281,13 @@ struct RawServer {
     /// Names of environment variables holding the keys of the state routes.
     #[serde(default)]
     admin_keys_env: Vec<String>,
+    /// Keys with a tenant, task classes and a role (`[[server.keys]]`).
+    #[serde(default)]
+    keys: Vec<keys::RawKey>,
+    /// Most feedback scores one key may post per second (a token bucket); none: no cap.
+    feedback_rate_per_key: Option<f64>,
+    /// Scores one key may post at once after a quiet spell; default twice the rate.
+    feedback_burst_per_key: Option<f64>,
     /// How long a request's context waits for quality feedback, in seconds.
     feedback_ttl_s: Option<f64>,
     /// Most contexts kept for feedback at once.
@@ -671,10 +680,12 @@ pub enum LogFormat {
 pub struct GatewayConfig {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
-    /// Accepted bearer keys (values read from the environment; never printed).
-    pub api_keys: Vec<Secret>,
-    /// Keys of the state routes; empty: the gateway keys.
-    pub admin_keys: Vec<Secret>,
+    /// Accepted bearer keys with what each may do (values read from the environment; never
+    /// printed): client and judge keys open the traffic routes, admin keys the state routes
+    /// (with no admin key, the others do).
+    pub keys: Vec<KeyConfig>,
+    /// The cap on each key's feedback; none: no cap.
+    pub feedback_rate: Option<FeedbackRate>,
     pub feedback_ttl: Millis,
     /// Most answered-request contexts kept for feedback (oldest evicted first).
     pub max_pending_feedback: usize,
@@ -861,7 +872,7 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let raw: RawConfig =
+    let mut raw: RawConfig =
         equiroute_lab::toml_text::parse(text).map_err(|p| vec![err(&p.field, p.fix)])?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
@@ -872,21 +883,20 @@ pub fn load_all(
             format!("`{listen_text}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
         ));
     }
-    let mut keys = |names: &[String], field: &str| -> Vec<Secret> {
-        let mut out = Vec::new();
-        for (n, name) in names.iter().enumerate() {
-            match env(name) {
-                Some(v) if !v.is_empty() => out.push(Secret(v)),
-                _ => problems.push(err(
-                    &format!("server.{field}[{n}]"),
-                    format!("environment variable `{name}` is not set: export it, or remove it from the list"),
-                )),
-            }
-        }
-        out
-    };
-    let api_keys = keys(&raw.server.api_keys_env, "api_keys_env");
-    let admin_keys = keys(&raw.server.admin_keys_env, "admin_keys_env");
+    let (keys, feedback_rate) = keys::validate(
+        keys::RawKeys {
+            api_keys_env: &raw.server.api_keys_env,
+            admin_keys_env: &raw.server.admin_keys_env,
+            keys: std::mem::take(&mut raw.server.keys),
+            feedback_rate_per_key: raw.server.feedback_rate_per_key,
+            feedback_burst_per_key: raw.server.feedback_burst_per_key,
+        },
+        env,
+    )
+    .unwrap_or_else(|ps| {
+        problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
+        (Vec::new(), None)
+    });
     let ttl = raw.server.feedback_ttl_s.unwrap_or(3600.0);
     if !(ttl.is_finite() && ttl > 0.0) {
         problems.push(err(
@@ -933,8 +943,8 @@ pub fn load_all(
         Some(listen) if problems.is_empty() => Ok(GatewayConfig {
             listen,
             max_body_bytes: raw.server.max_body_bytes.unwrap_or(1 << 20),
-            api_keys,
-            admin_keys,
+            keys,
+            feedback_rate,
             feedback_ttl: Millis(ttl * 1000.0),
             max_pending_feedback,
             worker_threads,
@@ -1283,6 +1293,21 @@ fn load_provider(
     candidate.tier = p.tier;
     candidate.price = p.price;
     candidate.capabilities = p.capabilities.over(&p.kind.default_capabilities());
+    if let Some((j, t)) = p
+        .tenants
+        .iter()
+        .flatten()
+        .enumerate()
+        .find(|(_, t)| !keys::valid_tenant(t))
+    {
+        return Err((
+            "tenants",
+            format!(
+                "`{t}` (entry {j}) is not a tenant name: {}",
+                keys::TENANT_FIX
+            ),
+        ));
+    }
     candidate.tenants = p.tenants;
     Ok(ProviderConfig {
         candidate,
@@ -1890,7 +1915,13 @@ mod tests {
         let text = "[server]\napi_keys_env = [\"GW_KEY\"]\n[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
         let env = |name: &str| (name == "GW_KEY").then(|| "s3cret-value".to_owned());
         let cfg = load(text, "x.toml", &env).unwrap();
-        assert_eq!(cfg.api_keys, vec![Secret("s3cret-value".to_owned())]);
+        assert_eq!(cfg.keys.len(), 1);
+        assert_eq!(cfg.keys[0].secret, Secret("s3cret-value".to_owned()));
+        assert_eq!(
+            cfg.keys[0].grant.label, "GW_KEY",
+            "labelled by the variable's name"
+        );
+        assert_eq!(cfg.keys[0].grant.role, KeyRole::Client);
         assert!(
             !format!("{cfg:?}").contains("s3cret"),
             "Debug redacts secrets"

@@ -117,7 +117,14 @@ pub struct FeedbackRecord {
     pub request_id: String,
     pub interface: String,
     pub quality: f64,
+    /// The source the poster declared (`api` when it declared none).
     pub source: FeedbackSource,
+    /// Who posted it: `api` (`POST /v1/feedback`) or `gateway_judge` (the interface's judge).
+    pub scored_by: &'static str,
+    /// The label of the key that posted it (never the key); absent for the gateway's judge and
+    /// on a gateway without keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl FeedbackRecord {
@@ -128,6 +135,7 @@ impl FeedbackRecord {
         interface: &str,
         quality: f64,
         source: FeedbackSource,
+        caller: &super::auth::Caller,
     ) -> FeedbackRecord {
         FeedbackRecord {
             kind: "feedback",
@@ -136,6 +144,11 @@ impl FeedbackRecord {
             interface: interface.to_owned(),
             quality,
             source,
+            scored_by: match caller {
+                super::auth::Caller::Internal => "gateway_judge",
+                super::auth::Caller::Key(..) | super::auth::Caller::Anonymous => "api",
+            },
+            key: caller.label().map(str::to_owned),
         }
     }
 }
@@ -294,11 +307,31 @@ mod tests {
             "chat",
             0.75,
             equiroute_core::FeedbackSource::Judge,
+            &super::super::auth::Caller::Internal,
         );
         let line = serde_json::to_value(super::Line::Feedback(fb)).unwrap_or_default();
         assert_eq!(
             line,
-            serde_json::json!({"kind": "feedback", "ts_ms": 5.0, "request_id": "req-1", "interface": "chat", "quality": 0.75, "source": "judge"})
+            serde_json::json!({"kind": "feedback", "ts_ms": 5.0, "request_id": "req-1", "interface": "chat", "quality": 0.75, "source": "judge", "scored_by": "gateway_judge"})
+        );
+        let grant = crate::config::KeyGrant {
+            label: "TEAM_A_KEY".into(),
+            role: crate::config::KeyRole::Client,
+            tenant: None,
+            task_classes: None,
+        };
+        let fb = super::FeedbackRecord::new(
+            6.0,
+            "req-2",
+            "chat",
+            0.5,
+            equiroute_core::FeedbackSource::User,
+            &super::super::auth::Caller::Key(0, std::sync::Arc::new(grant)),
+        );
+        let line = serde_json::to_value(super::Line::Feedback(fb)).unwrap_or_default();
+        assert_eq!(
+            (&line["scored_by"], &line["key"], &line["source"]),
+            (&"api".into(), &"TEAM_A_KEY".into(), &"user".into())
         );
     }
 }

@@ -458,10 +458,9 @@ fn explain(
 /// HTTP Basic; a browser is asked for them.
 async fn require_admin_key(
     State(state): State<Arc<AppState>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    let keys = super::admin_keys(&state);
     let basic = req
         .headers()
         .get("authorization")
@@ -472,15 +471,16 @@ async fn require_admin_key(
             let text = String::from_utf8(raw).ok()?;
             text.split_once(':').map(|(_, pass)| pass.to_owned())
         });
-    let by_basic = basic.is_some_and(|pass| {
-        keys.iter().fold(false, |acc, k| {
-            acc | super::same(pass.as_bytes(), k.0.as_bytes())
-        })
-    });
-    if by_basic || super::authorized(&req, keys) {
+    let route = super::auth::Route::Admin;
+    let caller = match basic {
+        Some(pass) => state.keys.identify(pass.as_bytes(), route),
+        None => state.keys.caller(req.headers(), route),
+    };
+    if let Some(caller) = caller {
+        req.extensions_mut().insert(caller);
         return next.run(req).await;
     }
-    let mut resp = ApiError::unauthorized_admin(!state.admin_keys.is_empty()).into_response();
+    let mut resp = ApiError::unauthorized_admin(state.keys.has_admin_keys()).into_response();
     resp.headers_mut().insert(
         "www-authenticate",
         HeaderValue::from_static(

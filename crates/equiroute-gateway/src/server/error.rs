@@ -91,14 +91,14 @@ impl ApiError {
         ApiError::invalid(
             StatusCode::UNAUTHORIZED,
             "invalid_api_key",
-            "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env",
+            "missing or wrong API key: send `Authorization: Bearer <key>` with a key configured in server.api_keys_env or a [[server.keys]] table",
         )
     }
     /// A 401 on the state routes, which take the admin keys (`server.admin_keys_env`) when
     /// any are configured, else the gateway keys.
     pub fn unauthorized_admin(admin_keys_configured: bool) -> Self {
         let setting = if admin_keys_configured {
-            "server.admin_keys_env (the state routes take the admin keys, not the gateway keys)"
+            "server.admin_keys_env or a [[server.keys]] table with role = \"admin\" (the state routes take the admin keys, not the gateway keys)"
         } else {
             "server.api_keys_env (no server.admin_keys_env is configured; set one to give the state routes keys of their own)"
         };

@@ -25,6 +25,8 @@ use tracing::Instrument;
 #[derive(Debug)]
 pub struct Answered {
     pub request_id: String,
+    /// The request's number, which seeds its random choices (the id does not: it is random).
+    pub number: u64,
     pub provider: String,
     pub model: String,
     pub attempts: usize,
@@ -170,6 +172,7 @@ async fn execute_unstreamed(
                     features: Features::F64(&features),
                     latency,
                     at: end,
+                    owner: meta.owner.as_deref(),
                 },
             );
             state
@@ -178,6 +181,7 @@ async fn execute_unstreamed(
             let c = &iface.candidates[candidate];
             Ok(Answered {
                 request_id,
+                number: n,
                 provider: c.id.0.clone(),
                 model: c.model.clone(),
                 attempts,
@@ -363,6 +367,7 @@ fn inexpressible_everywhere(
                 | ExclusionReason::MissingCapability { .. }
                 | ExclusionReason::ContextTooSmall { .. }
                 | ExclusionReason::TenantNotAllowed { .. }
+                | ExclusionReason::TenantRequired
                 | ExclusionReason::LabelMismatch { .. }
         )
     });
@@ -1097,6 +1102,7 @@ async fn execute_streamed(
                         candidate: opened.next.candidate,
                         features,
                         request_id: request_id.clone(),
+                        owner: meta.owner.clone(),
                         n,
                         body,
                         started,
@@ -1427,6 +1433,8 @@ struct Relay {
     candidate: usize,
     features: Vec<f64>,
     request_id: String,
+    /// The label of the key that made the request ([`super::RequestMeta::owner`]).
+    owner: Option<Arc<str>>,
     /// The request's number (seeds a continuation's attempt).
     n: u64,
     /// The client's request, for a continuation.
@@ -1621,6 +1629,7 @@ impl Relay {
                     features: Features::F64(&self.features),
                     latency,
                     at: end,
+                    owner: self.owner.as_deref(),
                 },
             );
         }

@@ -1,8 +1,14 @@
 //! Quality feedback: from the API (`POST /v1/feedback`) and from the LLM-as-judge
-//! ([`crate::feedback::judge`]). Both end in [`apply`], which hands the score to the policy
-//! with the context of the request it is about, once: with state shared through Redis, once
-//! across instances (see [`crate::shared::Claims`]).
+//! ([`crate::feedback::judge`]). Both end in [`apply_from`], which hands the score to the
+//! policy with the context of the request it is about, once: with state shared through Redis,
+//! once across instances (see [`crate::shared::Claims`]).
+//!
+//! A score is taken only from a caller that may score the request ([`Caller::may_score`]: the
+//! key that made it, a judge or admin key, the gateway's judge). Any other caller gets exactly
+//! the answer of an unknown id, checked before anything that would tell them apart (consumed,
+//! expired, claimed elsewhere), so that the answer never reveals that the id exists.
 
+use super::auth::Caller;
 use super::error::ApiError;
 use super::state::AppState;
 use crate::shared::Claim;
@@ -17,37 +23,57 @@ pub enum Applied {
     Duplicate,
 }
 
-/// [`apply_from`] for a score from the API.
+/// [`apply_from`] for a score from the API, posted by the gateway itself (it may score any
+/// request).
 ///
 /// # Errors
 /// As [`apply_from`].
 pub async fn apply(state: &AppState, request_id: &str, quality: f64) -> Result<Applied, ApiError> {
-    apply_from(state, request_id, quality, FeedbackSource::Api).await
+    apply_from(
+        state,
+        request_id,
+        quality,
+        FeedbackSource::Api,
+        &Caller::Internal,
+    )
+    .await
 }
 
-/// Hands `quality` for `request_id` to its interface's policy, once, and writes it to the
-/// audit log (a `"kind": "feedback"` line naming `source`). With shared state the
+/// The answer to a score for an id that is not kept, or not `caller`'s to score: the same
+/// status and body either way.
+fn unknown(request_id: &str) -> ApiError {
+    ApiError::not_found(
+        "unknown_request_id",
+        format!("no answered request `{}` is waiting for feedback (unknown, or evicted: at most server.max_pending_feedback contexts are kept)", super::error::echo(request_id)),
+    )
+}
+
+/// Hands `quality` for `request_id`, posted by `caller`, to its interface's policy, once, and
+/// writes it to the audit log (a `"kind": "feedback"` line naming `source`, who posted it
+/// and with which key). A caller that may not score the request gets the answer of an unknown
+/// id. With shared state the
 /// request id is claimed in Redis first: the instance that claims it applies the score, the
 /// others answer `Duplicate`. A claim that gets no answer within `claim_timeout_ms` falls
 /// back to this instance's local check (the stream then counts the score once).
 ///
 /// # Errors
-/// Unknown id (404), or older than the feedback window (410).
+/// Unknown id, or not the caller's (404), or older than the feedback window (410).
 pub async fn apply_from(
     state: &AppState,
     request_id: &str,
     quality: f64,
     source: FeedbackSource,
+    caller: &Caller,
 ) -> Result<Applied, ApiError> {
     let now = state.now();
     state.prune_pending(now);
     let entry = {
         let mut pending = state.pending.lock().map_err(|_| ApiError::internal())?;
-        let Some(e) = pending.get(request_id) else {
-            return Err(ApiError::not_found(
-                "unknown_request_id",
-                format!("no answered request `{}` is waiting for feedback (unknown, or evicted: at most server.max_pending_feedback contexts are kept)", super::error::echo(request_id)),
-            ));
+        let Some(e) = pending
+            .get(request_id)
+            .filter(|e| caller.may_score(e.owner.as_deref()))
+        else {
+            return Err(unknown(request_id));
         };
         if e.consumed {
             return Ok(Applied::Duplicate);
@@ -95,6 +121,7 @@ pub async fn apply_from(
             &entry.interface,
             quality,
             source,
+            caller,
         ));
     }
     Ok(Applied::Accepted)

@@ -7,14 +7,18 @@
 //!    `idle_timeout_ms`;
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
-//!    an OpenAI-style 401 (keys compared in constant time); the state routes
-//!    (`/v1/interfaces…`) take the admin keys when those are configured, else the gateway
-//!    keys: they are open only when no key at all is configured (local use); the dashboard
-//!    (`/dashboard…`) takes the same keys, also as HTTP Basic (see [`dashboard`]);
+//!    an OpenAI-style 401 (keys compared in constant time); the key that matched becomes the
+//!    request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
+//!    and whose requests it may score. The traffic routes take client and judge keys,
+//!    `/v1/feedback` those and the admin keys; the state routes (`/v1/interfaces…`) take the
+//!    admin keys when those are configured, else the gateway keys: they are open only when no
+//!    key at all is configured (local use); the dashboard (`/dashboard…`) takes the same keys,
+//!    also as HTTP Basic (see [`dashboard`]);
 //! 3. the routes below.
 
 pub mod arms;
 pub mod audit;
+pub mod auth;
 pub mod conn;
 pub mod dashboard;
 pub mod error;
@@ -35,7 +39,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use equiroute_core::policies::RankContext;
 use equiroute_core::{Millis, QualityFeedback};
 use error::{echo, ApiError};
@@ -48,10 +52,15 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/tools/{interface}", post(tool_call))
-        .route("/v1/feedback", post(feedback))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*model}", get(get_model))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    let scores = Router::new()
+        .route("/v1/feedback", post(feedback))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_feedback_key,
+        ));
     let admin = Router::new()
         .route("/v1/interfaces", get(list_interfaces))
         .route("/v1/interfaces/{name}/state", get(interface_state))
@@ -68,6 +77,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         ));
     Router::new()
         .merge(v1)
+        .merge(scores)
         .merge(admin)
         .merge(dashboard::routes(state.clone()))
         .route("/healthz", get(|| async { "ok" }))
@@ -136,37 +146,18 @@ pub fn request_profile(
     (req, tokens)
 }
 
-/// Constant-time equality, so a wrong key's timing says nothing about the right one.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, x) in a.iter().enumerate() {
-        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
-    }
-    diff == 0
-}
-
-/// Whether the request's bearer key is one of `keys` (no keys configured: open).
-fn authorized(req: &Request, keys: &[crate::config::Secret]) -> bool {
-    if keys.is_empty() {
-        return true;
-    }
-    let given = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    keys.iter()
-        .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()))
-}
-
-/// The keys of the state and admin routes: the admin keys when configured, else the gateway
-/// keys. Empty (open) only when no key of either kind is configured.
-fn admin_keys(state: &AppState) -> &[crate::config::Secret] {
-    if state.admin_keys.is_empty() {
-        &state.api_keys
-    } else {
-        &state.admin_keys
+/// Lets through a request whose key opens `route`, with its [`auth::Caller`] as an extension;
+/// else the 401 that names the setting holding the route's keys.
+async fn gate(state: &AppState, route: auth::Route, mut req: Request, next: Next) -> Response {
+    match state.keys.caller(req.headers(), route) {
+        Some(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        None if route == auth::Route::Admin => {
+            ApiError::unauthorized_admin(state.keys.has_admin_keys()).into_response()
+        }
+        None => ApiError::unauthorized().into_response(),
     }
 }
 
@@ -176,19 +167,19 @@ async fn require_admin_key(
     req: Request,
     next: Next,
 ) -> Response {
-    if authorized(&req, admin_keys(&state)) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized_admin(!state.admin_keys.is_empty()).into_response()
-    }
+    gate(&state, auth::Route::Admin, req, next).await
 }
 
 async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if authorized(&req, &state.api_keys) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
+    gate(&state, auth::Route::Traffic, req, next).await
+}
+
+async fn require_feedback_key(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    gate(&state, auth::Route::Feedback, req, next).await
 }
 
 /// A request body as the handlers take it: the bytes, or why axum could not read them.
@@ -222,13 +213,17 @@ fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
     })
 }
 
-/// Who a request is for and what kind of task it is, from its headers:
-/// `x-equiroute-tenant` (checked against providers' tenant allow-lists) and
-/// `x-equiroute-task-class` (the first level of the statistics slices).
+/// Who a request is for and what kind of task it is, from its caller and its headers: the
+/// tenant (the key's, else `x-equiroute-tenant`; checked against providers' tenant
+/// allow-lists) and `x-equiroute-task-class` (the first level of the statistics slices; see
+/// [`auth`]).
 #[derive(Debug, Clone, Default)]
 pub struct RequestMeta {
     pub tenant: Option<String>,
     pub task_class: Option<String>,
+    /// The label of the key that made the request: its answered request can be scored only by
+    /// that key (or a judge or admin key). `None`: made without a key.
+    pub owner: Option<Arc<str>>,
     /// The session key that keeps a conversation on one arm of a canary rollout
     /// ([`arms::SESSION_HEADER`]).
     pub session: Option<String>,
@@ -238,21 +233,24 @@ pub struct RequestMeta {
 }
 
 impl RequestMeta {
-    fn from_headers(headers: &HeaderMap) -> RequestMeta {
-        let get = |name: &str| {
-            headers
-                .get(name)
+    /// The request of `caller` with `headers`.
+    ///
+    /// # Errors
+    /// A tenant header that is not a tenant name (400) or that another tenant's key sent
+    /// (403); a task class the key may not name (403).
+    fn of(headers: &HeaderMap, caller: &auth::Caller) -> Result<RequestMeta, ApiError> {
+        Ok(RequestMeta {
+            tenant: auth::tenant_of(headers, caller)?,
+            task_class: auth::task_class_of(headers, caller)?,
+            owner: caller.label().map(Arc::from),
+            session: headers
+                .get(arms::SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(str::to_owned)
-        };
-        RequestMeta {
-            tenant: get("x-equiroute-tenant"),
-            task_class: get("x-equiroute-task-class"),
-            session: get(arms::SESSION_HEADER),
+                .map(str::to_owned),
             trace_parent: crate::telemetry::remote_parent(headers),
-        }
+        })
     }
 
     /// The same request as `iface` sees it: a task class missing from the interface's
@@ -323,10 +321,7 @@ fn maybe_judge(
     answered: &execute::Answered,
 ) {
     let Some(judge) = &iface.judge else { return };
-    let u = (state.seed_for(
-        u64::from_str_radix(answered.request_id.trim_start_matches("req-"), 16).unwrap_or(0),
-    ) >> 11) as f64
-        / (1u64 << 53) as f64;
+    let u = (state.seed_for(answered.number) >> 11) as f64 / (1u64 << 53) as f64;
     if !judge.samples(u) {
         return;
     }
@@ -358,6 +353,7 @@ fn maybe_judge(
                 &request_id,
                 q,
                 equiroute_core::FeedbackSource::Judge,
+                &auth::Caller::Internal,
             )
             .await
             {
@@ -533,9 +529,11 @@ fn check_chat_body(body: &Value) -> Result<&str, ApiError> {
 /// `POST /v1/chat/completions`: `model` names an interface, or `interface/provider` to pin one.
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<auth::Caller>,
     headers: HeaderMap,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
+    let meta = RequestMeta::of(&headers, &caller)?;
     let body = parse_json(body)?;
     let model = check_chat_body(&body)?;
     let (name, pinned) = model
@@ -576,7 +574,7 @@ async fn chat_completions(
         })?),
     };
     let (deadline, clamped) = deadline_from(&headers, iface)?;
-    let meta = RequestMeta::from_headers(&headers).for_interface(&state, iface);
+    let meta = meta.for_interface(&state, iface);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let streamed =
             execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
@@ -596,10 +594,12 @@ async fn chat_completions(
 /// `POST /v1/tools/{interface}`: a JSON tool call routed to one of the interface's providers.
 async fn tool_call(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<auth::Caller>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
+    let meta = RequestMeta::of(&headers, &caller)?;
     let body = parse_json(body)?;
     let iface = state
         .interfaces
@@ -622,7 +622,7 @@ async fn tool_call(
             )
         })?;
     let (deadline, clamped) = deadline_from(&headers, iface)?;
-    let meta = RequestMeta::from_headers(&headers).for_interface(&state, iface);
+    let meta = meta.for_interface(&state, iface);
     let answered = execute::execute(&state, iface, &body, None, deadline, &meta)
         .await
         .inspect(|a| maybe_judge(&state, iface, &body, a));
@@ -633,9 +633,11 @@ async fn tool_call(
     ))
 }
 
-/// `POST /v1/feedback`: `{request_id, quality in [0,1], source}`.
+/// `POST /v1/feedback`: `{request_id, quality in [0,1], source}`, from the key that made the
+/// request (or a judge or admin key), within its key's feedback rate.
 async fn feedback(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<auth::Caller>,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
     #[derive(serde::Deserialize)]
@@ -646,6 +648,9 @@ async fn feedback(
         #[serde(default)]
         source: Option<equiroute_core::FeedbackSource>,
     }
+    state
+        .keys
+        .take_feedback(&caller, std::time::Instant::now())?;
     let body = read_body(body)?;
     let b: Body = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(
         &body,
@@ -674,7 +679,7 @@ async fn feedback(
         ));
     }
     let source = b.source.unwrap_or(equiroute_core::FeedbackSource::Api);
-    let applying = feedback::apply_from(&state, &b.request_id, b.quality, source);
+    let applying = feedback::apply_from(&state, &b.request_id, b.quality, source, &caller);
     let span = tracing::debug_span!("feedback", equiroute.source = ?source);
     match tracing::Instrument::instrument(applying, span).await {
         Ok(feedback::Applied::Duplicate) => {

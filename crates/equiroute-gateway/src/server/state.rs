@@ -137,8 +137,8 @@ pub struct AppState {
     pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
     pub pending: Mutex<PendingStore>,
     pub metrics: Metrics,
-    pub api_keys: Vec<crate::config::Secret>,
-    pub admin_keys: Vec<crate::config::Secret>,
+    /// The configured keys, what each may do, and each one's feedback rate.
+    pub keys: super::auth::Keys,
     /// The decision audit log, when configured.
     pub audit: Option<super::audit::AuditLog>,
     pub feedback_ttl: Millis,
@@ -169,8 +169,7 @@ impl AppState {
             interfaces,
             pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
             metrics: Metrics::default(),
-            api_keys: cfg.api_keys.clone(),
-            admin_keys: cfg.admin_keys.clone(),
+            keys: super::auth::Keys::new(&cfg.keys, cfg.feedback_rate),
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
             shared: match &cfg.state {
@@ -205,19 +204,14 @@ impl AppState {
         self.started_unix_ms
     }
 
-    /// A new request number and id.
+    /// A new request number and id. The number seeds the request's random choices
+    /// ([`AppState::seed_for`], reproducible from the gateway's seed); the id is 128 bits from
+    /// a CSPRNG (`rand`'s thread generator: `ChaCha12`, seeded and reseeded from the OS), so that
+    /// no caller can guess another's id from its own.
     pub fn next_request(&self) -> (u64, String) {
         let n = self.requests.fetch_add(1, Ordering::Relaxed);
-        (
-            n,
-            format!(
-                "req-{:016x}",
-                self.seed
-                    .wrapping_add(n)
-                    .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                    ^ n
-            ),
-        )
+        let id: u128 = rand::Rng::random(&mut rand::rng());
+        (n, format!("req-{id:032x}"))
     }
 
     /// A seed for request number `n`'s random choices.
@@ -664,6 +658,65 @@ impl crate::shared::SyncTarget for AppState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A gateway of one simulated provider, seeded with `seed`.
+    fn app_seeded(seed: u64) -> AppState {
+        let text = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n";
+        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        AppState::new(&cfg, seed).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The ids of `n` requests on a fresh gateway seeded with `seed`, as numbers.
+    fn ids(seed: u64, n: usize) -> Vec<u128> {
+        let app = app_seeded(seed);
+        (0..n)
+            .map(|k| {
+                let (number, id) = app.next_request();
+                assert_eq!(number, k as u64, "numbers still count requests");
+                let hex = id.strip_prefix("req-").unwrap_or_else(|| panic!("{id}"));
+                assert_eq!(hex.len(), 32, "{id}");
+                assert!(
+                    hex.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                    "{id}"
+                );
+                u128::from_str_radix(hex, 16).unwrap_or_else(|e| panic!("{id}: {e}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn request_ids_are_128_random_bits_unrelated_to_the_seed_and_to_each_other() {
+        let a = ids(7, 1000);
+        // All distinct.
+        let distinct: std::collections::HashSet<u128> = a.iter().copied().collect();
+        assert_eq!(distinct.len(), 1000);
+        // Not a function of the gateway's seed and the request number: another gateway with
+        // the same seed issues other ids (the decisions' seeds stay reproducible).
+        let b = ids(7, 1000);
+        assert!(a.iter().zip(&b).all(|(x, y)| x != y));
+        // No arithmetic relation between consecutive ids: neither their differences nor their
+        // XORs repeat (a counter, an LCG or a multiplied counter repeats one or the other).
+        let steps: std::collections::HashSet<u128> =
+            a.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        let flips: std::collections::HashSet<u128> = a.windows(2).map(|w| w[1] ^ w[0]).collect();
+        assert_eq!((steps.len(), flips.len()), (999, 999));
+        // Every one of the 128 bits is set in about half of the ids: 500 ± 100 is more than six
+        // standard deviations (15.8) either side, so a fair generator fails one in ~10^8 runs;
+        // 64-bit ids (the high half zero) or a stuck bit fail at once.
+        for bit in 0..128 {
+            let set = a.iter().filter(|id| (*id >> bit) & 1 == 1).count();
+            assert!(
+                (400..=600).contains(&set),
+                "bit {bit} is set in {set} of 1000 ids"
+            );
+        }
+        assert_eq!(
+            app_seeded(7).seed_for(3),
+            app_seeded(7).seed_for(3),
+            "decisions stay seeded"
+        );
+    }
 
     #[test]
     fn an_attempt_that_finds_the_policy_locked_waits_in_the_queue_not_on_the_lock() {

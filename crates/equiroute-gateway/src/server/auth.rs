@@ -1,0 +1,425 @@
+//! Who is calling, and what the caller may do.
+//!
+//! Authentication does not only say yes or no: it names the [`Caller`] (the configured key that
+//! matched, by its label; never the key), which the handlers take as a request extension. From
+//! it follow the request's tenant ([`tenant_of`]: a key bound to a tenant cannot claim another
+//! in `x-equiroute-tenant`), the task classes it may name ([`task_class_of`]), whose answered
+//! requests it may score ([`Caller::may_score`]) and its share of the feedback rate
+//! ([`Keys::take_feedback`]).
+//!
+//! Which keys open which routes ([`Route`]): the traffic routes take client and judge keys;
+//! `/v1/feedback` takes those and the admin keys; the state routes and the dashboard take the
+//! admin keys, or the client and judge keys when no admin key is configured. A route whose keys
+//! are not configured is open, and its callers are [`Caller::Anonymous`]. Keys are compared in
+//! constant time with every configured key.
+
+use super::error::{echo, ApiError};
+use crate::config::{FeedbackRate, KeyConfig, KeyGrant, KeyRole};
+use axum::http::{HeaderMap, StatusCode};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The tenant header.
+pub const TENANT_HEADER: &str = "x-equiroute-tenant";
+/// The task class header.
+pub const TASK_CLASS_HEADER: &str = "x-equiroute-task-class";
+
+/// Who made a request.
+#[derive(Clone, Debug)]
+pub enum Caller {
+    /// Nobody known: the route's keys are not configured (a gateway for local use).
+    Anonymous,
+    /// The configured key at this index of [`Keys`], and what it may do.
+    Key(usize, Arc<KeyGrant>),
+    /// The gateway itself: the interfaces' built-in judge, or code in the process.
+    Internal,
+}
+
+impl Caller {
+    /// The key's label, if a key called.
+    #[must_use]
+    pub fn label(&self) -> Option<&str> {
+        match self {
+            Caller::Key(_, grant) => Some(&grant.label),
+            Caller::Anonymous | Caller::Internal => None,
+        }
+    }
+
+    /// What the key may do, if a key called.
+    #[must_use]
+    pub fn grant(&self) -> Option<&KeyGrant> {
+        match self {
+            Caller::Key(_, grant) => Some(grant),
+            Caller::Anonymous | Caller::Internal => None,
+        }
+    }
+
+    /// Whether this caller may score a request made by `owner` (a key's label; `None`: an
+    /// unbound request, made without a key or before requests were bound). A key scores its
+    /// own requests, a judge or admin key and the gateway any; an anonymous caller only
+    /// unbound ones, and a client key no unbound one.
+    #[must_use]
+    pub fn may_score(&self, owner: Option<&str>) -> bool {
+        match self {
+            Caller::Internal => true,
+            Caller::Key(_, grant) => {
+                grant.role.scores_any_request() || owner == Some(&*grant.label)
+            }
+            Caller::Anonymous => owner.is_none(),
+        }
+    }
+}
+
+/// A kind of route, by the keys that open it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `/v1/chat/completions`, `/v1/tools/…`, `/v1/models…`.
+    Traffic,
+    /// `/v1/feedback`.
+    Feedback,
+    /// The state and rollout routes and the dashboard.
+    Admin,
+}
+
+/// A token bucket of one caller's feedback.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Option<Instant>,
+}
+
+/// The configured keys, and each one's feedback bucket.
+#[derive(Debug)]
+pub struct Keys {
+    accepted: Vec<(crate::config::Secret, Arc<KeyGrant>)>,
+    /// Some key opens the traffic routes (else they are open).
+    any_traffic: bool,
+    /// Some key is an admin key (the state routes then take only those).
+    any_admin: bool,
+    rate: Option<FeedbackRate>,
+    /// One per key, then one shared by anonymous callers; empty without a rate.
+    buckets: Vec<Mutex<Bucket>>,
+}
+
+impl Keys {
+    #[must_use]
+    pub fn new(keys: &[KeyConfig], rate: Option<FeedbackRate>) -> Keys {
+        let buckets = rate.map_or(0, |_| keys.len() + 1);
+        Keys {
+            accepted: keys
+                .iter()
+                .map(|k| (k.secret.clone(), Arc::new(k.grant.clone())))
+                .collect(),
+            any_traffic: keys.iter().any(|k| k.grant.role.sends_traffic()),
+            any_admin: keys.iter().any(|k| k.grant.role == KeyRole::Admin),
+            rate,
+            buckets: (0..buckets)
+                .map(|_| {
+                    Mutex::new(Bucket {
+                        tokens: rate.map_or(0.0, |r| r.burst),
+                        at: None,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether admin keys are configured (the state routes then take only those).
+    #[must_use]
+    pub fn has_admin_keys(&self) -> bool {
+        self.any_admin
+    }
+
+    /// The caller presenting `given` on `route`, or `None` when `given` does not open it.
+    /// Every configured key is compared, in constant time each.
+    #[must_use]
+    pub fn identify(&self, given: &[u8], route: Route) -> Option<Caller> {
+        let opens = |role: KeyRole| match route {
+            Route::Feedback => true,
+            Route::Admin if self.any_admin => role == KeyRole::Admin,
+            Route::Traffic | Route::Admin => role.sends_traffic(),
+        };
+        let (mut found, mut admin) = (None, None);
+        for (i, (secret, grant)) in self.accepted.iter().enumerate() {
+            if same(given, secret.0.as_bytes()) & opens(grant.role) {
+                if grant.role == KeyRole::Admin {
+                    admin = admin.or(Some(i));
+                } else {
+                    found = found.or(Some(i));
+                }
+            }
+        }
+        // A key declared both as a client key and as an admin key scores as the admin.
+        if let Some(i) = admin.or(found) {
+            return Some(Caller::Key(i, self.accepted[i].1.clone()));
+        }
+        let open = match route {
+            Route::Traffic | Route::Feedback => !self.any_traffic,
+            Route::Admin => self.accepted.is_empty(),
+        };
+        open.then_some(Caller::Anonymous)
+    }
+
+    /// The caller of a request with `headers` (its bearer key) on `route`.
+    #[must_use]
+    pub fn caller(&self, headers: &HeaderMap, route: Route) -> Option<Caller> {
+        self.identify(bearer(headers).as_bytes(), route)
+    }
+
+    /// Takes one score from `caller`'s feedback bucket; when it is empty, the 429 to answer,
+    /// with the seconds until the next score is accepted.
+    ///
+    /// # Errors
+    /// The bucket is empty (`feedback_rate_limited`, with `Retry-After`).
+    pub fn take_feedback(&self, caller: &Caller, now: Instant) -> Result<(), ApiError> {
+        let Some(rate) = self.rate else {
+            return Ok(());
+        };
+        let index = match caller {
+            Caller::Internal => return Ok(()),
+            Caller::Key(i, _) => *i,
+            Caller::Anonymous => self.accepted.len(),
+        };
+        let Some(Ok(mut bucket)) = self.buckets.get(index).map(Mutex::lock) else {
+            return Ok(());
+        };
+        let refill = bucket
+            .at
+            .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+        bucket.tokens = (bucket.tokens + refill * rate.per_second).min(rate.burst);
+        bucket.at = Some(now);
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = ((1.0 - bucket.tokens) / rate.per_second).ceil().max(1.0);
+        Err(ApiError {
+            retry_after_s: Some(wait.min(f64::from(u16::MAX)) as u16),
+            ..ApiError::busy(
+                "feedback_rate_limited",
+                format!(
+                    "this key has posted more feedback than server.feedback_rate_per_key allows ({} per second, {} at once): retry after the seconds in Retry-After",
+                    rate.per_second, rate.burst
+                ),
+            )
+        })
+    }
+}
+
+/// The bearer key of a request (`Authorization: Bearer <key>`), or empty.
+fn bearer(headers: &HeaderMap) -> &str {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
+}
+
+/// Constant-time equality, so a wrong key's timing says nothing about the right one.
+#[must_use]
+pub fn same(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// The request's tenant: the key's when it is bound to one (a header naming another is
+/// refused with 403), else `x-equiroute-tenant`. A header that is not one tenant name (not
+/// text, not a valid name, or sent twice) is a 400; an empty one is no tenant.
+///
+/// # Errors
+/// 400 `invalid_tenant`, 403 `tenant_not_allowed`.
+pub fn tenant_of(headers: &HeaderMap, caller: &Caller) -> Result<Option<String>, ApiError> {
+    let invalid = |why: &str| {
+        ApiError::bad_request(
+            "invalid_tenant",
+            Some(TENANT_HEADER),
+            format!(
+                "`{TENANT_HEADER}` {why}: send one tenant name ({}), or leave the header out",
+                crate::config::TENANT_FIX
+            ),
+        )
+    };
+    let mut values = headers.get_all(TENANT_HEADER).iter();
+    let claimed = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => return Err(invalid("is sent more than once")),
+        (Some(v), None) => {
+            let text = v
+                .to_str()
+                .map_err(|_| invalid("is not text (only visible ASCII is accepted)"))?
+                .trim();
+            if text.is_empty() {
+                None
+            } else if crate::config::valid_tenant(text) {
+                Some(text)
+            } else {
+                return Err(invalid(&format!("`{}` is not a tenant name", echo(text))));
+            }
+        }
+    };
+    let bound = caller.grant().and_then(|g| g.tenant.as_deref());
+    match (bound, claimed) {
+        (Some(own), Some(other)) if own != other => Err(ApiError {
+            param: Some(TENANT_HEADER.into()),
+            ..ApiError::invalid(
+                StatusCode::FORBIDDEN,
+                "tenant_not_allowed",
+                format!(
+                    "this key is bound to tenant `{own}` and `{TENANT_HEADER}` names `{}`: leave the header out (the key's tenant applies), or call with a key of that tenant",
+                    echo(other)
+                ),
+            )
+        }),
+        (Some(own), _) => Ok(Some(own.to_owned())),
+        (None, claimed) => Ok(claimed.map(str::to_owned)),
+    }
+}
+
+/// The request's task class (`x-equiroute-task-class`, trimmed; none when absent, empty or
+/// not text). A key restricted to task classes may name only those (403 otherwise); without
+/// the header its requests are learnt from in the unclassed slice.
+///
+/// # Errors
+/// 403 `task_class_not_allowed`.
+pub fn task_class_of(headers: &HeaderMap, caller: &Caller) -> Result<Option<String>, ApiError> {
+    let class = headers
+        .get(TASK_CLASS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty());
+    let allowed = caller.grant().and_then(|g| g.task_classes.as_deref());
+    match (class, allowed) {
+        (Some(c), Some(allowed)) if !allowed.iter().any(|a| a == c) => Err(ApiError {
+            param: Some(TASK_CLASS_HEADER.into()),
+            ..ApiError::invalid(
+                StatusCode::FORBIDDEN,
+                "task_class_not_allowed",
+                format!(
+                    "this key may name only the task classes {} in `{TASK_CLASS_HEADER}`, not `{}`: send one of them, or leave the header out (the request is then learnt from without a class)",
+                    allowed.join(", "),
+                    echo(c)
+                ),
+            )
+        }),
+        (class, _) => Ok(class.map(str::to_owned)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::config::Secret;
+
+    fn key(value: &str, label: &str, role: KeyRole) -> KeyConfig {
+        KeyConfig {
+            secret: Secret(value.into()),
+            grant: KeyGrant {
+                label: label.into(),
+                role,
+                tenant: None,
+                task_classes: None,
+            },
+        }
+    }
+
+    #[test]
+    fn each_route_takes_its_keys_and_names_the_caller_by_label() {
+        let keys = Keys::new(
+            &[
+                key("ka", "TEAM_A", KeyRole::Client),
+                key("kj", "judge", KeyRole::Judge),
+                key("kx", "ADMIN", KeyRole::Admin),
+            ],
+            None,
+        );
+        let label = |given: &str, route| {
+            keys.identify(given.as_bytes(), route)
+                .map(|c| c.label().map(str::to_owned))
+        };
+        assert_eq!(label("ka", Route::Traffic), Some(Some("TEAM_A".into())));
+        assert_eq!(label("kj", Route::Traffic), Some(Some("judge".into())));
+        assert_eq!(
+            label("kx", Route::Traffic),
+            None,
+            "admin keys send no traffic"
+        );
+        assert_eq!(label("kx", Route::Feedback), Some(Some("ADMIN".into())));
+        assert_eq!(label("ka", Route::Admin), None, "admin keys are configured");
+        assert_eq!(label("kx", Route::Admin), Some(Some("ADMIN".into())));
+        assert_eq!(label("k", Route::Traffic), None, "a prefix is not the key");
+        assert_eq!(label("", Route::Feedback), None);
+        // With no admin key, the client keys open the state routes; with no key, all is open.
+        let only_clients = Keys::new(&[key("ka", "TEAM_A", KeyRole::Client)], None);
+        assert!(only_clients.identify(b"ka", Route::Admin).is_some());
+        let open = Keys::new(&[], None);
+        assert!(matches!(
+            open.identify(b"", Route::Admin),
+            Some(Caller::Anonymous)
+        ));
+        assert!(matches!(
+            open.identify(b"x", Route::Feedback),
+            Some(Caller::Anonymous)
+        ));
+    }
+
+    #[test]
+    fn a_key_scores_its_own_requests_judges_and_admins_any_and_anonymous_only_unbound() {
+        let keys = Keys::new(
+            &[
+                key("ka", "A", KeyRole::Client),
+                key("kj", "J", KeyRole::Judge),
+                key("kx", "X", KeyRole::Admin),
+            ],
+            None,
+        );
+        let who = |k: &str| keys.identify(k.as_bytes(), Route::Feedback).unwrap();
+        assert!(who("ka").may_score(Some("A")));
+        assert!(!who("ka").may_score(Some("B")));
+        assert!(
+            !who("ka").may_score(None),
+            "a client key scores no unbound request"
+        );
+        for privileged in [who("kj"), who("kx"), Caller::Internal] {
+            assert!(privileged.may_score(Some("A")) && privileged.may_score(None));
+        }
+        assert!(Caller::Anonymous.may_score(None));
+        assert!(!Caller::Anonymous.may_score(Some("A")));
+    }
+
+    #[test]
+    fn the_feedback_bucket_refills_at_the_rate_and_says_when_to_retry() {
+        let keys = Keys::new(
+            &[
+                key("ka", "A", KeyRole::Client),
+                key("kb", "B", KeyRole::Client),
+            ],
+            Some(FeedbackRate {
+                per_second: 0.5,
+                burst: 2.0,
+            }),
+        );
+        let (a, b) = (
+            keys.identify(b"ka", Route::Feedback).unwrap(),
+            keys.identify(b"kb", Route::Feedback).unwrap(),
+        );
+        let t0 = Instant::now();
+        assert!(keys.take_feedback(&a, t0).is_ok());
+        assert!(keys.take_feedback(&a, t0).is_ok());
+        let refused = keys.take_feedback(&a, t0).unwrap_err();
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        // One token at 0.5 per second: 2 s.
+        assert_eq!(refused.retry_after_s, Some(2));
+        assert!(
+            keys.take_feedback(&b, t0).is_ok(),
+            "each key has its own bucket"
+        );
+        assert!(keys
+            .take_feedback(&a, t0 + std::time::Duration::from_secs(2))
+            .is_ok());
+        assert!(keys.take_feedback(&Caller::Internal, t0).is_ok());
+    }
+}
