@@ -179,11 +179,11 @@ impl Prepared {
         let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
         let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));
         // Every loop drains when `shutdown` resolves.
-        let slots = server::conn::ConnectionSlots::new(limits.max_connections);
+        let slots = server::conn::ConnectionSlots::new(&limits);
         let (stop_loops, loops_rx) = tokio::sync::watch::channel(false);
-        let loops = spawn_loops(&app, limits, &slots, more, &loops_rx)?;
+        let loops = spawn_loops(&app, &slots, more, &loops_rx)?;
         {
-            let main = server::conn::serve(listener, app, limits, slots, loops_rx);
+            let main = server::conn::serve(listener, app, slots, loops_rx);
             tokio::pin!(main);
             tokio::select! {
                 () = &mut main => {}
@@ -226,7 +226,6 @@ impl Prepared {
 /// turns true.
 fn spawn_loops(
     app: &axum::Router,
-    limits: config::ConnectionLimits,
     slots: &Arc<server::conn::ConnectionSlots>,
     sockets: Vec<std::net::TcpListener>,
     stop: &tokio::sync::watch::Receiver<bool>,
@@ -243,7 +242,7 @@ fn spawn_loops(
                 rt.block_on(async move {
                     socket.set_nonblocking(true)?;
                     let listener = tokio::net::TcpListener::from_std(socket)?;
-                    server::conn::serve(listener, app, limits, slots, stop).await;
+                    server::conn::serve(listener, app, slots, stop).await;
                     Ok(())
                 })
             })?;

@@ -1,6 +1,8 @@
-//! Connections a client cannot hold for ever, and load shed instead of taken: the
-//! `[server]` header, body and idle timeouts and `max_connections`, on a real gateway on a
-//! loopback port driven over raw sockets.
+//! Connections a client cannot hold for ever, nor more than its share, and load shed
+//! instead of taken: the `[server]` header, body and idle timeouts, `max_connections` and the
+//! per-address shares, the head and body size limits, on a real gateway on a loopback port
+//! driven over raw sockets. Two clients are two loopback addresses: 127.0.0.2 misbehaves,
+//! 127.0.0.1 does not.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -202,7 +204,7 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() {
 #[tokio::test]
 async fn connections_over_the_limit_get_a_503_and_a_slowloris_does_not_starve_requests() {
     let gw = start(&config(
-        "max_connections = 8\nheader_read_timeout_ms = 1000",
+        "max_connections = 8\nmax_connections_per_address = 8\nheader_read_timeout_ms = 1000",
     ))
     .await;
     let opened = Instant::now();
@@ -259,7 +261,9 @@ async fn connections_over_the_limit_get_a_503_and_a_slowloris_does_not_starve_re
 #[tokio::test]
 async fn the_connection_limit_is_counted_over_every_event_loop() {
     let cfg = load(
-        &config("max_connections = 4\nheader_read_timeout_ms = 1000"),
+        &config(
+            "max_connections = 4\nmax_connections_per_address = 4\nheader_read_timeout_ms = 1000",
+        ),
         "test.toml",
         &|_| None,
     )
@@ -429,6 +433,10 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
             idle_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_connections_per_address: 512,
+            max_header_bytes: 32 << 10,
+            max_buffered_bytes: 64 << 20,
+            max_buffered_bytes_per_address: 32 << 20,
         }
     );
     let set = load(
@@ -490,4 +498,245 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
     }
     let e = load(&config("idle_timeout_s = 5"), "t.toml", &|_| None).unwrap_err();
     assert!(e.to_string().contains("idle_timeout_s"), "{e}");
+}
+
+/// A connection to `addr` from the loopback address `source` (127.0.0.2 is a second client
+/// on Linux, where all of 127/8 is loopback).
+async fn connect_from(source: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::from((source, 0)))
+        .expect("127.0.0.2 is a loopback address");
+    socket.connect(addr).await.unwrap()
+}
+
+const HOG: [u8; 4] = [127, 0, 0, 2];
+
+/// The slowloris, scaled down: one client opens as many silent connections as the
+/// gateway serves. At the default share (half of `max_connections`) it holds 4 of 8, its
+/// others get a 429 at once, and another client is served at once. Before fair shares, the
+/// first client held all 8 and the other got a 503.
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_and_another_address_is_served() {
+    let gw = start(&config(
+        "max_connections = 8\nheader_read_timeout_ms = 5000",
+    ))
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..8 {
+        silent.push(connect_from(HOG, gw.addr).await);
+    }
+    let answered = tokio::time::timeout(
+        Duration::from_secs(2),
+        http(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_request(false),
+        ),
+    )
+    .await
+    .expect("the other address is answered at once, not after the hog's header timeout");
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    // The hog's last 4 were refused at once with a 429 naming the setting.
+    for s in &mut silent[4..] {
+        let (sent, _) = read_until_closed(s, Duration::from_secs(2))
+            .await
+            .expect("a connection over the address's share is refused at once");
+        let (status, body) = status_and_body(&sent);
+        assert_eq!(status, 429, "{sent}");
+        assert!(has_header(&sent, "retry-after", "1"), "{sent}");
+        let error: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(error["error"]["code"], "too_many_connections", "{error}");
+        assert!(error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("server.max_connections_per_address"));
+    }
+}
+
+/// With every connection taken by one address, a newcomer from another address takes the
+/// hog's oldest connection (closed unanswered); a newcomer from the hog, which holds the
+/// most, gets the 503; the other address's next connection is served the same way.
+#[tokio::test]
+async fn when_every_connection_is_taken_the_biggest_holder_is_shed_first() {
+    let gw = start(&config(
+        "max_connections = 4\nmax_connections_per_address = 4\nheader_read_timeout_ms = 5000",
+    ))
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(connect_from(HOG, gw.addr).await);
+    }
+    let _newcomer = TcpStream::connect(gw.addr).await.unwrap();
+    let (sent, after) = read_until_closed(&mut silent[0], Duration::from_secs(2))
+        .await
+        .expect("the hog's oldest connection is closed at once for the newcomer");
+    assert_eq!(sent, "", "a shed connection is closed unanswered");
+    assert!(after < Duration::from_secs(2), "{after:?}");
+    // 3 + 1 taken: the hog's next one has nobody holding more to take from.
+    let mut one_more = connect_from(HOG, gw.addr).await;
+    let (sent, _) = read_until_closed(&mut one_more, Duration::from_secs(2))
+        .await
+        .expect("refused at once");
+    assert_eq!(status_and_body(&sent).0, 503, "{sent}");
+    let answered = tokio::time::timeout(
+        Duration::from_secs(2),
+        http(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_request(false),
+        ),
+    )
+    .await
+    .expect("the other address's request is answered at once");
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    let (sent, _) = read_until_closed(&mut silent[1], Duration::from_secs(2))
+        .await
+        .expect("the hog's next oldest made room for it");
+    assert_eq!(sent, "");
+}
+
+/// A `Content-Length` over `max_body_bytes` is answered 413 at once (an OpenAI-style body),
+/// not after waiting for a body that would be refused: before, 1e12 waited the body timeout
+/// (30 s by default) for a 408.
+#[tokio::test]
+async fn a_content_length_over_the_body_limit_gets_413_at_once() {
+    let gw = start(&config("max_body_bytes = 4096")).await;
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000000000000\r\n\r\n{\"model\"",
+    )
+    .await
+    .unwrap();
+    let (sent, after) = read_until_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("answered and closed at once, not at the body timeout");
+    let (status, body) = status_and_body(&sent);
+    assert_eq!(status, 413, "{sent}");
+    let error: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(error["error"]["code"], "request_too_large", "{error}");
+    assert!(after < Duration::from_secs(2), "{after:?}");
+}
+
+/// A request head over `max_header_bytes` (32 KiB by default) gets a 431 and the connection
+/// is closed: before, hyper's own ~400 KB were buffered per connection.
+#[tokio::test]
+async fn a_head_over_the_header_limit_gets_431() {
+    let gw = start(&config("")).await;
+    let mut s = TcpStream::connect(gw.addr).await.unwrap();
+    let padding = "a".repeat(40 << 10);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-padding: {padding}\r\ncontent-length: {}\r\n\r\n{}",
+        chat_request(false).len(),
+        chat_request(false)
+    );
+    // The gateway may close before it has read everything: a failed write is fine.
+    let _ = s.write_all(request.as_bytes()).await;
+    let (sent, _) = read_until_closed(&mut s, Duration::from_secs(5))
+        .await
+        .expect("the connection is closed");
+    assert_eq!(status_and_body(&sent).0, 431, "{sent}");
+}
+
+/// Bodies still arriving count against their address's share of buffered bytes: past it, a
+/// 429 and the connection closed; another address's body is still read and served.
+#[tokio::test]
+async fn bodies_still_arriving_past_the_address_share_get_429_and_others_are_served() {
+    let gw = start(&config(
+        "max_body_bytes = 65536\nmax_buffered_bytes = 262144\nmax_buffered_bytes_per_address = 131072",
+    ))
+    .await;
+    // Three bodies of which 60,000 bytes arrive and the rest never does: 180,000 bytes would
+    // be held, over the 131,072 of the address's share.
+    let mut stalled = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let mut s = connect_from(HOG, gw.addr).await;
+        s.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 65536\r\n\r\n{}",
+                " ".repeat(60_000)
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        stalled.spawn(async move { read_until_closed(&mut s, Duration::from_secs(10)).await });
+    }
+    let first = tokio::time::timeout(Duration::from_secs(5), stalled.join_next())
+        .await
+        .expect("one stalled body is refused at once")
+        .unwrap()
+        .unwrap()
+        .expect("and its connection closed");
+    let (status, body) = status_and_body(&first.0);
+    assert_eq!(status, 429, "{}", first.0);
+    let error: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(error["error"]["code"], "too_many_buffered_bytes", "{error}");
+    // Another client's large body is read and served.
+    let padded =
+        json!({"model": "chat", "messages": [{"role": "user", "content": "x".repeat(60_000)}]});
+    let answered = tokio::time::timeout(
+        Duration::from_secs(5),
+        http(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &padded.to_string(),
+        ),
+    )
+    .await
+    .expect("answered at once");
+    assert_eq!(answered.status, 200, "{}", answered.body);
+    stalled.abort_all();
+}
+
+#[test]
+fn fair_share_limits_follow_their_totals_and_reject_bad_ones() {
+    // The shares follow the totals they are parts of, and hold the largest body.
+    let derived = load(
+        &config("max_connections = 9\nmax_body_bytes = 50000000"),
+        "t.toml",
+        &|_| None,
+    )
+    .unwrap()
+    .connections;
+    assert_eq!(
+        (
+            derived.max_connections_per_address,
+            derived.max_buffered_bytes,
+            derived.max_buffered_bytes_per_address
+        ),
+        (5, 100_000_000, 50_000_000)
+    );
+    for (line, field, fix) in [
+        (
+            "max_connections = 10\nmax_connections_per_address = 11",
+            "server.max_connections_per_address",
+            "from 1 to server.max_connections (10)",
+        ),
+        (
+            "max_header_bytes = 100",
+            "server.max_header_bytes",
+            "from 8192 to 1048576",
+        ),
+        (
+            "max_buffered_bytes_per_address = 1000",
+            "server.max_buffered_bytes_per_address",
+            "less than server.max_body_bytes (1048576)",
+        ),
+        (
+            "max_buffered_bytes = 2000000\nmax_buffered_bytes_per_address = 3000000",
+            "server.max_buffered_bytes",
+            "less than server.max_buffered_bytes_per_address (3000000)",
+        ),
+    ] {
+        let e = load(&config(line), "t.toml", &|_| None).unwrap_err();
+        assert_eq!(e.field, field, "{line}");
+        assert!(e.fix.contains(fix), "{line}: {}", e.fix);
+    }
 }

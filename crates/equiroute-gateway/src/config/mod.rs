@@ -304,6 +304,14 @@ struct RawServer {
     send_timeout_ms: Option<f64>,
     /// Most client connections open at once, across every event loop.
     max_connections: Option<usize>,
+    /// Most connections one client address holds at once.
+    max_connections_per_address: Option<usize>,
+    /// Largest request head (request line and headers), in bytes.
+    max_header_bytes: Option<usize>,
+    /// Most bytes of request bodies still arriving, over every connection.
+    max_buffered_bytes: Option<usize>,
+    /// Most of those one client address holds.
+    max_buffered_bytes_per_address: Option<usize>,
     /// `human` (default) or `json` (one JSON object per line) for the logs on stderr.
     log_format: Option<String>,
 }
@@ -706,7 +714,12 @@ pub struct GatewayConfig {
     pub warnings: Vec<ConfigError>,
 }
 
-/// The limits that keep a client from holding a connection forever (`[server]`).
+/// The default `max_body_bytes`: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The limits that keep a client from holding a connection forever, or more than its share
+/// of connections and memory (`[server]`). A client address is an IPv4 address, or the /64
+/// prefix of an IPv6 address (what one host usually holds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// A request's headers must arrive within this, counted from the accept (first request)
@@ -720,9 +733,33 @@ pub struct ConnectionLimits {
     /// A response write that makes no progress for this long (a client that stopped
     /// reading) closes the connection, which ends the upstream call behind it.
     pub send_timeout: Duration,
-    /// Most connections open at once over every event loop; further ones get a 503.
+    /// Most connections open at once over every event loop. When they are all taken, a
+    /// newcomer takes one from the address holding the most (if that address holds more
+    /// than the newcomer's would), else it gets a 503.
     pub max_connections: usize,
+    /// Most connections one client address holds at once; further ones get a 429. With one
+    /// request at a time per HTTP/1.1 connection, it also bounds the address's requests in
+    /// flight.
+    pub max_connections_per_address: usize,
+    /// Largest request head (request line and headers); a larger one gets a 431. It also
+    /// bounds each connection's read buffer.
+    pub max_header_bytes: usize,
+    /// Most bytes of request bodies still arriving, held over every connection; a body that
+    /// would go beyond gets a 503.
+    pub max_buffered_bytes: usize,
+    /// Most of those one client address holds; a body that would go beyond gets a 429.
+    pub max_buffered_bytes_per_address: usize,
 }
+
+/// The default `max_header_bytes`: 32 KiB, far above what clients send (a few hundred
+/// bytes; a long bearer key or trace context stays under 4 KiB).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 32 << 10;
+/// The smallest `max_header_bytes`: hyper's smallest read buffer.
+pub const MIN_MAX_HEADER_BYTES: usize = 8 << 10;
+/// The largest `max_header_bytes`.
+pub const MAX_MAX_HEADER_BYTES: usize = 1 << 20;
+/// The default `max_buffered_bytes` (or twice `max_body_bytes`, if more).
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 64 << 20;
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
@@ -732,6 +769,10 @@ impl Default for ConnectionLimits {
             idle_timeout: Duration::from_secs(60),
             send_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_connections_per_address: 512,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            max_buffered_bytes_per_address: DEFAULT_MAX_BUFFERED_BYTES / 2,
         }
     }
 }
@@ -741,9 +782,14 @@ impl Default for ConnectionLimits {
 const MAX_CONNECTION_TIMEOUT_MS: f64 = 86_400_000.0;
 
 /// The `[server]` connection limits, or the problems with them as (field, fix).
-fn connection_limits(raw: &RawServer) -> Result<ConnectionLimits, Vec<(String, String)>> {
+/// `max_body_bytes` is the largest body, which the buffered-bytes limits must hold.
+fn connection_limits(
+    raw: &RawServer,
+    max_body_bytes: usize,
+) -> Result<ConnectionLimits, Vec<(String, String)>> {
     let defaults = ConnectionLimits::default();
     let mut problems = Vec::new();
+    let shares = shares(raw, max_body_bytes, &mut problems);
     let mut timeout = |value: Option<f64>, field: &str, default: Duration| match value {
         None => default,
         Some(ms) if ms.is_finite() && ms > 0.0 && ms <= MAX_CONNECTION_TIMEOUT_MS => {
@@ -781,18 +827,82 @@ fn connection_limits(raw: &RawServer) -> Result<ConnectionLimits, Vec<(String, S
             "send_timeout_ms",
             defaults.send_timeout,
         ),
-        max_connections: raw.max_connections.unwrap_or(defaults.max_connections),
+        ..shares
     };
-    if limits.max_connections == 0 {
-        problems.push((
-            "server.max_connections".into(),
-            format!("must be at least 1 (default {})", defaults.max_connections),
-        ));
-    }
     if problems.is_empty() {
         Ok(limits)
     } else {
         Err(problems)
+    }
+}
+
+/// The `[server]` limits on what one address and all of them may hold: the connections,
+/// the head and the bytes of bodies still arriving. Defaults: half of `max_connections` per
+/// address; 32 KiB of head; 64 MiB of arriving bodies (at least twice `max_body_bytes`), half
+/// of it per address (at least `max_body_bytes`). Timeouts are left at their defaults here.
+fn shares(
+    raw: &RawServer,
+    max_body_bytes: usize,
+    problems: &mut Vec<(String, String)>,
+) -> ConnectionLimits {
+    let defaults = ConnectionLimits::default();
+    let mut problem = |field: &str, fix: String| problems.push((format!("server.{field}"), fix));
+    let max_connections = match raw.max_connections {
+        Some(0) => {
+            problem(
+                "max_connections",
+                format!("must be at least 1 (default {})", defaults.max_connections),
+            );
+            defaults.max_connections
+        }
+        set => set.unwrap_or(defaults.max_connections),
+    };
+    let max_connections_per_address = match raw.max_connections_per_address {
+        Some(n) if n == 0 || n > max_connections => {
+            problem(
+                "max_connections_per_address",
+                format!("`{n}` must be from 1 to server.max_connections ({max_connections}); leave it out for half of that"),
+            );
+            max_connections
+        }
+        set => set.unwrap_or(max_connections.div_ceil(2)),
+    };
+    let max_header_bytes = match raw.max_header_bytes {
+        Some(n) if !(MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES).contains(&n) => {
+            problem(
+                "max_header_bytes",
+                format!("`{n}` must be from {MIN_MAX_HEADER_BYTES} to {MAX_MAX_HEADER_BYTES} bytes (default {DEFAULT_MAX_HEADER_BYTES})"),
+            );
+            DEFAULT_MAX_HEADER_BYTES
+        }
+        set => set.unwrap_or(DEFAULT_MAX_HEADER_BYTES),
+    };
+    let max_buffered_bytes = raw.max_buffered_bytes.unwrap_or_else(|| {
+        DEFAULT_MAX_BUFFERED_BYTES
+            .max(max_body_bytes.saturating_mul(2))
+            .max(raw.max_buffered_bytes_per_address.unwrap_or(0))
+    });
+    let max_buffered_bytes_per_address = raw
+        .max_buffered_bytes_per_address
+        .unwrap_or_else(|| (max_buffered_bytes / 2).max(max_body_bytes));
+    if max_buffered_bytes_per_address < max_body_bytes {
+        problem(
+            "max_buffered_bytes_per_address",
+            format!("`{max_buffered_bytes_per_address}` is less than server.max_body_bytes ({max_body_bytes}), so the largest body could never arrive: raise it, or leave it out"),
+        );
+    } else if max_buffered_bytes_per_address > max_buffered_bytes {
+        problem(
+            "max_buffered_bytes",
+            format!("`{max_buffered_bytes}` is less than server.max_buffered_bytes_per_address ({max_buffered_bytes_per_address}): raise it, or leave it out"),
+        );
+    }
+    ConnectionLimits {
+        max_connections,
+        max_connections_per_address,
+        max_header_bytes,
+        max_buffered_bytes,
+        max_buffered_bytes_per_address,
+        ..defaults
     }
 }
 
@@ -919,7 +1029,8 @@ pub fn load_all(
         ));
     }
     let log_format = log_format(raw.server.log_format.as_deref(), &err, &mut problems);
-    let connections = connection_limits(&raw.server).unwrap_or_else(|ps| {
+    let max_body_bytes = raw.server.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    let connections = connection_limits(&raw.server, max_body_bytes).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         ConnectionLimits::default()
     });
@@ -942,7 +1053,7 @@ pub fn load_all(
     match listen {
         Some(listen) if problems.is_empty() => Ok(GatewayConfig {
             listen,
-            max_body_bytes: raw.server.max_body_bytes.unwrap_or(1 << 20),
+            max_body_bytes,
             keys,
             feedback_rate,
             feedback_ttl: Millis(ttl * 1000.0),

@@ -2,10 +2,13 @@
 //!
 //! Middleware order, outermost first (written once, here):
 //! 0. the connection ([`conn`], around the router): at most `server.max_connections` over
-//!    every event loop (beyond, a raw 503); headers due within `header_read_timeout_ms`, the
-//!    body within `body_read_timeout_ms` (else 408), an idle keep-alive connection closed after
-//!    `idle_timeout_ms`;
-//! 1. request body limit: bodies over `server.max_body_bytes` get 413;
+//!    every event loop and `server.max_connections_per_address` per client address (beyond, a
+//!    raw 503 or 429, or the biggest holder's oldest connection shed); headers due within
+//!    `header_read_timeout_ms` and at most `max_header_bytes` (else 431), the body within
+//!    `body_read_timeout_ms` (else 408) and within the buffered-bytes limits (else 429 or 503),
+//!    an idle keep-alive connection closed after `idle_timeout_ms`;
+//! 1. request body limit: a `Content-Length` over `server.max_body_bytes` gets 413 at once,
+//!    before any of the body is read; a body that grows past it (chunked) gets 413 too;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time); the key that matched becomes the
 //!    request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
@@ -86,6 +89,10 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            max_body_bytes,
+            refuse_declared_oversize,
+        ))
         .with_state(state)
 }
 
@@ -185,22 +192,53 @@ async fn require_feedback_key(
 /// A request body as the handlers take it: the bytes, or why axum could not read them.
 type BodyBytes = Result<Bytes, axum::extract::rejection::BytesRejection>;
 
-/// The bytes of `body`; a body over `server.max_body_bytes` is an OpenAI-style 413 (axum's own
-/// answer is plain text, which SDKs cannot parse).
+/// The OpenAI-style 413 of a body over `server.max_body_bytes` (axum's own answer is plain
+/// text, which SDKs cannot parse).
+fn body_too_large() -> ApiError {
+    ApiError::invalid(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "request_too_large",
+        "the body is larger than the gateway accepts: send less, or raise server.max_body_bytes",
+    )
+}
+
+/// The bytes of `body`; a body over `server.max_body_bytes` is a 413 ([`body_too_large`]).
 fn read_body(body: BodyBytes) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let status = e.status();
-        let (code, message) = if status == StatusCode::PAYLOAD_TOO_LARGE {
-            (
-                "request_too_large",
-                "the body is larger than the gateway accepts: send less, or raise server.max_body_bytes"
-                    .to_owned(),
-            )
-        } else {
-            ("unreadable_body", format!("the body could not be read: {}", e.body_text()))
-        };
-        ApiError::invalid(status, code, message)
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            return body_too_large();
+        }
+        ApiError::invalid(
+            status,
+            "unreadable_body",
+            format!("the body could not be read: {}", e.body_text()),
+        )
     })
+}
+
+/// Layer 1's first check: a `Content-Length` over `max_body_bytes` is answered 413 at once,
+/// instead of after waiting (up to the body timeout) for a body that would be refused; the
+/// connection closes after it, its body unread.
+async fn refuse_declared_oversize(
+    State(max_body_bytes): State<usize>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body_bytes as u64) {
+        let mut response = body_too_large().into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            HeaderValue::from_static("close"),
+        );
+        return response;
+    }
+    next.run(req).await
 }
 
 fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
