@@ -7,7 +7,8 @@
 //!    `idle_timeout_ms`;
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
-//!    an OpenAI-style 401 (keys compared in constant time); the state routes
+//!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
+//!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the state routes
 //!    (`/v1/interfaces…`) take the admin keys when those are configured, else the gateway
 //!    keys: they are open only when no key at all is configured (local use); the dashboard
 //!    (`/dashboard…`) takes the same keys, also as HTTP Basic (see [`dashboard`]);
@@ -15,6 +16,7 @@
 
 pub mod arms;
 pub mod audit;
+mod clients;
 pub mod conn;
 pub mod dashboard;
 pub mod error;
@@ -47,6 +49,7 @@ use std::sync::Arc;
 pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(clients::responses::create))
         .route("/v1/tools/{interface}", post(tool_call))
         .route("/v1/feedback", post(feedback))
         .route("/v1/models", get(list_models))
@@ -66,8 +69,15 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
             state.clone(),
             require_admin_key,
         ));
+    // Anthropic's clients read errors in Anthropic's shape, the 401 included: the shape is
+    // rewritten outside the key check.
+    let messages = Router::new()
+        .route("/v1/messages", post(clients::messages::create))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer(middleware::map_response(clients::messages::error_shape));
     Router::new()
         .merge(v1)
+        .merge(messages)
         .merge(admin)
         .merge(dashboard::routes(state.clone()))
         .route("/healthz", get(|| async { "ok" }))
@@ -145,16 +155,16 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Whether the request's bearer key is one of `keys` (no keys configured: open).
+/// Whether the request's bearer key is one of `keys` (no keys configured: open). On
+/// `/v1/messages` the key may come as `x-api-key`, as Anthropic's clients send it.
 fn authorized(req: &Request, keys: &[crate::config::Secret]) -> bool {
     if keys.is_empty() {
         return true;
     }
-    let given = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let given = header("authorization")
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| header("x-api-key").filter(|_| req.uri().path() == "/v1/messages"))
         .unwrap_or("");
     keys.iter()
         .fold(false, |acc, k| acc | same(given.as_bytes(), k.0.as_bytes()))
@@ -536,7 +546,16 @@ async fn chat_completions(
     headers: HeaderMap,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
-    let body = parse_json(body)?;
+    route_chat(&state, &headers, parse_json(body)?).await
+}
+
+/// Routes a chat completions request: the one entry point of every client API (the Responses
+/// and Messages APIs translate into it, see [`clients`]).
+async fn route_chat(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    body: ClientBody,
+) -> Result<Response, ApiError> {
     let model = check_chat_body(&body)?;
     let (name, pinned) = model
         .split_once('/')
@@ -575,17 +594,17 @@ async fn chat_completions(
             )
         })?),
     };
-    let (deadline, clamped) = deadline_from(&headers, iface)?;
-    let meta = RequestMeta::from_headers(&headers).for_interface(&state, iface);
+    let (deadline, clamped) = deadline_from(headers, iface)?;
+    let meta = RequestMeta::from_headers(headers).for_interface(state, iface);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let streamed =
             execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
                 .await;
         return Ok(with_deadline(streamed, deadline, clamped));
     }
-    let answered = execute::execute(&state, iface, &body, pinned, deadline, &meta)
+    let answered = execute::execute(state, iface, &body, pinned, deadline, &meta)
         .await
-        .inspect(|a| maybe_judge(&state, iface, &body, a));
+        .inspect(|a| maybe_judge(state, iface, &body, a));
     Ok(with_deadline(
         answered.map(|a| routed(&a)),
         deadline,
@@ -709,7 +728,7 @@ async fn feedback(
 }
 
 /// The routes, for the answer to a request that matches none.
-const ROUTES: &str = "POST /v1/chat/completions, POST /v1/tools/{interface}, POST /v1/feedback, \
+const ROUTES: &str = "POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/tools/{interface}, POST /v1/feedback, \
 GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /v1/interfaces/{name}/shadow, GET /v1/interfaces/{name}/rollout, POST /v1/interfaces/{name}/rollout/promote, POST /v1/interfaces/{name}/rollout/abort, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
 
 /// A path the gateway does not serve: an OpenAI-style 404 (SDKs show its message) instead of
