@@ -8,32 +8,9 @@
 
 mod common;
 
-use common::{http, mock, start};
+use common::{fallback_config, http, mock, start};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-
-/// A chat interface whose first provider (`first`) falls back to an OpenAI one.
-fn config(first: &str, backup: SocketAddr, server: &str) -> String {
-    format!(
-        r#"
-{server}
-[interfaces.chat]
-kind = "chat"
-policy = {{ name = "static", candidate = "first" }}
-deadline_ms = 5000
-
-[[interfaces.chat.providers]]
-id = "first"
-{first}
-
-[[interfaces.chat.providers]]
-id = "backup"
-kind = "openai"
-model = "gpt-backup"
-base_url = "http://{backup}/v1"
-"#
-    )
-}
 
 fn openai(at: SocketAddr) -> String {
     format!("kind = \"openai\"\nmodel = \"gpt-x\"\nbase_url = \"http://{at}/v1\"\n")
@@ -57,7 +34,7 @@ fn dialects(at: SocketAddr) -> [(String, &'static str, &'static str, u64, u64); 
 const STREAMED_PROMPT: u64 = 3;
 
 async fn gateway(first: &str, backup: SocketAddr) -> common::Gateway {
-    start(&config(first, backup, ""), &[("NATIVE_KEY", "k")]).await
+    start(&fallback_config("", first, backup), &[("NATIVE_KEY", "k")]).await
 }
 
 const LOOKUP: &str = "lookup";
@@ -496,7 +473,7 @@ async fn messages_takes_x_api_key_and_answers_a_wrong_key_in_anthropics_shape() 
     let upstream = mock("").await;
     let server = "[server]\napi_keys_env = [\"GW_KEY\"]\n";
     let gw = start(
-        &config(&openai(upstream.addr), upstream.addr, server),
+        &fallback_config(server, &openai(upstream.addr), upstream.addr),
         &[("GW_KEY", "sk-gw")],
     )
     .await;

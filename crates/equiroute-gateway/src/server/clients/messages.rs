@@ -23,7 +23,7 @@
 
 use super::{bad_field, event, unsupported, Answer, ApiWriter, Block};
 use crate::server::error::ApiError;
-use crate::server::{parse_json, AppState, BodyBytes};
+use crate::server::{AppState, BodyBytes};
 use crate::upstream::anthropic;
 use crate::upstream::dialect::{self, Refusal};
 use axum::body::Body;
@@ -39,9 +39,7 @@ pub async fn create(
     headers: HeaderMap,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
-    let body = parse_json(body)?;
-    let chat = to_chat(body.json())?;
-    super::route(&state, &headers, chat, Writer).await
+    super::serve(&state, &headers, body, to_chat, |_| Writer).await
 }
 
 /// A refusal of the shared Anthropic mapping, as a 400 naming the field.
@@ -55,13 +53,7 @@ fn refused(r: Refusal) -> ApiError {
 /// # Errors
 /// A field or block the gateway does not translate, or a value of the wrong shape (named).
 pub fn to_chat(body: &Value) -> Result<Value, ApiError> {
-    let Some(obj) = body.as_object() else {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            None,
-            "the body must be a JSON object (a Messages API request)",
-        ));
-    };
+    let obj = super::object(body, "Messages API")?;
     let mut chat = Map::new();
     let mut out = Vec::new();
     if let Some(system) = obj.get("system").filter(|v| !v.is_null()) {

@@ -343,6 +343,34 @@ impl<W: ApiWriter> EventTranslator for ChunkReader<W> {
     }
 }
 
+/// Serves one request of a client API: the body parsed, written as chat by `to_chat`, routed
+/// by [`route`], and the answer written by the writer `writer` makes from the request.
+pub async fn serve<W: ApiWriter>(
+    state: &Arc<super::AppState>,
+    headers: &HeaderMap,
+    body: super::BodyBytes,
+    to_chat: fn(&Value) -> Result<Value, ApiError>,
+    writer: fn(&Value) -> W,
+) -> Result<Response, ApiError> {
+    let body = super::parse_json(body)?;
+    let chat = to_chat(body.json())?;
+    route(state, headers, chat, writer(body.json())).await
+}
+
+/// The request `body` as a JSON object, or a 400 saying it must be an `api` request.
+///
+/// # Errors
+/// The body is not an object.
+pub fn object<'a>(body: &'a Value, api: &str) -> Result<&'a Map<String, Value>, ApiError> {
+    body.as_object().ok_or_else(|| {
+        ApiError::bad_request(
+            "invalid_body",
+            None,
+            format!("the body must be a JSON object (a {api} request)"),
+        )
+    })
+}
+
 /// A 400 for the client's field `field`.
 pub fn bad_field(field: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::bad_field("invalid_request", field.into(), message)

@@ -25,7 +25,7 @@
 
 use super::{bad_field, event, unsupported, Answer, ApiWriter, Block};
 use crate::server::error::ApiError;
-use crate::server::{parse_json, AppState, BodyBytes};
+use crate::server::{AppState, BodyBytes};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -38,9 +38,7 @@ pub async fn create(
     headers: HeaderMap,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
-    let body = parse_json(body)?;
-    let chat = to_chat(body.json())?;
-    super::route(&state, &headers, chat, Writer::new(body.json())).await
+    super::serve(&state, &headers, body, to_chat, Writer::new).await
 }
 
 /// Why a conversation cannot be continued by reference.
@@ -52,13 +50,7 @@ conversation in `input`, the earlier output items included";
 /// # Errors
 /// A field or item the gateway does not translate, or a value of the wrong shape (named).
 pub fn to_chat(body: &Value) -> Result<Value, ApiError> {
-    let Some(obj) = body.as_object() else {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            None,
-            "the body must be a JSON object (a Responses API request)",
-        ));
-    };
+    let obj = super::object(body, "Responses API")?;
     let mut chat = Map::new();
     let mut messages = Vec::new();
     if let Some(i) = obj.get("instructions").filter(|v| !v.is_null()) {
