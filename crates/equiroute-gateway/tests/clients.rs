@@ -526,10 +526,18 @@ async fn messages_takes_x_api_key_and_answers_a_wrong_key_in_anthropics_shape() 
 }
 
 #[tokio::test]
-async fn both_apis_fall_back_to_another_dialect_and_take_feedback_by_request_id() {
+async fn both_apis_fall_back_to_another_dialect_are_audited_and_take_feedback_by_request_id() {
     let down = mock("[chat]\nfault = \"unavailable\"\n").await;
     let backup = mock("").await;
-    let gw = gateway(&anthropic(down.addr), backup.addr).await;
+    let dir = std::env::temp_dir().join(format!("equiroute-clients-audit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let audit = dir.join("audit.jsonl");
+    let server = format!("[audit]\npath = {audit:?}\n");
+    let gw = start(
+        &fallback_config(&server, &anthropic(down.addr), backup.addr),
+        &[("NATIVE_KEY", "k")],
+    )
+    .await;
     for (path, body) in [
         ("/v1/messages", messages_request(false)),
         ("/v1/responses", responses_request(true)),
@@ -537,9 +545,16 @@ async fn both_apis_fall_back_to_another_dialect_and_take_feedback_by_request_id(
         let r = post(gw.addr, path, &body).await;
         assert_eq!(r.status, 200, "{path}: {}", r.body);
         assert_eq!(r.header("x-equiroute-provider"), Some("backup"), "{path}");
-        let attempts: u32 = r.header("x-equiroute-attempts").unwrap().parse().unwrap();
+        let attempts: usize = r.header("x-equiroute-attempts").unwrap().parse().unwrap();
         assert!(attempts >= 2, "{path}: the failed provider was tried first");
         let id = r.header("x-equiroute-request-id").unwrap();
+        let record = common::audit_record(&audit, id).await;
+        assert_eq!(record["outcome"], "ok", "{path}: {record}");
+        assert_eq!(
+            record["attempts"].as_array().unwrap().len(),
+            attempts,
+            "{path}: {record}"
+        );
         let fb = post(
             gw.addr,
             "/v1/feedback",
@@ -549,6 +564,7 @@ async fn both_apis_fall_back_to_another_dialect_and_take_feedback_by_request_id(
         assert_eq!(fb.status, 200, "{path}: {}", fb.body);
         assert_eq!(fb.json()["status"], "accepted");
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
