@@ -8,8 +8,8 @@
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
-//!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the state routes
-//!    (`/v1/interfaces…`) take the admin keys when those are configured, else the gateway
+//!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the
+//!    state routes (`/v1/interfaces…`) take the admin keys when those are configured, else the gateway
 //!    keys: they are open only when no key at all is configured (local use); the dashboard
 //!    (`/dashboard…`) takes the same keys, also as HTTP Basic (see [`dashboard`]);
 //! 3. the routes below.
