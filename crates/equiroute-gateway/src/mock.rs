@@ -53,8 +53,9 @@
 //! 529, Gemini's errors carry a `status` name, Bedrock's are `{"message"}` with the type in
 //! `x-amzn-errortype` (429 `ThrottlingException`, 503 `ServiceUnavailableException`, 400
 //! `ValidationException`, ...), a content filter is Anthropic's `refusal` stop, Gemini's
-//! blocked prompt and Bedrock's `guardrail_intervened` (all with HTTP 200). Given tools, a
-//! native answer calls the first one.
+//! blocked prompt and Bedrock's `guardrail_intervened` (all with HTTP 200). Given tools, an
+//! answer (of any dialect) calls the first one, unless the conversation's last turn carries
+//! tool results: then it answers in text, so a client's tool loop ends.
 //!
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
@@ -1149,17 +1150,78 @@ fn native_request_problem(
     None
 }
 
-/// The name of the first tool of a native request, which the native answer calls.
+/// The name of the first tool of a request, which the answer calls; none once the
+/// conversation's last turn carries tool results (the answer to them is text, so a client's
+/// tool loop ends).
 fn first_tool(speaks: Speaks, body: &serde_json::Value) -> Option<String> {
-    let pointer = match speaks {
-        Speaks::OpenAi | Speaks::Azure => return None,
-        Speaks::Anthropic => "/tools/0/name",
-        Speaks::Gemini => "/tools/0/functionDeclarations/0/name",
-        Speaks::Bedrock => "/toolConfig/tools/0/toolSpec/name",
+    let (pointer, turns, result) = match speaks {
+        Speaks::OpenAi | Speaks::Azure => ("/tools/0/function/name", "/messages", "tool"),
+        Speaks::Anthropic => ("/tools/0/name", "/messages", "tool_result"),
+        Speaks::Gemini => (
+            "/tools/0/functionDeclarations/0/name",
+            "/contents",
+            "functionResponse",
+        ),
+        Speaks::Bedrock => (
+            "/toolConfig/tools/0/toolSpec/name",
+            "/messages",
+            "toolResult",
+        ),
     };
+    let last = body
+        .pointer(turns)
+        .and_then(serde_json::Value::as_array)
+        .and_then(|t| t.last());
+    // A tool message (OpenAI's role), or a result block or part (the native turns' content).
+    let answered = last.is_some_and(|turn| {
+        turn["role"] == result
+            || ["content", "parts"].iter().any(|k| {
+                turn[k].as_array().is_some_and(|blocks| {
+                    blocks
+                        .iter()
+                        .any(|b| b["type"] == result || b.get(result).is_some())
+                })
+            })
+    });
+    if answered {
+        return None;
+    }
     body.pointer(pointer)
         .and_then(serde_json::Value::as_str)
         .map(str::to_owned)
+}
+
+/// The id of the mock's OpenAI tool call.
+const OPENAI_CALL_ID: &str = "call_mock";
+
+/// An OpenAI stream's finish with a call of `tool` instead: the call's chunks (its id and
+/// name, then its arguments in two pieces) and `finish_reason = "tool_calls"`.
+fn call_in_stream(chunks: &mut Vec<String>, model: &str, tool: &str) {
+    let Some(at) = chunks
+        .iter()
+        .position(|c| c.contains("\"finish_reason\":\"stop\""))
+    else {
+        return;
+    };
+    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+        let c = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {c}\n\n")
+    };
+    let call = |c: serde_json::Value| json!({"tool_calls": [c]});
+    let mut calling = vec![chunk(
+        call(json!({"index": 0, "id": OPENAI_CALL_ID, "type": "function",
+            "function": {"name": tool, "arguments": ""}})),
+        serde_json::Value::Null,
+    )];
+    for piece in ["{\"q\": ", "\"mock\"}"] {
+        calling.push(chunk(
+            call(json!({"index": 0, "function": {"arguments": piece}})),
+            serde_json::Value::Null,
+        ));
+    }
+    calling.push(chunk(json!({}), json!("tool_calls")));
+    chunks.splice(at..=at, calling);
 }
 
 /// A chat call of any dialect: `model` is the URL's when the dialect puts it there.
@@ -1210,6 +1272,9 @@ async fn serve_chat(
         let (chunks, content_type) = match speaks {
             Speaks::OpenAi | Speaks::Azure => {
                 let mut chunks = faulty_stream_chunks(model, fault);
+                if let Some(t) = &tool {
+                    call_in_stream(&mut chunks, model, t);
+                }
                 if wants_usage(&body) && chunks.last().is_some_and(|c| c.contains("[DONE]")) {
                     chunks.insert(chunks.len() - 1, usage_chunk(model));
                 }
@@ -1240,14 +1305,22 @@ async fn serve_chat(
     }
     tokio::time::sleep(first_token_delay(route, fault)).await;
     Json(match speaks {
-        Speaks::OpenAi | Speaks::Azure => json!({
-            "id": "chatcmpl-mock",
-            "object": "chat.completion",
-            "created": 0,
-            "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": route.content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-        }),
+        Speaks::OpenAi | Speaks::Azure => {
+            let mut message = json!({"role": "assistant", "content": route.content});
+            if let Some(t) = &tool {
+                message["tool_calls"] = json!([{"id": OPENAI_CALL_ID, "type": "function",
+                    "function": {"name": t, "arguments": "{\"q\":\"mock\"}"}}]);
+            }
+            json!({
+                "id": "chatcmpl-mock",
+                "object": "chat.completion",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "message": message,
+                    "finish_reason": if tool.is_some() { "tool_calls" } else { "stop" }}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+            })
+        }
         Speaks::Anthropic => anthropic_answer(model, &route.content, tool.as_deref()),
         Speaks::Gemini => gemini_answer(model, &route.content, tool.as_deref()),
         Speaks::Bedrock => bedrock_answer(&route.content, tool.as_deref()),

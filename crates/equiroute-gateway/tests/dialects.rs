@@ -13,26 +13,13 @@ use std::net::SocketAddr;
 
 const KEY: &str = "sk-never-shown-4711";
 
-/// A chat interface whose first provider (`first`, of any kind) falls back to an OpenAI one.
+/// A chat interface whose first provider (`first`, of any kind, with the key) falls back to an
+/// OpenAI one.
 fn config(first: &str, backup: SocketAddr) -> String {
-    format!(
-        r#"
-[interfaces.chat]
-kind = "chat"
-policy = {{ name = "static", candidate = "first" }}
-deadline_ms = 5000
-
-[[interfaces.chat.providers]]
-id = "first"
-api_key_env = "NATIVE_KEY"
-{first}
-
-[[interfaces.chat.providers]]
-id = "backup"
-kind = "openai"
-model = "gpt-backup"
-base_url = "http://{backup}/v1"
-"#
+    common::fallback_config(
+        "",
+        &format!("api_key_env = \"NATIVE_KEY\"\n{first}"),
+        backup,
     )
 }
 

@@ -160,10 +160,18 @@ impl Keys {
         open.then_some(Caller::Anonymous)
     }
 
-    /// The caller of a request with `headers` (its bearer key) on `route`.
+    /// The caller of a request with `headers` (its bearer key, or its `x-api-key` when
+    /// `x_api_key` and there is no bearer key) on `route`.
     #[must_use]
-    pub fn caller(&self, headers: &HeaderMap, route: Route) -> Option<Caller> {
-        self.identify(bearer(headers).as_bytes(), route)
+    pub fn caller(&self, headers: &HeaderMap, route: Route, x_api_key: bool) -> Option<Caller> {
+        let key = bearer(headers)
+            .or_else(|| {
+                x_api_key
+                    .then(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+                    .flatten()
+            })
+            .unwrap_or("");
+        self.identify(key.as_bytes(), route)
     }
 
     /// Takes one score from `caller`'s feedback bucket; when it is empty, the 429 to answer,
@@ -206,13 +214,12 @@ impl Keys {
     }
 }
 
-/// The bearer key of a request (`Authorization: Bearer <key>`), or empty.
-fn bearer(headers: &HeaderMap) -> &str {
+/// The bearer key of a request (`Authorization: Bearer <key>`).
+fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("")
 }
 
 /// Constant-time equality, so a wrong key's timing says nothing about the right one.

@@ -474,7 +474,7 @@ async fn require_admin_key(
     let route = super::auth::Route::Admin;
     let caller = match basic {
         Some(pass) => state.keys.identify(pass.as_bytes(), route),
-        None => state.keys.caller(req.headers(), route),
+        None => state.keys.caller(req.headers(), route, false),
     };
     if let Some(caller) = caller {
         req.extensions_mut().insert(caller);

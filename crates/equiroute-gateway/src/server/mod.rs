@@ -10,7 +10,8 @@
 //! 1. request body limit: a `Content-Length` over `server.max_body_bytes` gets 413 at once,
 //!    before any of the body is read; a body that grows past it (chunked) gets 413 too;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
-//!    an OpenAI-style 401 (keys compared in constant time); the key that matched becomes the
+//!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
+//!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the key that matched becomes the
 //!    request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
 //!    and whose requests it may score. The traffic routes take client and judge keys,
 //!    `/v1/feedback` those and the admin keys; the state routes (`/v1/interfaces…`) take the
@@ -22,6 +23,7 @@
 pub mod arms;
 pub mod audit;
 pub mod auth;
+mod clients;
 pub mod conn;
 pub mod dashboard;
 pub mod error;
@@ -54,6 +56,7 @@ use std::sync::Arc;
 pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(clients::responses::create))
         .route("/v1/tools/{interface}", post(tool_call))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*model}", get(get_model))
@@ -78,9 +81,16 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
             state.clone(),
             require_admin_key,
         ));
+    // Anthropic's clients read errors in Anthropic's shape, the 401 included: the shape is
+    // rewritten outside the key check.
+    let messages = Router::new()
+        .route("/v1/messages", post(clients::messages::create))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer(middleware::map_response(clients::messages::error_shape));
     Router::new()
         .merge(v1)
         .merge(scores)
+        .merge(messages)
         .merge(admin)
         .merge(dashboard::routes(state.clone()))
         .route("/healthz", get(|| async { "ok" }))
@@ -156,7 +166,9 @@ pub fn request_profile(
 /// Lets through a request whose key opens `route`, with its [`auth::Caller`] as an extension;
 /// else the 401 that names the setting holding the route's keys.
 async fn gate(state: &AppState, route: auth::Route, mut req: Request, next: Next) -> Response {
-    match state.keys.caller(req.headers(), route) {
+    // Anthropic's clients send their key as `x-api-key`: taken on `/v1/messages` only.
+    let x_api_key = req.uri().path() == "/v1/messages";
+    match state.keys.caller(req.headers(), route, x_api_key) {
         Some(caller) => {
             req.extensions_mut().insert(caller);
             next.run(req).await
@@ -572,7 +584,17 @@ async fn chat_completions(
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
     let meta = RequestMeta::of(&headers, &caller)?;
-    let body = parse_json(body)?;
+    route_chat(&state, &headers, meta, parse_json(body)?).await
+}
+
+/// Routes a chat completions request: the one entry point of every client API (the Responses
+/// and Messages APIs translate into it, see [`clients`]).
+async fn route_chat(
+    state: &Arc<AppState>,
+    headers: &HeaderMap,
+    meta: RequestMeta,
+    body: ClientBody,
+) -> Result<Response, ApiError> {
     let model = check_chat_body(&body)?;
     let (name, pinned) = model
         .split_once('/')
@@ -611,17 +633,17 @@ async fn chat_completions(
             )
         })?),
     };
-    let (deadline, clamped) = deadline_from(&headers, iface)?;
-    let meta = meta.for_interface(&state, iface);
+    let (deadline, clamped) = deadline_from(headers, iface)?;
+    let meta = meta.for_interface(state, iface);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let streamed =
             execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
                 .await;
         return Ok(with_deadline(streamed, deadline, clamped));
     }
-    let answered = execute::execute(&state, iface, &body, pinned, deadline, &meta)
+    let answered = execute::execute(state, iface, &body, pinned, deadline, &meta)
         .await
-        .inspect(|a| maybe_judge(&state, iface, &body, a));
+        .inspect(|a| maybe_judge(state, iface, &body, a));
     Ok(with_deadline(
         answered.map(|a| routed(&a)),
         deadline,
@@ -752,7 +774,7 @@ async fn feedback(
 }
 
 /// The routes, for the answer to a request that matches none.
-const ROUTES: &str = "POST /v1/chat/completions, POST /v1/tools/{interface}, POST /v1/feedback, \
+const ROUTES: &str = "POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/tools/{interface}, POST /v1/feedback, \
 GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /v1/interfaces/{name}/shadow, GET /v1/interfaces/{name}/rollout, POST /v1/interfaces/{name}/rollout/promote, POST /v1/interfaces/{name}/rollout/abort, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
 
 /// A path the gateway does not serve: an OpenAI-style 404 (SDKs show its message) instead of

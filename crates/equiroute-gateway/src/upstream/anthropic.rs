@@ -103,13 +103,7 @@ fn messages(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
                 continue;
             }
             "user" => ("user", blocks(content, &at("content"))?),
-            "assistant" => {
-                let mut b = blocks(content, &at("content"))?;
-                if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
-                    b.extend(tool_uses(calls, &at("tool_calls"))?);
-                }
-                ("assistant", b)
-            }
+            "assistant" => ("assistant", assistant_blocks(m, &format!("messages[{i}]"))?),
             "tool" => {
                 let id = m
                     .get("tool_call_id")
@@ -127,6 +121,46 @@ fn messages(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
     }
     let system = (!system.is_empty()).then(|| system.join("\n\n"));
     Ok((system, out))
+}
+
+/// An OpenAI assistant message (`content` and `tool_calls`, at `at`) as Anthropic content
+/// blocks: text, then `tool_use`. The same mapping writes an assistant turn of a request and
+/// the answer to a Messages client (`server/clients/messages.rs`).
+///
+/// # Errors
+/// Content of another shape, or tool call arguments that are not JSON text (named).
+pub fn assistant_blocks(m: &Value, at: &str) -> Result<Vec<Value>, Refusal> {
+    let mut b = blocks(
+        m.get("content").unwrap_or(&Value::Null),
+        &format!("{at}.content"),
+    )?;
+    if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+        b.extend(tool_uses(calls, &format!("{at}.tool_calls"))?);
+    }
+    Ok(b)
+}
+
+/// Anthropic content blocks as an OpenAI assistant message's text and `tool_calls` (the
+/// inverse of [`assistant_blocks`]): text blocks joined, `tool_use` blocks as calls, thinking
+/// and other blocks left out (not part of an OpenAI message).
+#[must_use]
+pub fn assistant_message(content: &[Value]) -> (Option<String>, Vec<Value>) {
+    let mut text: Option<String> = None;
+    let mut calls = Vec::new();
+    for block in content {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => text
+                .get_or_insert_with(String::new)
+                .push_str(block["text"].as_str().unwrap_or_default()),
+            Some("tool_use") => calls.push(dialect::tool_call(
+                block["id"].as_str().unwrap_or_default(),
+                block["name"].as_str().unwrap_or_default(),
+                &block["input"],
+            )),
+            _ => {}
+        }
+    }
+    (text, calls)
 }
 
 /// A message's content as Anthropic content blocks.
@@ -170,6 +204,21 @@ fn part(p: &Value, at: &str) -> Result<Value, Refusal> {
     }
 }
 
+/// An Anthropic image block's `source` as the URL of an OpenAI `image_url` part (the inverse
+/// of [`part`]'s images: base64 data as a `data:` URL).
+#[must_use]
+pub fn image_url(source: &Value) -> Option<String> {
+    match source.get("type").and_then(Value::as_str)? {
+        "base64" => Some(format!(
+            "data:{};base64,{}",
+            source.get("media_type")?.as_str()?,
+            source.get("data")?.as_str()?
+        )),
+        "url" => source.get("url")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
 /// An assistant's `tool_calls` → `tool_use` blocks (arguments are JSON text in OpenAI's).
 fn tool_uses(calls: &Value, at: &str) -> Result<Vec<Value>, Refusal> {
     dialect::tool_calls(
@@ -205,30 +254,112 @@ fn tools(value: &Value) -> Result<Value, Refusal> {
         .map(Value::Array)
 }
 
+/// Anthropic tools → OpenAI `tools` (the inverse of [`tools`]); a server tool (one with a
+/// `type`, such as `web_search_20250305`) has no OpenAI equivalent and is refused by name.
+///
+/// # Errors
+/// Not a list, a tool without a name, or a server tool.
+pub fn openai_tools(value: &Value) -> Result<Value, Refusal> {
+    let Some(list) = value.as_array() else {
+        return Err(Refusal::new("tools", "must be a list"));
+    };
+    list.iter()
+        .enumerate()
+        .map(|(j, t)| {
+            if let Some(kind) = t
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|k| *k != "custom")
+            {
+                return Err(Refusal::new(
+                    format!("tools[{j}].type"),
+                    format!("`{kind}` is a server tool, which the gateway does not run: only client tools (name, description, input_schema) are routed"),
+                ));
+            }
+            let Some(name) = t.get("name").filter(|n| n.is_string()) else {
+                return Err(Refusal::new(format!("tools[{j}].name"), "is required, as a string"));
+            };
+            let mut f = json!({"name": name,
+                "parameters": t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object"}))});
+            if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
+                f["description"] = d.clone();
+            }
+            Ok(json!({"type": "function", "function": f}))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+/// OpenAI's `tool_choice` words and Anthropic's `tool_choice.type`, read both ways.
+const TOOL_CHOICES: [(&str, &str); 3] = [("auto", "auto"), ("none", "none"), ("required", "any")];
+
 /// OpenAI `tool_choice` → Anthropic's.
 fn choice(value: &Value) -> Result<Value, Refusal> {
-    match value {
-        Value::String(s) if s == "auto" => Ok(json!({"type": "auto"})),
-        Value::String(s) if s == "none" => Ok(json!({"type": "none"})),
-        Value::String(s) if s == "required" => Ok(json!({"type": "any"})),
-        v if v.pointer("/function/name").is_some() => {
-            Ok(json!({"type": "tool", "name": v.pointer("/function/name")}))
-        }
-        _ => Err(Refusal::new(
+    let word = value
+        .as_str()
+        .and_then(|s| TOOL_CHOICES.iter().find(|(o, _)| *o == s));
+    match (word, value.pointer("/function/name")) {
+        (Some((_, a)), _) => Ok(json!({"type": a})),
+        (None, Some(name)) => Ok(json!({"type": "tool", "name": name})),
+        (None, None) => Err(Refusal::new(
             "tool_choice",
             "must be auto, none, required or a named function",
         )),
     }
 }
 
-/// Anthropic's `stop_reason` → OpenAI's `finish_reason`.
-fn finish_reason(stop: Option<&str>) -> &'static str {
-    match stop {
-        Some("max_tokens" | "model_context_window_exceeded") => "length",
-        Some("tool_use") => "tool_calls",
-        Some("refusal") => "content_filter",
-        _ => "stop",
+/// Anthropic `tool_choice` → OpenAI's (the inverse of [`choice`]), and whether it asks for one
+/// tool call at a time (`disable_parallel_tool_use`).
+///
+/// # Errors
+/// A type other than auto, any, none and tool, or a `tool` without a name.
+pub fn openai_choice(value: &Value) -> Result<(Value, bool), Refusal> {
+    let kind = value
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let one_at_a_time = value.get("disable_parallel_tool_use") == Some(&Value::Bool(true));
+    if let Some((o, _)) = TOOL_CHOICES.iter().find(|(_, a)| *a == kind) {
+        return Ok((json!(o), one_at_a_time));
     }
+    match value.get("name").and_then(Value::as_str) {
+        Some(name) if kind == "tool" => Ok((
+            json!({"type": "function", "function": {"name": name}}),
+            one_at_a_time,
+        )),
+        _ => Err(Refusal::new(
+            "tool_choice",
+            "must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}",
+        )),
+    }
+}
+
+/// Anthropic's `stop_reason` and OpenAI's `finish_reason`, one table read both ways: each
+/// way takes the first row that names the reason.
+const STOP_REASONS: [(&str, &str); 6] = [
+    ("end_turn", "stop"),
+    ("max_tokens", "length"),
+    ("tool_use", "tool_calls"),
+    ("refusal", "content_filter"),
+    ("stop_sequence", "stop"),
+    ("model_context_window_exceeded", "length"),
+];
+
+/// Anthropic's `stop_reason` → OpenAI's `finish_reason` (`stop` for others, `pause_turn`).
+fn finish_reason(stop: Option<&str>) -> &'static str {
+    STOP_REASONS
+        .iter()
+        .find(|(a, _)| Some(*a) == stop)
+        .map_or("stop", |(_, o)| o)
+}
+
+/// OpenAI's `finish_reason` → Anthropic's `stop_reason` (`end_turn` for others).
+#[must_use]
+pub fn stop_reason(finish: Option<&str>) -> &'static str {
+    STOP_REASONS
+        .iter()
+        .find(|(_, o)| Some(*o) == finish)
+        .map_or("end_turn", |(a, _)| a)
 }
 
 /// Anthropic `usage` → OpenAI's: cache writes and reads are prompt tokens too.
@@ -242,6 +373,20 @@ fn usage(u: &Value) -> Value {
     )
 }
 
+/// OpenAI `usage` → Anthropic's (the inverse of [`usage`]): the cached prompt tokens are
+/// cache reads, the others input tokens; OpenAI's usage does not tell cache writes apart.
+#[must_use]
+pub fn anthropic_usage(u: &Value) -> Value {
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let read = n("/prompt_tokens_details/cached_tokens");
+    json!({
+        "input_tokens": n("/prompt_tokens").saturating_sub(read),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": read,
+        "output_tokens": n("/completion_tokens"),
+    })
+}
+
 /// A Messages answer → an OpenAI chat completion naming `model`.
 ///
 /// # Errors
@@ -252,22 +397,7 @@ pub fn answer(body: &Value, model: &str) -> Result<Value, Unanswerable> {
             "the answer has no `content` list".into(),
         ));
     };
-    let mut text: Option<String> = None;
-    let mut calls = Vec::new();
-    for block in content {
-        match block.get("type").and_then(Value::as_str) {
-            Some("text") => text
-                .get_or_insert_with(String::new)
-                .push_str(block["text"].as_str().unwrap_or_default()),
-            Some("tool_use") => calls.push(dialect::tool_call(
-                block["id"].as_str().unwrap_or_default(),
-                block["name"].as_str().unwrap_or_default(),
-                &block["input"],
-            )),
-            // Thinking blocks and others: not part of an OpenAI message.
-            _ => {}
-        }
-    }
+    let (text, calls) = assistant_message(content);
     let stop = body.get("stop_reason").and_then(Value::as_str);
     if stop == Some("refusal") && text.is_none() && calls.is_empty() {
         return Err(Unanswerable::Blocked(
@@ -522,6 +652,30 @@ mod tests {
         ] {
             assert_eq!(finish_reason(Some(stop)), finish);
         }
+    }
+
+    #[test]
+    fn the_tables_read_back_the_other_way() {
+        for stop in ["end_turn", "max_tokens", "tool_use", "refusal"] {
+            assert_eq!(stop_reason(Some(finish_reason(Some(stop)))), stop);
+        }
+        for word in ["auto", "none", "required"] {
+            let (back, _) = openai_choice(&choice(&json!(word)).unwrap()).unwrap();
+            assert_eq!(back, word);
+        }
+        let named = json!({"type": "function", "function": {"name": "f"}});
+        assert_eq!(
+            openai_choice(&choice(&named).unwrap()).unwrap(),
+            (named, false)
+        );
+        let u = json!({"input_tokens": 10, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 100, "output_tokens": 7});
+        assert_eq!(anthropic_usage(&usage(&u)), u);
+        let tools = json!([{"type": "function", "function": {"name": "look", "description": "d",
+            "parameters": {"type": "object"}}}]);
+        assert_eq!(openai_tools(&super::tools(&tools).unwrap()).unwrap(), tools);
+        let source = json!({"type": "base64", "media_type": "image/png", "data": "iVB"});
+        assert_eq!(image_url(&source).unwrap(), "data:image/png;base64,iVB");
     }
 
     #[test]

@@ -317,6 +317,9 @@ pub fn error_event(out: &mut Vec<u8>, message: &str, code: &str) {
     out.extend_from_slice(format!("data: {e}\n\n").as_bytes());
 }
 
+/// Why a stream with an event that is not JSON is broken.
+const NOT_JSON: &str = "the provider sent an event that is not JSON";
+
 /// The longest event held while its end has not arrived.
 const MAX_EVENT_BYTES: usize = 1 << 20;
 
@@ -327,6 +330,14 @@ pub trait EventTranslator: Send {
     /// # Errors
     /// The event is not the dialect's: the stream is broken there.
     fn data(&mut self, data: &Value, out: &mut Vec<u8>) -> Result<(), String>;
+    /// An event whose data is OpenAI's end marker `[DONE]`: only OpenAI's own stream has one
+    /// (read back by the client APIs in `server/clients`); elsewhere it is not JSON.
+    ///
+    /// # Errors
+    /// The dialect has no such marker.
+    fn done(&mut self, _out: &mut Vec<u8>) -> Result<(), String> {
+        Err(NOT_JSON.to_owned())
+    }
     /// The provider's stream ended cleanly: append what closes the OpenAI stream, if the
     /// answer is whole.
     fn end(&mut self, out: &mut Vec<u8>);
@@ -377,8 +388,10 @@ impl SseTranslator {
             // A comment, or an `event:` line alone.
             return Ok(());
         }
-        let value: Value = serde_json::from_slice(&data)
-            .map_err(|_| "the provider sent an event that is not JSON".to_owned())?;
+        if data == b"[DONE]" {
+            return self.inner.done(out);
+        }
+        let value: Value = serde_json::from_slice(&data).map_err(|_| NOT_JSON.to_owned())?;
         self.inner.data(&value, out)
     }
 }

@@ -142,6 +142,31 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
+/// A chat interface (`[server]` lines first, if any) whose first provider (the table lines
+/// `first`, of any kind, id `first`) falls back to an OpenAI one (id `backup`, model
+/// `gpt-backup`) at `backup`.
+pub fn fallback_config(server: &str, first: &str, backup: SocketAddr) -> String {
+    format!(
+        r#"
+{server}
+[interfaces.chat]
+kind = "chat"
+policy = {{ name = "static", candidate = "first" }}
+deadline_ms = 5000
+
+[[interfaces.chat.providers]]
+id = "first"
+{first}
+
+[[interfaces.chat.providers]]
+id = "backup"
+kind = "openai"
+model = "gpt-backup"
+base_url = "http://{backup}/v1"
+"#
+    )
+}
+
 /// A mock upstream with `profile` (TOML) on a free loopback port.
 pub async fn mock(profile: &str) -> Gateway {
     let profile = equiroute_gateway::mock::MockProfile::from_toml(profile, "mock.toml").unwrap();
