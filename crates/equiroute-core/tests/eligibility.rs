@@ -188,6 +188,8 @@ fn with_every_candidate_tripped_the_one_reopening_soonest_is_the_last_resort() {
     }
     assert!(breakers[0].is_pinned());
     let mut input = EligibilityInput::new(&cands, &req);
+    // c3 serves only `acme`.
+    input.tenant = Some("acme");
     input.breakers = Some((&breakers, &cfg));
     input.now = Timestamp(1_000.0);
     let out = check_eligibility(&input);

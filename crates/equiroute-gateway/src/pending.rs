@@ -293,12 +293,12 @@ impl PendingStore {
     }
 
     /// The owner of a slot, as [`PendingFeedback::owner`] has it.
-    fn owner_of(&self, slot: &Slot) -> Option<String> {
+    fn owner_of(&self, slot: &Slot) -> Option<&str> {
         match slot.owner {
             UNBOUND => None,
             // Not a label any key can have (labels are letters, digits, `_`, `-`, `.`).
-            NO_ONE => Some("(unknown owner)".to_owned()),
-            i => self.owners.get(usize::from(i) - 1).map(ToString::to_string),
+            NO_ONE => Some("(unknown owner)"),
+            i => self.owners.get(usize::from(i) - 1).map(|o| &**o),
         }
     }
 
@@ -335,7 +335,7 @@ impl PendingStore {
             latency: s.latency,
             at: s.at,
             consumed: s.consumed,
-            owner: self.owner_of(s),
+            owner: self.owner_of(s).map(str::to_owned),
         }
     }
 
@@ -343,6 +343,18 @@ impl PendingStore {
     #[must_use]
     pub fn get(&self, id: &str) -> Option<PendingFeedback> {
         self.find(id).map(|at| self.feedback(at))
+    }
+
+    /// The context kept for `id` when `may_see` accepts its owner (checked before anything is
+    /// copied, so a refused context costs what a missing one does).
+    #[must_use]
+    pub fn get_if(
+        &self,
+        id: &str,
+        may_see: impl FnOnce(Option<&str>) -> bool,
+    ) -> Option<PendingFeedback> {
+        let at = self.find(id)?;
+        may_see(self.owner_of(&self.slots[at])).then(|| self.feedback(at))
     }
 
     /// Marks `id`'s context as used by a score; false when `id` is not kept.
@@ -487,6 +499,8 @@ mod tests {
         p.insert(old, &ctx(2.0));
         assert!(p.get(other).is_none());
         assert_eq!(p.get(own).and_then(|e| e.owner).as_deref(), Some("TEAM_A"));
+        assert!(p.get_if(own, |o| o == Some("TEAM_A")).is_some());
+        assert!(p.get_if(own, |o| o == Some("TEAM_B")).is_none());
         assert!(p.get(old).is_some_and(|e| e.owner.is_none()));
         let ids: Vec<String> = p.iter().map(|(id, _)| id).collect();
         assert_eq!(ids, [own, old]);

@@ -42,9 +42,14 @@ fn bearer(key: &str) -> (&'static str, String) {
     ("authorization", format!("Bearer {key}"))
 }
 
+/// A chat request for `model` with `key` (none when empty) and the `extra` headers.
 async fn chat(addr: std::net::SocketAddr, key: &str, model: &str, extra: &[(&str, &str)]) -> Reply {
     let auth = bearer(key);
-    let mut headers = vec![(auth.0, auth.1.as_str())];
+    let mut headers = if key.is_empty() {
+        Vec::new()
+    } else {
+        vec![(auth.0, auth.1.as_str())]
+    };
     headers.extend_from_slice(extra);
     let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
     http(
@@ -78,6 +83,18 @@ fn id_of(r: &Reply) -> String {
 
 /// A well-formed id that no request has.
 const NEVER_ISSUED: &str = "req-00000000000000000000000000000000";
+
+/// Asserts that `r` is the error `status` with `code`, naming the request header `param`.
+fn assert_refused(r: &Reply, status: u16, code: &str, param: &str) -> Value {
+    assert_eq!(r.status, status, "{}", r.body);
+    let e = r.json();
+    assert_eq!(
+        (&e["error"]["code"], &e["error"]["param"]),
+        (&json!(code), &json!(param)),
+        "{e}"
+    );
+    e
+}
 
 /// The status and body of a 404, with the id it quotes replaced: what tells two answers apart.
 fn answer_without_id(r: &Reply, id: &str) -> (u16, String) {
@@ -169,15 +186,7 @@ async fn request_ids_are_32_hex_digits_each_new() {
     let gw = start(CHAT, &[]).await;
     let mut seen = std::collections::HashSet::new();
     for _ in 0..20 {
-        let body = json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]});
-        let r = http(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            &body.to_string(),
-        )
-        .await;
+        let r = chat(gw.addr, "", "chat", &[]).await;
         let id = id_of(&r);
         let hex = id.strip_prefix("req-").unwrap();
         assert_eq!(hex.len(), 32, "{id}");
@@ -190,8 +199,8 @@ async fn request_ids_are_32_hex_digits_each_new() {
     }
 }
 
-/// Sends a chat request with raw header bytes (not necessarily text) and reads the status.
-async fn raw_status(addr: std::net::SocketAddr, header: &[u8]) -> (u16, String) {
+/// Sends a chat request with raw header bytes (not necessarily text) and reads the answer.
+async fn raw_status(addr: std::net::SocketAddr, header: &[u8]) -> Reply {
     let body = json!({"model": "chat/t1only", "messages": [{"role": "user", "content": "hi"}]})
         .to_string();
     let mut req = format!(
@@ -212,23 +221,18 @@ async fn raw_status(addr: std::net::SocketAddr, header: &[u8]) -> (u16, String) 
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    (status, body)
+    Reply {
+        status,
+        headers: Vec::new(),
+        body,
+    }
 }
 
 #[tokio::test]
 async fn a_tenant_restricted_provider_serves_only_requests_with_a_valid_allowed_tenant() {
     let gw = start(CHAT, &[]).await;
-    let pinned = |extra: &'static [(&'static str, &'static str)]| async move {
-        let body = json!({"model": "chat/t1only", "messages": [{"role": "user", "content": "hi"}]});
-        http(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            extra,
-            &body.to_string(),
-        )
-        .await
-    };
+    let pinned =
+        |extra: &'static [(&'static str, &'static str)]| chat(gw.addr, "", "chat/t1only", extra);
     let r = pinned(&[("x-equiroute-tenant", "t1")]).await;
     assert_eq!(r.routed().0, 200, "{}", r.body);
     // Missing: not a wildcard.
@@ -245,29 +249,15 @@ async fn a_tenant_restricted_provider_serves_only_requests_with_a_valid_allowed_
     // Another tenant.
     assert_eq!(pinned(&[("x-equiroute-tenant", "t2")]).await.status, 503);
     // Not text: a 400 naming the header, not a request without a tenant.
-    let (status, body) = raw_status(gw.addr, b"x-equiroute-tenant: t\xff1").await;
-    assert_eq!(status, 400, "{body}");
-    let e: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(e["error"]["code"], "invalid_tenant");
-    assert_eq!(e["error"]["param"], "x-equiroute-tenant");
+    let r = raw_status(gw.addr, b"x-equiroute-tenant: t\xff1").await;
+    assert_refused(&r, 400, "invalid_tenant", "x-equiroute-tenant");
     // Not a tenant name (a space inside), or sent twice.
     let r = pinned(&[("x-equiroute-tenant", "t 1")]).await;
-    assert_eq!(
-        (r.status, r.json()["error"]["param"].clone()),
-        (400, json!("x-equiroute-tenant"))
-    );
+    assert_refused(&r, 400, "invalid_tenant", "x-equiroute-tenant");
     let r = pinned(&[("x-equiroute-tenant", "t1"), ("x-equiroute-tenant", "t2")]).await;
-    assert_eq!(r.status, 400, "{}", r.body);
+    assert_refused(&r, 400, "invalid_tenant", "x-equiroute-tenant");
     // The routed interface still serves tenant-less requests on the unrestricted provider.
-    let body = json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]});
-    let r = http(
-        gw.addr,
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &body.to_string(),
-    )
-    .await;
+    let r = chat(gw.addr, "", "chat", &[]).await;
     assert_eq!(r.routed().1, Some("open"));
 }
 
@@ -296,10 +286,7 @@ async fn a_key_bound_to_a_tenant_cannot_claim_another_and_needs_no_header() {
         &[("x-equiroute-tenant", "t1")],
     )
     .await;
-    assert_eq!(r.status, 403, "{}", r.body);
-    let e = r.json();
-    assert_eq!(e["error"]["code"], "tenant_not_allowed");
-    assert_eq!(e["error"]["param"], "x-equiroute-tenant");
+    let e = assert_refused(&r, 403, "tenant_not_allowed", "x-equiroute-tenant");
     assert!(
         e["error"]["message"]
             .as_str()
@@ -348,10 +335,7 @@ async fn a_key_restricted_to_task_classes_cannot_name_another() {
         &[("x-equiroute-task-class", "invented-1")],
     )
     .await;
-    assert_eq!(r.status, 403, "{}", r.body);
-    let e = r.json();
-    assert_eq!(e["error"]["code"], "task_class_not_allowed");
-    assert_eq!(e["error"]["param"], "x-equiroute-task-class");
+    assert_refused(&r, 403, "task_class_not_allowed", "x-equiroute-task-class");
 }
 
 #[tokio::test]

@@ -227,9 +227,14 @@ pub(super) fn validate(
 /// admin key (it then opens both kinds of route).
 fn check_distinct(declared: &[Declared], problems: &mut Vec<(String, String)>) {
     for (i, d) in declared.iter().enumerate() {
+        let admin = d.key.grant.role == KeyRole::Admin;
+        // The exception below, declared by one variable in both lists: one label is right.
+        let both_roles = |o: &Declared| {
+            o.key.secret == d.key.secret && (o.key.grant.role == KeyRole::Admin) != admin
+        };
         if let Some(other) = declared[..i]
             .iter()
-            .find(|o| o.key.grant.label == d.key.grant.label)
+            .find(|o| o.key.grant.label == d.key.grant.label && !both_roles(o))
         {
             problems.push((
                 d.field.clone(),
@@ -240,7 +245,6 @@ fn check_distinct(declared: &[Declared], problems: &mut Vec<(String, String)>) {
             ));
             continue;
         }
-        let admin = d.key.grant.role == KeyRole::Admin;
         if let Some(other) = declared[..i]
             .iter()
             .find(|o| o.key.secret == d.key.secret && (o.key.grant.role == KeyRole::Admin) == admin)
@@ -414,10 +418,14 @@ mod tests {
                 && !e.fix.contains("sk-one"),
             "{e}"
         );
-        // The same key as a client key and an admin key still loads (as it always did).
-        let text =
-            format!("[server]\napi_keys_env = [\"K_A\"]\nadmin_keys_env = [\"K_B\"]\n{CHAT}");
-        assert!(load(&text, "x.toml", &same).is_ok());
+        // The same key as a client key and an admin key still loads (as it always did), from
+        // two variables or from one.
+        for admin in ["K_B", "K_A"] {
+            let text = format!(
+                "[server]\napi_keys_env = [\"K_A\"]\nadmin_keys_env = [\"{admin}\"]\n{CHAT}"
+            );
+            assert!(load(&text, "x.toml", &same).is_ok(), "{admin}");
+        }
         // A provider's tenant no header could carry.
         let text = CHAT.replace(
             "kind = \"sim\"",

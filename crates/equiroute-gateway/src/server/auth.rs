@@ -333,30 +333,35 @@ mod tests {
         }
     }
 
-    #[test]
-    fn each_route_takes_its_keys_and_names_the_caller_by_label() {
-        let keys = Keys::new(
+    /// Keys `ka` (client `A`), `kj` (judge `J`) and `kx` (admin `X`).
+    fn client_judge_admin() -> Keys {
+        Keys::new(
             &[
-                key("ka", "TEAM_A", KeyRole::Client),
-                key("kj", "judge", KeyRole::Judge),
-                key("kx", "ADMIN", KeyRole::Admin),
+                key("ka", "A", KeyRole::Client),
+                key("kj", "J", KeyRole::Judge),
+                key("kx", "X", KeyRole::Admin),
             ],
             None,
-        );
+        )
+    }
+
+    #[test]
+    fn each_route_takes_its_keys_and_names_the_caller_by_label() {
+        let keys = client_judge_admin();
         let label = |given: &str, route| {
             keys.identify(given.as_bytes(), route)
                 .map(|c| c.label().map(str::to_owned))
         };
-        assert_eq!(label("ka", Route::Traffic), Some(Some("TEAM_A".into())));
-        assert_eq!(label("kj", Route::Traffic), Some(Some("judge".into())));
+        assert_eq!(label("ka", Route::Traffic), Some(Some("A".into())));
+        assert_eq!(label("kj", Route::Traffic), Some(Some("J".into())));
         assert_eq!(
             label("kx", Route::Traffic),
             None,
             "admin keys send no traffic"
         );
-        assert_eq!(label("kx", Route::Feedback), Some(Some("ADMIN".into())));
+        assert_eq!(label("kx", Route::Feedback), Some(Some("X".into())));
         assert_eq!(label("ka", Route::Admin), None, "admin keys are configured");
-        assert_eq!(label("kx", Route::Admin), Some(Some("ADMIN".into())));
+        assert_eq!(label("kx", Route::Admin), Some(Some("X".into())));
         assert_eq!(label("k", Route::Traffic), None, "a prefix is not the key");
         assert_eq!(label("", Route::Feedback), None);
         // With no admin key, the client keys open the state routes; with no key, all is open.
@@ -375,14 +380,7 @@ mod tests {
 
     #[test]
     fn a_key_scores_its_own_requests_judges_and_admins_any_and_anonymous_only_unbound() {
-        let keys = Keys::new(
-            &[
-                key("ka", "A", KeyRole::Client),
-                key("kj", "J", KeyRole::Judge),
-                key("kx", "X", KeyRole::Admin),
-            ],
-            None,
-        );
+        let keys = client_judge_admin();
         let who = |k: &str| keys.identify(k.as_bytes(), Route::Feedback).unwrap();
         assert!(who("ka").may_score(Some("A")));
         assert!(!who("ka").may_score(Some("B")));

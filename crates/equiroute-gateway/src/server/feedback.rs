@@ -69,10 +69,7 @@ pub async fn apply_from(
     state.prune_pending(now);
     let entry = {
         let mut pending = state.pending.lock().map_err(|_| ApiError::internal())?;
-        let Some(e) = pending
-            .get(request_id)
-            .filter(|e| caller.may_score(e.owner.as_deref()))
-        else {
+        let Some(e) = pending.get_if(request_id, |owner| caller.may_score(owner)) else {
             return Err(unknown(request_id));
         };
         if e.consumed {
