@@ -5,6 +5,8 @@
 //!    every event loop (beyond, a raw 503); headers due within `header_read_timeout_ms`, the
 //!    body within `body_read_timeout_ms` (else 408), an idle keep-alive connection closed after
 //!    `idle_timeout_ms`;
+//!    the drain's cutoff ([`drain`], added around the router by the gateway's `serve`): after
+//!    `server.shutdown_grace_ms`, requests still in flight are ended;
 //! 1. request body limit: bodies over `server.max_body_bytes` get 413;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time); the state routes
@@ -17,6 +19,7 @@ pub mod arms;
 pub mod audit;
 pub mod conn;
 pub mod dashboard;
+pub mod drain;
 pub mod error;
 mod execute;
 pub mod feedback;
