@@ -909,3 +909,51 @@ impl StorageBackend for Scratch {
         self.file.query_lock_range(start, end)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> AppState {
+        let text = "[interfaces.search]\nkind = \"tool\"\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n";
+        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn full() -> Result<(), StoreError> {
+        Err(StoreError::Write {
+            path: "s.redb".into(),
+            reason: "No space left on device".into(),
+            cause: WriteFailure::NoSpace,
+        })
+    }
+
+    /// A failed snapshot is retried after 1 s, then 2, 4, ... up to the snapshot interval;
+    /// one outage is one run of failures (its start is kept, for one warning), and a success
+    /// ends it and goes back to the interval. Every snapshot is counted by outcome.
+    #[test]
+    fn failed_snapshots_back_off_up_to_the_interval_and_are_counted_by_cause() {
+        let st = state();
+        let every = Duration::from_secs(5);
+        let mut outage = Outage::default();
+        let waits: Vec<u64> = (0..5)
+            .map(|_| outage.record(&st, &full(), every).as_secs())
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 5, 5]);
+        let since = outage.since;
+        assert!(since.is_some() && outage.failures == 5);
+        assert_eq!(outage.record(&st, &Ok(()), every), every);
+        assert!(outage.since.is_none() && outage.failures == 0);
+        // A new outage starts its back-off over.
+        assert_eq!(outage.record(&st, &full(), every), Duration::from_secs(1));
+        let text = st.metrics.render();
+        assert!(
+            text.contains("equiroute_state_snapshots_total{outcome=\"no_space\"} 6"),
+            "{text}"
+        );
+        assert!(
+            text.contains("equiroute_state_snapshots_total{outcome=\"saved\"} 1"),
+            "{text}"
+        );
+    }
+}

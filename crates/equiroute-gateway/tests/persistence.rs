@@ -236,7 +236,11 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.dir).status();
+        // Lazily (`-l`): after a failed assertion a gateway task may still hold a file there.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
@@ -318,8 +322,8 @@ async fn snapshots_resume_once_a_full_disk_has_room_again() {
 }
 
 /// A state file on a read-only mount: the gateway's open is told why, with advice that keeps
-/// the file (never "cannot be opened as an Equiroute state file … --reset-state"), and
-/// `state export` reads it as it is.
+/// the file (never "cannot be opened as an Equiroute state file … --reset-state", which a
+/// file not created yet used to get), and `state export` reads it as it is.
 #[test]
 fn a_read_only_state_file_is_reported_as_such_and_still_exports() {
     use equiroute_gateway::store::{Store, StoreError};
@@ -345,4 +349,12 @@ fn a_read_only_state_file_is_reported_as_such_and_still_exports() {
     );
     let json = Store::export_file(&path).unwrap();
     assert_eq!(json["schema"], 1, "{json}");
+    // A state file not created yet, where nothing can be created.
+    let e = Store::open(&fs.dir.join("new.redb")).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Io { .. }), "{e:?}");
+    assert!(
+        !text.contains("--reset-state") && text.contains("writable"),
+        "{text}"
+    );
 }
