@@ -83,13 +83,26 @@ fn equiroute(args: &[&str]) -> Output {
 
 /// A configuration in `dir` with one `sim` tool interface and its state in `dir/state.redb`.
 fn state_config(dir: &std::path::Path, snapshot_interval_s: f64) -> std::path::PathBuf {
+    config_with_state(
+        dir,
+        "",
+        snapshot_interval_s,
+        "[interfaces.search]\nkind = \"tool\"\npolicy = { name = \"lqm\" }\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n",
+    )
+}
+
+/// `dir/gw.toml`: `head`, a `[state]` in `dir/state.redb`, then `interfaces`.
+fn config_with_state(
+    dir: &std::path::Path,
+    head: &str,
+    snapshot_interval_s: f64,
+    interfaces: &str,
+) -> std::path::PathBuf {
     let config = dir.join("gw.toml");
+    let path = dir.join("state.redb").display().to_string();
     std::fs::write(
         &config,
-        format!(
-            "[state]\npath = {:?}\nsnapshot_interval_s = {snapshot_interval_s:?}\n[interfaces.search]\nkind = \"tool\"\npolicy = {{ name = \"lqm\" }}\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n",
-            dir.join("state.redb").display().to_string()
-        ),
+        format!("{head}[state]\npath = {path:?}\nsnapshot_interval_s = {snapshot_interval_s:?}\n{interfaces}"),
     )
     .unwrap();
     config
@@ -674,15 +687,12 @@ fn endless_setup(dir: &std::path::Path, grace_ms: u64) -> (Child, std::path::Pat
         |line| line.contains("http://"),
     );
     let upstream = address(&lines);
-    let config = dir.join("gw.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nshutdown_grace_ms = {grace_ms}\n[state]\npath = {:?}\nsnapshot_interval_s = 3600\n[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"m\"\nkind = \"openai\"\nmodel = \"endless\"\nbase_url = \"http://{upstream}/v1\"\n",
-            dir.join("state.redb").display().to_string()
-        ),
-    )
-    .unwrap();
+    let config = config_with_state(
+        dir,
+        &format!("[server]\nshutdown_grace_ms = {grace_ms}\n"),
+        3600.0,
+        &format!("[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"m\"\nkind = \"openai\"\nmodel = \"endless\"\nbase_url = \"http://{upstream}/v1\"\n"),
+    );
     (mock, config)
 }
 
