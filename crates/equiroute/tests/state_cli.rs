@@ -744,6 +744,20 @@ fn signal(child: &Child, name: &str) {
     assert!(sent.success());
 }
 
+/// Checks that the stopped gateway of `config` left a snapshot, then stops `mock` and removes
+/// `dir`.
+fn snapshot_saved_then_clean_up(config: &std::path::Path, mock: &mut Child, dir: &std::path::Path) {
+    let exported = equiroute(&["state", "export", "--config", config.to_str().unwrap()]);
+    assert!(
+        exported.status.success(),
+        "no snapshot saved: {}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    let _ = mock.kill();
+    let _ = mock.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Bar 4 of issue 43: SIGTERM with an endless stream open drains for
 /// `server.shutdown_grace_ms`, then ends the stream with an error event, saves the snapshot
 /// and exits (it used to wait for the stream for ever).
@@ -765,15 +779,7 @@ fn sigterm_with_an_endless_stream_open_exits_within_the_grace_with_the_snapshot_
     );
     let tail = stream.join().unwrap();
     assert!(tail.contains(r#""code":"shutting_down""#), "{tail}");
-    let exported = equiroute(&["state", "export", "--config", config.to_str().unwrap()]);
-    assert!(
-        exported.status.success(),
-        "no snapshot saved: {}",
-        String::from_utf8_lossy(&exported.stderr)
-    );
-    let _ = mock.kill();
-    let _ = mock.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    snapshot_saved_then_clean_up(&config, &mut mock, &dir);
 }
 
 /// A second stop signal (SIGINT after SIGTERM) during a long grace ends the drain at once:
@@ -791,13 +797,5 @@ fn a_second_signal_during_the_drain_exits_at_once_after_the_snapshot() {
     let (status, took) = exit_within(&mut child, std::time::Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     assert!(took < std::time::Duration::from_secs(3), "{took:?}");
-    let exported = equiroute(&["state", "export", "--config", config.to_str().unwrap()]);
-    assert!(
-        exported.status.success(),
-        "no snapshot saved: {}",
-        String::from_utf8_lossy(&exported.stderr)
-    );
-    let _ = mock.kill();
-    let _ = mock.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    snapshot_saved_then_clean_up(&config, &mut mock, &dir);
 }
