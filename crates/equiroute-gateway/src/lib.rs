@@ -50,6 +50,9 @@ pub struct Prepared {
     state: Arc<server::state::AppState>,
     app: axum::Router,
     limits: config::ConnectionLimits,
+    /// How long the drain lasts before what is still in flight is ended through `cutoff`.
+    grace: std::time::Duration,
+    cutoff: server::drain::Cutoff,
     /// The state file and the interval between snapshots.
     store: Option<(Arc<store::Store>, std::time::Duration)>,
     syncer: Option<shared::Syncer>,
@@ -77,24 +80,15 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
     let mut syncer = None;
     match &config.state {
         Some(config::StateConfig::File(cfg)) => {
-            let s =
-                store::Store::open(&cfg.path).map_err(|e| std::io::Error::other(e.to_string()))?;
-            let restored = s
-                .restore(&state)
+            // Restored before the file is opened for writing: a refused file stays untouched.
+            let (s, restored) = store::Store::open_restoring(&cfg.path, &state)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
-            // The file's last write is the last snapshot's (redb writes nothing else).
-            let age_s = std::fs::metadata(&cfg.path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .filter(|_| restored)
-                .map(|d| d.as_secs());
             tracing::info!(
                 path = %cfg.path.display(),
-                restored,
-                snapshot_age_s = age_s,
+                restored = restored.is_some(),
+                snapshot_age_s = restored.and_then(|r| r.snapshot_age).map(|d| d.as_secs()),
                 "learning state file opened{}",
-                if restored { ": restored its last snapshot" } else { ": no snapshot yet, starting from empty statistics" }
+                if restored.is_some() { ": restored its last snapshot" } else { ": no snapshot yet, starting from empty statistics" }
             );
             store = Some((
                 Arc::new(s),
@@ -122,16 +116,26 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
         "gateway ready"
     );
     let state = Arc::new(state);
-    let app = server::router(state.clone(), config.max_body_bytes);
+    let cutoff = server::drain::Cutoff::new();
+    let app = server::drain::layer(
+        server::router(state.clone(), config.max_body_bytes),
+        &cutoff,
+    );
     Ok(Prepared {
         state,
         app,
         limits: config.connections,
+        grace: config.shutdown_grace,
+        cutoff,
         store,
         syncer,
         audit_writer,
     })
 }
+
+/// After the grace period, how long the error events that end the streams still open get to
+/// reach their clients before the gateway stops waiting for their connections.
+const CUTOFF_DELIVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Prepared {
     /// Serves on `listener` and on each of `more` (listening sockets bound to the same
@@ -150,51 +154,91 @@ impl Prepared {
         more: Vec<std::net::TcpListener>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        self.serve_until(listener, more, shutdown, std::future::pending())
+            .await
+    }
+
+    /// [`Prepared::serve`], with a bounded drain: `shutdown` (a first stop signal) stops
+    /// accepting and lets requests in flight finish for `server.shutdown_grace_ms`; then, or
+    /// as soon as `hurry` resolves (a second signal), the requests still in flight are ended
+    /// (a stream with an error event), and the state is saved. The gateway does not wait for
+    /// the connections of ended requests beyond a second (none after `hurry`): an event
+    /// loop's thread still serving one is left to the process's exit.
+    ///
+    /// # Errors
+    /// A thread cannot start, a socket cannot be used, or the last snapshot cannot be saved.
+    pub async fn serve_until(
+        self,
+        listener: tokio::net::TcpListener,
+        more: Vec<std::net::TcpListener>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        hurry: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let Prepared {
             state,
             app,
             limits,
+            grace,
+            cutoff,
             store,
             syncer,
             audit_writer,
         } = self;
-        // Periodic snapshots, off the request path (a blocking thread per save).
-        let saver = store.as_ref().map(|(s, every)| {
-            let (s, st, every) = (s.clone(), state.clone(), *every);
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    let (s, st) = (s.clone(), st.clone());
-                    let saved = tracing::Instrument::instrument(
-                        tokio::task::spawn_blocking(move || s.save(&st)),
-                        tracing::debug_span!("snapshot"),
-                    );
-                    if let Ok(Err(e)) = saved.await {
-                        tracing::warn!(error = %e, "periodic snapshot of the learning state failed; the previous one stays");
-                    }
-                }
-            })
-        });
+        // Periodic snapshots, off the request path.
+        let saver = store
+            .as_ref()
+            .map(|(s, every)| tokio::spawn(store::keep_saving(s.clone(), state.clone(), *every)));
         // Background exchange with the other instances; a last push after the drain.
         let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
         let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));
         // Every loop drains when `shutdown` resolves.
         let slots = server::conn::ConnectionSlots::new(&limits);
         let (stop_loops, loops_rx) = tokio::sync::watch::channel(false);
-        let loops = spawn_loops(&app, &slots, more, &loops_rx)?;
-        {
+        let (loops, ended) = spawn_loops(&app, &slots, more, &loops_rx)?;
+        let drained = {
             let main = server::conn::serve(listener, app, slots, loops_rx);
+            // Every loop, this one and the threads', has closed its last connection.
+            let main = async move {
+                main.await;
+                for thread in ended {
+                    let _ = thread.await;
+                }
+            };
             tokio::pin!(main);
+            tokio::pin!(hurry);
             tokio::select! {
-                () = &mut main => {}
+                () = &mut main => true,
                 () = shutdown => {
                     let _ = stop_loops.send(true);
-                    main.await;
+                    tracing::info!(grace_ms = grace.as_millis(), "stopping: draining the requests in flight");
+                    let hurried = tokio::select! {
+                        () = &mut main => None,
+                        () = tokio::time::sleep(grace) => Some(false),
+                        () = &mut hurry => Some(true),
+                    };
+                    match hurried {
+                        None => true,
+                        Some(hurried) => {
+                            tracing::warn!(
+                                grace_ms = grace.as_millis(),
+                                "{}: ending the requests still in flight (streams get an error event)",
+                                if hurried { "second stop signal" } else { "grace period over" }
+                            );
+                            cutoff.cut();
+                            !hurried
+                                && tokio::time::timeout(CUTOFF_DELIVERY, &mut main).await.is_ok()
+                        }
+                    }
                 }
             }
-        }
+        };
         let _ = stop_loops.send(true);
         for thread in loops {
+            // After a cut, a thread may still serve a connection that has not closed: not
+            // waited for (it ends with the process).
+            if !drained && !thread.is_finished() {
+                continue;
+            }
             let joined = tokio::task::spawn_blocking(move || thread.join())
                 .await
                 .map_err(std::io::Error::other)?;
@@ -208,34 +252,55 @@ impl Prepared {
         if let Some(task) = sync_task {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
         }
-        // The last snapshot, after every in-flight request has finished.
+        // The last snapshot, after every in-flight request has finished or been ended.
         if let Some((s, _)) = &store {
-            s.save(&state)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let (s, st) = (s.clone(), state.clone());
+            let saved = tokio::task::spawn_blocking(move || s.save(&st))
+                .await
+                .map_err(std::io::Error::other)?;
+            state.metrics.snapshot(
+                saved
+                    .as_ref()
+                    .map_or_else(|e| e.write_failure().label(), |()| "saved"),
+            );
+            saved.map_err(|e| std::io::Error::other(e.to_string()))?;
         }
         // Dropping the state drops the audit log's sender: the writer drains, flushes and ends.
         drop(state);
         if let Some(task) = audit_writer {
-            let _ = task.await;
+            // Connections left open after a cut still hold the state, and the writer's sender.
+            if drained {
+                let _ = task.await;
+            } else {
+                let _ = tokio::time::timeout(CUTOFF_DELIVERY, task).await;
+            }
         }
         Ok(())
     }
 }
 
+/// A loop thread's handle.
+type LoopThread = std::thread::JoinHandle<std::io::Result<()>>;
+
 /// Starts a thread with a single-threaded runtime serving `app` on each socket, until `stop`
-/// turns true.
+/// turns true. Returns the threads, and for each a receiver that resolves when it ends.
 fn spawn_loops(
     app: &axum::Router,
     slots: &Arc<server::conn::ConnectionSlots>,
     sockets: Vec<std::net::TcpListener>,
     stop: &tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
+) -> std::io::Result<(Vec<LoopThread>, Vec<tokio::sync::oneshot::Receiver<()>>)> {
     let mut loops = Vec::with_capacity(sockets.len());
+    let mut ended = Vec::with_capacity(sockets.len());
     for (n, socket) in sockets.into_iter().enumerate() {
         let (app, slots, stop) = (app.clone(), slots.clone(), stop.clone());
+        // Dropped when the thread ends, however it ends.
+        let (end, ends) = tokio::sync::oneshot::channel::<()>();
+        ended.push(ends);
         let thread = std::thread::Builder::new()
             .name(format!("equiroute-loop-{}", n + 1))
             .spawn(move || -> std::io::Result<()> {
+                let _end = end;
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?;
@@ -248,5 +313,5 @@ fn spawn_loops(
             })?;
         loops.push(thread);
     }
-    Ok(loops)
+    Ok((loops, ended))
 }

@@ -70,6 +70,10 @@
 //! ([`RECOVER_SCRIPT`]) and stores its confirmed state as the snapshot the new stream starts
 //! from (its backlog follows in the stream as usual); the others re-base on that snapshot
 //! and push their own backlogs. A new instance then starts from everything.
+//!
+//! That is also why [`reset`] (`serve --reset-state`) is refused while an instance runs: it
+//! would re-seed the deleted state within a sync. Each instance announces itself at every
+//! sync in the namespace's live set (`LIVE_SCRIPT`) and leaves it when it stops cleanly.
 
 use crate::config::RedisStateConfig;
 use crate::pending::PendingFeedback;
@@ -142,6 +146,39 @@ redis.call('HSET', KEYS[1], 'id', ARGV[1], 'data', ARGV[2], 'seen', ARGV[3], 'tr
 redis.call('XTRIM', KEYS[2], 'MINID', trimmed)
 return 1
 ";
+
+/// Announces instance `ARGV[1]` as live for `ARGV[2]` more milliseconds of Redis's clock
+/// (`0`: it leaves), and forgets the instances whose announcement ran out. The live set is
+/// what `serve --reset-state` checks: a live instance would write its learning back.
+const LIVE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if tonumber(ARGV[2]) > 0 then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+else
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 1
+";
+
+/// Deletes every key of the namespace (`KEYS[1]` is the live set), unless an instance is
+/// live: then returns the live instances and deletes nothing.
+const RESET_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local live = redis.call('ZRANGE', KEYS[1], 0, -1)
+if #live > 0 then return live end
+redis.call('DEL', unpack(KEYS))
+return {}
+";
+
+/// How long an instance counts as live after its last sync: three sync intervals, at least
+/// two seconds (an instance killed without leaving is forgotten after that).
+fn live_for(sync_interval: Duration) -> Duration {
+    (sync_interval * 3).max(Duration::from_secs(2))
+}
 
 /// The epoch of the stream, read or created (`fresh:…`) by an instance's first sync.
 const EPOCH_SCRIPT: &str = r"
@@ -547,6 +584,14 @@ pub enum SharedError {
     Mismatch { namespace: String, reason: String },
     #[error("Redis state backend: {0}")]
     Redis(String),
+    /// `--reset-state` while instances of the namespace run: they would write their
+    /// learning back within a sync.
+    #[error("state.namespace `{namespace}`: {count} instance(s) of this namespace are running and would write their learning back into Redis at their next sync, so nothing was deleted. Fix: stop every instance of the namespace, then start one with `--reset-state`; an instance stopped without a clean exit counts as running for {forgotten_s} s after its last sync")]
+    Live {
+        namespace: String,
+        count: usize,
+        forgotten_s: u64,
+    },
 }
 
 /// A stream entry id, `ms-seq`.
@@ -591,6 +636,8 @@ struct Keys {
     promoted: String,
     /// Prefix of the feedback claims (`{ns}:fb:` and the request id).
     claims: String,
+    /// The live instances (a sorted set: instance id, until when in Redis's milliseconds).
+    live: String,
 }
 
 impl Keys {
@@ -603,6 +650,7 @@ impl Keys {
             epoch: format!("{{{ns}}}:epoch"),
             promoted: format!("{{{ns}}}:promoted"),
             claims: format!("{{{ns}}}:fb:"),
+            live: format!("{{{ns}}}:live"),
         }
     }
 }
@@ -734,6 +782,7 @@ pub struct Syncer {
     epoch_script: redis::Script,
     recover_script: redis::Script,
     pull_script: redis::Script,
+    live_script: redis::Script,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -926,6 +975,7 @@ impl Syncer {
             epoch_script: redis::Script::new(EPOCH_SCRIPT),
             recover_script: redis::Script::new(RECOVER_SCRIPT),
             pull_script: redis::Script::new(PULL_SCRIPT),
+            live_script: redis::Script::new(LIVE_SCRIPT),
         };
         match syncer.connection(state.shared()).await {
             Ok(_) | Err(SharedError::Redis(_)) => Ok(syncer),
@@ -1265,7 +1315,27 @@ impl Syncer {
             self.snapshot_taken();
             report.compacted = true;
         }
+        // 5. Say this instance is live (for `serve --reset-state` on another one).
+        self.announce(&mut conn, live_for(self.cfg.sync_interval))
+            .await?;
         Ok(report)
+    }
+
+    /// Announces this instance as live for `until` (zero: it leaves).
+    async fn announce(
+        &self,
+        conn: &mut MultiplexedConnection,
+        until: Duration,
+    ) -> Result<(), SharedError> {
+        let _: i64 = timed(
+            self.live_script
+                .key(&self.keys.live)
+                .arg(&self.instance)
+                .arg(until.as_millis() as u64)
+                .invoke_async(conn),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Hands the rollouts' ends confirmed since the last sync to the gateway, after writing
@@ -1685,6 +1755,10 @@ impl Syncer {
             self.tick(state.as_ref()).await;
         }
         self.tick(state.as_ref()).await;
+        // Leaving: `--reset-state` on another instance need not wait for this one to expire.
+        if let Ok(mut conn) = self.connection(state.shared()).await {
+            let _ = self.announce(&mut conn, Duration::ZERO).await;
+        }
     }
 
     /// One sync with its bookkeeping: status, metrics, one warning per outage.
@@ -1773,25 +1847,36 @@ fn client(cfg: &RedisStateConfig) -> Result<redis::Client, SharedError> {
         .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))
 }
 
-/// Deletes every key of the namespace (for `serve --reset-state`).
+/// Deletes every key of the namespace (for `serve --reset-state`), unless an instance of
+/// it is live: a running instance holds the learning in memory and would write it back at
+/// its next sync, so the reset would do nothing.
 ///
 /// # Errors
+/// [`SharedError::Live`] while an instance syncs with the namespace (nothing is deleted);
 /// Redis is unreachable.
 pub async fn reset(cfg: &RedisStateConfig) -> Result<(), SharedError> {
     let mut conn = timed(client(cfg)?.get_multiplexed_async_connection()).await?;
     let keys = Keys::new(&cfg.namespace);
-    let _: i64 = timed(
-        redis::cmd("DEL")
-            .arg(&keys.log)
-            .arg(&keys.acks)
-            .arg(&keys.snapshot)
-            .arg(&keys.meta)
-            .arg(&keys.epoch)
-            .arg(&keys.promoted)
-            .query_async(&mut conn),
+    let live: Vec<String> = timed(
+        redis::Script::new(RESET_SCRIPT)
+            .key(&keys.live)
+            .key(&keys.log)
+            .key(&keys.acks)
+            .key(&keys.snapshot)
+            .key(&keys.meta)
+            .key(&keys.epoch)
+            .key(&keys.promoted)
+            .invoke_async(&mut conn),
     )
     .await?;
-    Ok(())
+    if live.is_empty() {
+        return Ok(());
+    }
+    Err(SharedError::Live {
+        namespace: cfg.namespace.clone(),
+        count: live.len(),
+        forgotten_s: live_for(cfg.sync_interval).as_secs(),
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,16 @@
 //! (every page's checksum) on a copy in memory, under the file's own locks ([`Scratch`]). A
 //! damaged file is refused untouched, and one that another process holds is reported as held
 //! ([`StoreError::Locked`]), never as damaged: deleting it would split the learning in two.
+//!
+//! Refused means untouched: the gateway restores the snapshot it checked before it opens the
+//! file for writing ([`Store::open_restoring`]), and `state import` checks the imported
+//! snapshot against the configuration as start-up would before it opens the file
+//! ([`Store::import_file`]), so a file of another configuration, or a live file under a bad
+//! import, keeps its bytes and its modification time.
+//!
+//! A failed write (a full disk) leaves redb refusing every later one ("Previous I/O error
+//! occurred"); [`Store::save`] then drops the database and opens the file again at the next
+//! save, so snapshots resume once the cause is gone.
 
 use crate::server::state::{AppState, PendingFeedback};
 use equiroute_core::breaker::Breaker;
@@ -23,8 +33,9 @@ use redb::{Builder, Database, DatabaseError, ReadableDatabase, StorageBackend, T
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Version of the snapshot format.
 pub const SCHEMA: u32 = 1;
@@ -46,12 +57,55 @@ pub enum StoreError {
     /// `state export` of a file that does not exist or holds no snapshot yet.
     #[error("no state saved yet at {path}")]
     NothingSaved { path: String },
-    /// The file exists but cannot be opened (permissions, I/O): nothing is wrong with its
-    /// content as far as anyone knows.
-    #[error("state file {path}: cannot open it: {reason}")]
+    /// The file exists but cannot be opened (permissions, a read-only mount, I/O): nothing
+    /// is wrong with its content as far as anyone knows, so the advice never deletes it.
+    #[error("state file {path}: cannot open it: {reason}. Fix: let this user read and write the file and its directory (a gateway writes its snapshots there), or point `[state] path` at a writable place; the file is not known to be damaged, do not delete it")]
     Io { path: String, reason: String },
     #[error("state file {path}: cannot write the snapshot: {reason}")]
-    Write { path: String, reason: String },
+    Write {
+        path: String,
+        reason: String,
+        /// Why, in a word from a fixed set (the `/metrics` label).
+        cause: WriteFailure,
+    },
+    /// `state import` of a snapshot this configuration cannot load: the state file is left
+    /// as it was, so the advice is about the imported file, never `--reset-state`.
+    #[error("state import into {path}: {reason}; the state file was not changed. Fix: import a snapshot that `equiroute state export` wrote with this configuration (the same interfaces, providers and policies), or import it with the configuration it came from")]
+    Import { path: String, reason: String },
+}
+
+/// Why a snapshot could not be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// The disk (or the quota) is full.
+    NoSpace,
+    /// Another I/O error.
+    Io,
+    /// Not an I/O error (the snapshot could not be encoded, the database refused it).
+    Other,
+}
+
+impl WriteFailure {
+    /// The `/metrics` label value.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            WriteFailure::NoSpace => "no_space",
+            WriteFailure::Io => "io_error",
+            WriteFailure::Other => "failed",
+        }
+    }
+}
+
+impl StoreError {
+    /// Why a write failed ([`WriteFailure::Other`] for an error that is not a write's).
+    #[must_use]
+    pub fn write_failure(&self) -> WriteFailure {
+        match self {
+            StoreError::Write { cause, .. } => *cause,
+            _ => WriteFailure::Other,
+        }
+    }
 }
 
 /// One interface's saved learning state.
@@ -75,8 +129,19 @@ struct Snapshot {
 
 /// The embedded store.
 pub struct Store {
-    db: Database,
+    /// `None` after a failed write: redb refuses every write after an I/O error until the
+    /// file is opened again, which the next [`Store::save`] does.
+    db: Mutex<Option<Database>>,
+    file: PathBuf,
     path: String,
+}
+
+/// What [`Store::open_restoring`] found.
+#[derive(Debug, Clone, Copy)]
+pub struct Restored {
+    /// How long ago the restored snapshot was written (the file's modification time, read
+    /// before anything opened it), when the file system tells.
+    pub snapshot_age: Option<Duration>,
 }
 
 impl std::fmt::Debug for Store {
@@ -97,15 +162,83 @@ impl Store {
             Ok(_) | Err(StoreError::NothingSaved { .. }) => {}
             Err(e) => return Err(e),
         }
-        // The same verified open as the check's, now on the file (it may write the recovery
-        // of a gateway killed mid-commit, which the check found sound).
-        let db = guarded(&shown, || {
-            Builder::new()
-                .set_check_integrity_on_open(true)
-                .create(path)
-                .map_err(|e| open_error(path, &shown, e))
-        })?;
-        Ok(Store { db, path: shown })
+        let db = open_file(path, &shown)?;
+        Ok(Store {
+            db: Mutex::new(Some(db)),
+            file: path.to_owned(),
+            path: shown,
+        })
+    }
+
+    /// Opens (or creates) the state file for the gateway, after restoring its snapshot into
+    /// `state` (built from the current configuration): a file refused (damaged, of another
+    /// schema, of other providers or policies) is never opened for writing, so it keeps its
+    /// bytes and its modification time. Returns whether there was a snapshot, and its age.
+    ///
+    /// # Errors
+    /// The errors of [`Store::open`], and a snapshot `state` cannot take.
+    pub fn open_restoring(
+        path: &Path,
+        state: &AppState,
+    ) -> Result<(Store, Option<Restored>), StoreError> {
+        let shown = path.display().to_string();
+        // Read first: opening the file for writing may write it.
+        let snapshot_age = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        let saved = match check(path, &shown) {
+            Ok(saved) => saved,
+            Err(StoreError::NothingSaved { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let restored = match saved {
+            Some(bytes) => {
+                let unusable = |reason: String| StoreError::Unusable {
+                    path: shown.clone(),
+                    reason,
+                };
+                let snap = decode(
+                    serde_json::from_slice(&bytes)
+                        .map_err(|e| format!("the snapshot cannot be read ({e})")),
+                    "it has",
+                )
+                .map_err(unusable)?;
+                apply(&snap, state).map_err(unusable)?;
+                Some(Restored { snapshot_age })
+            }
+            None => None,
+        };
+        let db = open_file(path, &shown)?;
+        let store = Store {
+            db: Mutex::new(Some(db)),
+            file: path.to_owned(),
+            path: shown,
+        };
+        Ok((store, restored))
+    }
+
+    /// Replaces the snapshot of the state file at `path` with `json` (for `equiroute state
+    /// import`), once `json` has passed the check start-up makes with `state` (built from the
+    /// gateway's configuration); the file is not opened before, so a refused import leaves it
+    /// untouched.
+    ///
+    /// # Errors
+    /// [`StoreError::Import`] when `json` is not a snapshot this configuration loads; the
+    /// errors of [`Store::open`] and of the write otherwise.
+    pub fn import_file(
+        path: &Path,
+        json: &serde_json::Value,
+        state: &AppState,
+    ) -> Result<(), StoreError> {
+        let shown = path.display().to_string();
+        // A file another process holds is reported as such first, whatever is imported.
+        match check(path, &shown) {
+            Ok(_) | Err(StoreError::NothingSaved { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let bytes = imported(json, &shown, state)?;
+        Store::open(path)?.write_raw(&bytes)
     }
 
     /// The last snapshot in the file at `path` as JSON, for `equiroute state export`, without
@@ -180,14 +313,17 @@ impl Store {
         }
     }
 
-    /// Saves the learning state of `state` in one atomic transaction.
+    /// Saves the learning state of `state` in one atomic transaction, opening the file again
+    /// first if the previous write failed.
     ///
     /// # Errors
-    /// The write or commit failed (the previous snapshot stays intact).
+    /// The write or commit failed, or the file cannot be opened again (the previous snapshot
+    /// stays intact).
     pub fn save(&self, state: &AppState) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(&snapshot(state)).map_err(|e| StoreError::Write {
             path: self.path.clone(),
             reason: e.to_string(),
+            cause: WriteFailure::Other,
         })?;
         self.write_raw(&bytes)
     }
@@ -205,104 +341,240 @@ impl Store {
             .map_err(|e| self.unusable(format!("the snapshot cannot be read ({e})")))
     }
 
-    /// Replaces the snapshot with `json` (for `equiroute state import`), after checking that
-    /// it is a snapshot of this schema.
+    /// Replaces the snapshot with `json` (for `equiroute state import`), once it has passed
+    /// the check start-up makes with `state` (built from the gateway's configuration).
     ///
     /// # Errors
-    /// Not a snapshot, another schema, or the write failed.
-    pub fn import_json(&self, json: &serde_json::Value) -> Result<(), StoreError> {
-        let snap: Snapshot = self.decode(
-            serde_json::from_value(json.clone())
-                .map_err(|e| format!("the imported file is not an Equiroute state snapshot ({e})")),
-            "the imported snapshot has",
-        )?;
-        let bytes = serde_json::to_vec(&snap).map_err(|e| self.unusable(e.to_string()))?;
+    /// [`StoreError::Import`] when `json` is not a snapshot this configuration loads, or the
+    /// write failed.
+    pub fn import_json(
+        &self,
+        json: &serde_json::Value,
+        state: &AppState,
+    ) -> Result<(), StoreError> {
+        let bytes = imported(json, &self.path, state)?;
         self.write_raw(&bytes)
     }
 
-    /// A parsed snapshot of this build's schema, or why it is unusable (`what` starts the
-    /// schema message: "it has", "the imported snapshot has").
-    fn decode(&self, parsed: Result<Snapshot, String>, what: &str) -> Result<Snapshot, StoreError> {
-        let snap = parsed.map_err(|reason| self.unusable(reason))?;
-        if snap.schema != SCHEMA {
-            return Err(self.unusable(format!(
-                "{what} schema version {} and this build reads version {SCHEMA}",
-                snap.schema
-            )));
-        }
-        Ok(snap)
+    fn read_raw(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        self.with_db(|db| read_snapshot(db, &self.path))
     }
 
-    fn read_raw(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        guarded(&self.path, || read_snapshot(&self.db, &self.path))
+    /// Runs `f` on the database, opened again first if a failed write dropped it.
+    fn with_db<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut db = self.db.lock().map_err(|_| self.unusable("lock poisoned"))?;
+        if db.is_none() {
+            *db = Some(open_file(&self.file, &self.path).map_err(|e| match e {
+                // Most likely the cause of the failed write, still there (the disk is full).
+                StoreError::Io { reason, .. } | StoreError::Unusable { reason, .. } => {
+                    StoreError::Write {
+                        path: self.path.clone(),
+                        cause: WriteFailure::Io,
+                        reason: format!(
+                            "cannot open the file again after a failed write: {reason}"
+                        ),
+                    }
+                }
+                e => e,
+            })?);
+        }
+        let Some(open) = db.as_ref() else {
+            return Err(self.unusable("not open"));
+        };
+        let result = guarded(&self.path, || f(open));
+        if matches!(result, Err(StoreError::Write { .. })) {
+            // redb refuses every write after an I/O error until the file is opened again.
+            *db = None;
+        }
+        result
     }
 
     fn write_raw(&self, bytes: &[u8]) -> Result<(), StoreError> {
-        let write_err = |e: &dyn std::fmt::Display| StoreError::Write {
+        let write_err = |e: redb::Error| StoreError::Write {
             path: self.path.clone(),
+            cause: match &e {
+                redb::Error::Io(io) if io.kind() == std::io::ErrorKind::StorageFull => {
+                    WriteFailure::NoSpace
+                }
+                redb::Error::Io(_) | redb::Error::PreviousIo => WriteFailure::Io,
+                _ => WriteFailure::Other,
+            },
             reason: e.to_string(),
         };
-        guarded(&self.path, || {
-            let txn = self.db.begin_write().map_err(|e| write_err(&e))?;
+        self.with_db(|db| {
+            let txn = db.begin_write().map_err(|e| write_err(e.into()))?;
             {
-                let mut table = txn.open_table(SNAPSHOTS).map_err(|e| write_err(&e))?;
-                table.insert(KEY, bytes).map_err(|e| write_err(&e))?;
+                let mut table = txn.open_table(SNAPSHOTS).map_err(|e| write_err(e.into()))?;
+                table.insert(KEY, bytes).map_err(|e| write_err(e.into()))?;
             }
-            txn.commit().map_err(|e| write_err(&e))
+            txn.commit().map_err(|e| write_err(e.into()))
         })
     }
+}
 
-    /// Restores the last snapshot into `state` (built from the current configuration).
-    /// Returns whether there was one.
-    ///
-    /// # Errors
-    /// A snapshot of another schema, of other providers or policies, or unreadable.
-    pub fn restore(&self, state: &AppState) -> Result<bool, StoreError> {
-        let Some(bytes) = self.read_raw()? else {
-            return Ok(false);
+/// A parsed snapshot of this build's schema, or why it is unusable (`what` starts the
+/// schema message: "it has", "the imported snapshot has").
+fn decode(parsed: Result<Snapshot, String>, what: &str) -> Result<Snapshot, String> {
+    let snap = parsed?;
+    if snap.schema != SCHEMA {
+        return Err(format!(
+            "{what} schema version {} and this build reads version {SCHEMA}",
+            snap.schema
+        ));
+    }
+    Ok(snap)
+}
+
+/// The bytes to write for an imported `json`, once it has loaded into `state` as start-up
+/// would load it from the file at `path`.
+fn imported(json: &serde_json::Value, path: &str, state: &AppState) -> Result<Vec<u8>, StoreError> {
+    let refused = |reason: String| StoreError::Import {
+        path: path.to_owned(),
+        reason,
+    };
+    let snap = decode(
+        serde_json::from_value(json.clone())
+            .map_err(|e| format!("the imported file is not an Equiroute state snapshot ({e})")),
+        "the imported snapshot has",
+    )
+    .map_err(refused)?;
+    apply(&snap, state).map_err(|e| {
+        refused(format!(
+            "the imported snapshot is of another configuration, which a gateway would refuse at start ({e})"
+        ))
+    })?;
+    serde_json::to_vec(&snap).map_err(|e| refused(e.to_string()))
+}
+
+/// Loads `snap` into `state` (built from the current configuration), or says why this
+/// configuration cannot take it.
+fn apply(snap: &Snapshot, state: &AppState) -> Result<(), String> {
+    for (name, saved) in &snap.interfaces {
+        let Some(iface) = state.interfaces.get(name) else {
+            continue;
         };
-        let snap: Snapshot = self.decode(
-            serde_json::from_slice(&bytes)
-                .map_err(|e| format!("the snapshot cannot be read ({e})")),
-            "it has",
-        )?;
-        for (name, saved) in &snap.interfaces {
-            let Some(iface) = state.interfaces.get(name) else {
-                continue;
-            };
-            let ids: Vec<String> = iface.candidates.iter().map(|c| c.id.0.clone()).collect();
-            if ids != saved.candidates {
-                return Err(self.unusable(format!(
-                    "interface `{name}` had providers {:?} and now has {ids:?}",
-                    saved.candidates
-                )));
+        let ids: Vec<String> = iface.candidates.iter().map(|c| c.id.0.clone()).collect();
+        if ids != saved.candidates {
+            return Err(format!(
+                "interface `{name}` had providers {:?} and now has {ids:?}",
+                saved.candidates
+            ));
+        }
+        let mut policy = iface
+            .policy
+            .write()
+            .map_err(|_| "policy lock poisoned".to_owned())?;
+        // A promoted rollout makes the live policy the candidate's first.
+        if let Some(arms) = &saved.arms {
+            iface
+                .arms
+                .restore(name, arms, &mut policy)
+                .map_err(|e| format!("interface `{name}`: {e}"))?;
+        }
+        policy
+            .merge_state(&saved.policy)
+            .map_err(|e| format!("interface `{name}`: {e}"))?;
+        if let Ok(mut b) = iface.breakers.lock() {
+            if b.len() == saved.breakers.len() {
+                b.clone_from(&saved.breakers);
             }
-            let mut policy = iface
-                .policy
-                .write()
-                .map_err(|_| self.unusable("policy lock poisoned"))?;
-            // A promoted rollout makes the live policy the candidate's first.
-            if let Some(arms) = &saved.arms {
-                iface
-                    .arms
-                    .restore(name, arms, &mut policy)
-                    .map_err(|e| self.unusable(format!("interface `{name}`: {e}")))?;
-            }
-            policy
-                .merge_state(&saved.policy)
-                .map_err(|e| self.unusable(format!("interface `{name}`: {e}")))?;
-            if let Ok(mut b) = iface.breakers.lock() {
-                if b.len() == saved.breakers.len() {
-                    b.clone_from(&saved.breakers);
+        }
+    }
+    if let Ok(mut pending) = state.pending.lock() {
+        for (id, entry) in &snap.pending {
+            pending.insert(id, entry);
+        }
+    }
+    Ok(())
+}
+
+/// The verified open of the file at `path` (the same as [`check`]'s, now on the file: it may
+/// write the recovery of a gateway killed mid-commit, which the check found sound).
+fn open_file(path: &Path, shown: &str) -> Result<Database, StoreError> {
+    guarded(shown, || {
+        Builder::new()
+            .set_check_integrity_on_open(true)
+            .create(path)
+            .map_err(|e| open_error(path, shown, e))
+    })
+}
+
+/// The first wait before a failed snapshot is tried again; it doubles at each failure, up to
+/// the snapshot interval.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// Saves `state` into `store` every `every`, off the request path (a blocking thread per
+/// save), until the task is aborted. A failure is retried with back-off, warned once per
+/// outage (and once more when snapshots resume), and counted in `/metrics`
+/// (`equiroute_state_snapshots_total`).
+pub async fn keep_saving(store: Arc<Store>, state: Arc<AppState>, every: Duration) {
+    let mut outage = Outage::default();
+    let mut wait = every;
+    loop {
+        tokio::time::sleep(wait).await;
+        let (s, st) = (store.clone(), state.clone());
+        let saved = tracing::Instrument::instrument(
+            tokio::task::spawn_blocking(move || s.save(&st)),
+            tracing::debug_span!("snapshot"),
+        )
+        .await
+        .unwrap_or_else(|e| Err(store.unusable(format!("the snapshot's thread failed ({e})"))));
+        wait = outage.record(&state, &saved, every);
+    }
+}
+
+/// A run of failed snapshots.
+#[derive(Debug, Default)]
+struct Outage {
+    /// When the first failure of the run happened (`None`: snapshots succeed).
+    since: Option<std::time::Instant>,
+    failures: u64,
+    /// The wait after the next failure.
+    retry: Duration,
+}
+
+impl Outage {
+    /// Books one snapshot's result; returns the wait before the next one.
+    fn record(
+        &mut self,
+        state: &AppState,
+        saved: &Result<(), StoreError>,
+        every: Duration,
+    ) -> Duration {
+        match saved {
+            Ok(()) => {
+                state.metrics.snapshot("saved");
+                if let Some(since) = self.since.take() {
+                    tracing::info!(
+                        failed_attempts = self.failures,
+                        outage_s = since.elapsed().as_secs(),
+                        "snapshots of the learning state resumed"
+                    );
                 }
+                self.failures = 0;
+                every
+            }
+            Err(e) => {
+                state.metrics.snapshot(e.write_failure().label());
+                self.failures += 1;
+                if self.since.is_none() {
+                    self.since = Some(std::time::Instant::now());
+                    self.retry = RETRY_FIRST;
+                    tracing::warn!(
+                        error = %e,
+                        "snapshot of the learning state failed; the previous one stays. Retrying with back-off; a line says when snapshots resume"
+                    );
+                } else {
+                    tracing::debug!(error = %e, failures = self.failures, "snapshot failed again");
+                }
+                let wait = self.retry.min(every);
+                self.retry = self.retry.saturating_mul(2);
+                wait
             }
         }
-        if let Ok(mut pending) = state.pending.lock() {
-            for (id, entry) in &snap.pending {
-                pending.insert(id, entry);
-            }
-        }
-        Ok(true)
     }
 }
 
@@ -356,12 +628,20 @@ fn read_snapshot(db: &impl ReadableDatabase, path: &str) -> Result<Option<Vec<u8
 /// Returns the snapshot's bytes; [`StoreError::NothingSaved`] when there is no file.
 fn check(path: &Path, shown: &str) -> Result<Option<Vec<u8>>, StoreError> {
     // Read and write: redb's exclusive locks need a file open for writing; nothing is written.
-    let file = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-    {
-        Ok(f) => f,
+    // A file this user may only read (a read-only mount, a backup's copy) is checked under
+    // shared locks instead, which a gateway's open excludes all the same.
+    let open = |write: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(path)
+    };
+    let opened = match open(true) {
+        Err(e) if read_only(&e) => open(false).map(|f| (f, true)),
+        opened => opened.map(|f| (f, false)),
+    };
+    let (file, read_only) = match opened {
+        Ok(opened) => opened,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(StoreError::NothingSaved {
                 path: shown.to_owned(),
@@ -374,7 +654,7 @@ fn check(path: &Path, shown: &str) -> Result<Option<Vec<u8>>, StoreError> {
             })
         }
     };
-    let scratch = Scratch::new(file).map_err(|e| open_error(path, shown, e))?;
+    let scratch = Scratch::new(file, read_only).map_err(|e| open_error(path, shown, e))?;
     guarded(shown, || {
         let db = Builder::new()
             .set_check_integrity_on_open(true)
@@ -406,12 +686,16 @@ fn open_error(path: &Path, shown: &str, e: DatabaseError) -> StoreError {
                 holder: holder(path),
             }
         }
-        // Nothing known to be wrong with the file itself: no advice to delete it.
+        // Nothing known to be wrong with the file itself (permissions, a read-only mount, a
+        // full disk): no advice to delete it.
         DatabaseError::Storage(redb::StorageError::Io(e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
-            ) =>
+            if read_only(&e)
+                || matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::StorageFull
+                        | std::io::ErrorKind::QuotaExceeded
+                ) =>
         {
             StoreError::Io {
                 path: shown.to_owned(),
@@ -423,6 +707,14 @@ fn open_error(path: &Path, shown: &str, e: DatabaseError) -> StoreError {
             reason: format!("cannot be opened as an Equiroute state file ({e})"),
         },
     }
+}
+
+/// Whether `e`, opening a file for writing, means this user may only read it.
+fn read_only(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    )
 }
 
 /// Who holds the lock on `path`, as well as can be told: redb also takes a whole-file
@@ -478,6 +770,9 @@ fn lock_owner(_path: &Path) -> Option<u32> {
 struct Scratch {
     file: FileBackend,
     copy: Mutex<Option<Vec<u8>>>,
+    /// The file is open for reading only: its exclusive locks are taken shared (an exclusive
+    /// lock needs a file open for writing, and nothing here writes it).
+    read_only: bool,
 }
 
 impl std::fmt::Debug for Scratch {
@@ -487,10 +782,11 @@ impl std::fmt::Debug for Scratch {
 }
 
 impl Scratch {
-    fn new(file: std::fs::File) -> Result<Scratch, DatabaseError> {
+    fn new(file: std::fs::File, read_only: bool) -> Result<Scratch, DatabaseError> {
         Ok(Scratch {
             file: FileBackend::new(file)?,
             copy: Mutex::new(None),
+            read_only,
         })
     }
 
@@ -572,6 +868,9 @@ impl StorageBackend for Scratch {
         start: Bound<u64>,
         end: Bound<u64>,
     ) -> Result<bool, redb::BackendError> {
+        if self.read_only {
+            return self.file.try_lock_shared_range(start, end);
+        }
         self.file.try_lock_range(start, end)
     }
 
@@ -584,6 +883,9 @@ impl StorageBackend for Scratch {
     }
 
     fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), redb::BackendError> {
+        if self.read_only {
+            return self.file.lock_shared_range(start, end);
+        }
         self.file.lock_range(start, end)
     }
 
@@ -605,5 +907,53 @@ impl StorageBackend for Scratch {
         end: Bound<u64>,
     ) -> Result<bool, redb::BackendError> {
         self.file.query_lock_range(start, end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> AppState {
+        let text = "[interfaces.search]\nkind = \"tool\"\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n";
+        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn full() -> Result<(), StoreError> {
+        Err(StoreError::Write {
+            path: "s.redb".into(),
+            reason: "No space left on device".into(),
+            cause: WriteFailure::NoSpace,
+        })
+    }
+
+    /// A failed snapshot is retried after 1 s, then 2, 4, ... up to the snapshot interval;
+    /// one outage is one run of failures (its start is kept, for one warning), and a success
+    /// ends it and goes back to the interval. Every snapshot is counted by outcome.
+    #[test]
+    fn failed_snapshots_back_off_up_to_the_interval_and_are_counted_by_cause() {
+        let st = state();
+        let every = Duration::from_secs(5);
+        let mut outage = Outage::default();
+        let waits: Vec<u64> = (0..5)
+            .map(|_| outage.record(&st, &full(), every).as_secs())
+            .collect();
+        assert_eq!(waits, [1, 2, 4, 5, 5]);
+        let since = outage.since;
+        assert!(since.is_some() && outage.failures == 5);
+        assert_eq!(outage.record(&st, &Ok(()), every), every);
+        assert!(outage.since.is_none() && outage.failures == 0);
+        // A new outage starts its back-off over.
+        assert_eq!(outage.record(&st, &full(), every), Duration::from_secs(1));
+        let text = st.metrics.render();
+        assert!(
+            text.contains("equiroute_state_snapshots_total{outcome=\"no_space\"} 6"),
+            "{text}"
+        );
+        assert!(
+            text.contains("equiroute_state_snapshots_total{outcome=\"saved\"} 1"),
+            "{text}"
+        );
     }
 }

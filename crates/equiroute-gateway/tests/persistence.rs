@@ -157,3 +157,204 @@ fn a_second_open_in_the_same_process_is_told_the_file_is_held() {
     assert!(!Store::remove(&path).unwrap(), "nothing left to remove");
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+/// The file's bytes and modification time: what "untouched" means.
+fn fingerprint(path: &std::path::Path) -> (Vec<u8>, std::time::SystemTime) {
+    let meta = std::fs::metadata(path).unwrap();
+    (std::fs::read(path).unwrap(), meta.modified().unwrap())
+}
+
+/// A state file of another configuration is refused without a write: same bytes, same
+/// modification time (a refused file used to be rewritten by the open that preceded the check).
+#[tokio::test]
+async fn a_state_file_of_another_configuration_is_refused_untouched() {
+    let path = temp("refused-untouched");
+    run(&config(&path, &["s1"]), |addr| async move {
+        for _ in 0..20 {
+            let _ = http(addr, "POST", "/v1/tools/search", &[], r#"{"query":"x"}"#).await;
+        }
+    })
+    .await
+    .unwrap();
+    let before = fingerprint(&path);
+    let e = run(&config(&path, &["s1", "s2"]), |_| async {})
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("had providers"), "{e}");
+    let after = fingerprint(&path);
+    assert!(before.0 == after.0, "the refused file's bytes changed");
+    assert_eq!(
+        before.1, after.1,
+        "the refused file's modification time changed"
+    );
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A small tmpfs mounted for one test, unmounted when dropped (a failed assertion included);
+/// `None`, with the reason on stderr, where this process cannot mount one (not root).
+struct Tmpfs {
+    dir: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(name: &str, size: &str) -> Option<Tmpfs> {
+        let dir =
+            std::env::temp_dir().join(format!("equiroute-tmpfs-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Some(Tmpfs { dir }),
+            other => {
+                let why = match other {
+                    Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+                    Err(e) => e.to_string(),
+                };
+                eprintln!("SKIPPED: this test needs a tmpfs of its own and cannot mount one ({why}); run it as root");
+                let _ = std::fs::remove_dir(&dir);
+                None
+            }
+        }
+    }
+
+    fn remount_read_only(&self) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.dir)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "cannot remount {} read-only",
+            self.dir.display()
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily (`-l`): after a failed assertion a gateway task may still hold a file there.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The count of `equiroute_state_snapshots_total{outcome="…"}` in `/metrics`.
+async fn snapshots(addr: std::net::SocketAddr, outcome: &str) -> u64 {
+    let text = http(addr, "GET", "/metrics", &[], "").await.body;
+    let series = format!("equiroute_state_snapshots_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Waits (20 s at most) until `/metrics` counts more than `after` snapshots of `outcome`.
+async fn wait_snapshots(addr: std::net::SocketAddr, outcome: &str, after: u64) -> u64 {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n = snapshots(addr, outcome).await;
+        if n > after {
+            return n;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no snapshot `{outcome}` after {after} within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Fills the file system holding `path` with the file `path`.
+fn fill(path: &std::path::Path) {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0xa5u8; 64 * 1024];
+    loop {
+        if let Err(e) = f.write_all(&block).and_then(|()| f.sync_data()) {
+            assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e}");
+            return;
+        }
+    }
+}
+
+/// Bar 4 of issue 43: a full disk stops snapshots only while it is full. The failures are
+/// counted by cause, snapshots resume once space is freed (redb refuses every write after an
+/// I/O error until the file is opened again), and the last snapshot at shutdown is saved
+/// with what was learnt during the outage.
+#[tokio::test]
+async fn snapshots_resume_once_a_full_disk_has_room_again() {
+    let Some(fs) = Tmpfs::mount("full", "8m") else {
+        return;
+    };
+    let path = fs.dir.join("state.redb");
+    let filler = fs.dir.join("filler");
+    let text =
+        config(&path, &["s1"]).replace("snapshot_interval_s = 3600", "snapshot_interval_s = 0.1");
+    run(&text, |addr| async move {
+        let _ = http(addr, "POST", "/v1/tools/search", &[], r#"{"query":"x"}"#).await;
+        wait_snapshots(addr, "saved", 0).await;
+        fill(&filler);
+        // Learning during the outage: contexts waiting for feedback make the snapshot grow.
+        for _ in 0..400 {
+            let _ = http(addr, "POST", "/v1/tools/search", &[], r#"{"query":"y"}"#).await;
+        }
+        let failed = wait_snapshots(addr, "no_space", 0).await;
+        // Still failing while the disk is full: several failures, no success.
+        wait_snapshots(addr, "no_space", failed).await;
+        let saved = snapshots(addr, "saved").await;
+        std::fs::remove_file(&filler).unwrap();
+        wait_snapshots(addr, "saved", saved).await;
+    })
+    .await
+    .expect("the last snapshot at shutdown is saved");
+    let json = equiroute_gateway::store::Store::export_file(&path).unwrap();
+    let pending = json["pending"].as_array().unwrap().len();
+    assert!(
+        pending >= 400,
+        "the snapshot holds what was learnt during the outage: {pending}"
+    );
+}
+
+/// A state file on a read-only mount: the gateway's open is told why, with advice that keeps
+/// the file (never "cannot be opened as an Equiroute state file … --reset-state", which a
+/// file not created yet used to get), and `state export` reads it as it is.
+#[test]
+fn a_read_only_state_file_is_reported_as_such_and_still_exports() {
+    use equiroute_gateway::store::{Store, StoreError};
+    let Some(fs) = Tmpfs::mount("ro", "8m") else {
+        return;
+    };
+    let path = fs.dir.join("state.redb");
+    let cfg =
+        equiroute_gateway::config::load(&config(&path, &["s1"]), "ro.toml", &|_| None).unwrap();
+    let state = equiroute_gateway::server::state::AppState::new(&cfg, 1).unwrap();
+    Store::open(&path).unwrap().save(&state).unwrap();
+    fs.remount_read_only();
+    let e = Store::open(&path).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Io { .. }), "{e:?}");
+    assert!(
+        !text.contains("--reset-state") && !text.contains("damaged:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Read-only file system") && text.contains("writable"),
+        "{text}"
+    );
+    let json = Store::export_file(&path).unwrap();
+    assert_eq!(json["schema"], 1, "{json}");
+    // A state file not created yet, where nothing can be created.
+    let e = Store::open(&fs.dir.join("new.redb")).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, StoreError::Io { .. }), "{e:?}");
+    assert!(
+        !text.contains("--reset-state") && text.contains("writable"),
+        "{text}"
+    );
+}

@@ -557,6 +557,49 @@ async fn a_namespace_of_another_configuration_is_refused_with_the_way_out() {
     Syncer::start(&redis_cfg(&same), &d).await.unwrap();
 }
 
+/// `serve --reset-state` with Redis while an instance of the namespace runs would do nothing
+/// (the instance writes its learning back at its next sync): it is refused and deletes
+/// nothing. Once that instance has stopped cleanly (it leaves the live set), the reset
+/// deletes every key of the namespace.
+#[tokio::test]
+async fn a_reset_is_refused_while_an_instance_of_the_namespace_runs() {
+    let Some(redis) = RedisServer::start("reset-live") else {
+        return;
+    };
+    let text = config(Some(&redis.url()), "rl");
+    let cfg = redis_cfg(&text);
+    let a = std::sync::Arc::new(app(&text, 1));
+    let mut sa = Syncer::start(&cfg, a.as_ref()).await.unwrap();
+    feed(&a, &workload(20));
+    sa.sync_once(a.as_ref()).await.unwrap();
+    let keys = || {
+        let mut k = redis.strings("KEYS *");
+        k.sort();
+        k
+    };
+    let before = keys();
+    assert!(before.contains(&"{rl}:log".to_owned()), "{before:?}");
+    let e = equiroute_gateway::shared::reset(&cfg)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("1 instance(s) of this namespace are running")
+            && e.contains(
+                "stop every instance of the namespace, then start one with `--reset-state`"
+            ),
+        "{e}"
+    );
+    assert_eq!(keys(), before, "a refused reset deletes nothing");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let target: std::sync::Arc<dyn equiroute_gateway::shared::SyncTarget> = a.clone();
+    let run = tokio::spawn(sa.run(target, stopped));
+    stop.send(true).unwrap();
+    run.await.unwrap();
+    equiroute_gateway::shared::reset(&cfg).await.unwrap();
+    assert_eq!(keys(), Vec::<String>::new(), "the namespace is gone");
+}
+
 #[tokio::test]
 async fn an_instance_that_joins_late_starts_from_the_compacted_snapshot() {
     let Some(redis) = RedisServer::start("compact") else {

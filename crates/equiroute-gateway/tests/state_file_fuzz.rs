@@ -55,7 +55,7 @@ fn pristine() -> &'static [u8] {
             let store = Store::open(&path).unwrap();
             store.save(&state(&path)).unwrap();
             let json = store.export_json().unwrap().unwrap();
-            store.import_json(&json).unwrap();
+            store.import_json(&json, &state(&path)).unwrap();
         }
         std::fs::read(&path).unwrap()
     })
@@ -143,12 +143,10 @@ proptest! {
         );
         prop_assert!(std::fs::read(&path).unwrap() == bytes, "export never writes");
 
-        match Store::open(&path) {
-            Ok(store) => {
+        match Store::open_restoring(&path, &state(&path)) {
+            Ok((store, _)) => {
                 let json = store.export_json();
                 prop_assert!(unusable_or_ok(&json), "{json:?}");
-                let restored = store.restore(&state(&path));
-                prop_assert!(unusable_or_ok(&restored), "{restored:?}");
             }
             Err(e) => {
                 prop_assert!(matches!(e, StoreError::Unusable { .. }), "{e:?}");

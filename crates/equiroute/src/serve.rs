@@ -15,7 +15,8 @@ pub struct Args {
     #[arg(long)]
     listen: Option<String>,
     /// Start from empty statistics: delete the `[state]` file first (the way out of an
-    /// incompatible or corrupt state file). Refused while another process holds the file.
+    /// incompatible or corrupt state file). Refused while another process holds the file,
+    /// and with Redis while another instance of the namespace is running.
     #[arg(long)]
     reset_state: bool,
     /// Keep learning in memory only, forgotten at exit: no state file (not even the default
@@ -119,13 +120,15 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
             .iter()
             .find(|i| i.kind == equiroute_gateway::config::InterfaceKind::Chat)
             .map_or("chat", |i| i.name.as_str());
+        // Before the banner: a signal sent as soon as it is read is a stop, not a kill.
+        let (first, second) = stop_signals()?;
         tracing::info!(%addr, event_loops = loops, config = %file, "listening");
         println!("equiroute listening on http://{addr} ({} interfaces from {file})", config.interfaces.len());
         println!("{learning}");
         println!(
             "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         );
-        gateway.serve(listener, more, shutdown_signal()).await?;
+        gateway.serve_until(listener, more, first, second).await?;
         tracing::info!("stopped");
         println!("equiroute stopped");
         anyhow::Ok(())
@@ -172,7 +175,7 @@ fn listen(
 }
 
 /// `--reset-state`: deletes the state file (unless a running gateway holds it), or the
-/// shared state's keys in Redis.
+/// shared state's keys in Redis (unless an instance of the namespace is running).
 async fn reset_state(state: Option<&StateConfig>) -> anyhow::Result<()> {
     match state {
         Some(StateConfig::File(f)) => {
@@ -181,7 +184,9 @@ async fn reset_state(state: Option<&StateConfig>) -> anyhow::Result<()> {
             }
         }
         Some(StateConfig::Redis(r)) => {
-            equiroute_gateway::shared::reset(r).await?;
+            equiroute_gateway::shared::reset(r)
+                .await
+                .context("--reset-state")?;
             println!(
                 "--reset-state: deleted the shared state of namespace `{}` in Redis",
                 r.namespace
@@ -192,22 +197,41 @@ async fn reset_state(state: Option<&StateConfig>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// The stop signals (SIGINT, SIGTERM), installed now: the first future resolves at the first
+/// signal (the drain starts), the second at the next one (the drain is cut short: the
+/// snapshot is saved and the gateway exits).
+fn stop_signals() -> std::io::Result<(
+    impl std::future::Future<Output = ()> + Send + 'static,
+    impl std::future::Future<Output = ()> + Send + 'static,
+)> {
+    let (count, seen) = tokio::sync::watch::channel(0u32);
     #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    Some(()) = int.recv() => {},
+                    Some(()) = term.recv() => {},
+                    else => break,
+                }
+                count.send_modify(|n| *n += 1);
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        while tokio::signal::ctrl_c().await.is_ok() {
+            count.send_modify(|n| *n += 1);
+        }
+    });
+    let after = |n: u32| {
+        let mut seen = seen.clone();
+        async move {
+            let _ = seen.wait_for(|count| *count >= n).await;
         }
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
+    Ok((after(1), after(2)))
 }

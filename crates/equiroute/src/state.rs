@@ -1,9 +1,12 @@
 //! `equiroute state export|import`: the saved learning state as JSON, for inspection, backup
 //! and migration. Both refuse a state file a gateway holds; `export` never writes the file
-//! nor creates it.
+//! nor creates it (a read-only file or mount is read as it is); `import` checks the snapshot
+//! against the configuration as `serve` would at start, and leaves the file untouched when
+//! it refuses.
 
 use anyhow::{bail, Context};
-use equiroute_gateway::config::StateConfig;
+use equiroute_gateway::config::{GatewayConfig, StateConfig};
+use equiroute_gateway::server::state::AppState;
 use equiroute_gateway::store::{Store, StoreError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,15 +34,18 @@ pub enum Command {
     },
 }
 
-/// The `[state] path` of the configuration at `config` (file backend only).
-fn state_path(config: &Path) -> anyhow::Result<PathBuf> {
+/// The configuration at `config` and its `[state] path` (file backend only).
+fn state_path(config: &Path) -> anyhow::Result<(GatewayConfig, PathBuf)> {
     let text = std::fs::read_to_string(config)
         .with_context(|| format!("--config {}: cannot read it", config.display()))?;
     let cfg = equiroute_gateway::config::load(&text, &config.display().to_string(), &|name| {
         std::env::var(name).ok()
     })?;
-    match cfg.state {
-        Some(StateConfig::File(state)) => Ok(state.path),
+    match &cfg.state {
+        Some(StateConfig::File(state)) => {
+            let path = state.path.clone();
+            Ok((cfg, path))
+        }
         Some(StateConfig::Redis(_)) => bail!(
             "{}: [state] uses the redis backend: export and import work on the file backend; point a configuration with `[state] path = \"…\"` at a copy, or read the shared state from GET /v1/interfaces/NAME/state?full=true",
             config.display()
@@ -53,7 +59,7 @@ fn state_path(config: &Path) -> anyhow::Result<PathBuf> {
 
 pub fn run(command: &Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Export { config } => match Store::export_file(&state_path(config)?) {
+        Command::Export { config } => match Store::export_file(&state_path(config)?.1) {
             Ok(json) => {
                 let mut out = std::io::stdout().lock();
                 writeln!(out, "{}", serde_json::to_string_pretty(&json)?)
@@ -71,7 +77,11 @@ pub fn run(command: &Command) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let json: serde_json::Value = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not JSON", file.display()))?;
-            Store::open(&state_path(config)?)?.import_json(&json)?;
+            let (cfg, path) = state_path(config)?;
+            // The check start-up makes, on a state built from the same configuration.
+            let state = AppState::new(&cfg, 0).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Store::import_file(&path, &json, &state)
+                .with_context(|| format!("cannot import {}", file.display()))?;
             println!("imported {} into the state file", file.display());
         }
     }

@@ -83,13 +83,26 @@ fn equiroute(args: &[&str]) -> Output {
 
 /// A configuration in `dir` with one `sim` tool interface and its state in `dir/state.redb`.
 fn state_config(dir: &std::path::Path, snapshot_interval_s: f64) -> std::path::PathBuf {
+    config_with_state(
+        dir,
+        "",
+        snapshot_interval_s,
+        "[interfaces.search]\nkind = \"tool\"\npolicy = { name = \"lqm\" }\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n",
+    )
+}
+
+/// `dir/gw.toml`: `head`, a `[state]` in `dir/state.redb`, then `interfaces`.
+fn config_with_state(
+    dir: &std::path::Path,
+    head: &str,
+    snapshot_interval_s: f64,
+    interfaces: &str,
+) -> std::path::PathBuf {
     let config = dir.join("gw.toml");
+    let path = dir.join("state.redb").display().to_string();
     std::fs::write(
         &config,
-        format!(
-            "[state]\npath = {:?}\nsnapshot_interval_s = {snapshot_interval_s:?}\n[interfaces.search]\nkind = \"tool\"\npolicy = {{ name = \"lqm\" }}\n[[interfaces.search.providers]]\nid = \"s1\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n",
-            dir.join("state.redb").display().to_string()
-        ),
+        format!("{head}[state]\npath = {path:?}\nsnapshot_interval_s = {snapshot_interval_s:?}\n{interfaces}"),
     )
     .unwrap();
     config
@@ -518,4 +531,271 @@ fn without_a_configuration_learning_persists_in_the_users_state_directory() {
     assert!(terminate(&mut child).success());
     assert!(home_file.exists());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The file's bytes and modification time: what "untouched" means.
+fn fingerprint(path: &std::path::Path) -> (Vec<u8>, std::time::SystemTime) {
+    let meta = std::fs::metadata(path).unwrap();
+    (std::fs::read(path).unwrap(), meta.modified().unwrap())
+}
+
+/// Serves `config` for `requests` tool calls, then stops it with SIGTERM (the last snapshot).
+fn learn(config: &std::path::Path, requests: usize) {
+    let (mut child, addr) = serve(config);
+    for _ in 0..requests {
+        let reply = post(&addr, "/v1/tools/search", r#"{"query":"rust"}"#);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    }
+    assert!(terminate(&mut child).success());
+}
+
+/// Follows `child`'s stderr (the logs) on a thread of its own, line by line.
+fn log_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The first log line (within 20 s) that contains `needle`.
+fn wait_log(lines: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return line,
+            Ok(_) => {}
+            Err(e) => panic!("no log line with `{needle}` within 20 s ({e})"),
+        }
+    }
+}
+
+/// `state import` refuses, untouched, what `serve` would refuse: a snapshot of another
+/// configuration (which used to import, after which the gateway refused to start) and a file
+/// that is no snapshot; and neither error advises `--reset-state`, which would delete the
+/// good file. The gateway still starts on the file afterwards.
+#[test]
+fn a_refused_import_leaves_the_state_file_untouched_and_advises_nothing_destructive() {
+    let one = fresh_dir("import-one");
+    let two = fresh_dir("import-two");
+    let one_config = state_config(&one, 3600.0);
+    let two_config = state_config(&two, 3600.0);
+    // The second configuration has one provider more.
+    let text = std::fs::read_to_string(&two_config).unwrap();
+    std::fs::write(
+        &two_config,
+        format!("{text}[[interfaces.search.providers]]\nid = \"s2\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}\n"),
+    )
+    .unwrap();
+    learn(&one_config, 5);
+    learn(&two_config, 5);
+    let exported = equiroute(&["state", "export", "--config", one_config.to_str().unwrap()]);
+    assert!(exported.status.success());
+    let other = one.join("other.json");
+    std::fs::write(&other, &exported.stdout).unwrap();
+    let junk = one.join("junk.json");
+    std::fs::write(&junk, br#"{"interfaces": "no"}"#).unwrap();
+    let live = two.join("state.redb");
+    let before = fingerprint(&live);
+    for (file, says) in [
+        (&other, "another configuration"),
+        (&junk, "not an Equiroute state snapshot"),
+    ] {
+        let out = equiroute(&[
+            "state",
+            "import",
+            "--config",
+            two_config.to_str().unwrap(),
+            file.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("was not changed"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("--reset-state"), "{stderr}");
+        let after = fingerprint(&live);
+        assert!(
+            before.0 == after.0,
+            "a refused import changed the file's bytes"
+        );
+        assert_eq!(
+            before.1, after.1,
+            "a refused import changed the file's time"
+        );
+    }
+    let (mut child, _) = serve(&two_config);
+    assert!(terminate(&mut child).success());
+    let _ = std::fs::remove_dir_all(&one);
+    let _ = std::fs::remove_dir_all(&two);
+}
+
+/// The start-up log's `snapshot_age_s` is the age of the snapshot, read before the open (it
+/// used to be read after the open had written the file, so it was always 0).
+#[test]
+fn the_start_up_log_gives_the_snapshots_age() {
+    let dir = fresh_dir("age");
+    let config = state_config(&dir, 3600.0);
+    learn(&config, 3);
+    let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(dir.join("state.redb"))
+        .unwrap()
+        .set_modified(an_hour_ago)
+        .unwrap();
+    let (mut child, _) = serve(&config);
+    let lines = log_lines(&mut child);
+    let line = wait_log(&lines, "learning state file opened");
+    let age: u64 = line
+        .split("snapshot_age_s=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .parse()
+        .unwrap();
+    assert!((3600..3700).contains(&age), "{line}");
+    assert!(terminate(&mut child).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A mock upstream whose chat answers are endless streams (a 16 KiB chunk every 50 ms), and a
+/// gateway configuration in `dir` that routes chat to it, with its state file and
+/// `server.shutdown_grace_ms = grace_ms`. Returns the mock and the configuration.
+fn endless_setup(dir: &std::path::Path, grace_ms: u64) -> (Child, std::path::PathBuf) {
+    let profile = dir.join("mock.toml");
+    std::fs::write(
+        &profile,
+        "[chat]\nfault = \"endless_stream\"\nchunk_gap_ms = 50\n",
+    )
+    .unwrap();
+    let (mock, lines) = start(
+        Command::new(bin()).args([
+            "mock-upstream",
+            "--listen",
+            "127.0.0.1:0",
+            "--profile",
+            profile.to_str().unwrap(),
+        ]),
+        |line| line.contains("http://"),
+    );
+    let upstream = address(&lines);
+    let config = config_with_state(
+        dir,
+        &format!("[server]\nshutdown_grace_ms = {grace_ms}\n"),
+        3600.0,
+        &format!("[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"m\"\nkind = \"openai\"\nmodel = \"endless\"\nbase_url = \"http://{upstream}/v1\"\n"),
+    );
+    (mock, config)
+}
+
+/// Opens a streamed chat request on `addr` and returns its connection once the first bytes of
+/// the answer have arrived, with a thread that reads the rest until the gateway closes it.
+fn open_endless_stream(addr: &str) -> std::thread::JoinHandle<String> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = r#"{"model":"chat","stream":true,"messages":[{"role":"user","content":"go on"}]}"#;
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = s.read(&mut first).unwrap();
+    let head = String::from_utf8_lossy(&first[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        // The end of the stream: what came last.
+        let tail = &rest[rest.len().saturating_sub(2048)..];
+        String::from_utf8_lossy(tail).into_owned()
+    })
+}
+
+/// Waits (at most `limit`) for `child` to exit; its status and how long that took.
+fn exit_within(
+    child: &mut Child,
+    limit: std::time::Duration,
+) -> (std::process::ExitStatus, std::time::Duration) {
+    let began = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, began.elapsed());
+        }
+        if began.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the gateway did not exit within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Checks that the stopped gateway of `config` left a snapshot, then stops `mock` and removes
+/// `dir`.
+fn snapshot_saved_then_clean_up(config: &std::path::Path, mock: &mut Child, dir: &std::path::Path) {
+    let exported = equiroute(&["state", "export", "--config", config.to_str().unwrap()]);
+    assert!(
+        exported.status.success(),
+        "no snapshot saved: {}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    let _ = mock.kill();
+    let _ = mock.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Bar 4 of issue 43: SIGTERM with an endless stream open drains for
+/// `server.shutdown_grace_ms`, then ends the stream with an error event, saves the snapshot
+/// and exits (it used to wait for the stream for ever).
+#[test]
+fn sigterm_with_an_endless_stream_open_exits_within_the_grace_with_the_snapshot_saved() {
+    let dir = fresh_dir("grace");
+    let (mut mock, config) = endless_setup(&dir, 1500);
+    let (mut child, addr) = serve(&config);
+    let stream = open_endless_stream(&addr);
+    signal(&child, "TERM");
+    let (status, took) = exit_within(&mut child, std::time::Duration::from_secs(20));
+    eprintln!("exited {took:?} after SIGTERM (shutdown_grace_ms = 1500)");
+    assert!(status.success(), "{status:?}");
+    // The grace, the second given to the error event, and the snapshot.
+    assert!(
+        took >= std::time::Duration::from_millis(1400)
+            && took < std::time::Duration::from_millis(4500),
+        "{took:?}"
+    );
+    let tail = stream.join().unwrap();
+    assert!(tail.contains(r#""code":"shutting_down""#), "{tail}");
+    snapshot_saved_then_clean_up(&config, &mut mock, &dir);
+}
+
+/// A second stop signal (SIGINT after SIGTERM) during a long grace ends the drain at once:
+/// the snapshot is saved and the gateway exits (both used to be ignored).
+#[test]
+fn a_second_signal_during_the_drain_exits_at_once_after_the_snapshot() {
+    let dir = fresh_dir("second-signal");
+    let (mut mock, config) = endless_setup(&dir, 60_000);
+    let (mut child, addr) = serve(&config);
+    let lines = log_lines(&mut child);
+    let _stream = open_endless_stream(&addr);
+    signal(&child, "TERM");
+    wait_log(&lines, "draining");
+    signal(&child, "INT");
+    let (status, took) = exit_within(&mut child, std::time::Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    assert!(took < std::time::Duration::from_secs(3), "{took:?}");
+    snapshot_saved_then_clean_up(&config, &mut mock, &dir);
 }

@@ -314,6 +314,8 @@ struct RawServer {
     max_buffered_bytes_per_address: Option<usize>,
     /// `human` (default) or `json` (one JSON object per line) for the logs on stderr.
     log_format: Option<String>,
+    /// Longest drain after a stop signal before the streams still open are ended.
+    shutdown_grace_ms: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -703,6 +705,9 @@ pub struct GatewayConfig {
     pub log_format: LogFormat,
     /// How long a client may hold a connection, and how many it may hold.
     pub connections: ConnectionLimits,
+    /// After a stop signal, how long in-flight requests may finish before the rest are ended
+    /// (a stream with an error event) and the snapshot saved (`server.shutdown_grace_ms`).
+    pub shutdown_grace: Duration,
     pub audit: Option<AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
@@ -774,6 +779,28 @@ impl Default for ConnectionLimits {
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             max_buffered_bytes_per_address: DEFAULT_MAX_BUFFERED_BYTES / 2,
         }
+    }
+}
+
+/// The default `server.shutdown_grace_ms`: 20 s, so that the drain, Redis's last push (at
+/// most 5 s) and the snapshot fit in the 30 s an orchestrator (Kubernetes'
+/// `terminationGracePeriodSeconds`) waits before it kills the process.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// `server.shutdown_grace_ms`, or the problem with it as (field, fix).
+fn shutdown_grace(raw: &RawServer) -> Result<Duration, (String, String)> {
+    match raw.shutdown_grace_ms {
+        None => Ok(DEFAULT_SHUTDOWN_GRACE),
+        Some(ms) if ms.is_finite() && (0.0..=MAX_CONNECTION_TIMEOUT_MS).contains(&ms) => {
+            Ok(Duration::from_secs_f64(ms / 1000.0))
+        }
+        Some(ms) => Err((
+            "server.shutdown_grace_ms".into(),
+            format!(
+                "`{ms}` is not a grace period: write a number of milliseconds from 0 to 86400000 (default {})",
+                DEFAULT_SHUTDOWN_GRACE.as_millis()
+            ),
+        )),
     }
 }
 
@@ -1034,6 +1061,10 @@ pub fn load_all(
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         ConnectionLimits::default()
     });
+    let shutdown_grace = shutdown_grace(&raw.server).unwrap_or_else(|(field, fix)| {
+        problems.push(err(&field, fix));
+        DEFAULT_SHUTDOWN_GRACE
+    });
     if raw.interfaces.is_empty() {
         problems.push(err(
             "interfaces",
@@ -1061,6 +1092,7 @@ pub fn load_all(
             worker_threads,
             log_format,
             connections,
+            shutdown_grace,
             audit: raw.audit,
             state,
             telemetry,
@@ -1842,6 +1874,14 @@ mod tests {
             &no_env,
         );
         assert_eq!(json.map(|c| c.log_format), Ok(LogFormat::Json));
+        let grace = |extra: &str| {
+            load(&format!("[server]\n{extra}\n{base}"), "x.toml", &no_env).map(|c| c.shutdown_grace)
+        };
+        assert_eq!(grace(""), Ok(Duration::from_secs(20)));
+        assert_eq!(
+            grace("shutdown_grace_ms = 1500"),
+            Ok(Duration::from_millis(1500))
+        );
         let words = load(
             &base.replace(
                 "kind = \"chat\"",
@@ -1859,6 +1899,7 @@ mod tests {
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ndeadline_ms = -5"), "interfaces.chat.deadline_ms", "positive"),
             (format!("[server]\nworker_threads = 0\n{base}"), "server.worker_threads", "at least 1"),
             (format!("[server]\nlog_format = \"yaml\"\n{base}"), "server.log_format", "\"json\""),
+            (format!("[server]\nshutdown_grace_ms = -1\n{base}"), "server.shutdown_grace_ms", "default 20000"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nfeature_max_words = 10"), "interfaces.chat.feature_max_words", "between 64 and 1000000"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { consecutive_failures = 0 }"), "interfaces.chat.breaker", "breaker.consecutive_failures"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\nbreaker = { window = 10, min_attempts = 20 }"), "interfaces.chat.breaker", "must not exceed breaker.window"),

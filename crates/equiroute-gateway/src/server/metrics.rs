@@ -184,6 +184,7 @@ pub struct Metrics {
     task_class_unlisted: Family<InterfaceLabel, Counter>,
     slices_evicted: Family<InterfaceLabel, Counter>,
     feedback: Family<FeedbackLabel, Counter>,
+    snapshots: Family<FeedbackLabel, Counter>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -258,6 +259,7 @@ impl Default for Metrics {
             task_class_unlisted: Family::default(),
             slices_evicted: Family::default(),
             feedback: Family::default(),
+            snapshots: Family::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -342,6 +344,12 @@ impl Metrics {
             "equiroute_feedback_total",
             "Quality feedback by outcome",
             self.feedback.clone(),
+        );
+        register(
+            r,
+            "equiroute_state_snapshots_total",
+            "Snapshots of the learning state to its file: saved, or failed by cause (no_space, io_error, failed)",
+            self.snapshots.clone(),
         );
         self.register_histograms();
         self.register_by_provider();
@@ -496,6 +504,13 @@ impl Metrics {
     pub fn feedback(&self, outcome: &'static str) {
         let labels = FeedbackLabel { outcome };
         self.feedback.get_or_create(&labels).inc();
+    }
+
+    /// Records a snapshot of the learning state to its file: `saved`, or why it failed
+    /// (`no_space`, `io_error`, `failed`: [`crate::store::WriteFailure::label`]).
+    pub fn snapshot(&self, outcome: &'static str) {
+        let labels = FeedbackLabel { outcome };
+        self.snapshots.get_or_create(&labels).inc();
     }
 
     /// Records the decision of one request (eligibility + ranking), in µs.

@@ -7,12 +7,14 @@
 //!    `header_read_timeout_ms` and at most `max_header_bytes` (else 431), the body within
 //!    `body_read_timeout_ms` (else 408) and within the buffered-bytes limits (else 429 or 503),
 //!    an idle keep-alive connection closed after `idle_timeout_ms`;
+//!    the drain's cutoff ([`drain`], added around the router by the gateway's `serve`): after
+//!    `server.shutdown_grace_ms`, requests still in flight are ended;
 //! 1. request body limit: a `Content-Length` over `server.max_body_bytes` gets 413 at once,
 //!    before any of the body is read; a body that grows past it (chunked) gets 413 too;
 //! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
-//!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the key that matched becomes the
-//!    request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
+//!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the key
+//!    that matched becomes the request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
 //!    and whose requests it may score. The traffic routes take client and judge keys,
 //!    `/v1/feedback` those and the admin keys; the state routes (`/v1/interfaces…`) take the
 //!    admin keys when those are configured, else the gateway keys: they are open only when no
@@ -26,6 +28,7 @@ pub mod auth;
 mod clients;
 pub mod conn;
 pub mod dashboard;
+pub mod drain;
 pub mod error;
 mod execute;
 pub mod feedback;
