@@ -929,7 +929,7 @@ fn failure(
     let refused = last.as_ref().is_some_and(|r| r.content_filter);
     let http_status = last.as_ref().map_or(0, |r| r.http_status);
     let reason = last.and_then(|r| r.reason);
-    let said = |otherwise: &'static str| reason.clone().unwrap_or(Redacted::fixed(otherwise));
+    let said = |otherwise: &'static str| reason.as_ref().map_or(otherwise, Redacted::as_str);
     // "2 attempts: a provider_error, b timeout": which providers were tried, and how each ended.
     let tried: Vec<String> = attempts
         .iter()
