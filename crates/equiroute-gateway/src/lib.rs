@@ -8,6 +8,7 @@ pub mod config;
 pub mod feedback;
 pub mod mock;
 pub mod pending;
+pub mod redact;
 pub mod request;
 pub mod server;
 pub mod shared;

@@ -1,6 +1,7 @@
 //! The gateway crate's modules read in one direction (docs/architecture.md): each top-level
-//! module uses only modules of its own layer or below: `config` and `request` need nothing
-//! of the crate; `upstream`, `mock`, `pending` and `feedback` (the judge) only those; then
+//! module uses only modules of its own layer or below: `config`, `request` and `redact` need
+//! nothing of the crate but each other (`config` checks names with `redact`); `upstream`,
+//! `mock`, `pending` and `feedback` (the judge) only those; then
 //! `shared` (Redis), the `server` (whose `AppState` the others never name), and on top
 //! `store`, which saves and restores that state.
 
@@ -15,6 +16,7 @@ use std::path::Path;
 const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("request", 0),
+    ("redact", 0),
     ("upstream", 1),
     ("mock", 1),
     ("pending", 1),

@@ -67,10 +67,7 @@ async fn receiver() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Span>) 
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, rx)
+    (common::serve_app(app).await, rx)
 }
 
 fn config(endpoint: &str, telemetry_lines: &str, a: SocketAddr, b: SocketAddr) -> String {

@@ -276,6 +276,42 @@ fn check_config_reports_every_problem_with_its_field() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn check_config_never_prints_a_key_pasted_where_its_variable_name_belongs() {
+    let dir = temp_dir("check-pasted");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = "sk-proj-Pasted0123456789abcdefXYZ";
+    let pasted = dir.join("pasted.toml");
+    std::fs::write(
+        &pasted,
+        format!("[server]\napi_keys_env = [\"{key}\"]\n[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\napi_key_env = \"{key}\"\n"),
+    )
+    .unwrap();
+    let o = equiroute(&["check-config", pasted.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        !out.contains("Pasted0123") && !err.contains("Pasted0123"),
+        "{out}{err}"
+    );
+    for field in [
+        "server.api_keys_env[0]",
+        "interfaces.chat.providers[0].api_key_env",
+    ] {
+        assert!(
+            err.lines().any(|l| l.contains(field)
+                && l.contains(
+                    "looks like a secret value, not the name of an environment variable"
+                )),
+            "{field}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn equiroute_gateway_default() -> &'static str {
     include_str!("../../equiroute-gateway/src/config/default.toml")
 }

@@ -128,14 +128,15 @@ pub(super) fn validate(
 ) -> Result<Validated, Vec<(String, String)>> {
     let mut problems: Vec<(String, String)> = Vec::new();
     let mut declared: Vec<Declared> = Vec::new();
-    let read = |field: String, name: &str, problems: &mut Vec<(String, String)>| match env(name) {
-        Some(v) if !v.is_empty() => Some(Secret(v)),
-        _ => {
-            problems.push((
-                field,
-                format!("environment variable `{name}` is not set: export it, or remove it from the list"),
-            ));
-            None
+    // A secret pasted where its variable's name belongs is refused without being repeated.
+    let read = |field: String, name: &str, problems: &mut Vec<(String, String)>| {
+        let unset = "export it, or remove it from the list";
+        match super::env_secret(name, "GATEWAY_KEY", unset, env) {
+            Ok(secret) => Some(secret),
+            Err(fix) => {
+                problems.push((field, fix));
+                None
+            }
         }
     };
     for (list, field, role) in [

@@ -719,6 +719,43 @@ pub struct GatewayConfig {
     pub warnings: Vec<ConfigError>,
 }
 
+impl GatewayConfig {
+    /// The value of every secret the configuration holds: the gateway's and the admin keys,
+    /// each provider's key or AWS credentials, each judge's key, and the Redis URL (whole,
+    /// and its password). The gateway's [`Redactor`](crate::redact::Redactor) is built from
+    /// these; a new [`Secret`] field belongs here too (a unit test lists them).
+    #[must_use]
+    pub fn secret_values(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self.keys.iter().map(|k| k.secret.0.as_str()).collect();
+        for i in &self.interfaces {
+            for p in &i.providers {
+                match &p.upstream {
+                    UpstreamConfig::Sim(_) => {}
+                    UpstreamConfig::Openai { api_key, .. }
+                    | UpstreamConfig::Http { api_key, .. }
+                    | UpstreamConfig::Anthropic { api_key, .. }
+                    | UpstreamConfig::AzureOpenai { api_key, .. }
+                    | UpstreamConfig::Gemini { api_key, .. } => {
+                        out.extend(api_key.iter().map(|s| s.0.as_str()));
+                    }
+                    UpstreamConfig::Bedrock { credentials, .. } => out.extend(credentials.values()),
+                }
+            }
+            out.extend(
+                i.judge
+                    .iter()
+                    .filter_map(|j| j.api_key.as_ref())
+                    .map(|s| s.0.as_str()),
+            );
+        }
+        if let Some(StateConfig::Redis(r)) = &self.state {
+            out.push(&r.url.0);
+            out.extend(state::url_password(&r.url.0));
+        }
+        out
+    }
+}
+
 /// The default `max_body_bytes`: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 
@@ -1009,8 +1046,10 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let mut raw: RawConfig =
-        equiroute_lab::toml_text::parse(text).map_err(|p| vec![err(&p.field, p.fix)])?;
+    let mut raw: RawConfig = equiroute_lab::toml_text::parse(text).map_err(|p| {
+        let fix = unechoed(&p.field, &p.fix);
+        vec![err(&p.field, fix)]
+    })?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
     let listen: Option<SocketAddr> = listen_text.parse().ok();
@@ -1677,18 +1716,87 @@ fn secret(
     name: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<Secret>, (&'static str, String)> {
-    match name {
-        None => Ok(None),
-        Some(n) => match env(n) {
-            Some(v) if !v.is_empty() => Ok(Some(Secret(v))),
-            _ => Err((
-                "api_key_env",
-                format!(
-                    "environment variable `{n}` is not set: export it before starting the gateway"
-                ),
-            )),
-        },
+    let Some(n) = name else { return Ok(None) };
+    let unset = "export it before starting the gateway";
+    env_secret(n, "PROVIDER_API_KEY", unset, env)
+        .map(Some)
+        .map_err(|fix| ("api_key_env", fix))
+}
+
+/// The secret in the environment variable `name`, or what is wrong: `name` is no variable's
+/// name (see [`not_a_variable_name`]; `example` is one for the field), or the variable is not
+/// set (or empty), which `unset_fix` says how to mend.
+pub(crate) fn env_secret(
+    name: &str,
+    example: &str,
+    unset_fix: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Secret, String> {
+    if let Some(fix) = not_a_variable_name(name, example) {
+        return Err(fix);
     }
+    match env(name) {
+        Some(v) if !v.is_empty() => Ok(Secret(v)),
+        _ => Err(format!(
+            "environment variable `{name}` is not set: {unset_fix}"
+        )),
+    }
+}
+
+/// Why `name`, written in a field that names the environment variable holding a secret
+/// (`api_key_env`, `api_keys_env`, `admin_keys_env`, `url_env`), is not such a name: it has a
+/// credential's shape (`sk-…`, `AKIA…`, a URL with a password), is not a variable name at all
+/// (letters, digits and `_`, not starting with a digit), or looks like a random token. A
+/// secret pasted where its variable's name belongs is never repeated: the answer says what
+/// it looks like and what to write instead, `example` being a variable name for the field.
+fn not_a_variable_name(name: &str, example: &str) -> Option<String> {
+    let is_name = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    // Variable names are words joined by `_`; keys are long runs of mixed letters and digits.
+    let token_like = name.len() >= 20
+        && !name.contains('_')
+        && name.chars().any(|c| c.is_ascii_digit())
+        && name.chars().any(|c| c.is_ascii_lowercase());
+    let why = if crate::redact::looks_like_credential(name) {
+        "it has the shape of a credential"
+    } else if !is_name {
+        "a variable name is letters, digits and `_`, not starting with a digit"
+    } else if token_like {
+        "it looks like a random token, not a name"
+    } else {
+        return None;
+    };
+    Some(format!(
+        "this looks like a secret value, not the name of an environment variable ({why}); the \
+         value is not shown. Put the secret in an environment variable (export \
+         {example}=...) and write the variable's name here (\"{example}\"); if the value was \
+         saved in a file or shared, rotate it"
+    ))
+}
+
+/// A problem of reading the file, with no value of a field that names a secret's variable
+/// (`api_key_env = ["sk-…"]` is read as "a sequence, not a string" by serde, whose message
+/// quotes the value) and no credential-shaped text anywhere.
+fn unechoed(field: &str, fix: &str) -> String {
+    let names_a_variable = field
+        .rsplit('.')
+        .next()
+        .is_some_and(|last| last.split('[').next().is_some_and(|f| f.ends_with("_env")));
+    if names_a_variable {
+        let place = fix.rfind(" (line ").map_or("", |i| &fix[i..]);
+        return format!(
+            "must name environment variables (a string for api_key_env and url_env, a list of \
+             strings for api_keys_env and admin_keys_env), e.g. [\"GATEWAY_KEY\"]; the value \
+             given is not shown{place}"
+        );
+    }
+    crate::redact::Redactor::shapes_only()
+        .redact(fix)
+        .as_str()
+        .to_owned()
 }
 
 #[cfg(test)]
@@ -2082,5 +2190,116 @@ mod tests {
             !format!("{:?}", load("[server]\nlisten = \"nope\"", "x.toml", &env))
                 .contains("s3cret")
         );
+    }
+
+    #[test]
+    fn a_secret_pasted_where_its_variable_name_belongs_is_never_repeated() {
+        let provider = |kind: &str, extra: &str| {
+            format!("[[interfaces.chat.providers]]\nid = \"{kind}\"\nkind = \"{kind}\"\nbase_url = \"http://x/v1\"\n{extra}\n")
+        };
+        let pasted = [
+            "sk-proj-AbCdEf0123456789xyz",
+            "AKIAIOSFODNN7EXAMPLE",
+            "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6",
+            "redis://:hunter2-pw@10.0.0.1:6379",
+            "3f9a-key with spaces",
+        ];
+        let text = format!(
+            "[server]\napi_keys_env = [\"{}\"]\nadmin_keys_env = [\"OK_NAME\", \"{}\"]\n\
+             [state]\nbackend = \"redis\"\nurl_env = \"{}\"\n\
+             [interfaces.judged]\nkind = \"chat\"\n\
+             judge = {{ base_url = \"http://j/v1\", model = \"m\", api_key_env = \"{}\" }}\n\
+             [[interfaces.judged.providers]]\nid = \"s\"\nkind = \"sim\"\n\
+             sim = {{ latency = {{ p50_ms = 10, p95_ms = 20 }} }}\n\
+             [interfaces.chat]\nkind = \"chat\"\n{}{}",
+            pasted[0],
+            pasted[2],
+            pasted[3],
+            pasted[4],
+            provider("openai", &format!("api_key_env = \"{}\"", pasted[1])),
+            provider("anthropic", "api_key_env = \"UNSET_NAME\""),
+        );
+        let env = |name: &str| (name == "OK_NAME").then(|| "fine".to_owned());
+        let problems = load_all(&text, "x.toml", &env).unwrap_err();
+        let shown: Vec<(String, String)> = problems
+            .iter()
+            .map(|p| (p.field.clone(), p.to_string()))
+            .collect();
+        for value in pasted {
+            assert!(
+                shown.iter().all(|(_, text)| !text.contains(value)),
+                "{value} is repeated: {shown:#?}"
+            );
+        }
+        let looks = |field: &str| {
+            shown.iter().any(|(f, text)| {
+                f == field
+                    && text.contains(
+                        "looks like a secret value, not the name of an environment variable",
+                    )
+                    && text.contains("rotate it")
+            })
+        };
+        for field in [
+            "server.api_keys_env[0]",
+            "server.admin_keys_env[1]",
+            "state.url_env",
+            "interfaces.judged.judge.api_key_env",
+            "interfaces.chat.providers[0].api_key_env",
+        ] {
+            assert!(looks(field), "{field}: {shown:#?}");
+        }
+        // A real variable's name that is not set is named, as before.
+        assert!(
+            shown
+                .iter()
+                .any(|(f, text)| f == "interfaces.chat.providers[1].api_key_env"
+                    && text.contains("environment variable `UNSET_NAME` is not set")),
+            "{shown:#?}"
+        );
+        // A key pasted as the list's text, not in a list: serde's message would quote it.
+        let e = load(
+            "[server]\napi_keys_env = \"sk-proj-AbCdEf0123456789xyz\"\n",
+            "x.toml",
+            &env,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "server.api_keys_env");
+        assert!(
+            !e.to_string().contains("AbCdEf0123456789") && e.fix.contains("is not shown"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_secret_of_the_configuration_is_given_to_the_redactor() {
+        let text = "[server]\napi_keys_env = [\"GW\"]\nadmin_keys_env = [\"ADMIN\"]\n\
+            [state]\nbackend = \"redis\"\nurl_env = \"REDIS_URL\"\n\
+            [interfaces.chat]\nkind = \"chat\"\n\
+            judge = { base_url = \"http://j/v1\", model = \"m\", api_key_env = \"JUDGE\" }\n\
+            [[interfaces.chat.providers]]\nid = \"o\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\napi_key_env = \"OA\"\n\
+            [[interfaces.chat.providers]]\nid = \"b\"\nkind = \"bedrock\"\nregion = \"us-east-1\"\nmodel = \"m\"\n";
+        let values = [
+            ("GW", "gw-value"),
+            ("ADMIN", "admin-value"),
+            ("REDIS_URL", "redis://:redis-pw@h:6379"),
+            ("JUDGE", "judge-value"),
+            ("OA", "openai-value"),
+            ("AWS_ACCESS_KEY_ID", "key-id-value"),
+            ("AWS_SECRET_ACCESS_KEY", "secret-key-value"),
+            ("AWS_SESSION_TOKEN", "session-value"),
+        ];
+        let env = |name: &str| {
+            values
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let cfg = load(text, "x.toml", &env).unwrap();
+        let secrets = cfg.secret_values();
+        for (_, value) in values {
+            assert!(secrets.contains(&value), "{value}: {secrets:?}");
+        }
+        assert!(secrets.contains(&"redis-pw"), "{secrets:?}");
     }
 }

@@ -174,16 +174,14 @@ fn redis(
             }
         }
         (None, Some(name)) => {
-            let value = env(&name).filter(|v| !v.is_empty());
-            if value.is_none() {
-                bad(
-                    "url_env",
-                    format!(
-                        "environment variable `{name}` is not set: export it with a redis:// URL"
-                    ),
-                );
+            let unset = "export it with a redis:// URL";
+            match super::env_secret(&name, "REDIS_URL", unset, env) {
+                Ok(url) => Some(url.0),
+                Err(fix) => {
+                    bad("url_env", fix);
+                    None
+                }
             }
-            value
         }
         (None, None) => {
             bad(
@@ -288,11 +286,15 @@ pub fn default_state_file(env: &dyn Fn(&str) -> Option<String>) -> Option<StateC
 
 /// Whether a redis:// URL carries a password (`redis://user:pass@host` or `redis://:pass@host`).
 fn has_password(url: &str) -> bool {
+    url_password(url).is_some()
+}
+
+/// The password in `url`'s user information (`redis://user:password@host`), if any.
+pub(super) fn url_password(url: &str) -> Option<&str> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let authority = rest.split('/').next().unwrap_or("");
-    authority
-        .rsplit_once('@')
-        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    userinfo.split_once(':').map(|(_, password)| password)
 }
 
 #[cfg(test)]

@@ -23,12 +23,12 @@ pub struct Judge {
 }
 
 impl Judge {
-    /// The judge described by `cfg`, sharing `client`'s connections.
+    /// The judge described by `cfg`, sharing the gateway's connections and redactor.
     #[must_use]
-    pub fn new(cfg: &JudgeConfig, client: &crate::upstream::client::HttpClient) -> Judge {
+    pub fn new(cfg: &JudgeConfig, wiring: crate::upstream::http::Wiring) -> Judge {
         Judge {
             upstream: HttpUpstream::openai(
-                client.clone(),
+                wiring,
                 &cfg.base_url,
                 cfg.api_key.as_ref(),
                 equiroute_core::ServiceTier::Standard,

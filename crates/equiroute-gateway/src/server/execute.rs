@@ -5,6 +5,7 @@
 use super::error::ApiError;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
 use crate::config::first_byte::{ResumeMode, StreamHold, StreamResume};
+use crate::redact::Redacted;
 use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
@@ -915,6 +916,12 @@ pub(super) fn outcome_of(
 }
 
 /// The error answer of request `request_id`, which got no answer, with its routing headers.
+///
+/// The client is told the last provider's words, redacted (every secret of the gateway's and
+/// every credential shape cut out: see [`crate::redact`]); they may quote the client's own
+/// prompt back to it, which is no leak. The logs at `info` and `warn` say only which providers
+/// were tried, how each ended, the HTTP status and the error code: the provider's words, which
+/// may quote the prompt, go to `debug` only.
 fn failure(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -925,7 +932,9 @@ fn failure(
     deadline: Option<Millis>,
 ) -> ApiError {
     let refused = last.as_ref().is_some_and(|r| r.content_filter);
+    let http_status = last.as_ref().map_or(0, |r| r.http_status);
     let reason = last.and_then(|r| r.reason);
+    let said = |otherwise: &'static str| reason.as_ref().map_or(otherwise, Redacted::as_str);
     // "2 attempts: a provider_error, b timeout": which providers were tried, and how each ended.
     let tried: Vec<String> = attempts
         .iter()
@@ -953,7 +962,7 @@ fn failure(
                 format!(
                     "provider `{}` refused the request (content filter): {}",
                     iface.candidates[candidate].id,
-                    reason.unwrap_or_else(|| "refused".into())
+                    said("refused")
                 ),
             )
         }
@@ -965,7 +974,7 @@ fn failure(
                 format!(
                     "provider `{}` rejected the request: {}",
                     iface.candidates[candidate].id,
-                    reason.unwrap_or_else(|| "rejected".into())
+                    said("rejected")
                 ),
             )
         }
@@ -987,16 +996,20 @@ fn failure(
                 "all_providers_failed",
                 format!(
                     "every attempt failed ({summary}); last: {}",
-                    reason.unwrap_or_else(|| "no attempt could be made".into())
+                    said("no attempt could be made")
                 ),
             )
         }
     };
     // Once per failed request; a provider refusing the client's own request is not ours.
-    if matches!(status, RequestStatus::ClientError { .. }) {
-        tracing::info!(request_id, code = error.code, error = %error.message, "request rejected by the provider");
+    if let RequestStatus::ClientError { candidate } = status {
+        let provider = &iface.candidates[candidate].id;
+        tracing::info!(request_id, %provider, http_status, code = error.code, "request rejected by the provider");
     } else {
-        tracing::warn!(request_id, code = error.code, error = %error.message, "request failed");
+        tracing::warn!(request_id, code = error.code, http_status, attempts = %summary, "request failed");
+    }
+    if let Some(reason) = &reason {
+        tracing::debug!(request_id, provider_said = %reason, "the last provider's words (redacted)");
     }
     error.for_request(request_id, tried.len())
 }

@@ -72,7 +72,7 @@ pub struct InterfaceRuntime {
 impl InterfaceRuntime {
     fn new(
         cfg: &InterfaceConfig,
-        client: &crate::upstream::client::HttpClient,
+        wiring: &crate::upstream::http::Wiring,
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
@@ -85,7 +85,15 @@ impl InterfaceRuntime {
             upstreams: cfg
                 .providers
                 .iter()
-                .map(|p| Upstream::new(&p.candidate.id.0, p.candidate.tier, &p.upstream, client))
+                .map(|p| {
+                    Upstream::new(
+                        &p.candidate.id.0,
+                        p.candidate.tier,
+                        &p.upstream,
+                        &wiring.client,
+                        &wiring.redactor,
+                    )
+                })
                 .collect(),
             featurizer: Featurizer::new(cfg.feature_dim)?.with_max_words(cfg.feature_max_words)?,
             deadline: cfg.deadline,
@@ -104,7 +112,7 @@ impl InterfaceRuntime {
             judge: cfg
                 .judge
                 .as_ref()
-                .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, client))),
+                .map(|j| Arc::new(crate::feedback::judge::Judge::new(j, wiring.clone()))),
             arms: super::arms::Arms::new(cfg)?,
             policy: RwLock::new(policy),
             deferred: Mutex::new(Vec::new()),
@@ -139,6 +147,9 @@ pub struct AppState {
     pub metrics: Metrics,
     /// The configured keys, what each may do, and each one's feedback rate.
     pub keys: super::auth::Keys,
+    /// Every secret of the configuration and the credential shapes: what any text of an
+    /// upstream's passes through before a client, a log line, a span or the audit log sees it.
+    pub redactor: Arc<crate::redact::Redactor>,
     /// The decision audit log, when configured.
     pub audit: Option<super::audit::AuditLog>,
     pub feedback_ttl: Millis,
@@ -159,17 +170,21 @@ impl AppState {
     /// # Errors
     /// A policy or featurizer that cannot be built (already checked by config loading).
     pub fn new(cfg: &GatewayConfig, seed: u64) -> Result<AppState, equiroute_core::ConfigError> {
-        // One connection pool for every HTTP upstream.
-        let client = crate::upstream::client::HttpClient::new();
+        // One connection pool and one redactor for every HTTP upstream.
+        let wiring = crate::upstream::http::Wiring {
+            client: crate::upstream::client::HttpClient::new(),
+            redactor: Arc::new(crate::redact::Redactor::new(cfg.secret_values())),
+        };
         let mut interfaces = BTreeMap::new();
         for i in &cfg.interfaces {
-            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &client)?));
+            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
         }
         Ok(AppState {
             interfaces,
             pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
             metrics: Metrics::default(),
             keys: super::auth::Keys::new(&cfg.keys, cfg.feedback_rate),
+            redactor: wiring.redactor,
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
             shared: match &cfg.state {

@@ -8,23 +8,37 @@
 //! other 4xx → client error with the provider's reason (not retried, not counted against the
 //! provider); connection failures → provider error; the attempt's timeout → timeout
 //! (censored). A request a dialect cannot express and a safety block in a 2xx answer are client
-//! errors too. API keys travel only in their header to the provider (marked sensitive) and
-//! never appear in replies or errors.
+//! errors too. API keys travel only in their header to the provider (marked sensitive). Every
+//! text of a provider's (error messages, AWS error types, transport errors, which may quote
+//! the request's headers or URL) becomes a reason through the gateway's
+//! [`Redactor`](crate::redact::Redactor) only: an attempt's reason is a
+//! [`Redacted`](crate::redact::Redacted), which nothing else can make.
 
 use super::client::{read_body, HttpClient};
 use super::dialect::{self, Refusal, Unanswerable};
 use super::{anthropic, bedrock, gemini, UpstreamReply, UpstreamRequest};
 use crate::config::{AwsCredentials, AzureAuth, Secret};
+use crate::redact::{Redacted, Redactor};
 use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use http_body_util::Full;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What every HTTP upstream is built with: the shared connection pool, and the redactor of
+/// the gateway's secrets that every text of the provider's passes through.
+#[derive(Clone, Debug)]
+pub struct Wiring {
+    pub client: HttpClient,
+    pub redactor: Arc<Redactor>,
+}
 
 /// An HTTP upstream.
 #[derive(Clone, Debug)]
 pub struct HttpUpstream {
     client: HttpClient,
+    redactor: Arc<Redactor>,
     /// Parsed once (not on every request); `None` when the configured URL does not parse,
     /// which makes every attempt a connection failure with that reason.
     uri: Option<http::Uri>,
@@ -73,13 +87,14 @@ impl HttpUpstream {
     /// An OpenAI-compatible upstream at `base_url`.
     #[must_use]
     pub fn openai(
-        client: HttpClient,
+        wiring: Wiring,
         base_url: &str,
         api_key: Option<&Secret>,
         tier: equiroute_core::ServiceTier,
     ) -> HttpUpstream {
         HttpUpstream {
-            client,
+            client: wiring.client,
+            redactor: wiring.redactor,
             uri: format!("{base_url}/chat/completions").parse().ok(),
             headers: bearer(api_key).into_iter().collect(),
             dialect: Dialect::OpenAi,
@@ -93,9 +108,10 @@ impl HttpUpstream {
 
     /// A JSON API at `url`.
     #[must_use]
-    pub fn json(client: HttpClient, url: &str, api_key: Option<&Secret>) -> HttpUpstream {
+    pub fn json(wiring: Wiring, url: &str, api_key: Option<&Secret>) -> HttpUpstream {
         HttpUpstream {
-            client,
+            client: wiring.client,
+            redactor: wiring.redactor,
             uri: url.parse().ok(),
             headers: bearer(api_key).into_iter().collect(),
             dialect: Dialect::Json,
@@ -107,7 +123,7 @@ impl HttpUpstream {
     /// ?api-version=...`, the key in `api-key` (or as a bearer token).
     #[must_use]
     pub fn azure(
-        client: HttpClient,
+        wiring: Wiring,
         endpoint: &str,
         deployment: &str,
         api_version: &str,
@@ -119,7 +135,8 @@ impl HttpUpstream {
             AzureAuth::Bearer => bearer(api_key).into_iter().collect(),
         };
         HttpUpstream {
-            client,
+            client: wiring.client,
+            redactor: wiring.redactor,
             uri: format!(
                 "{endpoint}/openai/deployments/{deployment}/chat/completions?api-version={api_version}"
             )
@@ -134,7 +151,7 @@ impl HttpUpstream {
     /// Anthropic's Messages API at `{base_url}/messages`, the key in `x-api-key`.
     #[must_use]
     pub fn anthropic(
-        client: HttpClient,
+        wiring: Wiring,
         base_url: &str,
         api_key: Option<&Secret>,
         version: &str,
@@ -145,7 +162,8 @@ impl HttpUpstream {
             headers.push((HeaderName::from_static("anthropic-version"), v));
         }
         HttpUpstream {
-            client,
+            client: wiring.client,
+            redactor: wiring.redactor,
             uri: format!("{base_url}/messages").parse().ok(),
             headers,
             dialect: Dialect::Anthropic { max_tokens },
@@ -156,9 +174,10 @@ impl HttpUpstream {
     /// Gemini's API at `{base_url}/models/{model}:generateContent` (and
     /// `:streamGenerateContent?alt=sse`), the key in `x-goog-api-key`.
     #[must_use]
-    pub fn gemini(client: HttpClient, base_url: &str, api_key: Option<&Secret>) -> HttpUpstream {
+    pub fn gemini(wiring: Wiring, base_url: &str, api_key: Option<&Secret>) -> HttpUpstream {
         HttpUpstream {
-            client,
+            client: wiring.client,
+            redactor: wiring.redactor,
             uri: None,
             headers: key_header("x-goog-api-key", api_key),
             dialect: Dialect::Gemini {
@@ -172,13 +191,14 @@ impl HttpUpstream {
     /// each request signed (AWS Signature Version 4) for `region`.
     #[must_use]
     pub fn bedrock(
-        client: HttpClient,
+        wiring: Wiring,
         base_url: &str,
         region: &str,
         credentials: &AwsCredentials,
     ) -> HttpUpstream {
         HttpUpstream {
-            client,
+            client: wiring.client,
+            redactor: wiring.redactor,
             uri: None,
             headers: Vec::new(),
             dialect: Dialect::Bedrock {
@@ -337,23 +357,29 @@ impl HttpUpstream {
         &self,
         req: UpstreamRequest<'_>,
         stream: bool,
-    ) -> Result<http::Response<hyper::body::Incoming>, (AttemptStatus, String)> {
+    ) -> Result<http::Response<hyper::body::Incoming>, (AttemptStatus, Redacted)> {
         let connection = AttemptStatus::ProviderError(ProviderFailure::Connection);
         let request = match self.request(req, stream) {
             Ok(Some(r)) => r,
             Ok(None) => {
                 return Err((
                     connection,
-                    "connection failed: the provider URL is not valid".into(),
+                    Redacted::fixed("connection failed: the provider URL is not valid"),
                 ))
             }
             // Not sent: the caller's request, not the provider, is at fault.
-            Err(refusal) => return Err((AttemptStatus::ClientError, refusal.reason())),
+            Err(refusal) => {
+                return Err((
+                    AttemptStatus::ClientError,
+                    self.redactor.redact(&refusal.reason()),
+                ))
+            }
         };
-        self.client
-            .send(request)
-            .await
-            .map_err(|why| (connection, format!("connection failed: {why}")))
+        // A transport error may quote the URL (and a key in its query).
+        self.client.send(request).await.map_err(|why| {
+            let text = format!("connection failed: {why}");
+            (connection, self.redactor.redact(&text))
+        })
     }
 
     /// Opens a streamed chat completion; the status and the first chunk must arrive within
@@ -400,7 +426,7 @@ impl HttpUpstream {
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     elapsed(),
                     code,
-                    "the stream ended before its first byte",
+                    Redacted::fixed("the stream ended before its first byte"),
                 )),
             }
         })
@@ -410,7 +436,7 @@ impl HttpUpstream {
                 AttemptStatus::Timeout,
                 Millis(limit.as_secs_f64() * 1000.0),
                 0,
-                "no first byte in time",
+                Redacted::fixed("no first byte in time"),
             )),
             Ok(Err(reply)) => super::StreamStart::Failed(reply),
             Ok(Ok((first, rest))) => super::StreamStart::Started {
@@ -428,7 +454,7 @@ impl HttpUpstream {
     ) -> UpstreamReply {
         let started = Instant::now();
         let elapsed = || Millis(started.elapsed().as_secs_f64() * 1000.0);
-        let reply = |status, http_status, reason: String| {
+        let reply = |status, http_status, reason: Redacted| {
             UpstreamReply::failed(status, elapsed(), http_status, reason)
         };
         // Sending, the response head and the whole body, all within the attempt's timeout.
@@ -448,7 +474,8 @@ impl HttpUpstream {
                 Err(why) => reply(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     code,
-                    format!("the response body broke off: {why}"),
+                    self.redactor
+                        .redact(&format!("the response body broke off: {why}")),
                 ),
             }
         };
@@ -456,7 +483,12 @@ impl HttpUpstream {
             None => exchange.await,
             Some(t) => tokio::time::timeout(t, exchange).await.unwrap_or_else(|_| {
                 let waited = Millis(t.as_secs_f64() * 1000.0);
-                UpstreamReply::failed(AttemptStatus::Timeout, waited, 0, "timed out")
+                UpstreamReply::failed(
+                    AttemptStatus::Timeout,
+                    waited,
+                    0,
+                    Redacted::fixed("timed out"),
+                )
             }),
         }
     }
@@ -504,23 +536,6 @@ fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
 }
 
 impl HttpUpstream {
-    /// Status, body and message of a provider's answer → the attempt's outcome.
-    fn classify(&self, head: &Head, text: Bytes, latency: Millis, model: &str) -> UpstreamReply {
-        let mut reply = self.classify_unredacted(head, text, latency, model);
-        // A host may echo what it was sent (AWS's signature errors quote the signed headers):
-        // no credential value leaves in a reason.
-        if let (Dialect::Bedrock { credentials, .. }, Some(reason)) =
-            (&self.dialect, reply.reason.as_mut())
-        {
-            for value in credentials.values() {
-                if reason.contains(value) {
-                    *reason = reason.replace(value, "<redacted>");
-                }
-            }
-        }
-        reply
-    }
-
     /// Bedrock's errors by their AWS type (`x-amzn-errortype`); `None` for an answer, another
     /// dialect, or a type Bedrock does not document (classified by status then).
     fn classify_bedrock(
@@ -531,7 +546,9 @@ impl HttpUpstream {
         latency: Millis,
     ) -> Option<UpstreamReply> {
         let code = head.code;
-        let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
+        let reply = |status, reason: String| {
+            UpstreamReply::failed(status, latency, code, self.redactor.redact(&reason))
+        };
         if !matches!(self.dialect, Dialect::Bedrock { .. }) || (200..300).contains(&code) {
             return None;
         }
@@ -566,13 +583,9 @@ impl HttpUpstream {
         Some(r)
     }
 
-    fn classify_unredacted(
-        &self,
-        head: &Head,
-        text: Bytes,
-        latency: Millis,
-        model: &str,
-    ) -> UpstreamReply {
+    /// Status, body and message of a provider's answer → the attempt's outcome; every text of
+    /// the provider's in the reason is redacted.
+    fn classify(&self, head: &Head, text: Bytes, latency: Millis, model: &str) -> UpstreamReply {
         let (code, retry_after) = (head.code, head.retry_after);
         // An answer is checked and relayed as it came; only errors are read as a tree.
         let json: Option<serde_json::Value> = if (200..300).contains(&code) {
@@ -586,7 +599,9 @@ impl HttpUpstream {
                 .and_then(serde_json::Value::as_str)
                 .map_or_else(|| format!("HTTP {code}"), |m| format!("HTTP {code}: {m}"))
         };
-        let reply = |status, reason: String| UpstreamReply::failed(status, latency, code, reason);
+        let reply = |status, reason: String| {
+            UpstreamReply::failed(status, latency, code, self.redactor.redact(&reason))
+        };
         if let Some(r) = self.classify_bedrock(head, json.as_ref(), &message(), latency) {
             return r;
         }
@@ -659,12 +674,12 @@ mod tests {
     const TOKEN: &str = "test-session-token-never-shown";
 
     fn bedrock_upstream() -> HttpUpstream {
-        HttpUpstream::bedrock(
-            HttpClient::new(),
-            "http://127.0.0.1:1",
-            "us-east-1",
-            &AwsCredentials::new(KEY_ID, SECRET, Some(TOKEN)),
-        )
+        let credentials = AwsCredentials::new(KEY_ID, SECRET, Some(TOKEN));
+        let wiring = Wiring {
+            client: HttpClient::new(),
+            redactor: Arc::new(Redactor::new(credentials.values())),
+        };
+        HttpUpstream::bedrock(wiring, "http://127.0.0.1:1", "us-east-1", &credentials)
     }
 
     fn head(code: u16, kind: &str) -> Head {
@@ -709,7 +724,7 @@ mod tests {
                 "m",
             );
             assert_eq!(r.status, status, "{kind}");
-            let reason = r.reason.unwrap();
+            let reason = r.reason.unwrap().as_str().to_owned();
             for secret in [KEY_ID, SECRET, TOKEN] {
                 assert!(!reason.contains(secret), "{kind}: {reason}");
             }

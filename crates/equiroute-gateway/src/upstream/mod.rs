@@ -12,10 +12,12 @@ pub mod http;
 pub mod sim;
 
 use crate::config::{InterfaceKind, UpstreamConfig};
+use crate::redact::{Redacted, Redactor};
 pub use body::ClientBody;
 use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The rest of a streamed answer, chunk by chunk; `Err` means the stream broke.
@@ -55,8 +57,9 @@ pub struct UpstreamReply {
     /// The provider's HTTP status (0 when no response arrived).
     pub http_status: u16,
     pub retry_after: Option<Millis>,
-    /// A short reason for failures, safe to show to the client.
-    pub reason: Option<String>,
+    /// A short reason for failures: the provider's words passed through the gateway's
+    /// [`Redactor`](crate::redact::Redactor), or the gateway's own.
+    pub reason: Option<Redacted>,
     /// The provider refused the request as too long for its context window.
     pub context_overflow: bool,
     /// The provider's content filter refused the request (`error.code = "content_filter"`).
@@ -64,13 +67,13 @@ pub struct UpstreamReply {
 }
 
 impl UpstreamReply {
-    /// An attempt that ended without an answer: `status` with a reason safe to show.
+    /// An attempt that ended without an answer: `status` with its redacted reason.
     #[must_use]
     pub fn failed(
         status: AttemptStatus,
         latency: Millis,
         http_status: u16,
-        reason: impl Into<String>,
+        reason: Redacted,
     ) -> UpstreamReply {
         UpstreamReply {
             status,
@@ -78,7 +81,7 @@ impl UpstreamReply {
             body: None,
             http_status,
             retry_after: None,
-            reason: Some(reason.into()),
+            reason: Some(reason),
             context_overflow: false,
             content_filter: false,
         }
@@ -102,21 +105,27 @@ impl Upstream {
         }
     }
 
-    /// The upstream described by `config`; HTTP upstreams share `client`'s connection pool.
+    /// The upstream described by `config`; HTTP upstreams share `client`'s connection pool
+    /// and pass every text of the provider's through `redactor`.
     #[must_use]
     pub fn new(
         id: &str,
         tier: equiroute_core::ServiceTier,
         config: &UpstreamConfig,
         client: &client::HttpClient,
+        redactor: &Arc<Redactor>,
     ) -> Upstream {
+        let wiring = http::Wiring {
+            client: client.clone(),
+            redactor: redactor.clone(),
+        };
         match config {
             UpstreamConfig::Sim(spec) => Upstream::Sim(sim::SimUpstream::new(id, *spec)),
             UpstreamConfig::Openai { base_url, api_key } => Upstream::Http(
-                http::HttpUpstream::openai(client.clone(), base_url, api_key.as_ref(), tier),
+                http::HttpUpstream::openai(wiring.clone(), base_url, api_key.as_ref(), tier),
             ),
             UpstreamConfig::Http { url, api_key } => Upstream::Http(http::HttpUpstream::json(
-                client.clone(),
+                wiring.clone(),
                 url,
                 api_key.as_ref(),
             )),
@@ -126,7 +135,7 @@ impl Upstream {
                 version,
                 max_tokens,
             } => Upstream::Http(http::HttpUpstream::anthropic(
-                client.clone(),
+                wiring.clone(),
                 base_url,
                 api_key.as_ref(),
                 version,
@@ -139,7 +148,7 @@ impl Upstream {
                 api_key,
                 auth,
             } => Upstream::Http(http::HttpUpstream::azure(
-                client.clone(),
+                wiring.clone(),
                 endpoint,
                 deployment,
                 api_version,
@@ -147,14 +156,14 @@ impl Upstream {
                 *auth,
             )),
             UpstreamConfig::Gemini { base_url, api_key } => Upstream::Http(
-                http::HttpUpstream::gemini(client.clone(), base_url, api_key.as_ref()),
+                http::HttpUpstream::gemini(wiring.clone(), base_url, api_key.as_ref()),
             ),
             UpstreamConfig::Bedrock {
                 base_url,
                 region,
                 credentials,
             } => Upstream::Http(http::HttpUpstream::bedrock(
-                client.clone(),
+                wiring.clone(),
                 base_url,
                 region,
                 credentials,

@@ -3,6 +3,7 @@
 
 use super::{UpstreamReply, UpstreamRequest};
 use crate::config::{InterfaceKind, SimSpec};
+use crate::redact::Redacted;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
 use equiroute_lab::world::latency::LogNormal;
 use rand::{Rng, SeedableRng};
@@ -34,12 +35,12 @@ impl SimUpstream {
         timeout: Option<Duration>,
     ) -> UpstreamReply {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(req.seed);
-        let failure = |latency: f64, f: ProviderFailure, http_status: u16, reason: &str| {
+        let failure = |latency: f64, f: ProviderFailure, http_status: u16, reason: &'static str| {
             UpstreamReply::failed(
                 AttemptStatus::ProviderError(f),
                 Millis(latency),
                 http_status,
-                reason,
+                Redacted::fixed(reason),
             )
         };
         if rng.random::<f64>() < self.spec.rate_limit_rate {
@@ -61,7 +62,7 @@ impl SimUpstream {
                     AttemptStatus::Timeout,
                     Millis(limit.as_secs_f64() * 1000.0),
                     0,
-                    "timed out",
+                    Redacted::fixed("timed out"),
                 );
             }
         }

@@ -186,6 +186,14 @@ pub async fn mock(profile: &str) -> Gateway {
     }
 }
 
+/// Serves `app` (a test's own upstream or collector) on a free loopback port.
+pub async fn serve_app(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
 /// The crate's Rust sources, each with its path under `src/` and its code without the unit
 /// tests (everything from the first `#[cfg(test)]` on).
 pub fn sources() -> Vec<(std::path::PathBuf, String)> {
