@@ -26,7 +26,8 @@
 //! sends read and dropped until it closes (at most a second, for at most `max_connections`
 //! connections at once), so that an answer after which the connection closes (a 413 for a
 //! body left unread, a 431, a refusal) is not erased by the reset that closing a socket with
-//! unread bytes sends. Connections cut by a timeout or shed are closed at once.
+//! unread bytes sends (at most 64 KiB are read so: a client still sending more is not reading
+//! the answer). Connections cut by a timeout or shed are closed at once.
 //!
 //! A write to a client that does not read (its socket stays full) fails after `send_timeout`
 //! without progress: the connection closes, and with it the response (a relayed stream
@@ -63,6 +64,9 @@ use tokio::time::{Instant, Sleep};
 /// How long a refused connection is kept to deliver its refusal and read what the client sent
 /// meanwhile (closing with unread bytes would reset the connection and lose the answer).
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// The most a closing connection reads and drops of what its client still sends.
+const LINGER_MAX_BYTES: usize = 64 << 10;
 
 /// The pause after an accept error other than a client's (most likely out of file
 /// descriptors): open connections get a moment to close.
@@ -366,20 +370,29 @@ fn refuse(stream: TcpStream, slots: &Arc<ConnectionSlots>, refusal: Refusal) {
     // Not waited for by the drain: it ends within `REFUSAL_LINGER` whatever the client does.
     tokio::spawn(async move {
         let mut stream = stream;
-        let _ = tokio::time::timeout(REFUSAL_LINGER, stream.write_all(&answer)).await;
-        linger(stream, slot).await;
+        if let Ok(Ok(())) = tokio::time::timeout(REFUSAL_LINGER, stream.write_all(&answer)).await {
+            linger(stream, slot).await;
+        }
     });
 }
 
 /// Closes `stream` after its last answer without losing it: the write side first, then what
-/// the client still sends is read and dropped until it closes, at most `REFUSAL_LINGER`.
-/// Closed with unread bytes (a body refused unread, a head over the limit), the socket would
-/// be reset, and a reset can erase the answer before the client has read it.
+/// the client still sends is read and dropped until it closes, at most `REFUSAL_LINGER` and
+/// `LINGER_MAX_BYTES`. Closed with unread bytes (a body refused unread, a head over the
+/// limit), the socket would be reset, and a reset can erase the answer before the client has
+/// read it.
 async fn linger(mut stream: TcpStream, _slot: Slot) {
     let drain = async {
         stream.shutdown().await?;
-        let mut sink = [0u8; 1024];
-        while stream.read(&mut sink).await? > 0 {}
+        let mut sink = [0u8; 4096];
+        let mut dropped = 0;
+        // A client still sending that much is not reading the answer: not worth the work.
+        while dropped < LINGER_MAX_BYTES {
+            match stream.read(&mut sink).await? {
+                0 => break,
+                n => dropped += n,
+            }
+        }
         std::io::Result::Ok(())
     };
     let _ = tokio::time::timeout(REFUSAL_LINGER, drain).await;
