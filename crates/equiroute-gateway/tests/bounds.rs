@@ -1,6 +1,7 @@
-//! What a client sends must not grow the gateway's memory, state or metric labels without
-//! bound, nor be echoed back whole: slices capped, task classes allow-listed, the full state
-//! paged, deadlines clamped, echoed input cut.
+//! What a client sends must not grow the gateway's memory, state or metric labels
+//! without bound, nor be echoed back whole: slices capped by count and bytes, task classes
+//! allow-listed and their length bounded, the full state paged, deadlines clamped, echoed
+//! input cut.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -340,4 +341,70 @@ async fn a_long_tenant_is_not_repeated_whole_for_each_excluded_provider() {
         message.len()
     );
     assert!(message.contains("bytes in all"), "{message}");
+}
+
+#[tokio::test]
+async fn a_task_class_longer_than_the_limit_is_treated_as_none_and_counted() {
+    let gw = start(&config(4096, ""), &[]).await;
+    let (long, longest) = ("x".repeat(65), "y".repeat(64));
+    for class in [Some(long.as_str()), Some(longest.as_str()), None] {
+        let r = chat_as(gw.addr, class).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // The root, three levels for the 64-byte class, and three for the untagged path that
+    // the 65-byte class and the untagged request share.
+    let v = state(gw.addr, "?full=true").await.json();
+    assert_eq!(v["slices_page"]["total"], 7, "{v}");
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert_eq!(
+        counter(
+            &m,
+            r#"equiroute_task_class_too_long_total{interface="chat"}"#
+        ),
+        1,
+        "{m}"
+    );
+    assert!(!m.contains("xxxx"), "{m}");
+}
+
+#[tokio::test]
+async fn the_slice_byte_budget_bounds_the_state_and_its_snapshot() {
+    let dir = std::env::temp_dir().join(format!("equiroute-budget-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.redb");
+    // 64 KiB: a table of 112 entries of 376 bytes (128 buckets), the provider's root and
+    // at most 111 slices, where the count alone would keep 4,096.
+    let text = format!(
+        "[state]\npath = \"{}\"\n{}",
+        path.display(),
+        config(4096, "").replace(
+            "max_slices = 4096",
+            "max_slices = 4096, max_slice_bytes = 65536"
+        )
+    );
+    common::serve_until(&text, |addr| async move {
+        for n in 0..300 {
+            let r = chat_as(addr, Some(&format!("class-{n}"))).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        let v = state(addr, "?full=true").await.json();
+        let total = v["slices_page"]["total"].as_u64().unwrap();
+        assert!((90..=112).contains(&total), "{total} slices");
+        let m = http(addr, "GET", "/metrics", &[], "").await.body;
+        let evicted = counter(&m, r#"equiroute_slices_evicted_total{interface="chat"}"#);
+        assert_eq!(evicted, 900 + 1 - total, "{m}");
+    })
+    .await
+    .unwrap();
+    // The snapshot holds what the table held.
+    let saved = equiroute_gateway::store::Store::export_file(&path).unwrap();
+    let slices = saved["interfaces"]["chat"]["policy"]["slices"]
+        .as_array()
+        .map(Vec::len);
+    assert!(
+        slices.is_some_and(|n| (90..=112).contains(&n)),
+        "{saved:.2000}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -182,6 +182,7 @@ pub struct Metrics {
     stream_continuations: Family<ModeLabels, Counter>,
     breaker: Family<BreakerLabels, Counter>,
     task_class_unlisted: Family<InterfaceLabel, Counter>,
+    task_class_too_long: Family<InterfaceLabel, Counter>,
     slices_evicted: Family<InterfaceLabel, Counter>,
     feedback: Family<FeedbackLabel, Counter>,
     decision: Histogram,
@@ -256,6 +257,7 @@ impl Default for Metrics {
             stream_continuations: Family::default(),
             breaker: Family::default(),
             task_class_unlisted: Family::default(),
+            task_class_too_long: Family::default(),
             slices_evicted: Family::default(),
             feedback: Family::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
@@ -333,8 +335,14 @@ impl Metrics {
         );
         register(
             r,
+            "equiroute_task_class_too_long_total",
+            "Requests whose task class is longer than the gateway accepts (treated as none)",
+            self.task_class_too_long.clone(),
+        );
+        register(
+            r,
             "equiroute_slices_evicted_total",
-            "Latency slices evicted to stay under max_slices",
+            "Latency slices evicted to stay within max_slices and max_slice_bytes",
             self.slices_evicted.clone(),
         );
         register(
@@ -486,7 +494,16 @@ impl Metrics {
             .inc();
     }
 
-    /// `n` latency slices of `interface` were evicted to stay under `max_slices`.
+    /// A request's task class was longer than [`super::MAX_TASK_CLASS_BYTES`] (the class
+    /// itself is no label: it is the client's).
+    pub fn task_class_too_long(&self, interface: &str) {
+        self.task_class_too_long
+            .get_or_create(&iface(interface))
+            .inc();
+    }
+
+    /// `n` latency slices of `interface` were evicted to stay within `max_slices` and
+    /// `max_slice_bytes`.
     pub fn slices_evicted(&self, interface: &str, n: u64) {
         self.slices_evicted
             .get_or_create(&iface(interface))

@@ -222,6 +222,12 @@ fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
     })
 }
 
+/// The longest task class (`x-equiroute-task-class`) taken from a header, in bytes; a longer
+/// one is treated as none and counted in `equiroute_task_class_too_long_total`. The class
+/// is hashed into a slice key and never stored, but a client's text is bounded wherever it
+/// goes, and a name this long is no class an operator declared.
+pub const MAX_TASK_CLASS_BYTES: usize = 64;
+
 /// Who a request is for and what kind of task it is, from its headers:
 /// `x-equiroute-tenant` (checked against providers' tenant allow-lists) and
 /// `x-equiroute-task-class` (the first level of the statistics slices).
@@ -255,10 +261,19 @@ impl RequestMeta {
         }
     }
 
-    /// The same request as `iface` sees it: a task class missing from the interface's
-    /// `task_classes` allow-list is dropped (the request is routed and learnt from in the
-    /// parent, untagged slice) and counted, without its name, in `/metrics`.
+    /// The same request as `iface` sees it: a task class longer than
+    /// [`MAX_TASK_CLASS_BYTES`] or missing from the interface's `task_classes` allow-list is
+    /// dropped (the request is routed and learnt from in the parent, untagged slice) and
+    /// counted, without its name, in `/metrics`.
     fn for_interface(mut self, state: &AppState, iface: &InterfaceRuntime) -> RequestMeta {
+        if self
+            .task_class
+            .as_ref()
+            .is_some_and(|c| c.len() > MAX_TASK_CLASS_BYTES)
+        {
+            self.task_class = None;
+            state.metrics.task_class_too_long(&iface.name);
+        }
         if let (Some(class), Some(allowed)) = (&self.task_class, &iface.task_classes) {
             if !allowed.iter().any(|a| a == class) {
                 self.task_class = None;
