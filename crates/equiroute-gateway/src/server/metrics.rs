@@ -117,6 +117,12 @@ struct FeedbackLabel {
     outcome: Name,
 }
 
+/// A kind of repetitive log line ([`super::repeated::Repeated::label`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: Name,
+}
+
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
 /// 10 µs target, so that its p99 can be read off).
 const DECISION_BUCKETS_US: [f64; 16] = [
@@ -185,6 +191,8 @@ pub struct Metrics {
     task_class_too_long: Family<InterfaceLabel, Counter>,
     slices_evicted: Family<InterfaceLabel, Counter>,
     feedback: Family<FeedbackLabel, Counter>,
+    log_events: Family<KindLabel, Counter>,
+    log_suppressed: Family<KindLabel, Counter>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -260,6 +268,8 @@ impl Default for Metrics {
             task_class_too_long: Family::default(),
             slices_evicted: Family::default(),
             feedback: Family::default(),
+            log_events: Family::default(),
+            log_suppressed: Family::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -350,6 +360,18 @@ impl Metrics {
             "equiroute_feedback_total",
             "Quality feedback by outcome",
             self.feedback.clone(),
+        );
+        register(
+            r,
+            "equiroute_log_events_total",
+            "Occurrences of repetitive log lines by kind, written or held back",
+            self.log_events.clone(),
+        );
+        register(
+            r,
+            "equiroute_log_lines_suppressed_total",
+            "Repetitive log lines held back by the rate limit, by kind",
+            self.log_suppressed.clone(),
         );
         self.register_histograms();
         self.register_by_provider();
@@ -500,6 +522,17 @@ impl Metrics {
         self.task_class_too_long
             .get_or_create(&iface(interface))
             .inc();
+    }
+
+    /// The counters of the repetitive log lines of `kind`: every occurrence, and those held
+    /// back. Taken once, so that counting one is an atomic add.
+    #[must_use]
+    pub fn log_counters(&self, kind: &'static str) -> (Counter, Counter) {
+        let labels = KindLabel { kind };
+        (
+            self.log_events.get_or_create(&labels).clone(),
+            self.log_suppressed.get_or_create(&labels).clone(),
+        )
     }
 
     /// `n` latency slices of `interface` were evicted to stay within `max_slices` and

@@ -22,6 +22,7 @@ mod execute;
 pub mod feedback;
 mod hedge;
 pub mod metrics;
+pub mod repeated;
 mod rollouts;
 mod spans;
 pub mod state;
@@ -39,6 +40,7 @@ use axum::{Json, Router};
 use equiroute_core::policies::RankContext;
 use equiroute_core::{Millis, QualityFeedback};
 use error::{echo, ApiError};
+use repeated::Repeated;
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
 use std::sync::Arc;
@@ -378,12 +380,16 @@ fn maybe_judge(
             {
                 Ok(_) => "judge_accepted",
                 Err(e) => {
-                    tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                    if state.logs.allow(Repeated::JudgeFailed) {
+                        tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                    }
                     "judge_unmatched"
                 }
             }
         } else {
-            tracing::warn!(%request_id, "judge failed to score the answer");
+            if state.logs.allow(Repeated::JudgeFailed) {
+                tracing::warn!(%request_id, "judge failed to score the answer");
+            }
             "judge_failed"
         };
         state.metrics.feedback(label);
@@ -709,7 +715,9 @@ async fn feedback(
             };
             state.metrics.feedback(why);
             // The id is the client's: cut like any echoed input.
-            tracing::warn!(request_id = %echo(&b.request_id), reason = why, "feedback rejected");
+            if state.logs.allow(Repeated::FeedbackRejected) {
+                tracing::warn!(request_id = %echo(&b.request_id), reason = why, "feedback rejected");
+            }
             return Err(e);
         }
     }

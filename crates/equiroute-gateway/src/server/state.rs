@@ -137,6 +137,8 @@ pub struct AppState {
     pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
     pub pending: Mutex<PendingStore>,
     pub metrics: Metrics,
+    /// The rate limits of the log lines a client can trigger at will.
+    pub logs: super::repeated::RepeatedLogs,
     pub api_keys: Vec<crate::config::Secret>,
     pub admin_keys: Vec<crate::config::Secret>,
     /// The decision audit log, when configured.
@@ -165,10 +167,12 @@ impl AppState {
         for i in &cfg.interfaces {
             interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &client)?));
         }
+        let metrics = Metrics::default();
         Ok(AppState {
             interfaces,
             pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
-            metrics: Metrics::default(),
+            logs: super::repeated::RepeatedLogs::new(&metrics),
+            metrics,
             api_keys: cfg.api_keys.clone(),
             admin_keys: cfg.admin_keys.clone(),
             audit: None,
