@@ -106,27 +106,38 @@ async fn a_new_task_class_per_request_keeps_state_and_metrics_bounded() {
 }
 
 #[tokio::test]
-async fn unlisted_task_classes_are_routed_and_learnt_in_the_parent_slice() {
+async fn unlisted_and_overlong_task_classes_are_routed_and_learnt_in_the_parent_slice() {
     let gw = start(&config(4096, r#"task_classes = ["code"]"#), &[]).await;
-    for class in [Some("code"), Some("other"), Some("yet-another"), None] {
+    let overlong = "x".repeat(65);
+    for class in [
+        Some("code"),
+        Some("other"),
+        Some("yet-another"),
+        Some(overlong.as_str()),
+        None,
+    ] {
         let r = chat_as(gw.addr, class).await;
         assert_eq!(r.status, 200, "{class:?}: {}", r.body);
     }
     let v = state(gw.addr, "?full=true").await.json();
     // The root, three levels for `code`, and three for the untagged path that the two
-    // unlisted classes and the untagged request share (unlisted classes of their own
-    // would add six more).
+    // unlisted classes, the one over 64 bytes and the untagged request share (classes of
+    // their own would add nine more).
     assert_eq!(v["slices_page"]["total"], 7, "{v}");
     let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
-    assert_eq!(
-        counter(
-            &m,
-            r#"equiroute_task_class_unlisted_total{interface="chat"}"#
+    for (series, n) in [
+        (
+            r#"equiroute_task_class_unlisted_total{interface="chat"}"#,
+            2,
         ),
-        2,
-        "{m}"
-    );
-    assert!(!m.contains("other"), "{m}");
+        (
+            r#"equiroute_task_class_too_long_total{interface="chat"}"#,
+            1,
+        ),
+    ] {
+        assert_eq!(counter(&m, series), n, "{series}\n{m}");
+    }
+    assert!(!m.contains("other") && !m.contains("xxxx"), "{m}");
 }
 
 #[tokio::test]
@@ -341,30 +352,6 @@ async fn a_long_tenant_is_not_repeated_whole_for_each_excluded_provider() {
         message.len()
     );
     assert!(message.contains("bytes in all"), "{message}");
-}
-
-#[tokio::test]
-async fn a_task_class_longer_than_the_limit_is_treated_as_none_and_counted() {
-    let gw = start(&config(4096, ""), &[]).await;
-    let (long, longest) = ("x".repeat(65), "y".repeat(64));
-    for class in [Some(long.as_str()), Some(longest.as_str()), None] {
-        let r = chat_as(gw.addr, class).await;
-        assert_eq!(r.status, 200, "{}", r.body);
-    }
-    // The root, three levels for the 64-byte class, and three for the untagged path that
-    // the 65-byte class and the untagged request share.
-    let v = state(gw.addr, "?full=true").await.json();
-    assert_eq!(v["slices_page"]["total"], 7, "{v}");
-    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
-    assert_eq!(
-        counter(
-            &m,
-            r#"equiroute_task_class_too_long_total{interface="chat"}"#
-        ),
-        1,
-        "{m}"
-    );
-    assert!(!m.contains("xxxx"), "{m}");
 }
 
 #[tokio::test]

@@ -140,7 +140,7 @@ impl RepeatedLogs {
         if w.seen.fetch_add(1, Ordering::Relaxed) < BURST {
             return true;
         }
-        if self.roll(kind, now_ms(), false) {
+        if self.roll(kind, now_ms(), false).is_some() {
             w.seen.fetch_add(1, Ordering::Relaxed);
             return true;
         }
@@ -159,26 +159,29 @@ impl RepeatedLogs {
     }
 
     /// Ends `kind`'s window if it expired (or `force`), writing its summary if lines were
-    /// held back; whether this call ended it (one caller wins a race).
-    fn roll(&self, kind: Repeated, now_ms: u64, force: bool) -> bool {
+    /// held back; the lines held back if this call ended it (one caller wins a race).
+    fn roll(&self, kind: Repeated, now_ms: u64, force: bool) -> Option<u64> {
         let w = &self.windows[kind as usize];
         let opened = w.opened_ms.load(Ordering::Relaxed);
         let interval_ms = INTERVAL.as_millis() as u64;
         if !force && now_ms < opened + interval_ms {
-            return false;
+            return None;
         }
-        if w.opened_ms
+        w.opened_ms
             .compare_exchange(opened, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return false;
-        }
+            .ok()?;
         w.seen.store(0, Ordering::Relaxed);
         let held = w.held.swap(0, Ordering::Relaxed);
         if held > 0 {
-            summary(kind, held, now_ms.saturating_sub(opened));
+            let message = summary(kind, held, now_ms.saturating_sub(opened));
+            let kind_label = kind.label();
+            if kind.informational() {
+                tracing::info!(kind = kind_label, held, "{message}");
+            } else {
+                tracing::warn!(kind = kind_label, held, "{message}");
+            }
         }
-        true
+        Some(held)
     }
 
     fn elapsed_ms(&self) -> u64 {
@@ -187,43 +190,15 @@ impl RepeatedLogs {
 }
 
 /// The line that stands for `held` lines of `kind` held back over `span_ms`.
-fn summary(kind: Repeated, held: u64, span_ms: u64) {
+fn summary(kind: Repeated, held: u64, span_ms: u64) -> String {
     let seconds = span_ms.div_ceil(1000);
-    let (kind_label, what) = (kind.label(), kind.what());
-    if kind.informational() {
-        tracing::info!(
-            kind = kind_label,
-            held,
-            "… {held} more {what} in the last {seconds} s"
-        );
-    } else {
-        tracing::warn!(
-            kind = kind_label,
-            held,
-            "… {held} more {what} in the last {seconds} s"
-        );
-    }
+    format!("… {held} more {} in the last {seconds} s", kind.what())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::server::metrics::Metrics;
-    use std::sync::{Arc, Mutex};
-
-    /// A log writer into a shared buffer.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     fn counter(metrics: &str, series: &str) -> u64 {
         metrics
@@ -235,57 +210,49 @@ mod tests {
 
     #[test]
     fn past_the_burst_lines_are_held_back_counted_and_summed_up_once_per_window() {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
         let metrics = Metrics::default();
         let logs = RepeatedLogs::new(&metrics);
-        tracing::subscriber::with_default(subscriber, || {
-            let written = (0..10_000)
-                .filter(|_| logs.allow(Repeated::FeedbackRejected))
-                .count();
-            assert_eq!(written as u64, BURST);
-            // Another kind has a window of its own.
-            assert!(logs.allow(Repeated::RequestFailed));
-            // Nothing is summed up before the window ends...
-            logs.flush(false);
-            // ...then the first line after it passes, after one summary of the 9,995.
-            let after = INTERVAL.as_millis() as u64;
-            assert!(logs.allow_at(Repeated::FeedbackRejected, || after));
-            // It opened a new window, which lets the rest of its burst through.
-            let written = (0..100)
-                .filter(|_| logs.allow(Repeated::FeedbackRejected))
-                .count();
-            assert_eq!(written as u64, BURST - 1);
-        });
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        let summaries: Vec<&str> = text.lines().filter(|l| l.contains(" more ")).collect();
-        assert_eq!(summaries.len(), 1, "{text}");
-        assert!(
-            summaries[0].contains("WARN")
-                && summaries[0].contains(
-                    "9995 more rejected feedback ids (unknown or expired) in the last 10 s"
-                ),
-            "{text}"
+        let written = (0..10_000)
+            .filter(|_| logs.allow(Repeated::FeedbackRejected))
+            .count();
+        assert_eq!(written as u64, BURST);
+        // Another kind has a window of its own.
+        assert!(logs.allow(Repeated::RequestFailed));
+        // Nothing is summed up before the window ends...
+        let interval_ms = INTERVAL.as_millis() as u64;
+        assert_eq!(
+            logs.roll(Repeated::FeedbackRejected, interval_ms - 1, false),
+            None
         );
+        // ...then one summary stands for the 9,995 held back, and a new window lets its
+        // own burst through.
+        assert_eq!(
+            logs.roll(Repeated::FeedbackRejected, interval_ms, false),
+            Some(9_995)
+        );
+        assert_eq!(
+            summary(Repeated::FeedbackRejected, 9_995, interval_ms),
+            "… 9995 more rejected feedback ids (unknown or expired) in the last 10 s"
+        );
+        let written = (0..100)
+            .filter(|_| logs.allow(Repeated::FeedbackRejected))
+            .count();
+        assert_eq!(written as u64, BURST);
+        // Every occurrence counted: 10,000 + 100, of which 9,995 + 95 held back.
         let m = metrics.render();
-        // Every occurrence counted: 10,000 + 1 + 100, of which 9,995 + 96 held back.
         assert_eq!(
             counter(
                 &m,
                 r#"equiroute_log_events_total{kind="feedback_rejected"}"#
             ),
-            10_101
+            10_100
         );
         assert_eq!(
             counter(
                 &m,
                 r#"equiroute_log_lines_suppressed_total{kind="feedback_rejected"}"#
             ),
-            10_091
+            10_090
         );
         assert_eq!(
             counter(&m, r#"equiroute_log_events_total{kind="request_failed"}"#),
@@ -294,24 +261,21 @@ mod tests {
     }
 
     #[test]
-    fn at_shutdown_what_was_held_back_is_summed_up() {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
+    fn a_late_line_ends_an_expired_window_and_shutdown_sums_up_what_is_left() {
         let logs = RepeatedLogs::new(&Metrics::default());
-        tracing::subscriber::with_default(subscriber, || {
-            for _ in 0..BURST + 3 {
-                logs.allow(Repeated::ProviderRejected);
-            }
-            logs.flush(true);
-        });
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        assert!(
-            text.contains("INFO") && text.contains("3 more requests rejected by the provider"),
-            "{text}"
+        for _ in 0..BURST + 3 {
+            logs.allow(Repeated::ProviderRejected);
+        }
+        // Past the burst, a line after the window expired ends it and is written.
+        let after = INTERVAL.as_millis() as u64;
+        assert!(logs.allow_at(Repeated::ProviderRejected, || after));
+        for _ in 0..BURST + 2 {
+            logs.allow(Repeated::ProviderRejected);
+        }
+        // At shutdown, whatever the window's age: the 3 held back since.
+        assert_eq!(
+            logs.roll(Repeated::ProviderRejected, after + 1, true),
+            Some(3)
         );
     }
 }
