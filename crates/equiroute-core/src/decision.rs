@@ -390,9 +390,7 @@ impl SlicePath {
     ) -> SlicePath {
         let depth = max_depth.clamp(1, Self::MAX_DEPTH);
         let mut keys = [0u64; Self::MAX_DEPTH];
-        let mut h = crate::features::Fnv64::new();
-        h.write(b"task:");
-        h.write(task_class.unwrap_or("").as_bytes());
+        let mut h = Self::task_level(task_class);
         keys[1] = h.finish() | 1;
         h.write(b"|deadline:");
         h.write(deadline_class.unwrap_or("").as_bytes());
@@ -404,6 +402,22 @@ impl SlicePath {
             keys,
             depth: depth as u8,
         }
+    }
+
+    /// The hash of the task-class level (no class and an empty one are the same).
+    fn task_level(task_class: Option<&str>) -> crate::features::Fnv64 {
+        let mut h = crate::features::Fnv64::new();
+        h.write(b"task:");
+        h.write(task_class.unwrap_or("").as_bytes());
+        h
+    }
+
+    /// Whether the request had a task class. The slices of requests without one are a few
+    /// per deadline class, streaming and input size, which a client cannot multiply, so they
+    /// are evicted last.
+    #[must_use]
+    pub fn has_task_class(&self) -> bool {
+        self.depth > 1 && self.keys[1] != Self::task_level(None).finish() | 1
     }
 
     /// The keys from the root down to the most specific level.

@@ -189,6 +189,16 @@ impl Prepared {
         let saver = store
             .as_ref()
             .map(|(s, every)| tokio::spawn(store::keep_saving(s.clone(), state.clone(), *every)));
+        // The summaries of rate-limited log lines, written even when nothing follows a burst.
+        let summaries = {
+            let st = state.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(server::repeated::INTERVAL).await;
+                    st.logs.flush(false);
+                }
+            })
+        };
         // Background exchange with the other instances; a last push after the drain.
         let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
         let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));
@@ -249,6 +259,9 @@ impl Prepared {
             task.abort();
             let _ = task.await;
         }
+        summaries.abort();
+        let _ = summaries.await;
+        state.logs.flush(true);
         let _ = stop_sync.send(true);
         if let Some(task) = sync_task {
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;

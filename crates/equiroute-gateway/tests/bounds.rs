@@ -1,6 +1,7 @@
-//! What a client sends must not grow the gateway's memory, state or metric labels without
-//! bound, nor be echoed back whole: slices capped, task classes allow-listed, the full state
-//! paged, deadlines clamped, echoed input cut.
+//! What a client sends must not grow the gateway's memory, state, logs or metric labels
+//! without bound, nor be echoed back whole: slices capped by count and bytes, task classes
+//! allow-listed and their length bounded, the full state paged, deadlines clamped, echoed
+//! input cut, repetitive log lines rate-limited.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -105,27 +106,38 @@ async fn a_new_task_class_per_request_keeps_state_and_metrics_bounded() {
 }
 
 #[tokio::test]
-async fn unlisted_task_classes_are_routed_and_learnt_in_the_parent_slice() {
+async fn unlisted_and_overlong_task_classes_are_routed_and_learnt_in_the_parent_slice() {
     let gw = start(&config(4096, r#"task_classes = ["code"]"#), &[]).await;
-    for class in [Some("code"), Some("other"), Some("yet-another"), None] {
+    let overlong = "x".repeat(65);
+    for class in [
+        Some("code"),
+        Some("other"),
+        Some("yet-another"),
+        Some(overlong.as_str()),
+        None,
+    ] {
         let r = chat_as(gw.addr, class).await;
         assert_eq!(r.status, 200, "{class:?}: {}", r.body);
     }
     let v = state(gw.addr, "?full=true").await.json();
     // The root, three levels for `code`, and three for the untagged path that the two
-    // unlisted classes and the untagged request share (unlisted classes of their own
-    // would add six more).
+    // unlisted classes, the one over 64 bytes and the untagged request share (classes of
+    // their own would add nine more).
     assert_eq!(v["slices_page"]["total"], 7, "{v}");
     let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
-    assert_eq!(
-        counter(
-            &m,
-            r#"equiroute_task_class_unlisted_total{interface="chat"}"#
+    for (series, n) in [
+        (
+            r#"equiroute_task_class_unlisted_total{interface="chat"}"#,
+            2,
         ),
-        2,
-        "{m}"
-    );
-    assert!(!m.contains("other"), "{m}");
+        (
+            r#"equiroute_task_class_too_long_total{interface="chat"}"#,
+            1,
+        ),
+    ] {
+        assert_eq!(counter(&m, series), n, "{series}\n{m}");
+    }
+    assert!(!m.contains("other") && !m.contains("xxxx"), "{m}");
 }
 
 #[tokio::test]
@@ -342,4 +354,137 @@ async fn a_long_tenant_is_not_repeated_whole_for_each_excluded_provider() {
         message.len()
     );
     assert!(message.contains("bytes in all"), "{message}");
+}
+
+#[tokio::test]
+async fn the_slice_byte_budget_bounds_the_state_and_its_snapshot() {
+    let dir = std::env::temp_dir().join(format!("equiroute-budget-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("state.redb");
+    // 64 KiB: a table of 112 entries of 376 bytes (128 buckets), the provider's root and
+    // at most 111 slices, where the count alone would keep 4,096.
+    let text = format!(
+        "[state]\npath = \"{}\"\n{}",
+        path.display(),
+        config(4096, "").replace(
+            "max_slices = 4096",
+            "max_slices = 4096, max_slice_bytes = 65536"
+        )
+    );
+    common::serve_until(&text, |addr| async move {
+        for n in 0..300 {
+            let r = chat_as(addr, Some(&format!("class-{n}"))).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+        let v = state(addr, "?full=true").await.json();
+        let total = v["slices_page"]["total"].as_u64().unwrap();
+        assert!((90..=112).contains(&total), "{total} slices");
+        let m = http(addr, "GET", "/metrics", &[], "").await.body;
+        let evicted = counter(&m, r#"equiroute_slices_evicted_total{interface="chat"}"#);
+        assert_eq!(evicted, 900 + 1 - total, "{m}");
+    })
+    .await
+    .unwrap();
+    // The snapshot holds what the table held.
+    let saved = equiroute_gateway::store::Store::export_file(&path).unwrap();
+    let slices = saved["interfaces"]["chat"]["policy"]["slices"]
+        .as_array()
+        .map(Vec::len);
+    assert!(
+        slices.is_some_and(|n| (90..=112).contains(&n)),
+        "{saved:.2000}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A log writer into a shared buffer.
+#[derive(Clone, Default)]
+struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn ten_thousand_unknown_feedback_ids_write_a_bounded_number_of_log_lines() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The gateway runs on this thread: this subscriber sees all it logs, up to `info`.
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let gw = start(&config(4096, ""), &[]).await;
+    let before = lines.0.lock().unwrap().len();
+    let started = std::time::Instant::now();
+    // 10,000 feedback calls on one keep-alive connection, written while the answers are read.
+    let n = 10_000;
+    let conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let (mut rd, mut wr) = conn.into_split();
+    let sender = tokio::spawn(async move {
+        for i in 0..n {
+            let body = json!({"request_id": format!("req-{i:016x}"), "quality": 0.5}).to_string();
+            let close = if i + 1 == n {
+                "connection: close\r\n"
+            } else {
+                ""
+            };
+            let req = format!(
+                "POST /v1/feedback HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{close}content-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            wr.write_all(req.as_bytes()).await.unwrap();
+        }
+        wr
+    });
+    let mut raw = Vec::new();
+    rd.read_to_end(&mut raw).await.unwrap();
+    drop(sender.await.unwrap());
+    let answers = String::from_utf8_lossy(&raw);
+    assert_eq!(answers.matches("HTTP/1.1 404").count(), n, "{answers:.500}");
+    let elapsed = started.elapsed().as_secs();
+    let text = String::from_utf8(lines.0.lock().unwrap()[before..].to_vec()).unwrap();
+    // Five lines per 10 s window, plus one summary per window: the windows this run touched.
+    let windows = elapsed / 10 + 2;
+    let written = text
+        .lines()
+        .filter(|l| l.contains("feedback rejected"))
+        .count() as u64;
+    assert!(
+        (5..=5 * windows).contains(&written),
+        "{written} lines in {elapsed} s:\n{text:.3000}"
+    );
+    assert!(
+        text.lines().count() as u64 <= 6 * windows,
+        "{} lines in {elapsed} s:\n{text:.3000}",
+        text.lines().count()
+    );
+    // Every one is counted, written or not.
+    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert_eq!(
+        counter(
+            &m,
+            r#"equiroute_log_events_total{kind="feedback_rejected"}"#
+        ),
+        n as u64,
+        "{m}"
+    );
+    assert_eq!(
+        counter(
+            &m,
+            r#"equiroute_log_lines_suppressed_total{kind="feedback_rejected"}"#
+        ),
+        n as u64 - written,
+        "{m}"
+    );
 }

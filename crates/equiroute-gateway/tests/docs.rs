@@ -191,6 +191,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.stream_continuation("chat", "prefix");
     m.breaker("a", "open");
     m.task_class_unlisted("chat");
+    m.task_class_too_long("chat");
     m.slices_evicted("chat", 1);
     m.feedback("accepted");
     m.decision_time(3.0);

@@ -106,6 +106,10 @@ const DESCRIPTIONS: &[(&str, &str)] = &[
         "latency slices kept per interface beyond the roots (least useful evicted)",
     ),
     (
+        "max_slice_bytes",
+        "bytes of the latency slice table per interface (least useful evicted), >= 65536",
+    ),
+    (
         "head.lambda_r",
         "ridge of each quality head (A starts as lambda_r·I), > 0",
     ),

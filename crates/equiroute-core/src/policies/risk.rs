@@ -10,12 +10,16 @@
 //! after a few dozen observations. Failures are per candidate (a rate limit hits every slice).
 //!
 //! **Bounded.** Slice keys come from request labels (a client's task class), so the slices
-//! beyond the root are capped at `max_slices`. When a new slice finds the map full, the
-//! least useful eighth is evicted in one pass (amortised O(8) per new slice): least decayed
-//! weight, i.e. fewest recent observations, oldest first on ties. An evicted slice is dropped,
-//! not folded into its parent: every observation already fed each level of its path, so the
-//! parent holds the child's data and folding it in would count it twice. The root (all
-//! requests of a candidate) is never evicted.
+//! are bounded twice: by the bytes of the table that holds them (`max_slice_bytes`, every
+//! entry's key, statistics and hash-table share; a task class is hashed into its key, never
+//! stored) and by their number beyond the roots (`max_slices`). When a new slice finds no
+//! room, the least useful eighth is evicted in one pass (amortised O(8) per new slice): the
+//! slices of classed requests before those of requests without a task class, then least
+//! decayed weight, i.e. fewest recent observations, oldest first on ties. So a flood of
+//! invented classes evicts its own slices and leaves an unclassed request's statistics alone.
+//! An evicted slice is dropped, not folded into its parent: every observation already fed
+//! each level of its path, so the parent holds the child's data and folding it in would
+//! count it twice. The root (all requests of a candidate) is never evicted.
 
 use crate::decision::{AttemptStatus, SlicePath, Timestamp};
 use crate::estimators::decay_factor;
@@ -97,6 +101,10 @@ pub struct RiskConfig {
     /// Most (candidate, slice) latency statistics kept beyond each candidate's root; the
     /// least useful are evicted to make room (see the module doc).
     pub max_slices: usize,
+    /// Most bytes of the table holding the latency statistics, roots included (about
+    /// [`RiskModel::SLICE_ENTRY_BYTES`] per (candidate, slice)); the least useful slices are
+    /// evicted to stay within it (see the module doc).
+    pub max_slice_bytes: usize,
     /// Half-life in ms of a candidate's evidence while it goes untried (`None`: off). See
     /// [`RiskModel::freshness`]: a belief formed during an outage or a spike fades toward the
     /// prior, and the failure rate is drawn from its widening Beta posterior, so the candidate
@@ -145,6 +153,7 @@ impl Default for RiskConfig {
             level_half_life_ms: 30_000.0,
             level_z: 0.0,
             max_slices: RiskConfig::DEFAULT_MAX_SLICES,
+            max_slice_bytes: RiskConfig::DEFAULT_MAX_SLICE_BYTES,
             stale_half_life_ms: Some(RiskConfig::DEFAULT_STALE_HALF_LIFE_MS),
             stale_latency_half_life_ms: None,
             stale_failure_half_life_ms: None,
@@ -157,6 +166,11 @@ impl Default for RiskConfig {
 impl RiskConfig {
     /// The default of [`RiskConfig::max_slices`].
     pub const DEFAULT_MAX_SLICES: usize = 4096;
+    /// The default of [`RiskConfig::max_slice_bytes`]: 2 MiB, room for 3,584 (candidate,
+    /// slice) statistics.
+    pub const DEFAULT_MAX_SLICE_BYTES: usize = 2 << 20;
+    /// The least [`RiskConfig::max_slice_bytes`] accepted: a table of 56 entries.
+    pub const MIN_MAX_SLICE_BYTES: usize = 64 << 10;
     /// The default of [`RiskConfig::stale_half_life_ms`] (docs/policies.md, "Beliefs that go
     /// stale").
     pub const DEFAULT_STALE_HALF_LIFE_MS: f64 = 120_000.0;
@@ -218,6 +232,13 @@ impl RiskConfig {
                 "max_slices",
                 self.max_slices,
                 "must be at least 1 (default 4096); set slice_depth = 1 to turn slicing off",
+            ));
+        }
+        if self.max_slice_bytes < Self::MIN_MAX_SLICE_BYTES {
+            return Err(crate::error::out_of_range(
+                "max_slice_bytes",
+                self.max_slice_bytes,
+                "must be at least 65536 (64 KiB; default 2097152, 2 MiB); set slice_depth = 1 to turn slicing off",
             ));
         }
         Ok(())
@@ -292,9 +313,21 @@ pub struct SliceStats {
     pub candidate: u32,
     pub slice: u64,
     pub stats: LogLatencyStats,
+    /// On the path of requests without a task class: evicted only after every classed slice
+    /// (absent in states saved before it, until the slice is observed again).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unclassed: bool,
 }
 
-type SliceMap = HashMap<(u32, u64), LogLatencyStats, BuildHasherDefault<KeyHasher>>;
+/// What the model keeps of one (candidate, slice).
+#[derive(Clone, Copy, Debug, Default)]
+struct Slice {
+    stats: LogLatencyStats,
+    /// See [`SliceStats::unclassed`].
+    unclassed: bool,
+}
+
+type SliceMap = HashMap<(u32, u64), Slice, BuildHasherDefault<KeyHasher>>;
 
 /// The key of the root slice (every other level's key is odd).
 const ROOT: u64 = 0;
@@ -323,6 +356,18 @@ impl RiskModel {
         }
     }
 
+    /// Bytes of the slice table per entry it has room for: the key, the statistics and the
+    /// table's control byte, at most 7/8 of its buckets used (`std`'s `HashMap`).
+    pub const SLICE_ENTRY_BYTES: usize =
+        (std::mem::size_of::<(u32, u64)>() + std::mem::size_of::<Slice>() + 1) * 8 / 7;
+
+    /// Bytes of the table holding the latency statistics, roots included: what
+    /// [`RiskConfig::max_slice_bytes`] bounds.
+    #[must_use]
+    pub fn slice_bytes(&self) -> usize {
+        self.latency.capacity() * Self::SLICE_ENTRY_BYTES
+    }
+
     /// How many (candidate, slice) statistics are kept beyond the candidates' roots.
     #[must_use]
     pub fn slice_count(&self) -> usize {
@@ -338,8 +383,9 @@ impl RiskModel {
         std::mem::take(&mut self.evicted)
     }
 
-    /// The statistics of candidate `i` in slice `key`, made room for when new.
-    fn slice_mut(&mut self, i: usize, key: u64) -> &mut LogLatencyStats {
+    /// The statistics of candidate `i` in slice `key` (on an unclassed request's path when
+    /// `unclassed`), made room for by count when new; [`Self::keep_within_bytes`] follows.
+    fn slice_mut(&mut self, i: usize, key: u64, unclassed: bool) -> &mut LogLatencyStats {
         let id = (i as u32, key);
         if key != ROOT && !self.latency.contains_key(&id) {
             let cap = self.cfg.max_slices;
@@ -347,14 +393,42 @@ impl RiskModel {
                 self.evict_to(cap - (cap / 8).max(1));
             }
         }
-        self.latency.entry(id).or_default()
+        let slice = self.latency.entry(id).or_default();
+        slice.unclassed = unclassed;
+        &mut slice.stats
     }
 
-    /// Evicts the least useful slices (never a root) until at most `keep` remain. Usefulness
-    /// is the weight decayed to a common time, compared in log space (`ln w + ln 2·t/h`, the
-    /// same order as `w·2^(−(now−t)/h)` for any `now`); ties go to the older slice.
+    /// Evicts the least useful eighth of the slices and gives the table's memory back until
+    /// it fits `max_slice_bytes`. Runs after the slices are updated, not before a new one is
+    /// added, because the table grows when it decides to (a removal leaves a tombstone that
+    /// still takes room), and so that a new slice, just observed, is not the one evicted.
+    /// The table doubles on growth: it exceeds the budget for that moment only.
+    fn keep_within_bytes(&mut self) {
+        while self.slice_bytes() > self.cfg.max_slice_bytes {
+            // Rehashed with an eighth of room to grow (so that the next insertions do not
+            // grow it again at once), a table that grew, or that a merge filled, may fit...
+            let len = self.latency.len();
+            self.latency.shrink_to(len + len / 8);
+            if self.slice_bytes() <= self.cfg.max_slice_bytes {
+                return;
+            }
+            // ...else the least useful eighth goes.
+            let slices = self.slice_count();
+            if slices == 0 {
+                // Only roots: never evicted (the budget's minimum leaves room for them).
+                return;
+            }
+            self.evict_to(slices - (slices / 8).max(1));
+        }
+    }
+
+    /// Evicts the least useful slices (never a root) until at most `keep` remain: those of
+    /// classed requests before those of unclassed ones, then by usefulness, the weight
+    /// decayed to a common time, compared in log space (`ln w + ln 2·t/h`, the same order as
+    /// `w·2^(−(now−t)/h)` for any `now`); ties go to the older slice.
     fn evict_to(&mut self, keep: usize) {
-        let mut ranked: Vec<(f64, f64, (u32, u64))> = self
+        type Rank = (bool, f64, f64, (u32, u64));
+        let mut ranked: Vec<Rank> = self
             .latency
             .iter()
             .filter(|(&(_, key), _)| key != ROOT)
@@ -362,21 +436,23 @@ impl RiskModel {
                 let recency = self
                     .cfg
                     .latency_half_life_ms
-                    .map_or(0.0, |h| std::f64::consts::LN_2 * s.at.0 / h);
-                (s.weight.max(f64::MIN_POSITIVE).ln() + recency, s.at.0, id)
+                    .map_or(0.0, |h| std::f64::consts::LN_2 * s.stats.at.0 / h);
+                let usefulness = s.stats.weight.max(f64::MIN_POSITIVE).ln() + recency;
+                (s.unclassed, usefulness, s.stats.at.0, id)
             })
             .collect();
         if ranked.len() <= keep {
             return;
         }
         let drop = ranked.len() - keep;
-        let order = |a: &(f64, f64, (u32, u64)), b: &(f64, f64, (u32, u64))| {
-            a.0.total_cmp(&b.0)
+        let order = |a: &Rank, b: &Rank| {
+            a.0.cmp(&b.0)
                 .then(a.1.total_cmp(&b.1))
-                .then(a.2.cmp(&b.2))
+                .then(a.2.total_cmp(&b.2))
+                .then(a.3.cmp(&b.3))
         };
         ranked.select_nth_unstable_by(drop - 1, order);
-        for (_, _, id) in &ranked[..drop] {
+        for (_, _, _, id) in &ranked[..drop] {
             self.latency.remove(id);
         }
         self.evicted += drop as u64;
@@ -410,7 +486,7 @@ impl RiskModel {
         let mut effective = LogLatencyStats::default();
         for (level, &key) in self.used_levels(&slice).iter().enumerate() {
             let own = self.latency.get(&(i as u32, key)).map(|s| {
-                let mut s = *s;
+                let mut s = s.stats;
                 if s.at.0 < now.0 {
                     // Keyed by the exact bits: the memo is for identical timestamps only.
                     if s.at.0.to_bits() != memo.0 {
@@ -659,6 +735,7 @@ impl RiskModel {
         let hl = self.cfg.latency_half_life_ms;
         let latency = obs.outcome.latency.0;
         let tracks_level = self.cfg.level_beta > 0.0;
+        let unclassed = !obs.slice.has_task_class();
         if status.is_censored() {
             let post = self.posterior(i, obs.slice, obs.now);
             let (mean, var) = post.censored_moments(latency);
@@ -670,7 +747,7 @@ impl RiskModel {
             let point = post.point();
             let shares = self.censored_shares(i, obs, point);
             for &key in obs.slice.levels().iter().take(self.cfg.slice_depth) {
-                let stats = self.slice_mut(i, key);
+                let stats = self.slice_mut(i, key, unclassed);
                 stats.observe_imputed(obs.now, mean, var, hl);
                 match &shares {
                     Some(shares) => stats.observe_tail_shares(obs.now, shares, hl),
@@ -683,9 +760,11 @@ impl RiskModel {
                 self.levels[i].observe(obs.now, latency.max(1e-3).ln() - mu, &self.cfg);
             }
             for &key in obs.slice.levels().iter().take(self.cfg.slice_depth) {
-                self.slice_mut(i, key).observe(obs.now, latency, hl);
+                self.slice_mut(i, key, unclassed)
+                    .observe(obs.now, latency, hl);
             }
         }
+        self.keep_within_bytes();
     }
 
     /// With [`CensoredTail::Belief`], how a censored attempt of candidate `i` spreads over the
@@ -712,10 +791,11 @@ impl RiskModel {
         let mut slices: Vec<SliceStats> = self
             .latency
             .iter()
-            .map(|(&(candidate, slice), &stats)| SliceStats {
+            .map(|(&(candidate, slice), s)| SliceStats {
                 candidate,
                 slice,
-                stats,
+                stats: s.stats,
+                unclassed: s.unclassed,
             })
             .collect();
         slices.sort_by_key(|s| (s.candidate, s.slice));
@@ -754,13 +834,13 @@ impl RiskModel {
             }
         }
         for s in &other.slices {
-            self.latency
-                .entry((s.candidate, s.slice))
-                .or_default()
-                .merge(&s.stats, self.cfg.latency_half_life_ms);
+            let slice = self.latency.entry((s.candidate, s.slice)).or_default();
+            slice.stats.merge(&s.stats, self.cfg.latency_half_life_ms);
+            slice.unclassed |= s.unclassed;
         }
-        // Another instance's (or a state file's) slices count against the same cap.
+        // Another instance's (or a state file's) slices count against the same bounds.
         self.evict_to(self.cfg.max_slices);
+        self.keep_within_bytes();
         Ok(())
     }
 }
@@ -1049,7 +1129,10 @@ mod tests {
         let mut merged = RiskModel::new(1, cfg);
         merged.merge(&a.export()).unwrap();
         merged.merge(&b.export()).unwrap();
-        let (m, w) = (merged.latency[&(0, ROOT)], all.latency[&(0, ROOT)]);
+        let (m, w) = (
+            merged.latency[&(0, ROOT)].stats,
+            all.latency[&(0, ROOT)].stats,
+        );
         for (x, y) in m.shape.mass.iter().zip(&w.shape.mass) {
             assert!((x - y).abs() < 1e-9, "{x} vs {y}");
         }
@@ -1157,13 +1240,138 @@ mod tests {
         assert_eq!(busy.slice_count(), 6);
         assert_eq!(busy.take_evictions(), 57);
         // Dropped, not folded: the root holds every observation once (50 + 20).
-        let root = busy.latency[&(0, ROOT)];
+        let root = busy.latency[&(0, ROOT)].stats;
         assert!((root.weight - 70.0).abs() < 1e-9, "{}", root.weight);
         // The three slices of `code` (50 observations each) are the most useful.
         let code = SlicePath::from_parts(Some("code"), Some("<5s"), false, Some(0), 4);
         for &key in &code.levels()[1..] {
             assert!(busy.latency.contains_key(&(0, key)));
         }
+    }
+
+    /// One call of `latency_ms` on `slice`.
+    fn on_path(model: &mut RiskModel, candidate: usize, slice: SlicePath, now_ms: f64) {
+        model.observe(&AttemptObservation {
+            candidate,
+            features: &[],
+            slice,
+            deadline: None,
+            outcome: &AttemptOutcome::ok(300.0),
+            now: Timestamp(now_ms),
+        });
+    }
+
+    #[test]
+    fn the_slice_table_stays_within_its_byte_budget_and_evicts_the_least_used() {
+        let budget = 256 << 10;
+        let mut m = RiskModel::new(
+            2,
+            RiskConfig {
+                max_slice_bytes: budget,
+                // The count does not bind: the bytes do.
+                max_slices: 1_000_000,
+                ..RiskConfig::default()
+            },
+        );
+        // 160 + 1 bytes of key and statistics, at most 7/8 of the table's buckets used.
+        assert_eq!(RiskModel::SLICE_ENTRY_BYTES, 376);
+        let mut evicted = 0;
+        for t in 0..30_000u32 {
+            let now = f64::from(t) * 10.0;
+            if t % 10 == 0 {
+                in_task(&mut m, 0, "summarise", 300.0, now);
+            }
+            in_task(&mut m, (t % 2) as usize, &format!("class-{t}"), 300.0, now);
+            assert!(
+                m.slice_bytes() <= budget,
+                "{} bytes at {t}",
+                m.slice_bytes()
+            );
+            evicted += m.take_evictions();
+        }
+        // 256 KiB hold a table of 448 entries (512 buckets of 329 bytes: 168 KiB; the next
+        // size, 336 KiB, does not fit): the two roots and, after each eviction of an eighth,
+        // 392 to 446 slices.
+        let kept = m.slice_count();
+        assert!((390..=446).contains(&kept), "{kept} slices kept");
+        assert!(evicted >= 90_000 - 446, "{evicted}");
+        // What a snapshot carries is what the table holds.
+        let state = m.export();
+        assert_eq!(state.slices.len(), kept + 2);
+        assert!(state.slices.len() * RiskModel::SLICE_ENTRY_BYTES <= budget);
+        // The class in steady use is the most used, not the oldest: it stays.
+        let summarise = SlicePath::from_parts(Some("summarise"), Some("<5s"), false, Some(0), 4);
+        for &key in summarise.levels() {
+            assert!(
+                m.latency.contains_key(&(0, key)),
+                "slice {key:x} of the busy class was evicted"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flood_of_classes_leaves_an_unclassed_requests_statistics_untouched() {
+        let mut m = RiskModel::new(
+            2,
+            RiskConfig {
+                max_slices: 100,
+                ..RiskConfig::default()
+            },
+        );
+        let unclassed = SlicePath::from_parts(None, Some("<5s"), false, Some(0), 4);
+        assert!(!unclassed.has_task_class());
+        for t in 0..20 {
+            on_path(&mut m, 0, unclassed, f64::from(t));
+        }
+        let of_path = |m: &RiskModel| -> Vec<SliceStats> {
+            m.export()
+                .slices
+                .into_iter()
+                .filter(|s| s.candidate == 0 && unclassed.levels()[1..].contains(&s.slice))
+                .collect()
+        };
+        let before = of_path(&m);
+        assert_eq!(before.len(), 3);
+        // An hour later (six half-lives: the 20 calls weigh 0.3 now), a new class per call,
+        // both candidates: each new slice weighs more than the unclassed ones.
+        for t in 0..5_000u32 {
+            let class =
+                SlicePath::from_parts(Some(&format!("class-{t}")), Some("<5s"), false, Some(0), 4);
+            assert!(class.has_task_class());
+            on_path(&mut m, (t % 2) as usize, class, 3_600_000.0 + f64::from(t));
+        }
+        assert!(m.take_evictions() > 14_000);
+        // The unclassed path's statistics are exactly as they were.
+        assert_eq!(of_path(&m), before);
+    }
+
+    #[test]
+    fn a_merged_state_larger_than_the_budget_is_cut_to_it_and_gives_the_memory_back() {
+        // An instance (or a state file) without the byte bound: 20,000 classes, 60,000 slices.
+        let mut big = RiskModel::new(
+            1,
+            RiskConfig {
+                max_slices: 1_000_000,
+                max_slice_bytes: 1 << 30,
+                ..RiskConfig::default()
+            },
+        );
+        for t in 0..20_000u32 {
+            in_task(&mut big, 0, &format!("class-{t}"), 300.0, f64::from(t));
+        }
+        assert!(big.slice_bytes() > 20 << 20, "{}", big.slice_bytes());
+        let mut m = RiskModel::new(1, RiskConfig::default());
+        m.merge(&big.export()).unwrap();
+        assert!(m.slice_bytes() <= RiskConfig::DEFAULT_MAX_SLICE_BYTES);
+        // 2 MiB: a table of 3,584 entries, the root and at least 7/8 of the rest kept.
+        assert!(
+            (3_100..3_584).contains(&m.slice_count()),
+            "{}",
+            m.slice_count()
+        );
+        // The newest classes are the ones kept.
+        let newest = SlicePath::from_parts(Some("class-19999"), Some("<5s"), false, Some(0), 4);
+        assert!(m.latency.contains_key(&(0, newest.levels()[3])));
     }
 
     fn attempt(model: &mut RiskModel, status: AttemptStatus, now_ms: f64) {
@@ -1364,6 +1572,13 @@ mod tests {
                     ..RiskConfig::default()
                 },
                 "max_slices",
+            ),
+            (
+                RiskConfig {
+                    max_slice_bytes: 4096,
+                    ..RiskConfig::default()
+                },
+                "max_slice_bytes",
             ),
         ] {
             let e = cfg.validate().unwrap_err().to_string();

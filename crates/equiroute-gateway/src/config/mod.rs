@@ -1155,6 +1155,16 @@ fn check_task_classes(classes: &[String]) -> Result<(), (usize, String)> {
                 "must be a non-empty name without surrounding spaces (the header's value is trimmed)".into(),
             ));
         }
+        if c.len() > crate::server::MAX_TASK_CLASS_BYTES {
+            return Err((
+                n,
+                format!(
+                    "is {} bytes long: a task class header longer than {} bytes is treated as no class, so shorten the name",
+                    c.len(),
+                    crate::server::MAX_TASK_CLASS_BYTES
+                ),
+            ));
+        }
         if classes[..n].contains(c) {
             return Err((n, format!("`{c}` is listed twice")));
         }
@@ -2014,7 +2024,9 @@ mod tests {
             (base.replace("kind = \"sim\"", "kind = \"sim\"\nprice = { per_million_input_tokens = -1 }"), "interfaces.chat.providers[0].price", "per_million_input_tokens"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ntask_classes = [\"code\", \" code\"]"), "interfaces.chat.task_classes[1]", "surrounding spaces"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\ntask_classes = [\"code\", \"code\"]"), "interfaces.chat.task_classes[1]", "listed twice"),
+            (base.replace("kind = \"chat\"", &format!("kind = \"chat\"\ntask_classes = [\"{}\"]", "c".repeat(65))), "interfaces.chat.task_classes[0]", "65 bytes long"),
             (base.replace("kind = \"chat\"", "kind = \"chat\"\npolicy = { name = \"ts-deadline\", risk = { max_slices = 0 } }"), "interfaces.chat.policy", "max_slices"),
+            (base.replace("kind = \"chat\"", "kind = \"chat\"\npolicy = { name = \"lqm-ts\", risk = { max_slice_bytes = 1000 } }"), "interfaces.chat.policy", "max_slice_bytes"),
         ];
         for (text, field, fix) in cases {
             let e = load(&text, "x.toml", &no_env).unwrap_err();

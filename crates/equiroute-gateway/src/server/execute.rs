@@ -3,6 +3,7 @@
 //! time), feeding every attempt to the policy and the breaker.
 
 use super::error::ApiError;
+use super::repeated::Repeated;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
 use crate::config::first_byte::{ResumeMode, StreamHold, StreamResume};
 use crate::redact::Redacted;
@@ -250,7 +251,9 @@ fn begin(
         })
         .map_err(|e| {
             span.record("otel.status_code", "ERROR");
-            tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
+            if state.logs.allow(Repeated::NoEligibleProvider) {
+                tracing::warn!(request_id = %request_id, error = %e.message, "no eligible provider");
+            }
             e.for_request(&request_id, 0)
         })?;
     super::spans::record_decision(
@@ -471,7 +474,9 @@ fn decide(
                     .breaker(&iface.candidates[i].id.0, super::state::transition_name(t));
             }
             state.metrics.last_resort(&iface.name);
-            tracing::info!(provider = %iface.candidates[i].id, "every provider's breaker is open: probing the one that reopens soonest as a last resort");
+            if state.logs.allow(Repeated::LastResort) {
+                tracing::info!(provider = %iface.candidates[i].id, "every provider's breaker is open: probing the one that reopens soonest as a last resort");
+            }
             eligible.excluded.retain(|e| e.candidate != i);
             eligible.eligible.push(i);
         }
@@ -1001,11 +1006,14 @@ fn failure(
             )
         }
     };
-    // Once per failed request; a provider refusing the client's own request is not ours.
+    // Once per failed request, rate-limited (a client can fail its requests at will); a
+    // provider refusing the client's own request is not ours.
     if let RequestStatus::ClientError { candidate } = status {
-        let provider = &iface.candidates[candidate].id;
-        tracing::info!(request_id, %provider, http_status, code = error.code, "request rejected by the provider");
-    } else {
+        if state.logs.allow(Repeated::ProviderRejected) {
+            let provider = &iface.candidates[candidate].id;
+            tracing::info!(request_id, %provider, http_status, code = error.code, "request rejected by the provider");
+        }
+    } else if state.logs.allow(Repeated::RequestFailed) {
         tracing::warn!(request_id, code = error.code, http_status, attempts = %summary, "request failed");
     }
     if let Some(reason) = &reason {
@@ -1264,7 +1272,9 @@ fn open_attempt<'a>(
                 match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
                     Held::Commit { first, rest } => OpenResult::Ready { first, rest, ttfb },
                     Held::Broken(reason) => {
-                        tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        if state.logs.allow(Repeated::StreamBroken) {
+                            tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        }
                         let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
                         let latency = state.now().since(now);
                         OpenResult::Ended {
@@ -1664,7 +1674,9 @@ impl Relay {
         let c = &self.iface.candidates[self.candidate];
         let latency = Millis(self.attempt_clock.elapsed().as_secs_f64() * 1000.0);
         if let Some(reason) = broken {
-            tracing::warn!(request_id = %self.request_id, provider = %c.id, error = %reason, "stream broken");
+            if self.state.logs.allow(Repeated::StreamBroken) {
+                tracing::warn!(request_id = %self.request_id, provider = %c.id, error = %reason, "stream broken");
+            }
         } else {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }

@@ -117,6 +117,12 @@ struct FeedbackLabel {
     outcome: Name,
 }
 
+/// A kind of repetitive log line ([`super::repeated::Repeated::label`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: Name,
+}
+
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
 /// 10 µs target, so that its p99 can be read off).
 const DECISION_BUCKETS_US: [f64; 16] = [
@@ -182,9 +188,12 @@ pub struct Metrics {
     stream_continuations: Family<ModeLabels, Counter>,
     breaker: Family<BreakerLabels, Counter>,
     task_class_unlisted: Family<InterfaceLabel, Counter>,
+    task_class_too_long: Family<InterfaceLabel, Counter>,
     slices_evicted: Family<InterfaceLabel, Counter>,
     feedback: Family<FeedbackLabel, Counter>,
     snapshots: Family<FeedbackLabel, Counter>,
+    log_events: Family<KindLabel, Counter>,
+    log_suppressed: Family<KindLabel, Counter>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -257,9 +266,12 @@ impl Default for Metrics {
             stream_continuations: Family::default(),
             breaker: Family::default(),
             task_class_unlisted: Family::default(),
+            task_class_too_long: Family::default(),
             slices_evicted: Family::default(),
             feedback: Family::default(),
             snapshots: Family::default(),
+            log_events: Family::default(),
+            log_suppressed: Family::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -335,8 +347,14 @@ impl Metrics {
         );
         register(
             r,
+            "equiroute_task_class_too_long_total",
+            "Requests whose task class is longer than the gateway accepts (treated as none)",
+            self.task_class_too_long.clone(),
+        );
+        register(
+            r,
             "equiroute_slices_evicted_total",
-            "Latency slices evicted to stay under max_slices",
+            "Latency slices evicted to stay within max_slices and max_slice_bytes",
             self.slices_evicted.clone(),
         );
         register(
@@ -350,6 +368,18 @@ impl Metrics {
             "equiroute_state_snapshots_total",
             "Snapshots of the learning state to its file: saved, or failed by cause (no_space, io_error, failed)",
             self.snapshots.clone(),
+        );
+        register(
+            r,
+            "equiroute_log_events_total",
+            "Occurrences of repetitive log lines by kind, written or held back",
+            self.log_events.clone(),
+        );
+        register(
+            r,
+            "equiroute_log_lines_suppressed_total",
+            "Repetitive log lines held back by the rate limit, by kind",
+            self.log_suppressed.clone(),
         );
         self.register_histograms();
         self.register_by_provider();
@@ -494,7 +524,27 @@ impl Metrics {
             .inc();
     }
 
-    /// `n` latency slices of `interface` were evicted to stay under `max_slices`.
+    /// A request's task class was longer than [`super::MAX_TASK_CLASS_BYTES`] (the class
+    /// itself is no label: it is the client's).
+    pub fn task_class_too_long(&self, interface: &str) {
+        self.task_class_too_long
+            .get_or_create(&iface(interface))
+            .inc();
+    }
+
+    /// The counters of the repetitive log lines of `kind`: every occurrence, and those held
+    /// back. Taken once, so that counting one is an atomic add.
+    #[must_use]
+    pub fn log_counters(&self, kind: &'static str) -> (Counter, Counter) {
+        let labels = KindLabel { kind };
+        (
+            self.log_events.get_or_create(&labels).clone(),
+            self.log_suppressed.get_or_create(&labels).clone(),
+        )
+    }
+
+    /// `n` latency slices of `interface` were evicted to stay within `max_slices` and
+    /// `max_slice_bytes`.
     pub fn slices_evicted(&self, interface: &str, n: u64) {
         self.slices_evicted
             .get_or_create(&iface(interface))

@@ -34,6 +34,7 @@ mod execute;
 pub mod feedback;
 mod hedge;
 pub mod metrics;
+pub mod repeated;
 mod rollouts;
 mod spans;
 pub mod state;
@@ -51,6 +52,7 @@ use axum::{Extension, Json, Router};
 use equiroute_core::policies::RankContext;
 use equiroute_core::{Millis, QualityFeedback};
 use error::{echo, ApiError};
+use repeated::Repeated;
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
 use std::sync::Arc;
@@ -266,6 +268,12 @@ fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
     })
 }
 
+/// The longest task class (`x-equiroute-task-class`) taken from a header, in bytes; a longer
+/// one is treated as none and counted in `equiroute_task_class_too_long_total`. The class
+/// is hashed into a slice key and never stored, but a client's text is bounded wherever it
+/// goes, and a name this long is no class an operator declared.
+pub const MAX_TASK_CLASS_BYTES: usize = 64;
+
 /// Who a request is for and what kind of task it is, from its caller and its headers: the
 /// tenant (the key's, else `x-equiroute-tenant`; checked against providers' tenant
 /// allow-lists) and `x-equiroute-task-class` (the first level of the statistics slices; see
@@ -306,10 +314,19 @@ impl RequestMeta {
         })
     }
 
-    /// The same request as `iface` sees it: a task class missing from the interface's
-    /// `task_classes` allow-list is dropped (the request is routed and learnt from in the
-    /// parent, untagged slice) and counted, without its name, in `/metrics`.
+    /// The same request as `iface` sees it: a task class longer than
+    /// [`MAX_TASK_CLASS_BYTES`] or missing from the interface's `task_classes` allow-list is
+    /// dropped (the request is routed and learnt from in the parent, untagged slice) and
+    /// counted, without its name, in `/metrics`.
     fn for_interface(mut self, state: &AppState, iface: &InterfaceRuntime) -> RequestMeta {
+        if self
+            .task_class
+            .as_ref()
+            .is_some_and(|c| c.len() > MAX_TASK_CLASS_BYTES)
+        {
+            self.task_class = None;
+            state.metrics.task_class_too_long(&iface.name);
+        }
         if let (Some(class), Some(allowed)) = (&self.task_class, &iface.task_classes) {
             if !allowed.iter().any(|a| a == class) {
                 self.task_class = None;
@@ -412,12 +429,16 @@ fn maybe_judge(
             {
                 Ok(_) => "judge_accepted",
                 Err(e) => {
-                    tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                    if state.logs.allow(Repeated::JudgeFailed) {
+                        tracing::warn!(%request_id, error = %e.message, "judge's score rejected");
+                    }
                     "judge_unmatched"
                 }
             }
         } else {
-            tracing::warn!(%request_id, "judge failed to score the answer");
+            if state.logs.allow(Repeated::JudgeFailed) {
+                tracing::warn!(%request_id, "judge failed to score the answer");
+            }
             "judge_failed"
         };
         state.metrics.feedback(label);
@@ -762,7 +783,9 @@ async fn feedback(
             };
             state.metrics.feedback(why);
             // The id is the client's: cut like any echoed input.
-            tracing::warn!(request_id = %echo(&b.request_id), reason = why, "feedback rejected");
+            if state.logs.allow(Repeated::FeedbackRejected) {
+                tracing::warn!(request_id = %echo(&b.request_id), reason = why, "feedback rejected");
+            }
             return Err(e);
         }
     }

@@ -150,6 +150,8 @@ pub struct AppState {
     /// Every secret of the configuration and the credential shapes: what any text of an
     /// upstream's passes through before a client, a log line, a span or the audit log sees it.
     pub redactor: Arc<crate::redact::Redactor>,
+    /// The rate limits of the log lines a client can trigger at will.
+    pub logs: super::repeated::RepeatedLogs,
     /// The decision audit log, when configured.
     pub audit: Option<super::audit::AuditLog>,
     pub feedback_ttl: Millis,
@@ -179,10 +181,12 @@ impl AppState {
         for i in &cfg.interfaces {
             interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
         }
+        let metrics = Metrics::default();
         Ok(AppState {
             interfaces,
             pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
-            metrics: Metrics::default(),
+            logs: super::repeated::RepeatedLogs::new(&metrics),
+            metrics,
             keys: super::auth::Keys::new(&cfg.keys, cfg.feedback_rate),
             redactor: wiring.redactor,
             audit: None,
