@@ -194,6 +194,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.task_class_too_long("chat");
     m.slices_evicted("chat", 1);
     m.feedback("accepted");
+    m.snapshot("saved");
     m.decision_time(3.0);
     m.router_time(5.0);
     m.request_latency("chat", 40.0);

@@ -756,6 +756,12 @@ impl GatewayConfig {
     }
 }
 
+/// The longest task class (`x-equiroute-task-class`) taken from a header, in bytes; a longer
+/// one is treated as none and counted in `equiroute_task_class_too_long_total`. The class
+/// is hashed into a slice key and never stored, but a client's text is bounded wherever it
+/// goes, and a name this long is no class an operator declared.
+pub const MAX_TASK_CLASS_BYTES: usize = 64;
+
 /// The default `max_body_bytes`: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 
@@ -1155,13 +1161,13 @@ fn check_task_classes(classes: &[String]) -> Result<(), (usize, String)> {
                 "must be a non-empty name without surrounding spaces (the header's value is trimmed)".into(),
             ));
         }
-        if c.len() > crate::server::MAX_TASK_CLASS_BYTES {
+        if c.len() > MAX_TASK_CLASS_BYTES {
             return Err((
                 n,
                 format!(
                     "is {} bytes long: a task class header longer than {} bytes is treated as no class, so shorten the name",
                     c.len(),
-                    crate::server::MAX_TASK_CLASS_BYTES
+                    MAX_TASK_CLASS_BYTES
                 ),
             ));
         }

@@ -557,7 +557,7 @@ impl Metrics {
     }
 
     /// Records a snapshot of the learning state to its file: `saved`, or why it failed
-    /// (`no_space`, `io_error`, `failed`: [`crate::store::WriteFailure::label`]).
+    /// (`no_space`, `io_error`, `failed`: the store's `WriteFailure::label`).
     pub fn snapshot(&self, outcome: &'static str) {
         let labels = FeedbackLabel { outcome };
         self.snapshots.get_or_create(&labels).inc();

@@ -268,11 +268,7 @@ fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {
     })
 }
 
-/// The longest task class (`x-equiroute-task-class`) taken from a header, in bytes; a longer
-/// one is treated as none and counted in `equiroute_task_class_too_long_total`. The class
-/// is hashed into a slice key and never stored, but a client's text is bounded wherever it
-/// goes, and a name this long is no class an operator declared.
-pub const MAX_TASK_CLASS_BYTES: usize = 64;
+pub use crate::config::MAX_TASK_CLASS_BYTES;
 
 /// Who a request is for and what kind of task it is, from its caller and its headers: the
 /// tenant (the key's, else `x-equiroute-tenant`; checked against providers' tenant
