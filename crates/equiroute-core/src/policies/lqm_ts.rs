@@ -60,6 +60,15 @@
 //! contextual heads' noise neither explores a clearly worse provider query by query nor,
 //! removed, herds the traffic of two near-tied ones.
 //!
+//! **Quality that changes** (`shift`, `retest`; docs/policies.md, "Quality that changes"):
+//! a two-sided CUSUM on each candidate's quality residuals ([`crate::estimators::shift`])
+//! discards a shifted candidate's evidence from before the change and gives it a fresh
+//! warm-up; a level lost in a detected drop is re-tested with probability
+//! `retest × (1 − 2^(−age/h))` per request (`age` since its last attempt, `h` the stale
+//! half-life the latency and failure beliefs fade with: one clock), while that level would be
+//! within the top group's tolerance. Without a detected drop nothing is drawn, so a world
+//! whose quality does not change is ranked as before, draw for draw.
+//!
 //! **Degenerate cases** (tested):
 //! - no deadline, equal costs, no failures, `latency = "renewal"` and LQM's parameters:
 //!   `P̃(bad) = 0` and `g` is the same for everyone, so the ranking is exactly
