@@ -21,7 +21,7 @@
 
 use equiroute_lab::report::Summary;
 use equiroute_lab::runner::{run_policy, RunResult};
-use equiroute_lab::scenario::{all_builtin, builtin, EventKind, ScenarioSpec};
+use equiroute_lab::scenario::{all_builtin, named, EventKind, ScenarioSpec};
 use equiroute_lab::world::World;
 
 /// The `lqm-ts` configuration of `spec` with `sets` applied.
@@ -151,35 +151,10 @@ fn main() {
 
 /// The scenarios named by `arg` (module docs).
 fn scenarios(arg: &str) -> Vec<ScenarioSpec> {
+    let all = || all_builtin().unwrap().into_iter();
     match arg {
-        "all" => return all_builtin().unwrap(),
-        "drops" => {
-            return all_builtin()
-                .unwrap()
-                .into_iter()
-                .filter(has_drop)
-                .collect()
-        }
-        "stationary" => {
-            return all_builtin()
-                .unwrap()
-                .into_iter()
-                .filter(|s| !has_drop(s))
-                .collect()
-        }
-        _ => {}
+        "drops" => all().filter(has_drop).collect(),
+        "stationary" => all().filter(|s| !has_drop(s)).collect(),
+        list => named(list).unwrap(),
     }
-    arg.split(',')
-        .map(|n| {
-            let is_file = std::path::Path::new(n)
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
-            if is_file {
-                let text = std::fs::read_to_string(n).expect("a readable scenario file");
-                ScenarioSpec::from_toml(&text, n).unwrap()
-            } else {
-                builtin(n).unwrap()
-            }
-        })
-        .collect()
 }

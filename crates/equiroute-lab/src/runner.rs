@@ -176,22 +176,10 @@ pub fn departure_rounds(
     limit: usize,
     window: usize,
 ) -> Option<usize> {
-    let limit = limit.min(firsts.len());
-    let window = window.max(1);
-    if start + window > limit {
-        return None;
-    }
-    let hit = |t: usize| usize::from(firsts[t] == Some(provider));
-    let mut count: usize = (start..start + window).map(hit).sum();
-    for from in start..=limit - window {
-        if from > start {
-            count = count + hit(from + window - 1) - hit(from - 1);
-        }
-        if (count as f64) < DEPARTURE_SHARE * window as f64 {
-            return Some(from - start);
-        }
-    }
-    None
+    let w = window.max(1) as f64;
+    first_window(firsts, provider, start, limit, window, |hits| {
+        (hits as f64) < DEPARTURE_SHARE * w
+    })
 }
 
 /// The rounds from `end` to the first window of `window` rounds, ending at or before `limit`,
@@ -205,20 +193,33 @@ pub fn recovery_rounds(
     limit: usize,
     window: usize,
 ) -> Option<usize> {
+    let needed = (RECOVERY_SHARE * window.max(1) as f64).ceil() as usize;
+    first_window(firsts, provider, end, limit, window, |hits| hits >= needed)
+}
+
+/// The rounds from `from` to the first window of `window` rounds (sliding round by round,
+/// ending at or before `limit`) whose count of rounds with `provider` first satisfies `ok`.
+fn first_window(
+    firsts: &[Option<usize>],
+    provider: usize,
+    from: usize,
+    limit: usize,
+    window: usize,
+    ok: impl Fn(usize) -> bool,
+) -> Option<usize> {
     let limit = limit.min(firsts.len());
     let window = window.max(1);
-    if end + window > limit {
+    if from + window > limit {
         return None;
     }
     let hit = |t: usize| usize::from(firsts[t] == Some(provider));
-    let needed = (RECOVERY_SHARE * window as f64).ceil() as usize;
-    let mut count: usize = (end..end + window).map(hit).sum();
-    for start in end..=limit - window {
-        if start > end {
+    let mut count: usize = (from..from + window).map(hit).sum();
+    for start in from..=limit - window {
+        if start > from {
             count = count + hit(start + window - 1) - hit(start - 1);
         }
-        if count >= needed {
-            return Some(start - end);
+        if ok(count) {
+            return Some(start - from);
         }
     }
     None

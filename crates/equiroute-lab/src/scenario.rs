@@ -928,6 +928,35 @@ pub fn builtin(name: &str) -> Result<ScenarioSpec, ScenarioError> {
     ScenarioSpec::from_toml(text, &format!("built-in scenario {name}"))
 }
 
+/// The scenarios a comma-separated list names: `all` (every built-in), built-in names, and
+/// scenario files (ending in `.toml`), in the list's order (the laboratory's examples take
+/// their scenarios this way).
+///
+/// # Errors
+/// An unknown name, a file that cannot be read or fails validation.
+pub fn named(list: &str) -> Result<Vec<ScenarioSpec>, ScenarioError> {
+    if list == "all" {
+        return all_builtin();
+    }
+    list.split(',')
+        .map(|n| {
+            let is_file = std::path::Path::new(n)
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+            if is_file {
+                let text = std::fs::read_to_string(n).map_err(|e| ScenarioError::Parse {
+                    file: n.to_owned(),
+                    field: String::new(),
+                    message: format!("cannot be read: {e}"),
+                })?;
+                ScenarioSpec::from_toml(&text, n)
+            } else {
+                builtin(n)
+            }
+        })
+        .collect()
+}
+
 /// All built-in scenarios.
 ///
 /// # Errors
