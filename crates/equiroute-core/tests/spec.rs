@@ -1358,3 +1358,157 @@ fn a_latency_estimate_from_a_spike_fades_while_the_provider_goes_untried() {
     assert!((c0(&later_off).latency_ms.unwrap() - tau).abs() < 1e-6);
     assert_eq!(later_off.order[0].index, 1);
 }
+
+/// `lqm-ts`'s change detector and re-test rule, by hand. One query (so each head's prediction
+/// is its mean score ū), c0 scored 0.8 and c1 0.7, a hundred times each, a second apart: the
+/// residuals are 0 and the spread is its floor, 0.1. Then c0 scores 0.4: each residual is
+/// about −0.4, z = −4 clipped to −3, and `S⁻` climbs by 3 − 0.5 = 2.5 a score: 2.5, 5, 7.5,
+/// 10, 12.5 > 12 at the fifth (the winsorised residuals' RMS, sqrt(5·0.3²/105) = 0.065, stays
+/// below the floor). c0's evidence is cut to those five scores (a fresh warm-up, released at
+/// once: 0.4 + 3·0.1/√5 = 0.53 is below c1's 0.7 − 3·0.1/√100 = 0.67), and the level it had,
+/// ū = (100·0.8 + 5·0.4)/105 = 0.781, is remembered: c1 ranks first, and c0 is re-tested
+/// with probability `retest × (1 − 2^(−age/h))` = 0.2 × (1 − 2^(−1)) = 0.1 one stale
+/// half-life (120 s) after its last attempt, never right after it. Scores of 0.8 on re-tests
+/// are a rise, found within seven (each moves `S⁺` by at most 2.5, so not before the fifth):
+/// c0 is cut to them, the watch ends, and the warm-up puts c0 first again. With the
+/// detector off nothing of this happens.
+#[test]
+fn a_quality_drop_is_detected_its_level_re_tested_and_its_return_found() {
+    let cands = candidates(2);
+    let f = Featurizer::new(16).unwrap();
+    let x = f.featurize("summarise the quarterly report");
+    let scored = |p: &mut LqmTs, c: usize, u: f64, t: f64| answered(p, c, &x, 400.0, u, t);
+    let build = |threshold: f64| {
+        let mut cfg = LqmTsConfig::default();
+        cfg.shift.threshold = threshold;
+        let mut p = LqmTs::new(2, 16, cfg);
+        for n in 0..100 {
+            scored(&mut p, 0, 0.8, f64::from(n) * 1000.0);
+            scored(&mut p, 1, 0.7, f64::from(n) * 1000.0 + 500.0);
+        }
+        p
+    };
+    let mut p = build(12.0);
+    assert!(p.take_quality_shifts().is_empty());
+    for n in 0..4 {
+        scored(&mut p, 0, 0.4, 100_000.0 + f64::from(n) * 1000.0);
+        assert!(p.take_quality_shifts().is_empty(), "score {n}");
+    }
+    scored(&mut p, 0, 0.4, 104_000.0);
+    let shifts = p.take_quality_shifts();
+    assert_eq!(shifts.len(), 1, "{shifts:?}");
+    let s = shifts[0];
+    assert_eq!(
+        (s.candidate, s.direction, s.scores),
+        (0, ShiftDirection::Down, 5)
+    );
+    assert!((s.from - 82.0 / 105.0).abs() < 1e-9, "{s:?}");
+    assert!((s.to - 0.4).abs() < 1e-12 && s.at == Timestamp(104_000.0));
+    assert_eq!(p.quality_observations().unwrap(), vec![5, 100]);
+    // c1 keeps answering; c0's evidence ages from its last attempt at 104 s.
+    let mut t = 104_500.0;
+    let rank_at = |p: &LqmTs, now: f64, seed: u64| {
+        let ctx = RankContext {
+            now: Timestamp(now),
+            ..RankContext::new(&cands, &[0, 1], &x)
+        };
+        p.rank(&ctx, &mut rng(seed))
+    };
+    let retests = |p: &LqmTs, now: f64| {
+        (0..4000)
+            .filter(|&seed| {
+                let r = rank_at(p, now, seed);
+                r.order[0].index == 0 && r.order[0].breakdown.retest
+            })
+            .count()
+    };
+    assert_eq!(rank_at(&p, t, 1).order[0].index, 1);
+    assert_eq!(retests(&p, 104_000.0), 0);
+    while t < 224_000.0 {
+        scored(&mut p, 1, 0.7, t);
+        t += 1000.0;
+    }
+    // 4000 draws at probability 0.1: 400, standard deviation 19.
+    let n = retests(&p, 224_000.0);
+    assert!((340..=460).contains(&n), "{n} re-tests in 4000");
+    // Back at its level.
+    let mut found = None;
+    for k in 1..=7u32 {
+        scored(&mut p, 0, 0.8, 224_000.0 + f64::from(k) * 1000.0);
+        let back = p.take_quality_shifts();
+        if let Some(s) = back.first() {
+            found = Some((k, s.direction, s.scores));
+            break;
+        }
+    }
+    let (k, direction, scores) = found.expect("the rise found within seven scores");
+    assert!(k >= 5 && direction == ShiftDirection::Up && scores == u64::from(k));
+    let at = 224_500.0 + f64::from(k) * 1000.0;
+    let r = rank_at(&p, at, 1);
+    assert!(
+        r.order[0].index == 0 && r.order[0].breakdown.warmup,
+        "{r:?}"
+    );
+    assert_eq!(retests(&p, at + 300_000.0), 0, "the watch is over");
+    // Off: no shift, c0 keeps its scores and its place.
+    let mut off = build(0.0);
+    for n in 0..5 {
+        scored(&mut off, 0, 0.4, 100_000.0 + f64::from(n) * 1000.0);
+    }
+    assert!(off.take_quality_shifts().is_empty());
+    assert_eq!(off.quality_observations().unwrap(), vec![105, 100]);
+    assert_eq!(rank_at(&off, 104_500.0, 1).order[0].index, 0);
+}
+
+/// The detector's state is saved with the policy's, and a snapshot saved before it loads: a
+/// fresh instance that merges a snapshot taken during a watch re-tests as the original does,
+/// and one without `watches` merges into a policy that watches.
+#[test]
+fn a_watch_survives_a_snapshot_and_a_snapshot_without_one_loads() {
+    let cands = candidates(2);
+    let f = Featurizer::new(16).unwrap();
+    let x = f.featurize("summarise the quarterly report");
+    let mut p = LqmTs::new(2, 16, LqmTsConfig::default());
+    for n in 0..100 {
+        answered(&mut p, 0, &x, 400.0, 0.8, f64::from(n) * 1000.0);
+        answered(&mut p, 1, &x, 400.0, 0.7, f64::from(n) * 1000.0 + 500.0);
+    }
+    for n in 0..5 {
+        answered(&mut p, 0, &x, 400.0, 0.4, 100_000.0 + f64::from(n) * 1000.0);
+    }
+    assert_eq!(p.take_quality_shifts().len(), 1);
+    let json = serde_json::to_string(&p.export_state()).unwrap();
+    assert!(json.contains("\"watches\"") && json.contains("\"lost\""));
+    let saved: PolicyState = serde_json::from_str(&json).unwrap();
+    let mut copy = LqmTs::new(2, 16, LqmTsConfig::default());
+    copy.merge_state(&saved).unwrap();
+    let watches = |state: &PolicyState| {
+        serde_json::to_value(state).unwrap()["quality"]["heads"]["watches"].clone()
+    };
+    assert_eq!(watches(&copy.export_state()), watches(&saved));
+    let ctx = RankContext {
+        now: Timestamp(400_000.0),
+        ..RankContext::new(&cands, &[0, 1], &x)
+    };
+    let first = |p: &LqmTs, seed: u64| {
+        let r = p.rank(&ctx, &mut rng(seed));
+        (r.order[0].index, r.order[0].breakdown.retest)
+    };
+    let retested = (0..200)
+        .filter(|&seed| first(&p, seed) == (0, true))
+        .count();
+    assert!(retested > 0);
+    for seed in 0..200 {
+        assert_eq!(first(&copy, seed), first(&p, seed));
+    }
+    // Saved before the detector: no `watches`.
+    let mut old: serde_json::Value = serde_json::from_str(&json).unwrap();
+    old["quality"]["heads"]
+        .as_object_mut()
+        .unwrap()
+        .remove("watches");
+    let old: PolicyState = serde_json::from_value(old).unwrap();
+    let mut fresh = LqmTs::new(2, 16, LqmTsConfig::default());
+    fresh.merge_state(&old).unwrap();
+    assert_eq!(fresh.quality_observations().unwrap(), vec![5, 100]);
+}

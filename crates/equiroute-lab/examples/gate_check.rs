@@ -23,7 +23,7 @@
 use equiroute_core::estimators::linucb::WarmupOrder;
 use equiroute_core::policies::PolicyConfig;
 use equiroute_lab::runner::{run, run_policy, RunResult};
-use equiroute_lab::scenario::{all_builtin, builtin, ScenarioSpec};
+use equiroute_lab::scenario::{named, ScenarioSpec};
 use equiroute_lab::world::World;
 
 const OTHERS: [&str; 5] = ["lqm", "ts-deadline", "sw-ucb", "linucb", "additive"];
@@ -80,7 +80,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seeds: u64 = args.get(1).map_or(5, |s| s.parse().expect("SEEDS"));
     let first: u64 = args.get(2).map_or(1, |s| s.parse().expect("FIRST"));
-    let scenarios = scenarios(args.get(3).map_or("all", String::as_str));
+    let scenarios = named(args.get(3).map_or("all", String::as_str)).unwrap();
     let variants: Vec<String> = args
         .get(4)
         .map_or("as-is,on", String::as_str)
@@ -144,27 +144,6 @@ fn main() {
             );
         }
     }
-}
-
-/// The scenarios named by `arg`: `all` the built-ins, else a comma-separated list of built-in
-/// names and scenario files (ending in `.toml`).
-fn scenarios(arg: &str) -> Vec<ScenarioSpec> {
-    if arg == "all" {
-        return all_builtin().unwrap();
-    }
-    arg.split(',')
-        .map(|n| {
-            let is_file = std::path::Path::new(n)
-                .extension()
-                .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
-            if is_file {
-                let text = std::fs::read_to_string(n).expect("a readable scenario file");
-                ScenarioSpec::from_toml(&text, n).unwrap()
-            } else {
-                builtin(n).unwrap()
-            }
-        })
-        .collect()
 }
 
 /// `GATE_CHECK_CURVE=1`: the mean cumulative regret at the end of every fourth time bin, each

@@ -74,6 +74,22 @@ pub struct RunResult {
     /// deadlines (empty otherwise).
     #[serde(default)]
     pub by_deadline: Vec<DeadlineClass>,
+    /// The quality shifts the policy detected ([`Policy::take_quality_shifts`]), in order.
+    #[serde(default)]
+    pub quality_shifts: Vec<ShiftRecord>,
+}
+
+/// One quality shift a policy detected during a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShiftRecord {
+    /// The round before whose ranking the score that set it off was learnt.
+    pub round: usize,
+    pub provider: String,
+    /// `down` or `up`.
+    pub direction: String,
+    pub from: f64,
+    pub to: f64,
+    pub scores: u64,
 }
 
 /// The requests of one deadline of a scenario's `deadline_mix`: with several deadlines, the
@@ -137,6 +153,33 @@ pub struct Recovery {
     /// The first round after the event.
     pub end_round: usize,
     pub rounds: Option<usize>,
+    /// Rounds from the event's start (`start_round`) to the first round `r` such that the
+    /// provider was ranked first in less than [`DEPARTURE_SHARE`] of the rounds `r..r + w`
+    /// (the same window), or `None` when that does not happen before the event ends. 0 when
+    /// the provider had little of the traffic to begin with: read it against its share before
+    /// the event.
+    #[serde(default)]
+    pub departure_rounds: Option<usize>,
+}
+
+/// The share of first choices in a window below which a provider has lost its traffic.
+pub const DEPARTURE_SHARE: f64 = 0.3;
+
+/// The rounds from `start` to the first window of `window` rounds, ending at or before
+/// `limit`, in which `provider` was the first choice of less than [`DEPARTURE_SHARE`] of the
+/// rounds.
+#[must_use]
+pub fn departure_rounds(
+    firsts: &[Option<usize>],
+    provider: usize,
+    start: usize,
+    limit: usize,
+    window: usize,
+) -> Option<usize> {
+    let w = window.max(1) as f64;
+    first_window(firsts, provider, start, limit, window, |hits| {
+        (hits as f64) < DEPARTURE_SHARE * w
+    })
 }
 
 /// The rounds from `end` to the first window of `window` rounds, ending at or before `limit`,
@@ -150,20 +193,33 @@ pub fn recovery_rounds(
     limit: usize,
     window: usize,
 ) -> Option<usize> {
+    let needed = (RECOVERY_SHARE * window.max(1) as f64).ceil() as usize;
+    first_window(firsts, provider, end, limit, window, |hits| hits >= needed)
+}
+
+/// The rounds from `from` to the first window of `window` rounds (sliding round by round,
+/// ending at or before `limit`) whose count of rounds with `provider` first satisfies `ok`.
+fn first_window(
+    firsts: &[Option<usize>],
+    provider: usize,
+    from: usize,
+    limit: usize,
+    window: usize,
+    ok: impl Fn(usize) -> bool,
+) -> Option<usize> {
     let limit = limit.min(firsts.len());
     let window = window.max(1);
-    if end + window > limit {
+    if from + window > limit {
         return None;
     }
     let hit = |t: usize| usize::from(firsts[t] == Some(provider));
-    let needed = (RECOVERY_SHARE * window as f64).ceil() as usize;
-    let mut count: usize = (end..end + window).map(hit).sum();
-    for start in end..=limit - window {
-        if start > end {
+    let mut count: usize = (from..from + window).map(hit).sum();
+    for start in from..=limit - window {
+        if start > from {
             count = count + hit(start + window - 1) - hit(start - 1);
         }
-        if count >= needed {
-            return Some(start - end);
+        if ok(count) {
+            return Some(start - from);
         }
     }
     None
@@ -192,6 +248,7 @@ fn recoveries(spec: &ScenarioSpec, firsts: &[Option<usize>], rounds: usize) -> V
                 event: e.kind.name().to_owned(),
                 end_round: end,
                 rounds: recovery_rounds(firsts, i, end, limit, window),
+                departure_rounds: departure_rounds(firsts, i, e.start_round, end, window),
             });
         }
     }
@@ -460,6 +517,7 @@ fn simulate(
     let mut propensity_rng = ChaCha8Rng::seed_from_u64(seed ^ salt(label) ^ 0x5851_f42d_4c95_7f2d);
     let mut delivered: Vec<LoggedFeedback> = Vec::new();
     let mut firsts: Vec<Option<usize>> = Vec::with_capacity(rounds);
+    let mut quality_shifts: Vec<ShiftRecord> = Vec::new();
 
     for round in 0..rounds {
         let concurrency = world.concurrency(round);
@@ -486,6 +544,16 @@ fn simulate(
                     now: t,
                 });
             }
+        }
+        for s in policy.take_quality_shifts() {
+            quality_shifts.push(ShiftRecord {
+                round,
+                provider: spec.providers[s.candidate].id.clone(),
+                direction: s.direction.as_str().to_owned(),
+                from: s.from,
+                to: s.to,
+                scores: s.scores,
+            });
         }
         let query = world.query(&mut query_rng);
         let deadline = spec.draw_deadline(&mut query_rng);
@@ -826,6 +894,7 @@ fn simulate(
         calibration: Calibration::of(&mut predictions),
         recovery: recoveries(spec, &firsts, rounds),
         by_deadline: DeadlineClass::of(with_deadline),
+        quality_shifts,
     })
 }
 

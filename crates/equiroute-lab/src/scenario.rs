@@ -398,8 +398,14 @@ pub enum EventKind {
     },
     /// Latency multiplied by `latency_factor`.
     Spike { latency_factor: f64 },
-    /// Quality multiplied by `factor` (a silent regression).
-    QualityDrop { factor: f64 },
+    /// Quality multiplied by `factor` (a silent regression); with `ramp_rounds`, the factor
+    /// goes linearly from 1 to `factor` over the event's first `ramp_rounds` rounds (a gradual
+    /// one).
+    QualityDrop {
+        factor: f64,
+        #[serde(default)]
+        ramp_rounds: usize,
+    },
 }
 
 impl EventKind {
@@ -428,7 +434,7 @@ impl EventKind {
 
     /// Checks the kind's own fields against `end_round`; returns the field (under `kind`) and
     /// the fix.
-    fn check(&self, end_round: usize) -> Result<(), (&'static str, String)> {
+    fn check(&self, start_round: usize, end_round: usize) -> Result<(), (&'static str, String)> {
         let share = |field: &'static str, v: f64| {
             if (0.0..=1.0).contains(&v) {
                 Ok(())
@@ -484,7 +490,23 @@ impl EventKind {
                     ))
                 }
             }
-            EventKind::QualityDrop { factor } => share("factor", factor),
+            EventKind::QualityDrop {
+                factor,
+                ramp_rounds,
+            } => {
+                share("factor", factor)?;
+                if ramp_rounds > end_round - start_round {
+                    return Err((
+                        "ramp_rounds",
+                        format!(
+                            "is {ramp_rounds}; the ramp must fit in the event's {} rounds \
+                             (0, the default, is a step)",
+                            end_round - start_round
+                        ),
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -709,7 +731,7 @@ impl ScenarioSpec {
                 return Err((field, "end_round must be after start_round".to_owned()));
             }
             e.kind
-                .check(e.end_round)
+                .check(e.start_round, e.end_round)
                 .map_err(|(f, fix)| (format!("{field}.kind.{f}"), fix))?;
         }
         Ok(())
@@ -874,6 +896,18 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "error-burst-recovery",
         include_str!("../scenarios/error-burst-recovery.toml"),
     ),
+    (
+        "quality-drop-leader",
+        include_str!("../scenarios/quality-drop-leader.toml"),
+    ),
+    (
+        "quality-drop-gradual",
+        include_str!("../scenarios/quality-drop-gradual.toml"),
+    ),
+    (
+        "quality-drop-minority",
+        include_str!("../scenarios/quality-drop-minority.toml"),
+    ),
 ];
 
 /// A built-in scenario by name.
@@ -892,6 +926,35 @@ pub fn builtin(name: &str) -> Result<ScenarioSpec, ScenarioError> {
         });
     };
     ScenarioSpec::from_toml(text, &format!("built-in scenario {name}"))
+}
+
+/// The scenarios a comma-separated list names: `all` (every built-in), built-in names, and
+/// scenario files (ending in `.toml`), in the list's order (the laboratory's examples take
+/// their scenarios this way).
+///
+/// # Errors
+/// An unknown name, a file that cannot be read or fails validation.
+pub fn named(list: &str) -> Result<Vec<ScenarioSpec>, ScenarioError> {
+    if list == "all" {
+        return all_builtin();
+    }
+    list.split(',')
+        .map(|n| {
+            let is_file = std::path::Path::new(n)
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+            if is_file {
+                let text = std::fs::read_to_string(n).map_err(|e| ScenarioError::Parse {
+                    file: n.to_owned(),
+                    field: String::new(),
+                    message: format!("cannot be read: {e}"),
+                })?;
+                ScenarioSpec::from_toml(&text, n)
+            } else {
+                builtin(n)
+            }
+        })
+        .collect()
 }
 
 /// All built-in scenarios.

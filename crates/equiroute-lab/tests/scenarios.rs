@@ -195,6 +195,7 @@ fn every_event_kind_checks_its_own_fields_and_rejects_others() {
         "{ type = \"degrade\", latency_factor = 3.0, failure_rate = 0.2, recover_round = 80 }",
         "{ type = \"spike\", latency_factor = 4.0 }",
         "{ type = \"quality-drop\", factor = 0.5 }",
+        "{ type = \"quality-drop\", factor = 0.5, ramp_rounds = 40 }",
     ] {
         let text = with_b_events(&format!(
             "[{{ kind = {kind}, start_round = 10, end_round = 50 }}]"
@@ -266,6 +267,11 @@ fn every_event_kind_checks_its_own_fields_and_rejects_others() {
             "{ type = \"quality-drop\", factor = 2 }",
             "kind.factor",
             "between 0 and 1",
+        ),
+        (
+            "{ type = \"quality-drop\", factor = 0.5, ramp_rounds = 41 }",
+            "kind.ramp_rounds",
+            "must fit in the event's 40 rounds",
         ),
     ] {
         let err = error_of(&with_b_events(&format!(
@@ -347,4 +353,49 @@ policy = { name = "additive" }
         + "\n[[variants]]\nlabel = \"x\"\npolicy = { name = \"lqm\", l_ref = 5 }\n";
     let err = error_of(&bad);
     assert!(err.contains("variants") && err.contains("l_ref"), "{err}");
+}
+
+/// A gradual quality drop: the factor falls linearly from 1 to `factor` over `ramp_rounds`,
+/// reaching it at the ramp's last round, stays, and is gone at `end_round`; without a ramp it
+/// is a step from `start_round` on.
+#[test]
+fn a_quality_drop_ramps_down_linearly_when_it_has_a_ramp() {
+    use equiroute_lab::world::World;
+    for (ramp, want) in [
+        (
+            40,
+            [
+                (9, 1.0),
+                (10, 1.0 - 0.5 / 40.0),
+                (29, 0.75),
+                (49, 0.5),
+                (59, 0.5),
+                (60, 1.0),
+            ],
+        ),
+        (
+            0,
+            [
+                (9, 1.0),
+                (10, 0.5),
+                (29, 0.5),
+                (49, 0.5),
+                (59, 0.5),
+                (60, 1.0),
+            ],
+        ),
+    ] {
+        let text = with_b_events(&format!(
+            "[{{ kind = {{ type = \"quality-drop\", factor = 0.5, ramp_rounds = {ramp} }}, start_round = 10, end_round = 60 }}]"
+        ));
+        let spec = ScenarioSpec::from_toml(&text, "ramp.toml").unwrap();
+        let world = World::new(&spec);
+        for (round, factor) in want {
+            let got = world.providers[1].conditions(round).quality_factor;
+            assert!(
+                (got - factor).abs() < 1e-12,
+                "ramp {ramp}, round {round}: {got}"
+            );
+        }
+    }
 }

@@ -102,6 +102,26 @@ fn meaning(path: &str) -> &'static str {
 /// Meanings, most specific suffix first.
 const DESCRIPTIONS: &[(&str, &str)] = &[
     (
+        "shift.threshold",
+        "CUSUM threshold on the quality residuals, in their spreads (0 = no change detection)",
+    ),
+    (
+        "shift.slack",
+        "CUSUM slack: half the quality shift, in spreads, the detector is tuned to, >= 0",
+    ),
+    (
+        "shift.min_scores",
+        "residuals that set the spread before the detector tests",
+    ),
+    (
+        "shift.spread_floor",
+        "least spread of the quality residuals assumed, > 0",
+    ),
+    (
+        "retest",
+        "most probability per request of re-testing a quality level lost in a drop, in [0, 1]",
+    ),
+    (
         "max_slices",
         "latency slices kept per interface beyond the roots (least useful evicted)",
     ),

@@ -327,6 +327,24 @@ impl Centre {
     }
 }
 
+/// A centred head's estimate kept apart from it (after a detected drop, the level the
+/// provider had): `xᵀθ + ū·(1 − xᵀθ₁)`, as the head predicted when it was kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RememberedLevel {
+    /// `ū`.
+    pub mean: f64,
+    pub theta: Vec<f64>,
+    pub theta_one: Vec<f64>,
+}
+
+impl RememberedLevel {
+    /// The remembered estimate for `x`.
+    #[must_use]
+    pub fn estimate(&self, x: &[f64]) -> f64 {
+        dot(&self.theta, x) + self.mean * (1.0 - dot(&self.theta_one, x))
+    }
+}
+
 /// Per-provider ridge-regression state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinUcbHead {
@@ -478,6 +496,46 @@ impl LinUcbHead {
     #[must_use]
     pub fn centred_estimate(&self, x: &[f64]) -> f64 {
         self.centred_with(|v| dot(v, x))
+    }
+
+    /// The head's prediction of a score for `x` with the centre's sums, `None` without them:
+    /// the centred estimate `ū + xᵀA⁻¹(b − ū·Σx)` (the change detector's reference).
+    #[must_use]
+    pub fn centred_prediction(&self, x: &[f64]) -> Option<f64> {
+        self.centre.as_ref()?;
+        Some(self.centred_estimate(x))
+    }
+
+    /// What the head predicts now, kept apart from it ([`RememberedLevel`]); `None` without
+    /// the centre's sums or before any score.
+    #[must_use]
+    pub fn remember(&self) -> Option<RememberedLevel> {
+        let c = self.centre.as_ref()?;
+        let pairs = self.pairs();
+        (pairs > 0).then(|| RememberedLevel {
+            mean: c.su / pairs as f64,
+            theta: self.theta.clone(),
+            theta_one: c.theta_one.clone(),
+        })
+    }
+
+    /// Keeps only the newest `n` pairs of the window (and counts only those): the evidence
+    /// before a detected change is discarded. Without a window the head starts afresh.
+    pub fn retain_newest(&mut self, n: usize) {
+        if self.config.window.is_none() {
+            *self = LinUcbHead::new(self.dim, self.config);
+            return;
+        }
+        let drop = self.window.len().saturating_sub(n);
+        self.window.drain(..drop);
+        self.count = self.window.len() as u64;
+        self.rebuild_from_window();
+        self.refresh();
+    }
+
+    /// The scores of the window, oldest first.
+    pub fn window_scores(&self) -> impl Iterator<Item = f64> + '_ {
+        self.window.iter().map(|e| e.u)
     }
 
     /// The head's mean score `ū` (0 before any; `None` without the centre's sums).

@@ -9,6 +9,7 @@
 //!   so that `P(latency > deadline)` stays calibrated on mixtures and heavy tails.
 //! - [`linucb`]: a LinUCB quality head kept as `A⁻¹` with Sherman–Morrison updates and
 //!   sliding-window downdates.
+//! - [`shift`]: a two-sided CUSUM on a candidate's quality residuals (change detection).
 //! - [`linalg`] and [`dist`]: the small numerical kernels those need.
 
 pub mod dist;
@@ -17,6 +18,7 @@ pub mod linalg;
 pub mod linucb;
 pub mod nig;
 pub mod shape;
+pub mod shift;
 
 /// The factor by which a statistic with half-life `half_life_ms` decays over `elapsed_ms`.
 /// A half-life of `None` (or not positive) means no decay.

@@ -143,6 +143,9 @@ pub struct NoParams {}
 ///
 /// (The derives generate inherent `serialize`/`deserialize` functions of the tagged form,
 /// `remote = "Self"`; the trait impls below add the string form and plain error messages.)
+// Built once per interface and matched by value in many places: `lqm-ts`'s 440 bytes are
+// not worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", tag = "name", rename_all = "kebab-case")]
 pub enum PolicyConfig {

@@ -215,6 +215,10 @@ impl Policy for ExplorationFloor {
         self.inner.take_slice_evictions()
     }
 
+    fn take_quality_shifts(&mut self) -> Vec<super::QualityShift> {
+        self.inner.take_quality_shifts()
+    }
+
     fn quality_observations(&self) -> Option<Vec<u64>> {
         self.inner.quality_observations()
     }

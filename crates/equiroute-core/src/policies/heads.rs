@@ -3,14 +3,15 @@
 
 use super::{
     check_len, wrong_policy, AttemptObservation, Policy, PolicyKind, PolicyState, Propensity,
-    QualityObservation, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
+    QualityObservation, QualityShift, RankContext, Ranking, ScoreBreakdown, ScoredCandidate,
 };
 use crate::estimators::linalg::{
     dot_f32, dots, dots_f32, nonzeros, packed_outer, packed_outer_f32,
 };
 use crate::estimators::linucb::{
-    context_wins, signal_shown, LinUcbConfig, LinUcbHead, WarmupOrder,
+    context_wins, signal_shown, LinUcbConfig, LinUcbHead, RememberedLevel, WarmupOrder,
 };
+use crate::estimators::shift::{ShiftConfig, ShiftDetector, ShiftDirection};
 use crate::StateError;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -26,6 +27,21 @@ pub struct HeadsState {
     /// the warm-up can release a candidate early (`warmup_exit_z > 0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moments: Vec<[f64; 3]>,
+    /// A change detector on each candidate's scores ([`Self::learn_watching`]), kept only
+    /// when detection is on (`lqm-ts`'s `shift`); absent in state saved before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub watches: Vec<Watch>,
+}
+
+/// The change detector of one candidate's quality scores, and the level the candidate had
+/// before its last detected drop.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Watch {
+    pub detector: ShiftDetector,
+    /// The head's estimate just before the last detected drop, until a rise is detected:
+    /// what re-tests look for (`lqm-ts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<RememberedLevel>,
 }
 
 impl HeadsState {
@@ -38,7 +54,93 @@ impl HeadsState {
             } else {
                 Vec::new()
             },
+            watches: Vec::new(),
         }
+    }
+
+    /// Turns change detection on (one [`Watch`] per candidate); a state that has them keeps
+    /// them.
+    pub(crate) fn watch(&mut self) {
+        if self.watches.len() != self.heads.len() {
+            self.watches = vec![Watch::default(); self.heads.len()];
+        }
+    }
+
+    /// [`Self::learn`], with candidate `i`'s change detector told the score's residual
+    /// against its head's prediction first. On a detected shift the candidate's evidence from
+    /// before the run that set it off is discarded (its head, moments and attempts keep only
+    /// the run), which gives it a fresh warm-up; a drop remembers the level the head had (the
+    /// higher one if it drops again), a rise at least halfway back to it forgets it. Without detection (or a head without the centre's sums, which the
+    /// prediction needs) it is [`Self::learn`].
+    pub(crate) fn learn_watching(
+        &mut self,
+        i: usize,
+        x: &[f64],
+        u: f64,
+        now: crate::Timestamp,
+        cfg: &ShiftConfig,
+    ) -> Option<QualityShift> {
+        let prediction = self.heads[i].centred_prediction(x);
+        let alarm = match (self.watches.get_mut(i), prediction) {
+            (Some(w), Some(p)) => w.detector.observe(u - p, u, cfg),
+            _ => None,
+        };
+        self.learn(i, x, u, now);
+        let alarm = alarm?;
+        let before = self.heads[i].remember();
+        let from = before.as_ref().map_or(alarm.run_mean, |l| l.mean);
+        let watch = &mut self.watches[i];
+        watch.lost = match alarm.direction {
+            // The higher of the levels lost, if it drops again before coming back.
+            ShiftDirection::Down => match (watch.lost.take(), before) {
+                (Some(old), Some(new)) if new.mean > old.mean => Some(new),
+                (Some(old), _) => Some(old),
+                (None, new) => new,
+            },
+            // Back at least halfway to the level lost: the watch is over. A smaller rise
+            // (or the noise of a head just cut to a few scores) keeps it.
+            ShiftDirection::Up => watch
+                .lost
+                .take()
+                .filter(|l| alarm.run_mean < from + (l.mean - from) / 2.0),
+        };
+        self.keep_newest(i, alarm.scores);
+        Some(QualityShift {
+            candidate: i,
+            direction: alarm.direction,
+            from,
+            to: alarm.run_mean,
+            scores: alarm.scores,
+            at: now,
+        })
+    }
+
+    /// Candidate `i`'s evidence reduced to its newest `n` scores: its head, its moments
+    /// (recomputed from the head's window) and its attempts (set to what remains).
+    fn keep_newest(&mut self, i: usize, n: u64) {
+        let head = &mut self.heads[i];
+        head.retain_newest(usize::try_from(n).unwrap_or(usize::MAX));
+        if let Some(m) = self.moments.get_mut(i) {
+            *m = head
+                .window_scores()
+                .fold([0.0; 3], |[c, s, q], u| [c + 1.0, s + u, q + u * u]);
+        }
+        if let Some(t) = self.tries.get_mut(i) {
+            *t = head.count();
+        }
+    }
+
+    /// Whether candidate `i` lost a level in a detected drop, and that level's estimate for
+    /// `x` (`None`: no such level).
+    pub(crate) fn lost_level(&self, i: usize, x: &[f64]) -> Option<f64> {
+        self.watches.get(i)?.lost.as_ref().map(|l| l.estimate(x))
+    }
+
+    /// Whether candidate `i`'s scores lean upward by at least `level` spreads.
+    pub(crate) fn leaning_up(&self, i: usize, level: f64) -> bool {
+        self.watches
+            .get(i)
+            .is_some_and(|w| w.detector.leaning_up(level))
     }
 
     /// Quality scores each head has learnt (every score ever folded in).
@@ -273,6 +375,22 @@ impl HeadsState {
             for (m, o) in self.moments.iter_mut().zip(&other.moments) {
                 for (a, b) in m.iter_mut().zip(o) {
                     *a += b;
+                }
+            }
+        }
+        if self.watches.len() == other.watches.len() {
+            for ((w, o), h) in self.watches.iter_mut().zip(&other.watches).zip(&self.heads) {
+                if h.count() == 0 && h.window_len() == 0 {
+                    // Nothing learnt here: the union is the other's watch.
+                    w.clone_from(o);
+                    continue;
+                }
+                w.detector.merge(&o.detector);
+                if o.lost
+                    .as_ref()
+                    .is_some_and(|l| w.lost.as_ref().is_none_or(|m| l.mean > m.mean))
+                {
+                    w.lost.clone_from(&o.lost);
                 }
             }
         }

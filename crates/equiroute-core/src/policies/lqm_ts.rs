@@ -60,6 +60,15 @@
 //! contextual heads' noise neither explores a clearly worse provider query by query nor,
 //! removed, herds the traffic of two near-tied ones.
 //!
+//! **Quality that changes** (`shift`, `retest`; docs/policies.md, "Quality that changes"):
+//! a two-sided CUSUM on each candidate's quality residuals ([`crate::estimators::shift`])
+//! discards a shifted candidate's evidence from before the change and gives it a fresh
+//! warm-up; a level lost in a detected drop is re-tested with probability
+//! `retest × (1 − 2^(−age/h))` per request (`age` since its last attempt, `h` the stale
+//! half-life the latency and failure beliefs fade with: one clock), while that level would be
+//! within the top group's tolerance. Without a detected drop nothing is drawn, so a world
+//! whose quality does not change is ranked as before, draw for draw.
+//!
 //! **Degenerate cases** (tested):
 //! - no deadline, equal costs, no failures, `latency = "renewal"` and LQM's parameters:
 //!   `P̃(bad) = 0` and `g` is the same for everyone, so the ranking is exactly
@@ -74,11 +83,12 @@ use super::risk::{CostObjective, RiskConfig, RiskModel, RiskState};
 use super::ts_deadline::sample_scores;
 use super::{
     wrong_policy, AttemptObservation, FirstChoice, Policy, PolicyKind, PolicyState, Propensity,
-    QualityObservation, RankContext, Ranking, ScoredCandidate,
+    QualityObservation, QualityShift, RankContext, Ranking, ScoredCandidate, MAX_PENDING_SHIFTS,
 };
 use crate::estimators::linucb::{LinUcbConfig, WarmupOrder};
+use crate::estimators::shift::ShiftConfig;
 use crate::StateError;
-use rand::RngCore;
+use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 
 /// Parameters of `lqm-ts`.
@@ -100,6 +110,12 @@ pub struct LqmTsConfig {
     pub propensity_samples: u32,
     /// How the top group is ordered (default: cheapest first, no budget).
     pub objective: LqmTsObjective,
+    /// Change detection on each candidate's quality scores (`threshold = 0`: off).
+    pub shift: ShiftConfig,
+    /// The most probability per request with which a candidate that lost a quality level in
+    /// a detected drop is re-tested, while that level would put it in the top group: the
+    /// re-test rule `retest × (1 − freshness)` (0: no re-tests).
+    pub retest: f64,
 }
 
 /// How `lqm-ts` orders the candidates whose quality is good enough (the top group).
@@ -168,12 +184,19 @@ impl Default for LqmTsConfig {
             latency: LatencyTerm::OverBudget,
             propensity_samples: 0,
             objective: LqmTsObjective::CheapestInGroup,
+            shift: ShiftConfig::default(),
+            retest: LqmTsConfig::DEFAULT_RETEST,
         }
     }
 }
 
 impl LqmTsConfig {
+    /// The default of [`LqmTsConfig::retest`] (docs/policies.md, "Quality that changes").
+    pub const DEFAULT_RETEST: f64 = 0.2;
+
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
+        self.shift.validate()?;
+        crate::error::unit_interval("retest", self.retest)?;
         self.lqm.validate()?;
         self.risk.validate()?;
         crate::error::unit_interval("quality_tolerance", self.quality_tolerance)?;
@@ -214,6 +237,11 @@ enum Tier {
     Guarded,
 }
 
+/// The upward evidence, in spreads of its residuals, at which a re-tested candidate's
+/// quality evidence counts as wholly stale: one score that far above its estimate asks for
+/// the next re-test at once (the re-test rule's full rate).
+const SUSPECT_SPREADS: f64 = 1.0;
+
 /// A candidate's ranking keys.
 struct Keyed {
     tier: Tier,
@@ -224,6 +252,10 @@ struct Keyed {
     /// ts-deadline's `g` (with the budget: its `risk-budget` score).
     g: f64,
     cost: f64,
+    /// `q − bonus`: the quality estimate with its latency discount, without the risk.
+    quality: f64,
+    /// The latency discount of `q` (what it makes of a quality of 1).
+    discount: f64,
     /// Index into the eligible list.
     pos: usize,
 }
@@ -234,16 +266,23 @@ pub struct LqmTs {
     cfg: LqmTsConfig,
     quality: LqmState,
     risk: RiskModel,
+    /// Shifts detected and not yet taken ([`Policy::take_quality_shifts`]).
+    shifts: Vec<QualityShift>,
 }
 
 impl LqmTs {
     /// A policy over `k` candidates with `dim` features.
     #[must_use]
     pub fn new(k: usize, dim: usize, cfg: LqmTsConfig) -> LqmTs {
+        let mut quality = LqmState::new(k, dim, &cfg.lqm);
+        if cfg.shift.active() {
+            quality.heads.watch();
+        }
         LqmTs {
-            quality: LqmState::new(k, dim, &cfg.lqm),
+            quality,
             risk: RiskModel::new(k, cfg.risk),
             cfg,
+            shifts: Vec::new(),
         }
     }
 
@@ -277,6 +316,8 @@ impl LqmTs {
             let good = 1.0 - risk.breakdown.bad_probability.unwrap_or(0.0);
             let bonus = q.breakdown.exploration.unwrap_or(0.0);
             let optimistic = q.score * good;
+            let u = q.breakdown.quality.unwrap_or(0.0);
+            let discount = if u > 0.0 { (q.score - bonus) / u } else { 1.0 };
             keyed.push(Keyed {
                 tier: if risk.breakdown.guarded {
                     Tier::Guarded
@@ -292,6 +333,8 @@ impl LqmTs {
                 },
                 g: risk.score,
                 cost: risk.breakdown.cost_usd.unwrap_or(0.0),
+                quality: q.score - bonus,
+                discount,
                 pos,
             });
             risk.breakdown.quality = q.breakdown.quality;
@@ -347,6 +390,13 @@ impl LqmTs {
                 }
             })
         });
+        if learnt {
+            if let Some(at) = self.retest_pick(&keyed, ctx, rng) {
+                let k = keyed.remove(at);
+                order[k.pos].breakdown.retest = true;
+                keyed.insert(0, k);
+            }
+        }
         let mut ranking = Ranking {
             order: keyed.iter().map(|k| order[k.pos]).collect(),
             propensity: None,
@@ -355,6 +405,56 @@ impl LqmTs {
             super::heads::warmup_first(&mut ranking, &self.quality.heads, &self.cfg.lqm.head);
         }
         ranking
+    }
+}
+
+impl LqmTs {
+    /// The re-test rule: the place in `keyed` (ranked, the first excepted) of a candidate to
+    /// move first, if any. A candidate that lost a quality level in a detected drop, and whose
+    /// quality at that level would be in the top group's tolerance (`level × its latency
+    /// discount ≥ (1 − quality_tolerance) × the best q − bonus`), is re-tested with
+    /// probability `retest × (1 − f)`, `f` the freshness of its evidence
+    /// ([`RiskModel::freshness`]: `2^(−age/h)`, the age since its last attempt and `h` the
+    /// stale half-life the latency and failure beliefs fade with), and with probability
+    /// `retest` while its scores lean upward ([`SUSPECT_SPREADS`]). One draw per such
+    /// candidate, in ranked order; none where there is no such candidate.
+    fn retest_pick(
+        &self,
+        keyed: &[Keyed],
+        ctx: &RankContext<'_>,
+        rng: &mut dyn RngCore,
+    ) -> Option<usize> {
+        if self.cfg.retest <= 0.0 {
+            return None;
+        }
+        let heads = &self.quality.heads;
+        let best = keyed
+            .iter()
+            .filter(|k| k.tier != Tier::Guarded)
+            .map(|k| k.quality)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let bar = best - self.cfg.quality_tolerance * best.abs();
+        keyed
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, k)| k.tier != Tier::Guarded)
+            .find(|(_, k)| {
+                let i = ctx.eligible[k.pos];
+                let Some(level) = heads.lost_level(i, ctx.features) else {
+                    return false;
+                };
+                if level * k.discount < bar {
+                    return false;
+                }
+                let stale = if heads.leaning_up(i, SUSPECT_SPREADS) {
+                    1.0
+                } else {
+                    1.0 - self.risk.freshness(i, ctx.now)
+                };
+                rng.random::<f64>() < self.cfg.retest * stale
+            })
+            .map(|(at, _)| at)
     }
 }
 
@@ -409,9 +509,23 @@ impl Policy for LqmTs {
     }
 
     fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
-        self.quality
-            .heads
-            .learn(obs.candidate, obs.features, obs.quality, obs.now);
+        let shift = self.quality.heads.learn_watching(
+            obs.candidate,
+            obs.features,
+            obs.quality,
+            obs.now,
+            &self.cfg.shift,
+        );
+        if let Some(shift) = shift {
+            if self.shifts.len() >= MAX_PENDING_SHIFTS {
+                self.shifts.remove(0);
+            }
+            self.shifts.push(shift);
+        }
+    }
+
+    fn take_quality_shifts(&mut self) -> Vec<QualityShift> {
+        std::mem::take(&mut self.shifts)
     }
 
     fn export_state(&self) -> PolicyState {

@@ -30,10 +30,11 @@ mod simple;
 mod sw_ucb;
 mod ts_deadline;
 
+pub use crate::estimators::shift::{ShiftConfig, ShiftDirection};
 pub use additive::{Additive, AdditiveConfig};
 pub use config::{NoParams, PolicyConfig, PolicyKind};
 pub use floor::{ExplorationFloor, ExplorationFloorConfig};
-pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig};
+pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig, Watch};
 pub use lqm::{LatencyTerm, Lqm, LqmConfig, LqmState};
 pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsObjective, LqmTsState};
 pub use observation::Observation;
@@ -130,7 +131,32 @@ pub struct ScoreBreakdown {
     /// The candidate was moved first to collect its first quality observations.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub warmup: bool,
+    /// The candidate was moved first to re-test a quality level it lost in a detected drop
+    /// (`lqm-ts`'s re-test rule).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retest: bool,
 }
+
+/// A change in a candidate's quality scores that a policy detected (`lqm-ts`'s `shift`
+/// detector), for the caller to log and count ([`Policy::take_quality_shifts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QualityShift {
+    /// Index into the interface's candidates.
+    pub candidate: usize,
+    pub direction: ShiftDirection,
+    /// The candidate's mean score before the change (its head's, over its window).
+    pub from: f64,
+    /// The mean of the scores since the change's estimated start.
+    pub to: f64,
+    /// How many scores that is: the evidence kept, everything before it discarded.
+    pub scores: u64,
+    /// When the score that set it off was learnt.
+    pub at: Timestamp,
+}
+
+/// The most detected shifts a policy keeps for [`Policy::take_quality_shifts`] between two
+/// calls; older ones are dropped.
+pub const MAX_PENDING_SHIFTS: usize = 64;
 
 /// One ranked candidate.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -409,6 +435,12 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// policies without slices.
     fn take_slice_evictions(&mut self) -> u64 {
         0
+    }
+
+    /// Quality shifts detected since the last call, oldest first (at most
+    /// [`MAX_PENDING_SHIFTS`]); none for policies without change detection.
+    fn take_quality_shifts(&mut self) -> Vec<QualityShift> {
+        Vec::new()
     }
 
     /// How many quality scores each candidate's quality estimate rests on (delayed scores,

@@ -348,6 +348,7 @@ impl Ranked {
                 cost_usd: e["cost_usd"].as_f64(),
                 guarded: e["guarded"].as_bool().unwrap_or(false),
                 warmup: e["warmup"].as_bool().unwrap_or(false),
+                retest: e["retest"].as_bool().unwrap_or(false),
             },
             breaker: v.get("breaker").cloned(),
         })

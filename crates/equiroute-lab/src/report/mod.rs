@@ -15,7 +15,11 @@
 //!                   "share_over_time": {"<provider>": [f; 40]},
 //!                   "request_failure_rate_over_time": [f; 40],
 //!                   "recovery_rounds": [{"provider": str, "event": str,
-//!                                        "end_round": usize, "rounds": usize | null}]}],
+//!                                        "end_round": usize, "rounds": usize | null,
+//!                                        "departure_rounds": usize | null}],
+//!                   "quality_shifts": [{"round": usize, "provider": str,
+//!                                       "direction": "down" | "up", "from": f, "to": f,
+//!                                       "scores": u64}]}],
 //!     "recovery": [{"provider": str, "event": str, "end_round": usize,
 //!                   "rounds": {"mean": f, "ci95": f}, "never": N, "seeds": N}],
 //!     "calibration": {"ece": {"mean": f, "ci95": f}, "count": N,
@@ -35,12 +39,15 @@
 //! time-limited event) measure how fast traffic comes back after each event that ends within
 //! the run: rounds from its end until its provider is the first choice in ≥ 60% of a window
 //! one bin long, `null` if never (see [`crate::runner::Recovery`]); `rounds` summarises the
-//! seeds that recovered, `never` counts the others.
+//! seeds that recovered, `never` counts the others. `departure_rounds` is the other way:
+//! rounds from the event's start until its provider is first in < 30% of such a window.
+//! `quality_shifts` lists the changes in quality scores the policy detected (`lqm-ts`'s
+//! `shift`; empty for the others).
 
 pub mod plot;
 
 use crate::calibration::{CalibrationBin, DECILES};
-use crate::runner::{Recovery, RunResult, BINS, RECOVERY_SHARE};
+use crate::runner::{Recovery, RunResult, ShiftRecord, BINS, RECOVERY_SHARE};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -183,6 +190,9 @@ pub struct SeedResult {
     /// (`null`: never within the run); see [`Recovery`].
     #[serde(default)]
     pub recovery_rounds: Vec<Recovery>,
+    /// The quality shifts the policy detected, in order.
+    #[serde(default)]
+    pub quality_shifts: Vec<ShiftRecord>,
 }
 
 /// One time-limited event's recovery over seeds.
@@ -330,6 +340,7 @@ impl ScenarioReport {
                                 .request_failure_rate_over_time
                                 .clone(),
                             recovery_rounds: r.recovery.clone(),
+                            quality_shifts: r.quality_shifts.clone(),
                         })
                         .collect(),
                     share_over_time,
@@ -611,6 +622,7 @@ mod tests {
             calibration: None,
             recovery: Vec::new(),
             by_deadline: Vec::new(),
+            quality_shifts: Vec::new(),
         };
         let runs = [
             run("a", 1, 0.60),

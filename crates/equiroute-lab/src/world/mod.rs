@@ -92,7 +92,18 @@ impl SimProvider {
                 }
                 EventKind::Outage {} if active => c.outage = true,
                 EventKind::Spike { latency_factor } if active => c.latency_factor *= latency_factor,
-                EventKind::QualityDrop { factor } if active => c.quality_factor *= factor,
+                EventKind::QualityDrop {
+                    factor,
+                    ramp_rounds,
+                } if active => {
+                    // A step without a ramp; with one, `factor` at its last round.
+                    let done = if ramp_rounds == 0 {
+                        1.0
+                    } else {
+                        ((round + 1 - e.start_round) as f64 / ramp_rounds as f64).min(1.0)
+                    };
+                    c.quality_factor *= 1.0 - (1.0 - factor) * done;
+                }
                 EventKind::Degrade {
                     latency_factor,
                     failure_rate,
