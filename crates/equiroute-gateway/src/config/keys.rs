@@ -112,7 +112,7 @@ pub(super) struct RawKeys<'a> {
 }
 
 /// The keys, and the cap on each one's feedback.
-type Validated = (Vec<KeyConfig>, Option<FeedbackRate>);
+pub(super) type Validated = (Vec<KeyConfig>, Option<FeedbackRate>);
 
 /// A key read so far, with the field that declared it (for problems).
 struct Declared {

@@ -1037,6 +1037,23 @@ fn validated<R, T>(
     }
 }
 
+/// The gateway's keys and feedback rate, read from `server`'s key lists and tables (taken).
+fn server_keys(
+    server: &mut RawServer,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<keys::Validated, Vec<(String, String)>> {
+    keys::validate(
+        keys::RawKeys {
+            api_keys_env: &server.api_keys_env,
+            admin_keys_env: &server.admin_keys_env,
+            keys: std::mem::take(&mut server.keys),
+            feedback_rate_per_key: server.feedback_rate_per_key,
+            feedback_burst_per_key: server.feedback_burst_per_key,
+        },
+        env,
+    )
+}
+
 /// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
 /// it; otherwise every server field, interface and provider is checked).
 ///
@@ -1065,17 +1082,7 @@ pub fn load_all(
             format!("`{listen_text}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
         ));
     }
-    let (keys, feedback_rate) = keys::validate(
-        keys::RawKeys {
-            api_keys_env: &raw.server.api_keys_env,
-            admin_keys_env: &raw.server.admin_keys_env,
-            keys: std::mem::take(&mut raw.server.keys),
-            feedback_rate_per_key: raw.server.feedback_rate_per_key,
-            feedback_burst_per_key: raw.server.feedback_burst_per_key,
-        },
-        env,
-    )
-    .unwrap_or_else(|ps| {
+    let (keys, feedback_rate) = server_keys(&mut raw.server, env).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         (Vec::new(), None)
     });

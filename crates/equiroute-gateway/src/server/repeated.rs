@@ -195,6 +195,15 @@ fn summary(kind: Repeated, held: u64, span_ms: u64) -> String {
     format!("… {held} more {} in the last {seconds} s", kind.what())
 }
 
+/// Writes the summaries of held-back lines every [`INTERVAL`], even when nothing follows a
+/// burst; runs until aborted (the gateway's `serve` aborts it and writes what is left).
+pub async fn keep_summing_up(state: std::sync::Arc<super::state::AppState>) {
+    loop {
+        tokio::time::sleep(INTERVAL).await;
+        state.logs.flush(false);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
