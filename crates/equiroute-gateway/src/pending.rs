@@ -144,6 +144,19 @@ const UNBOUND: u16 = 0;
 /// The owner index of a context whose owner did not fit in the list: no key's label.
 const NO_ONE: u16 = u16::MAX;
 
+/// The index of `name` in `names`, added when it is not there yet and `names` holds fewer than
+/// `most`; `None` when it is not there and there is no room.
+fn intern(names: &mut Vec<Box<str>>, name: &str, most: usize) -> Option<usize> {
+    if let Some(i) = names.iter().position(|n| &**n == name) {
+        return Some(i);
+    }
+    if names.len() >= most {
+        return None;
+    }
+    names.push(name.into());
+    Some(names.len() - 1)
+}
+
 type Index = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
 #[derive(Debug, Default)]
@@ -270,11 +283,8 @@ impl PendingStore {
     }
 
     fn interface_index(&mut self, name: &str) -> u16 {
-        if let Some(i) = self.interfaces.iter().position(|n| &**n == name) {
-            return u16::try_from(i).unwrap_or(u16::MAX);
-        }
-        self.interfaces.push(name.into());
-        u16::try_from(self.interfaces.len() - 1).unwrap_or(u16::MAX)
+        intern(&mut self.interfaces, name, usize::MAX)
+            .map_or(u16::MAX, |i| u16::try_from(i).unwrap_or(u16::MAX))
     }
 
     /// The owner index of `owner` (allocates only for an owner not seen before).
@@ -282,14 +292,7 @@ impl PendingStore {
         let Some(name) = owner else {
             return UNBOUND;
         };
-        if let Some(i) = self.owners.iter().position(|n| &**n == name) {
-            return (i + 1) as u16;
-        }
-        if self.owners.len() >= MAX_OWNERS {
-            return NO_ONE;
-        }
-        self.owners.push(name.into());
-        self.owners.len() as u16
+        intern(&mut self.owners, name, MAX_OWNERS).map_or(NO_ONE, |i| (i + 1) as u16)
     }
 
     /// The owner of a slot, as [`PendingFeedback::owner`] has it.

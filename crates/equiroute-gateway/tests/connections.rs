@@ -61,6 +61,23 @@ fn chat_request(stream: bool) -> String {
         .to_string()
 }
 
+/// A chat request to `addr`, answered 200 within 2 s (`why` says what that shows).
+async fn answered_within_2s(addr: SocketAddr, why: &str) {
+    let answered = tokio::time::timeout(
+        Duration::from_secs(2),
+        http(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            &chat_request(false),
+        ),
+    )
+    .await
+    .expect(why);
+    assert_eq!(answered.status, 200, "{}", answered.body);
+}
+
 /// Everything the server sends until it closes the connection, and how long that took;
 /// `None` if it is still open after `within`.
 async fn read_until_closed(s: &mut TcpStream, within: Duration) -> Option<(String, Duration)> {
@@ -239,19 +256,11 @@ async fn connections_over_the_limit_get_a_503_and_a_slowloris_does_not_starve_re
         refused += 1;
     }
     assert_eq!((cut, refused), (8, 12), "8 served (then cut), 12 refused");
-    let answered = tokio::time::timeout(
-        Duration::from_secs(2),
-        http(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            &chat_request(false),
-        ),
+    answered_within_2s(
+        gw.addr,
+        "a request after the slow connections were cut is answered promptly",
     )
-    .await
-    .expect("a request after the slow connections were cut is answered promptly");
-    assert_eq!(answered.status, 200, "{}", answered.body);
+    .await;
 }
 
 /// Three event loops on one port (`SO_REUSEPORT`, the kernel spreading connections over
@@ -526,19 +535,11 @@ async fn one_address_holds_at_most_its_share_and_another_address_is_served() {
     for _ in 0..8 {
         silent.push(connect_from(HOG, gw.addr).await);
     }
-    let answered = tokio::time::timeout(
-        Duration::from_secs(2),
-        http(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            &chat_request(false),
-        ),
+    answered_within_2s(
+        gw.addr,
+        "the other address is answered at once, not after the hog's header timeout",
     )
-    .await
-    .expect("the other address is answered at once, not after the hog's header timeout");
-    assert_eq!(answered.status, 200, "{}", answered.body);
+    .await;
     // The hog's last 4 were refused at once with a 429 naming the setting.
     for s in &mut silent[4..] {
         let (sent, _) = read_until_closed(s, Duration::from_secs(2))
@@ -581,19 +582,7 @@ async fn when_every_connection_is_taken_the_biggest_holder_is_shed_first() {
         .await
         .expect("refused at once");
     assert_eq!(status_and_body(&sent).0, 503, "{sent}");
-    let answered = tokio::time::timeout(
-        Duration::from_secs(2),
-        http(
-            gw.addr,
-            "POST",
-            "/v1/chat/completions",
-            &[],
-            &chat_request(false),
-        ),
-    )
-    .await
-    .expect("the other address's request is answered at once");
-    assert_eq!(answered.status, 200, "{}", answered.body);
+    answered_within_2s(gw.addr, "the other address's request is answered at once").await;
     let (sent, _) = read_until_closed(&mut silent[1], Duration::from_secs(2))
         .await
         .expect("the hog's next oldest made room for it");

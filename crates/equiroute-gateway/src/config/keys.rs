@@ -6,6 +6,7 @@
 
 use super::Secret;
 use serde::Deserialize;
+use std::sync::Arc;
 
 /// One `[[server.keys]]` table.
 #[derive(Debug, Deserialize)]
@@ -55,8 +56,9 @@ impl KeyRole {
 /// What a key may do, without the key: safe to log, to store and to share.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyGrant {
-    /// The key's label: its `name`, else the name of its environment variable. Unique.
-    pub label: String,
+    /// The key's label: its `name`, else the name of its environment variable. Unique. Shared,
+    /// so that every request it makes carries it without a copy.
+    pub label: Arc<str>,
     pub role: KeyRole,
     /// The tenant of every request made with the key.
     pub tenant: Option<String>,
@@ -147,7 +149,7 @@ pub(super) fn validate(
             let field = format!("server.{field}[{n}]");
             if let Some(secret) = read(field.clone(), name, &mut problems) {
                 let grant = KeyGrant {
-                    label: name.clone(),
+                    label: name.as_str().into(),
                     role,
                     tenant: None,
                     task_classes: None,
@@ -201,7 +203,7 @@ pub(super) fn validate(
                 key: KeyConfig {
                     secret,
                     grant: KeyGrant {
-                        label,
+                        label: label.into(),
                         role: k.role,
                         tenant: k.tenant,
                         task_classes: k.task_classes,
@@ -312,7 +314,7 @@ mod tests {
         );
         let cfg = load(&text, "x.toml", &env).unwrap();
         let grants: Vec<_> = cfg.keys.iter().map(|k| &k.grant).collect();
-        let labels: Vec<&str> = grants.iter().map(|g| g.label.as_str()).collect();
+        let labels: Vec<&str> = grants.iter().map(|g| &*g.label).collect();
         assert_eq!(labels, ["K_A", "K_ADMIN", "team-one", "K_J"]);
         let roles: Vec<KeyRole> = grants.iter().map(|g| g.role).collect();
         assert_eq!(

@@ -2203,7 +2203,7 @@ mod tests {
         assert_eq!(cfg.keys.len(), 1);
         assert_eq!(cfg.keys[0].secret, Secret("s3cret-value".to_owned()));
         assert_eq!(
-            cfg.keys[0].grant.label, "GW_KEY",
+            &*cfg.keys[0].grant.label, "GW_KEY",
             "labelled by the variable's name"
         );
         assert_eq!(cfg.keys[0].grant.role, KeyRole::Client);

@@ -45,6 +45,15 @@ impl Caller {
         }
     }
 
+    /// The key's label, shared, if a key called: what a request carries as its owner.
+    #[must_use]
+    pub fn owner(&self) -> Option<Arc<str>> {
+        match self {
+            Caller::Key(_, grant) => Some(grant.label.clone()),
+            Caller::Anonymous | Caller::Internal => None,
+        }
+    }
+
     /// What the key may do, if a key called.
     #[must_use]
     pub fn grant(&self) -> Option<&KeyGrant> {

@@ -299,7 +299,7 @@ impl RequestMeta {
         Ok(RequestMeta {
             tenant: auth::tenant_of(headers, caller)?,
             task_class: auth::task_class_of(headers, caller)?,
-            owner: caller.label().map(Arc::from),
+            owner: caller.owner(),
             session: headers
                 .get(arms::SESSION_HEADER)
                 .and_then(|v| v.to_str().ok())
