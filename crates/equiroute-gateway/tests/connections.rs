@@ -42,6 +42,16 @@ struct Gateway {
     served: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// Each `(line, field, fix)`: the configuration with `line` in `[server]` is refused, naming
+/// `field` with a fix that says `fix`.
+fn assert_refused(cases: &[(&str, &str, &str)]) {
+    for &(line, field, fix) in cases {
+        let e = load(&config(line), "t.toml", &|_| None).unwrap_err();
+        assert_eq!(e.field, field, "{line}");
+        assert!(e.fix.contains(fix), "{line}: {}", e.fix);
+    }
+}
+
 async fn start(config: &str) -> Gateway {
     let cfg = load(config, "test.toml", &|_| None).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -469,7 +479,7 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
             3
         )
     );
-    for (line, field, fix) in [
+    assert_refused(&[
         (
             "header_read_timeout_ms = 0",
             "server.header_read_timeout_ms",
@@ -500,11 +510,7 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
             "server.max_connections",
             "at least 1",
         ),
-    ] {
-        let e = load(&config(line), "t.toml", &|_| None).unwrap_err();
-        assert_eq!(e.field, field, "{line}");
-        assert!(e.fix.contains(fix), "{line}: {}", e.fix);
-    }
+    ]);
     let e = load(&config("idle_timeout_s = 5"), "t.toml", &|_| None).unwrap_err();
     assert!(e.to_string().contains("idle_timeout_s"), "{e}");
 }
@@ -702,7 +708,7 @@ fn fair_share_limits_follow_their_totals_and_reject_bad_ones() {
         ),
         (5, 100_000_000, 50_000_000)
     );
-    for (line, field, fix) in [
+    assert_refused(&[
         (
             "max_connections = 10\nmax_connections_per_address = 11",
             "server.max_connections_per_address",
@@ -723,9 +729,5 @@ fn fair_share_limits_follow_their_totals_and_reject_bad_ones() {
             "server.max_buffered_bytes",
             "less than server.max_buffered_bytes_per_address (3000000)",
         ),
-    ] {
-        let e = load(&config(line), "t.toml", &|_| None).unwrap_err();
-        assert_eq!(e.field, field, "{line}");
-        assert!(e.fix.contains(fix), "{line}: {}", e.fix);
-    }
+    ]);
 }
