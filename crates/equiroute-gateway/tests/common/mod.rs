@@ -228,7 +228,9 @@ pub async fn audit_record(path: &std::path::Path, id: &str) -> Value {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        if let Some(r) = text
+        // Whole lines only: the writer may be halfway through the last one.
+        let written = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        if let Some(r) = written
             .lines()
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
             .find(|r| r["request_id"] == id)
