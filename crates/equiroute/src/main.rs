@@ -15,7 +15,9 @@ use clap::{Parser, Subcommand};
 
 /// mimalloc instead of the system allocator: the gateway allocates small buffers on every
 /// request from several threads, where glibc's malloc showed up as ~18% of CPU in a profile
-/// (bench/gateway/README.md).
+/// (bench/gateway/README.md). Its v2 line (the `v2` feature): v3 kept about 10 MiB of pages a
+/// burst of slow clients had touched (RSS 33 → 43 MiB after the attack, with ~6 MB live),
+/// where v2 purges them (back to 30–31 MiB, `bench/gateway/slowloris.sh`, issue 41).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
