@@ -195,7 +195,7 @@ impl Prepared {
         let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
         let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));
         // Every loop drains when `shutdown` resolves.
-        let slots = server::conn::ConnectionSlots::new(&limits);
+        let slots = server::conn::ConnectionSlots::counted(&limits, &state.metrics);
         let (stop_loops, loops_rx) = tokio::sync::watch::channel(false);
         let (loops, ended) = spawn_loops(&app, &slots, more, &loops_rx)?;
         let drained = {

@@ -456,6 +456,7 @@ fn connection_limits_default_to_the_documented_values_and_reject_bad_ones() {
             max_header_bytes: 32 << 10,
             max_buffered_bytes: 64 << 20,
             max_buffered_bytes_per_address: 32 << 20,
+            max_in_flight_per_key: 512,
         }
     );
     let set = load(
@@ -561,6 +562,11 @@ async fn one_address_holds_at_most_its_share_and_another_address_is_served() {
             .unwrap()
             .contains("server.max_connections_per_address"));
     }
+    let metrics = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        metrics.contains("equiroute_refusals_total{reason=\"too_many_connections\"} 4"),
+        "{metrics}"
+    );
 }
 
 /// With every connection taken by one address, a newcomer from another address takes the
@@ -593,6 +599,20 @@ async fn when_every_connection_is_taken_the_biggest_holder_is_shed_first() {
         .await
         .expect("the hog's next oldest made room for it");
     assert_eq!(sent, "");
+    let metrics = http(gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        metrics.contains("equiroute_refusals_total{reason=\"overloaded\"} 1"),
+        "{metrics}"
+    );
+    let shed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("equiroute_refusals_total{reason=\"shed\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        shed >= 2,
+        "two hog connections were shed at least: {metrics}"
+    );
 }
 
 /// A `Content-Length` over `max_body_bytes` is answered 413 at once (an OpenAI-style body),
@@ -704,15 +724,21 @@ fn fair_share_limits_follow_their_totals_and_reject_bad_ones() {
         (
             derived.max_connections_per_address,
             derived.max_buffered_bytes,
-            derived.max_buffered_bytes_per_address
+            derived.max_buffered_bytes_per_address,
+            derived.max_in_flight_per_key,
         ),
-        (5, 100_000_000, 50_000_000)
+        (5, 100_000_000, 50_000_000, 5)
     );
     assert_refused(&[
         (
             "max_connections = 10\nmax_connections_per_address = 11",
             "server.max_connections_per_address",
             "from 1 to server.max_connections (10)",
+        ),
+        (
+            "max_in_flight_per_key = 0",
+            "server.max_in_flight_per_key",
+            "must be at least 1",
         ),
         (
             "max_header_bytes = 100",

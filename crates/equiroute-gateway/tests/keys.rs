@@ -1,7 +1,8 @@
 //! Keys, tenants and feedback over real HTTP: a key's requests can be scored only by that key
 //! (or a judge or admin key), and a foreign id is answered exactly like an unknown one; keys
 //! bound to a tenant or to task classes cannot step out of them; a tenant-restricted provider
-//! never serves a request without a valid tenant; each key's feedback can be capped.
+//! never serves a request without a valid tenant; each key's feedback and requests in flight
+//! can be capped.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -367,5 +368,51 @@ async fn each_keys_feedback_is_capped_with_a_429_and_retry_after() {
             .status,
         404,
         "B has its own"
+    );
+}
+
+#[tokio::test]
+async fn a_key_past_its_share_of_requests_in_flight_gets_429_and_other_keys_are_served() {
+    // Answers take a second, so that the three requests of A overlap.
+    let config = r#"
+[server]
+api_keys_env = ["KEY_A", "KEY_B"]
+max_in_flight_per_key = 2
+
+[interfaces.chat]
+kind = "chat"
+
+[[interfaces.chat.providers]]
+id = "slow"
+kind = "sim"
+sim = { latency = { p50_ms = 1000, p95_ms = 1100 } }
+"#;
+    let gw = start(config, &ENV).await;
+    let a = |_| chat(gw.addr, "sk-gw-team-a", "chat", &[]);
+    let (first, second, third, b) =
+        tokio::join!(a(1), a(2), a(3), chat(gw.addr, "sk-gw-team-b", "chat", &[]));
+    let mut statuses = [first.status, second.status, third.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 429], "two of A's three are served");
+    let refused = [first, second, third]
+        .into_iter()
+        .find(|r| r.status == 429)
+        .unwrap();
+    assert_eq!(
+        refused.json()["error"]["code"],
+        "too_many_requests_in_flight"
+    );
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(b.status, 200, "B has its own share: {}", b.body);
+    // Every seat was given back with its answer.
+    assert_eq!(chat(gw.addr, "sk-gw-team-a", "chat", &[]).await.status, 200);
+    let auth = bearer("sk-gw-team-a");
+    let metrics = http(gw.addr, "GET", "/metrics", &[(auth.0, auth.1.as_str())], "").await;
+    assert!(
+        metrics
+            .body
+            .contains("equiroute_refusals_total{reason=\"too_many_requests_in_flight\"} 1"),
+        "{}",
+        metrics.body
     );
 }

@@ -312,6 +312,8 @@ struct RawServer {
     max_buffered_bytes: Option<usize>,
     /// Most of those one client address holds.
     max_buffered_bytes_per_address: Option<usize>,
+    /// Most requests one gateway key has in flight at once.
+    max_in_flight_per_key: Option<usize>,
     /// `human` (default) or `json` (one JSON object per line) for the logs on stderr.
     log_format: Option<String>,
     /// Longest drain after a stop signal before the streams still open are ended.
@@ -797,6 +799,9 @@ pub struct ConnectionLimits {
     pub max_buffered_bytes: usize,
     /// Most of those one client address holds; a body that would go beyond gets a 429.
     pub max_buffered_bytes_per_address: usize,
+    /// Most requests one configured key has in flight at once (a stream until it ends),
+    /// whatever addresses and connections it uses; further ones get a 429.
+    pub max_in_flight_per_key: usize,
 }
 
 /// The default `max_header_bytes`: 32 KiB, far above what clients send (a few hundred
@@ -821,6 +826,7 @@ impl Default for ConnectionLimits {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             max_buffered_bytes_per_address: DEFAULT_MAX_BUFFERED_BYTES / 2,
+            max_in_flight_per_key: 512,
         }
     }
 }
@@ -907,8 +913,8 @@ fn connection_limits(
 }
 
 /// The `[server]` limits on what one address and all of them may hold: the connections,
-/// the head and the bytes of bodies still arriving. Defaults: half of `max_connections` per
-/// address; 32 KiB of head; 64 MiB of arriving bodies (at least twice `max_body_bytes`), half
+/// the head, the bytes of bodies still arriving, and one key's requests in flight. Defaults:
+/// half of `max_connections` per address and per key; 32 KiB of head; 64 MiB of arriving bodies (at least twice `max_body_bytes`), half
 /// of it per address (at least `max_body_bytes`). Timeouts are left at their defaults here.
 fn shares(
     raw: &RawServer,
@@ -932,6 +938,19 @@ fn shares(
             problem(
                 "max_connections_per_address",
                 format!("`{n}` must be from 1 to server.max_connections ({max_connections}); leave it out for half of that"),
+            );
+            max_connections
+        }
+        set => set.unwrap_or(max_connections.div_ceil(2)),
+    };
+    let max_in_flight_per_key = match raw.max_in_flight_per_key {
+        Some(0) => {
+            problem(
+                "max_in_flight_per_key",
+                format!(
+                    "must be at least 1; leave it out for half of server.max_connections ({})",
+                    max_connections.div_ceil(2)
+                ),
             );
             max_connections
         }
@@ -972,6 +991,7 @@ fn shares(
         max_header_bytes,
         max_buffered_bytes,
         max_buffered_bytes_per_address,
+        max_in_flight_per_key,
         ..defaults
     }
 }

@@ -5,7 +5,9 @@
 //! it follow the request's tenant ([`tenant_of`]: a key bound to a tenant cannot claim another
 //! in `x-equiroute-tenant`), the task classes it may name ([`task_class_of`]), whose answered
 //! requests it may score ([`Caller::may_score`]) and its share of the feedback rate
-//! ([`Keys::take_feedback`]).
+//! ([`Keys::take_feedback`]), and its share of the requests in flight ([`Keys::enter`]:
+//! `server.max_in_flight_per_key`, so that one key cannot take every connection's worth of
+//! requests from many addresses).
 //!
 //! Which keys open which routes ([`Route`]): the traffic routes take client and judge keys;
 //! `/v1/feedback` takes those and the admin keys; the state routes and the dashboard take the
@@ -16,6 +18,8 @@
 use super::error::{echo, ApiError};
 use crate::config::{FeedbackRate, KeyConfig, KeyGrant, KeyRole};
 use axum::http::{HeaderMap, StatusCode};
+use prometheus_client::metrics::counter::Counter;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -108,11 +112,29 @@ pub struct Keys {
     rate: Option<FeedbackRate>,
     /// One per key, then one shared by anonymous callers; empty without a rate.
     buckets: Vec<Mutex<Bucket>>,
+    /// Each key's requests in flight.
+    in_flight: Vec<Arc<AtomicUsize>>,
+    max_in_flight: usize,
+    /// Requests refused for their key's share (`equiroute_refusals_total`).
+    refused: Counter,
+}
+
+/// A request's seat among its key's requests in flight, given back when dropped (with the
+/// answer's last byte, for a stream).
+#[derive(Debug)]
+pub struct KeySeat(Arc<AtomicUsize>);
+
+impl Drop for KeySeat {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Keys {
+    /// The accepted `keys`, with the feedback `rate` per key and at most `max_in_flight`
+    /// requests in flight per key.
     #[must_use]
-    pub fn new(keys: &[KeyConfig], rate: Option<FeedbackRate>) -> Keys {
+    pub fn new(keys: &[KeyConfig], rate: Option<FeedbackRate>, max_in_flight: usize) -> Keys {
         let buckets = rate.map_or(0, |_| keys.len() + 1);
         Keys {
             accepted: keys
@@ -130,7 +152,46 @@ impl Keys {
                     })
                 })
                 .collect(),
+            in_flight: keys.iter().map(|_| Arc::default()).collect(),
+            max_in_flight,
+            refused: Counter::default(),
         }
+    }
+
+    /// The keys with their refusals counted in `refused`.
+    #[must_use]
+    pub fn counted(self, refused: Counter) -> Keys {
+        Keys { refused, ..self }
+    }
+
+    /// A seat for a request of `caller` among its key's requests in flight; `None` for a
+    /// caller without a key.
+    ///
+    /// # Errors
+    /// The key has `server.max_in_flight_per_key` requests in flight: a 429
+    /// (`too_many_requests_in_flight`, with `Retry-After: 1`).
+    pub fn enter(&self, caller: &Caller) -> Result<Option<KeySeat>, ApiError> {
+        let Caller::Key(i, _) = caller else {
+            return Ok(None);
+        };
+        let Some(count) = self.in_flight.get(*i) else {
+            return Ok(None);
+        };
+        if count.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
+            count.fetch_sub(1, Ordering::AcqRel);
+            self.refused.inc();
+            return Err(ApiError {
+                retry_after_s: Some(1),
+                ..ApiError::busy(
+                    "too_many_requests_in_flight",
+                    format!(
+                        "this key has its maximum of {} requests in flight (server.max_in_flight_per_key): wait for an answer, or retry in a second",
+                        self.max_in_flight
+                    ),
+                )
+            });
+        }
+        Ok(Some(KeySeat(count.clone())))
     }
 
     /// Whether admin keys are configured (the state routes then take only those).
@@ -351,6 +412,7 @@ mod tests {
                 key("kx", "X", KeyRole::Admin),
             ],
             None,
+            2,
         )
     }
 
@@ -374,9 +436,9 @@ mod tests {
         assert_eq!(label("k", Route::Traffic), None, "a prefix is not the key");
         assert_eq!(label("", Route::Feedback), None);
         // With no admin key, the client keys open the state routes; with no key, all is open.
-        let only_clients = Keys::new(&[key("ka", "TEAM_A", KeyRole::Client)], None);
+        let only_clients = Keys::new(&[key("ka", "TEAM_A", KeyRole::Client)], None, 2);
         assert!(only_clients.identify(b"ka", Route::Admin).is_some());
-        let open = Keys::new(&[], None);
+        let open = Keys::new(&[], None, 2);
         assert!(matches!(
             open.identify(b"", Route::Admin),
             Some(Caller::Anonymous)
@@ -405,6 +467,29 @@ mod tests {
     }
 
     #[test]
+    fn a_key_holds_at_most_its_share_of_requests_in_flight_and_gets_each_seat_back() {
+        let keys = client_judge_admin();
+        let a = keys.identify(b"ka", Route::Traffic).unwrap();
+        let j = keys.identify(b"kj", Route::Traffic).unwrap();
+        let first = keys.enter(&a).unwrap();
+        let second = keys.enter(&a).unwrap();
+        assert!(first.is_some() && second.is_some());
+        let refused = keys.enter(&a).unwrap_err();
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.code, "too_many_requests_in_flight");
+        assert_eq!(refused.retry_after_s, Some(1));
+        // Another key has its own share.
+        assert!(keys.enter(&j).unwrap().is_some());
+        drop(first);
+        assert!(
+            keys.enter(&a).unwrap().is_some(),
+            "a seat given back is free again"
+        );
+        // A caller without a key holds no seat (its address's share bounds it).
+        assert!(keys.enter(&Caller::Anonymous).unwrap().is_none());
+    }
+
+    #[test]
     fn the_feedback_bucket_refills_at_the_rate_and_says_when_to_retry() {
         let keys = Keys::new(
             &[
@@ -415,6 +500,7 @@ mod tests {
                 per_second: 0.5,
                 burst: 2.0,
             }),
+            2,
         );
         let (a, b) = (
             keys.identify(b"ka", Route::Feedback).unwrap(),

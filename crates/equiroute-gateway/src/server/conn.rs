@@ -38,6 +38,7 @@
 //! instead of the idle one.
 
 use super::error::ApiError;
+use super::metrics::Metrics;
 use crate::config::{ConnectionLimits, MIN_MAX_HEADER_BYTES};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{header, HeaderValue, Request, StatusCode};
@@ -47,6 +48,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::counter::Counter as Tally;
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
@@ -109,6 +111,36 @@ pub struct ConnectionSlots {
     full: Bytes,
     /// The raw 429 sent to a connection of an address that holds its share.
     address_full: Bytes,
+    /// What was turned away, for `/metrics`.
+    refused: Refused,
+}
+
+/// The counters of refusals by reason (`equiroute_refusals_total{reason}`); unregistered
+/// ones (a gateway without metrics, the tests) count into nothing anyone reads.
+#[derive(Debug, Default)]
+struct Refused {
+    /// Raw 429s: the address held its connections' share.
+    too_many_connections: Tally,
+    /// Raw 503s: every connection was taken.
+    overloaded: Tally,
+    /// Connections of the address holding the most, closed for a newcomer.
+    shed: Tally,
+    /// 429s: the address held its share of bytes of bodies still arriving.
+    too_many_buffered_bytes: Tally,
+    /// 503s: the gateway held all its bytes of bodies still arriving.
+    buffered_bytes_full: Tally,
+}
+
+impl Refused {
+    fn registered(metrics: &Metrics) -> Self {
+        Refused {
+            too_many_connections: metrics.refusals("too_many_connections"),
+            overloaded: metrics.refusals("overloaded"),
+            shed: metrics.refusals("shed"),
+            too_many_buffered_bytes: metrics.refusals("too_many_buffered_bytes"),
+            buffered_bytes_full: metrics.refusals("buffered_bytes_full"),
+        }
+    }
 }
 
 /// The open connections, by client address. An address is in the table only while it holds
@@ -144,9 +176,19 @@ enum Refusal {
 }
 
 impl ConnectionSlots {
+    /// Room for what `limits` allow, its refusals counted in `metrics`.
+    #[must_use]
+    pub fn counted(limits: &ConnectionLimits, metrics: &Metrics) -> Arc<Self> {
+        Self::with(limits, Refused::registered(metrics))
+    }
+
     /// Room for what `limits` allow.
     #[must_use]
     pub fn new(limits: &ConnectionLimits) -> Arc<Self> {
+        Self::with(limits, Refused::default())
+    }
+
+    fn with(limits: &ConnectionLimits, refused: Refused) -> Arc<Self> {
         let full = ApiError::upstream(
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
@@ -169,6 +211,7 @@ impl ConnectionSlots {
             closing: Counter::new(limits.max_connections),
             full: raw_refusal("503 Service Unavailable", &full),
             address_full: raw_refusal("429 Too Many Requests", &address_full),
+            refused,
         })
     }
 
@@ -201,6 +244,7 @@ impl ConnectionSlots {
             if let Some((_, shed)) = hog.connections.pop_first() {
                 shed.notify_one();
                 holders.open -= 1;
+                self.refused.shed.inc();
             }
         } else if at_share {
             return Err(Refusal::AddressFull);
@@ -359,8 +403,14 @@ fn is_client_error(e: &std::io::Error) -> bool {
 /// Answers a connection over a limit with its raw refusal and closes it, unserved.
 fn refuse(stream: TcpStream, slots: &Arc<ConnectionSlots>, refusal: Refusal) {
     let answer = match refusal {
-        Refusal::AddressFull => slots.address_full.clone(),
-        Refusal::Full => slots.full.clone(),
+        Refusal::AddressFull => {
+            slots.refused.too_many_connections.inc();
+            slots.address_full.clone()
+        }
+        Refusal::Full => {
+            slots.refused.overloaded.inc();
+            slots.full.clone()
+        }
     };
     let Some(slot) = Slot::take(slots) else {
         // The answer fits a fresh socket's send buffer: written without waiting, or not at all.
@@ -686,12 +736,7 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
                 Some(fault) => fault.response(&limits),
                 None => response,
             };
-            Ok(response.map(|body| {
-                Body::new(InFlightBody {
-                    body,
-                    _in_flight: in_flight,
-                })
-            }))
+            Ok(HeldBody::hold(response, in_flight))
         })
     }
 }
@@ -765,14 +810,21 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request in flight until hyper drops it (written or
-/// abandoned).
-struct InFlightBody {
+/// A response body that holds `G` (a request's seat among those in flight) until hyper
+/// drops it (written or abandoned).
+pub(super) struct HeldBody<G> {
     body: Body,
-    _in_flight: InFlight,
+    _held: G,
 }
 
-impl HttpBody for InFlightBody {
+impl<G: Send + Unpin + 'static> HeldBody<G> {
+    /// `response` with its body holding `held` until it is dropped.
+    pub(super) fn hold(response: Response, held: G) -> Response {
+        response.map(|body| Body::new(HeldBody { body, _held: held }))
+    }
+}
+
+impl<G: Send + Unpin + 'static> HttpBody for HeldBody<G> {
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -808,10 +860,12 @@ impl ArrivingBytes {
             n,
             limits.max_buffered_bytes_per_address,
         ) {
+            self.slots.refused.too_many_buffered_bytes.inc();
             return Err(BodyFault::AddressOverShare);
         }
         if !take(&self.slots.buffered, n, limits.max_buffered_bytes) {
             self.share.buffered.fetch_sub(n, Ordering::AcqRel);
+            self.slots.refused.buffered_bytes_full.inc();
             return Err(BodyFault::Overloaded);
         }
         self.held += n;

@@ -123,6 +123,11 @@ struct KindLabel {
     kind: Name,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabel {
+    reason: Name,
+}
+
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
 /// 10 µs target, so that its p99 can be read off).
 const DECISION_BUCKETS_US: [f64; 16] = [
@@ -194,6 +199,7 @@ pub struct Metrics {
     snapshots: Family<FeedbackLabel, Counter>,
     log_events: Family<KindLabel, Counter>,
     log_suppressed: Family<KindLabel, Counter>,
+    refusals: Family<RefusalLabel, Counter>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -272,6 +278,7 @@ impl Default for Metrics {
             snapshots: Family::default(),
             log_events: Family::default(),
             log_suppressed: Family::default(),
+            refusals: Family::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -369,6 +376,16 @@ impl Metrics {
             "Snapshots of the learning state to its file: saved, or failed by cause (no_space, io_error, failed)",
             self.snapshots.clone(),
         );
+        self.register_operations();
+        self.register_histograms();
+        self.register_by_provider();
+        self.registry.register_collector(Box::new(TraceExport));
+        self
+    }
+
+    /// The gateway's own housekeeping: repetitive log lines, and what its limits turned away.
+    fn register_operations(&mut self) {
+        let r = &mut self.registry;
         register(
             r,
             "equiroute_log_events_total",
@@ -381,10 +398,12 @@ impl Metrics {
             "Repetitive log lines held back by the rate limit, by kind",
             self.log_suppressed.clone(),
         );
-        self.register_histograms();
-        self.register_by_provider();
-        self.registry.register_collector(Box::new(TraceExport));
-        self
+        register(
+            r,
+            "equiroute_refusals_total",
+            "Connections and requests turned away by a fair-share or memory limit, by reason (too_many_connections, overloaded, shed, too_many_buffered_bytes, buffered_bytes_full, too_many_requests_in_flight)",
+            self.refusals.clone(),
+        );
     }
 
     /// The histograms without a provider label, in the exposition's order.
@@ -541,6 +560,15 @@ impl Metrics {
             self.log_events.get_or_create(&labels).clone(),
             self.log_suppressed.get_or_create(&labels).clone(),
         )
+    }
+
+    /// The counter of refusals for `reason` (a fixed word). Taken once, so that counting one
+    /// is an atomic add.
+    #[must_use]
+    pub fn refusals(&self, reason: &'static str) -> Counter {
+        self.refusals
+            .get_or_create(&RefusalLabel { reason })
+            .clone()
     }
 
     /// `n` latency slices of `interface` were evicted to stay within `max_slices` and

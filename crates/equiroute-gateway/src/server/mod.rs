@@ -15,7 +15,8 @@
 //!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
 //!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the key
 //!    that matched becomes the request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
-//!    and whose requests it may score. The traffic routes take client and judge keys,
+//!    and whose requests it may score; on the traffic routes it holds one of its key's
+//!    `server.max_in_flight_per_key` seats until its answer's last byte (else 429). The traffic routes take client and judge keys,
 //!    `/v1/feedback` those and the admin keys; the state routes (`/v1/interfaces…`) take the
 //!    admin keys when those are configured, else the gateway keys: they are open only when no
 //!    key at all is configured (local use); the dashboard (`/dashboard…`) takes the same keys,
@@ -175,8 +176,21 @@ async fn gate(state: &AppState, route: auth::Route, mut req: Request, next: Next
     let x_api_key = req.uri().path() == "/v1/messages";
     match state.keys.caller(req.headers(), route, x_api_key) {
         Some(caller) => {
+            // A traffic request holds a seat among its key's requests in flight until its
+            // answer's last byte (a stream's too).
+            let seat = match route {
+                auth::Route::Traffic => match state.keys.enter(&caller) {
+                    Ok(seat) => seat,
+                    Err(refused) => return refused.into_response(),
+                },
+                auth::Route::Feedback | auth::Route::Admin => None,
+            };
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            let response = next.run(req).await;
+            match seat {
+                Some(seat) => conn::HeldBody::hold(response, seat),
+                None => response,
+            }
         }
         None if route == auth::Route::Admin => {
             ApiError::unauthorized_admin(state.keys.has_admin_keys()).into_response()

@@ -182,12 +182,18 @@ impl AppState {
             interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
         }
         let metrics = Metrics::default();
+        let keys = super::auth::Keys::new(
+            &cfg.keys,
+            cfg.feedback_rate,
+            cfg.connections.max_in_flight_per_key,
+        )
+        .counted(metrics.refusals("too_many_requests_in_flight"));
         Ok(AppState {
             interfaces,
             pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
             logs: super::repeated::RepeatedLogs::new(&metrics),
             metrics,
-            keys: super::auth::Keys::new(&cfg.keys, cfg.feedback_rate),
+            keys,
             redactor: wiring.redactor,
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
