@@ -964,6 +964,15 @@ async fn gemini_call(
                 Ok(b) => b,
                 Err(r) => return *r,
             };
+            // As Gemini 3 does: a function call returned without its thought signature is
+            // refused.
+            if lost_thought_signature(&body) {
+                return mock_error(
+                    speaks,
+                    StatusCode::BAD_REQUEST,
+                    "Function call is missing a thought_signature in functionCall parts.",
+                );
+            }
             // Gemini's method says whether to stream; the shared path reads `stream`.
             if let Some(o) = body.as_object_mut() {
                 if o.contains_key("stream") {
@@ -984,6 +993,17 @@ async fn gemini_call(
         }
         _ => mock_error(Speaks::Gemini, StatusCode::NOT_FOUND, "no such method"),
     }
+}
+
+/// Whether a `functionCall` part of the request's `contents` has no `thoughtSignature`.
+fn lost_thought_signature(body: &serde_json::Value) -> bool {
+    body["contents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|turn| turn["parts"].as_array())
+        .flatten()
+        .any(|part| part.get("functionCall").is_some() && part.get("thoughtSignature").is_none())
 }
 
 /// `POST /model/{model}/converse` and `/converse-stream`: Bedrock's Converse, SigV4-signed.
@@ -1409,12 +1429,16 @@ pub fn anthropic_answer(model: &str, text: &str, tool: Option<&str>) -> serde_js
         "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 1, "output_tokens": 2}})
 }
 
+/// The thought signature of the mock's Gemini function calls.
+pub const MOCK_THOUGHT_SIGNATURE: &str = "c2lnLW1vY2s=";
+
 /// The mock's `GenerateContentResponse`: the route's text, then a call of `tool` if given.
 #[must_use]
 pub fn gemini_answer(model: &str, text: &str, tool: Option<&str>) -> serde_json::Value {
     let mut parts = vec![json!({"text": text})];
     if let Some(t) = tool {
-        parts.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}}));
+        // As Gemini 3 does: a thought signature the next turn must return.
+        parts.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}, "thoughtSignature": MOCK_THOUGHT_SIGNATURE}));
     }
     json!({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 2, "totalTokenCount": 6},
@@ -1502,7 +1526,7 @@ pub fn gemini_stream_events(model: &str, tool: Option<&str>) -> Vec<String> {
         .collect();
     let mut last = vec![json!({"text": "answer"})];
     if let Some(t) = tool {
-        last.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}}));
+        last.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}, "thoughtSignature": MOCK_THOUGHT_SIGNATURE}));
     }
     out.push(event(json!(last), Some("STOP")));
     out

@@ -128,7 +128,8 @@ impl ProviderKind {
     }
 
     /// What a model of this kind can do when the configuration does not say: the host's
-    /// API's abilities (Anthropic's has no JSON mode; Anthropic and Gemini take images) and
+    /// API's abilities (Anthropic's has no JSON mode; every hosted kind's current models take
+    /// images; a self-hosted `http` server is not assumed to) and
     /// a context window typical of its current models.
     #[must_use]
     pub fn default_capabilities(self) -> Capabilities {
@@ -146,10 +147,12 @@ impl ProviderKind {
                 context_tokens: 1_048_576,
                 ..base
             },
-            ProviderKind::Sim
-            | ProviderKind::Openai
-            | ProviderKind::Http
-            | ProviderKind::AzureOpenai => base,
+            // OpenAI's current chat models (the GPT-4o, 4.1 and 5 families) take images.
+            ProviderKind::Openai | ProviderKind::AzureOpenai => Capabilities {
+                vision: true,
+                ..base
+            },
+            ProviderKind::Sim | ProviderKind::Http => base,
         }
     }
 }

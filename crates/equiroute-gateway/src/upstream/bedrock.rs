@@ -297,7 +297,7 @@ pub fn answer(body: &Value, model: &str) -> Result<Value, Unanswerable> {
         // Reasoning, citations and others: not part of an OpenAI message.
     }
     Ok(dialect::completion(
-        "chatcmpl-bedrock",
+        &dialect::fresh_id("chatcmpl-"),
         model,
         text.as_deref(),
         calls,
@@ -435,7 +435,7 @@ impl StreamTranslation {
     pub fn new(model: &str, include_usage: bool) -> StreamTranslation {
         StreamTranslation {
             frames: eventstream::Decoder::default(),
-            writer: ChunkWriter::new("chatcmpl-bedrock".into(), model),
+            writer: ChunkWriter::new(dialect::fresh_id("chatcmpl-"), model),
             include_usage,
             tools: Vec::new(),
             stopped: false,

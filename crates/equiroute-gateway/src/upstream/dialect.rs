@@ -230,6 +230,15 @@ pub fn now_s() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A new id with `prefix` and 96 random bits (24 hex digits), for an answer or a tool call
+/// whose provider gave none: every answer and call has its own, so that a client's later
+/// turns never confuse two (Gemini numbered every answer's calls from `call_0`).
+#[must_use]
+pub fn fresh_id(prefix: &str) -> String {
+    let bits: u128 = rand::Rng::random(&mut rand::rng());
+    format!("{prefix}{:024x}", bits >> 32)
+}
+
 /// A tool call in OpenAI's shape; `arguments` is the JSON text of the call's input.
 #[must_use]
 pub fn tool_call(id: &str, name: &str, input: &Value) -> Value {

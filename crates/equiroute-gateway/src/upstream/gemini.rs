@@ -141,10 +141,15 @@ fn contents(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
                         )
                     })?;
                     let name = c.pointer("/function/name").cloned().unwrap_or_default();
-                    if let Some(id) = c.get("id").and_then(Value::as_str) {
+                    let id = c.get("id").and_then(Value::as_str);
+                    if let Some(id) = id {
                         names.push((id.to_owned(), name.clone()));
                     }
-                    p.push(json!({"functionCall": {"name": name, "args": args}}));
+                    let mut part = json!({"functionCall": {"name": name, "args": args}});
+                    if let Some(signature) = thought_signature(c, id) {
+                        part["thoughtSignature"] = json!(signature);
+                    }
+                    p.push(part);
                 }
                 ("model", p)
             }
@@ -153,7 +158,8 @@ fn contents(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
                     .get("tool_call_id")
                     .and_then(Value::as_str)
                     .unwrap_or_default();
-                let Some((_, name)) = names.iter().find(|(k, _)| k == id) else {
+                // The latest call with the id: a client may reuse ids across rounds.
+                let Some((_, name)) = names.iter().rev().find(|(k, _)| k == id) else {
                     return Err(Refusal::new(
                         at("tool_call_id"),
                         "names no tool call of an earlier assistant message (Gemini needs the function's name)",
@@ -176,6 +182,22 @@ fn contents(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
     }
     let system = (!system.is_empty()).then(|| system.join("\n\n"));
     Ok((system, out))
+}
+
+/// Where a tool call id carries Gemini's thought signature: `<id>:ts:<signature>`.
+const SIGNATURE_IN_ID: &str = ":ts:";
+
+/// The thought signature Gemini gave with a tool call, as the client returns it: in the
+/// call's `extra_content.google.thought_signature` (Google's own OpenAI-compatible shape),
+/// else in its id, which every client returns unchanged.
+fn thought_signature<'a>(call: &'a Value, id: Option<&'a str>) -> Option<&'a str> {
+    call.pointer("/extra_content/google/thought_signature")
+        .and_then(Value::as_str)
+        .or_else(|| {
+            id.and_then(|id| id.split_once(SIGNATURE_IN_ID))
+                .map(|(_, s)| s)
+        })
+        .filter(|s| !s.is_empty())
 }
 
 /// A message's content as Gemini parts.
@@ -284,8 +306,11 @@ fn usage(u: &Value) -> Value {
     )
 }
 
-/// The text and tool calls of a candidate's parts; tool calls are numbered from `first_call`.
-fn read_parts(candidate: &Value, first_call: usize) -> (Option<String>, Vec<Value>) {
+/// The text and tool calls of a candidate's parts. A call without Gemini's own id gets a
+/// fresh one; a call with a thought signature carries it in its id and in
+/// `extra_content.google.thought_signature`, so that the next turn returns it to Gemini
+/// (which refuses a turn whose function call lost its signature).
+fn read_parts(candidate: &Value) -> (Option<String>, Vec<Value>) {
     let mut text: Option<String> = None;
     let mut calls = Vec::new();
     for p in candidate
@@ -301,15 +326,24 @@ fn read_parts(candidate: &Value, first_call: usize) -> (Option<String>, Vec<Valu
         if let Some(t) = p.get("text").and_then(Value::as_str) {
             text.get_or_insert_with(String::new).push_str(t);
         } else if let Some(f) = p.get("functionCall") {
-            let id = f.get("id").and_then(Value::as_str).map_or_else(
-                || format!("call_{}", first_call + calls.len()),
-                str::to_owned,
-            );
-            calls.push(dialect::tool_call(
+            let mut id = f
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|id| !id.is_empty())
+                .map_or_else(|| dialect::fresh_id("call_"), str::to_owned);
+            let signature = p.get("thoughtSignature").and_then(Value::as_str);
+            if let Some(signature) = signature {
+                id = format!("{id}{SIGNATURE_IN_ID}{signature}");
+            }
+            let mut call = dialect::tool_call(
                 &id,
                 f["name"].as_str().unwrap_or_default(),
                 f.get("args").unwrap_or(&json!({})),
-            ));
+            );
+            if let Some(signature) = signature {
+                call["extra_content"] = json!({"google": {"thought_signature": signature}});
+            }
+            calls.push(call);
         }
     }
     (text, calls)
@@ -331,7 +365,7 @@ pub fn answer(body: &Value, model: &str) -> Result<Value, Unanswerable> {
         return Err(blocked(body)
             .unwrap_or_else(|| Unanswerable::Malformed("an answer without candidates".into())));
     };
-    let (text, calls) = read_parts(candidate, 0);
+    let (text, calls) = read_parts(candidate);
     let reason = candidate["finishReason"].as_str().unwrap_or("STOP");
     let finish = finish_reason(reason, !calls.is_empty());
     if finish == "content_filter" && text.is_none() && calls.is_empty() {
@@ -340,7 +374,9 @@ pub fn answer(body: &Value, model: &str) -> Result<Value, Unanswerable> {
         )));
     }
     Ok(dialect::completion(
-        body["responseId"].as_str().unwrap_or("gemini"),
+        &body["responseId"]
+            .as_str()
+            .map_or_else(|| dialect::fresh_id("chatcmpl-"), str::to_owned),
         model,
         text.as_deref(),
         calls,
@@ -387,7 +423,9 @@ impl EventTranslator for StreamTranslation {
             return Ok(());
         }
         if self.writer.is_none() {
-            let id = data["responseId"].as_str().unwrap_or("gemini").to_owned();
+            let id = data["responseId"]
+                .as_str()
+                .map_or_else(|| dialect::fresh_id("chatcmpl-"), str::to_owned);
             let w = ChunkWriter::new(id, &self.model);
             w.delta(out, &json!({"role": "assistant", "content": ""}), None);
             self.writer = Some(w);
@@ -401,7 +439,7 @@ impl EventTranslator for StreamTranslation {
         let Some(candidate) = data.pointer("/candidates/0") else {
             return Ok(());
         };
-        let (text, calls) = read_parts(candidate, self.calls);
+        let (text, calls) = read_parts(candidate);
         if let Some(t) = text {
             writer.delta(out, &json!({"content": t}), None);
         }
@@ -487,6 +525,68 @@ mod tests {
             ),
             "messages[0].content[0].image_url.url"
         );
+    }
+
+    #[test]
+    fn tool_results_go_to_the_latest_call_with_their_id_and_signatures_come_back() {
+        // Two rounds whose calls share an id (as every answer's first call did when they were
+        // numbered from call_0): each result goes under the name of the call just before it.
+        let call = |id: &str, name: &str, extra: Value| {
+            let mut c = json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}});
+            if !extra.is_null() {
+                c["extra_content"] = extra;
+            }
+            json!({"role": "assistant", "content": null, "tool_calls": [c]})
+        };
+        let body = json!({"messages": [
+            {"role": "user", "content": "go"},
+            call("call_0", "first", Value::Null),
+            {"role": "tool", "tool_call_id": "call_0", "content": "r1"},
+            call("call_0:ts:c2ln", "second", Value::Null),
+            {"role": "tool", "tool_call_id": "call_0:ts:c2ln", "content": "r2"},
+            call("call_9", "third", json!({"google": {"thought_signature": "dGhy"}})),
+            {"role": "tool", "tool_call_id": "call_9", "content": "r3"}]});
+        let out = request(&body).unwrap();
+        let parts: Vec<&Value> = out["contents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["parts"][0])
+            .collect();
+        assert_eq!(parts[1]["functionCall"]["name"], "first");
+        assert!(parts[1].get("thoughtSignature").is_none(), "none was given");
+        assert_eq!(parts[2]["functionResponse"]["name"], "first");
+        assert_eq!(parts[3]["thoughtSignature"], "c2ln", "from the id");
+        assert_eq!(parts[4]["functionResponse"]["name"], "second");
+        assert_eq!(parts[5]["thoughtSignature"], "dGhy", "from extra_content");
+        assert_eq!(parts[6]["functionResponse"]["name"], "third");
+    }
+
+    #[test]
+    fn each_call_and_answer_without_an_id_of_gemini_gets_a_fresh_one() {
+        let body = json!({"candidates": [{"content": {"role": "model", "parts": [
+                {"functionCall": {"name": "a", "args": {}}, "thoughtSignature": "c2ln"},
+                {"functionCall": {"name": "b", "args": {}}},
+                {"functionCall": {"name": "c", "args": {}, "id": "g-7"}}]},
+                "finishReason": "STOP"}]});
+        let a = answer(&body, "gemini-x").unwrap();
+        let b = answer(&body, "gemini-x").unwrap();
+        let calls = a["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+        let id = |i: usize| calls[i]["id"].as_str().unwrap();
+        assert!(
+            id(0).starts_with("call_") && id(0).ends_with(":ts:c2ln"),
+            "{}",
+            id(0)
+        );
+        assert_eq!(
+            calls[0]["extra_content"]["google"]["thought_signature"],
+            "c2ln"
+        );
+        assert!(id(1).starts_with("call_") && id(1).len() == 29, "{}", id(1));
+        assert_ne!(id(1), b["choices"][0]["message"]["tool_calls"][1]["id"]);
+        assert_eq!(id(2), "g-7", "Gemini's own id is kept");
+        assert!(a["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        assert_ne!(a["id"], b["id"], "no constant answer id");
     }
 
     #[test]

@@ -21,10 +21,13 @@ use crate::config::{AwsCredentials, AzureAuth, Secret};
 use crate::redact::{Redacted, Redactor};
 use bytes::Bytes;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
-use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use http_body_util::Full;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The `User-Agent` of every upstream request: providers' logs and support see the gateway.
+pub const USER_AGENT_VALUE: &str = concat!("equiroute/", env!("CARGO_PKG_VERSION"));
 
 /// What every HTTP upstream is built with: the shared connection pool, and the redactor of
 /// the gateway's secrets that every text of the provider's passes through.
@@ -331,6 +334,11 @@ impl HttpUpstream {
         let Ok(mut request) = builder.body(Full::new(bytes.clone())) else {
             return Ok(None);
         };
+        // A configured `User-Agent` header wins. SigV4 leaves it unsigned, as botocore does.
+        request
+            .headers_mut()
+            .entry(USER_AGENT)
+            .or_insert(HeaderValue::from_static(USER_AGENT_VALUE));
         if let Dialect::Bedrock {
             region,
             credentials,
@@ -680,6 +688,24 @@ mod tests {
             redactor: Arc::new(Redactor::new(credentials.values())),
         };
         HttpUpstream::bedrock(wiring, "http://127.0.0.1:1", "us-east-1", &credentials)
+    }
+
+    #[test]
+    fn every_upstream_request_says_it_comes_from_equiroute() {
+        let up = bedrock_upstream();
+        let body = crate::upstream::ClientBody::from_json(
+            serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}),
+        );
+        let req = UpstreamRequest {
+            kind: crate::config::InterfaceKind::Chat,
+            body: &body,
+            model: "m",
+            seed: 0,
+        };
+        let request = up.request(req, false).unwrap().unwrap();
+        let agent = request.headers()[USER_AGENT].to_str().unwrap();
+        assert_eq!(agent, format!("equiroute/{}", env!("CARGO_PKG_VERSION")));
+        assert!(agent.len() > "equiroute/".len());
     }
 
     fn head(code: u16, kind: &str) -> Head {
