@@ -289,7 +289,7 @@ async fn invalid_requests_guardrails_and_long_prompts_go_back_to_the_caller() {
         let alone = start(&config(native.addr, None), &aws_env(false)).await;
         let r = chat(alone.addr, &body).await;
         assert_eq!(r.status, 400, "{field}: {}", r.body);
-        assert_eq!(r.json()["error"]["code"], "upstream_rejected_request");
+        assert_eq!(r.json()["error"]["code"], "unsupported_parameter");
         assert!(r.body.contains(field), "{}", r.body);
     }
     assert_eq!(stats(native.addr).await["chat"], 0);

@@ -305,7 +305,8 @@ api_key_env = "NATIVE_KEY"
     let r = chat(gw.addr, &body.to_string()).await;
     assert_eq!(r.status, 400, "{}", r.body);
     let e = r.json();
-    assert_eq!(e["error"]["code"], "upstream_rejected_request");
+    assert_eq!(e["error"]["code"], "unsupported_parameter");
+    assert_eq!(e["error"]["param"], "logprobs");
     assert!(
         e["error"]["message"]
             .as_str()

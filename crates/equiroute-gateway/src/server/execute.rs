@@ -349,54 +349,18 @@ fn exclude_inexpressible(
     });
 }
 
-/// No provider left, and one at least passed over because its API cannot express the request,
-/// every other for a reason that is the request's too (pinned, tenant, capability): the
-/// caller's 400 naming the member, not a 503.
-fn inexpressible_everywhere(
-    state: &AppState,
-    iface: &InterfaceRuntime,
-    excluded: &[equiroute_core::eligibility::Exclusion],
-) -> Option<ApiError> {
-    use equiroute_core::eligibility::ExclusionReason;
-    let mut refusals = excluded.iter().filter_map(|e| match &e.reason {
-        ExclusionReason::Inexpressible { field, why } => Some((e.candidate, field, why)),
-        _ => None,
-    });
-    let (candidate, field, why) = refusals.next()?;
-    let only_the_request = excluded.iter().all(|e| {
-        matches!(
-            e.reason,
-            ExclusionReason::Inexpressible { .. }
-                | ExclusionReason::NotPinned
-                | ExclusionReason::MissingCapability { .. }
-                | ExclusionReason::ContextTooSmall { .. }
-                | ExclusionReason::TenantNotAllowed { .. }
-                | ExclusionReason::TenantRequired
-                | ExclusionReason::LabelMismatch { .. }
-        )
-    });
-    only_the_request.then(|| {
-        state.metrics.request(&iface.name, "client_error");
-        ApiError::upstream(
-            StatusCode::BAD_REQUEST,
-            "upstream_rejected_request",
-            format!(
-                "no provider of `{}` can express this request: provider `{}`: `{field}`: {why}",
-                iface.name, iface.candidates[candidate].id
-            ),
-        )
-    })
-}
-
-/// The answer when no provider is left: the caller's 400 when the request itself shut every
+/// The answer when no provider is left: the caller's 4xx ([`super::unservable`]) when the request itself shut every
 /// one out, else 503 `no_eligible_provider` with each exclusion's reason.
 fn no_eligible(
     state: &AppState,
     iface: &InterfaceRuntime,
     excluded: &[equiroute_core::eligibility::Exclusion],
+    (body, tokens): (&serde_json::Value, TokenEstimate),
     now: equiroute_core::Timestamp,
 ) -> ApiError {
-    if let Some(e) = inexpressible_everywhere(state, iface, excluded) {
+    let ids = |i: usize| iface.candidates[i].id.to_string();
+    if let Some(e) = super::unservable::answer(&iface.name, &ids, excluded, body, tokens) {
+        state.metrics.request(&iface.name, "client_error");
         return e;
     }
     state.metrics.request(&iface.name, "no_eligible_provider");
@@ -483,7 +447,13 @@ fn decide(
         (eligible, last_resort.is_some())
     };
     if eligible.eligible.is_empty() {
-        return Err(no_eligible(state, iface, &eligible.excluded, now));
+        return Err(no_eligible(
+            state,
+            iface,
+            &eligible.excluded,
+            (body, tokens),
+            now,
+        ));
     }
     let (ranking, routed, hedge) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
