@@ -91,6 +91,7 @@ async fn execute_unstreamed(
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     let mut refusals = ContextRefusals::default();
+    let mut rejections = super::rejections::Rejections::default();
     while let Some(next) = run.next_attempt(state.now()) {
         let now = pause(state, next).await;
         if !admit(state, iface, next.candidate, now)? {
@@ -147,6 +148,7 @@ async fn execute_unstreamed(
             if reply.context_overflow {
                 refusals.reroute(iface, &decided.order, &tried, candidate, &mut run);
             }
+            rejections.after_attempt(&decided.order, &tried, candidate, &reply, &mut run);
             if outcome.status == AttemptStatus::Ok {
                 answer = Some(reply);
             } else {
@@ -156,7 +158,8 @@ async fn execute_unstreamed(
     }
     let ending = Instant::now();
     let end = state.now();
-    let result = run.finish(end);
+    let mut result = run.finish(end);
+    rejections.settle(state, iface, &mut result, &mut last);
     let attempts = result.attempts.len();
     record_request(state, iface, &request_id, &decided, &features, &result);
     match (result.status, answer) {
@@ -1038,6 +1041,7 @@ async fn execute_streamed(
     } = begin(&state, &iface, &body, pinned, deadline, &meta)?;
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
+    let mut rejections = super::rejections::Rejections::default();
     let mut refusals = ContextRefusals::default();
     let mut router = Duration::ZERO;
     while let Some(next) = run.next_attempt(state.now()) {
@@ -1083,6 +1087,7 @@ async fn execute_streamed(
             // An attempt that ends here sent nothing to the client: booked, and on to the next.
             let (outcome, reply) = match opened.result {
                 OpenResult::Ready { first, rest, ttfb } => {
+                    rejections.answered(&state, &iface, opened.next.candidate);
                     // The relay keeps the attempt's span open until the stream ends, and
                     // records the outcome and usage on it then.
                     let relay = Relay {
@@ -1143,11 +1148,14 @@ async fn execute_streamed(
                         &mut run,
                     );
                 }
+                let at = opened.next.candidate;
+                rejections.after_attempt(&decided.order, &tried, at, &reply, &mut run);
                 last = Some(reply);
             }
         }
     }
-    let result = run.finish(state.now());
+    let mut result = run.finish(state.now());
+    rejections.settle(&state, &iface, &mut result, &mut last);
     record_request(&state, &iface, &request_id, &decided, &features, &result);
     Err(failure(
         &state,

@@ -34,6 +34,7 @@ mod execute;
 pub mod feedback;
 mod hedge;
 pub mod metrics;
+mod rejections;
 pub mod repeated;
 mod rollouts;
 mod spans;
