@@ -241,23 +241,26 @@ async fn a_refused_signature_names_no_credential_in_the_error() {
 }
 
 #[tokio::test]
-async fn invalid_requests_guardrails_and_long_prompts_go_back_to_the_caller() {
+async fn rejections_guardrails_and_long_prompts_go_back_to_the_caller() {
     let backup = mock("").await;
-    for (profile, code, says) in [
+    // A rejection with no other provider to ask, and a guardrail's even with one.
+    for (profile, code, says, with_backup) in [
         (
             "[chat]\nerror_400 = 1.0\n",
             "upstream_rejected_request",
             "ValidationException",
+            false,
         ),
         (
             "[chat]\nfault = \"content_filter\"\n",
             "content_filter",
             "guardrail",
+            true,
         ),
     ] {
         let native = mock(profile).await;
         let gw = start(
-            &config(native.addr, Some(openai(backup.addr))),
+            &config(native.addr, with_backup.then(|| openai(backup.addr))),
             &aws_env(false),
         )
         .await;
@@ -270,6 +273,17 @@ async fn invalid_requests_guardrails_and_long_prompts_go_back_to_the_caller() {
         assert_eq!(stats(native.addr).await["chat"], 1);
         assert_eq!(stats(backup.addr).await["chat"], 0, "not retried elsewhere");
     }
+    // A ValidationException with another provider behind: asked there (it may be the
+    // model's, not the request's), which answers.
+    let native = mock("[chat]\nerror_400 = 1.0\n").await;
+    let gw = start(
+        &config(native.addr, Some(openai(backup.addr))),
+        &aws_env(false),
+    )
+    .await;
+    let r = chat(gw.addr, &request(false, false)).await;
+    assert_eq!(r.routed(), (200, Some("backup"), Some("2")), "{}", r.body);
+    assert_eq!(stats(backup.addr).await["chat"], 1);
     // What Converse cannot express: passed over for the OpenAI provider; alone, a 400 naming
     // the member. Never sent to Bedrock.
     let native = mock("").await;
@@ -289,7 +303,7 @@ async fn invalid_requests_guardrails_and_long_prompts_go_back_to_the_caller() {
         let alone = start(&config(native.addr, None), &aws_env(false)).await;
         let r = chat(alone.addr, &body).await;
         assert_eq!(r.status, 400, "{field}: {}", r.body);
-        assert_eq!(r.json()["error"]["code"], "upstream_rejected_request");
+        assert_eq!(r.json()["error"]["code"], "unsupported_parameter");
         assert!(r.body.contains(field), "{}", r.body);
     }
     assert_eq!(stats(native.addr).await["chat"], 0);

@@ -215,21 +215,9 @@ async fn overload_and_rate_limits_fall_back_to_another_dialect() {
 }
 
 #[tokio::test]
-async fn invalid_requests_and_safety_blocks_go_back_to_the_caller() {
+async fn safety_blocks_go_back_to_the_caller_and_other_rejections_get_a_second_opinion() {
     let backup = mock("").await;
     for (profile, first, code, says) in [
-        (
-            "[chat]\nerror_400 = 1.0\n",
-            "anthropic",
-            "upstream_rejected_request",
-            "mock rejects",
-        ),
-        (
-            "[chat]\nerror_400 = 1.0\n",
-            "gemini",
-            "upstream_rejected_request",
-            "mock rejects",
-        ),
         (
             "[chat]\nfault = \"content_filter\"\n",
             "anthropic",
@@ -264,6 +252,26 @@ async fn invalid_requests_and_safety_blocks_go_back_to_the_caller() {
         assert!(message.contains(says), "{first} {profile}: {message}");
         assert_eq!(stats(native.addr).await["chat"], 1);
         assert_eq!(stats(backup.addr).await["chat"], 0, "not retried elsewhere");
+    }
+    // Another rejection, in each native dialect's words, may be the provider's (a wrong
+    // model name): the backup is asked, and answers.
+    for first in ["anthropic", "gemini"] {
+        let native = mock("[chat]\nerror_400 = 1.0\n").await;
+        let table = match first {
+            "anthropic" => anthropic(native.addr),
+            _ => gemini(native.addr),
+        };
+        let before = stats(backup.addr).await["chat"].as_u64().unwrap_or(0);
+        let gw = gateway(table, backup.addr).await;
+        let r = chat(gw.addr, &request(false, false)).await;
+        assert_eq!(
+            r.routed(),
+            (200, Some("backup"), Some("2")),
+            "{first}: {}",
+            r.body
+        );
+        assert_eq!(stats(native.addr).await["chat"], 1);
+        assert_eq!(stats(backup.addr).await["chat"], before + 1, "{first}");
     }
 }
 
@@ -317,7 +325,8 @@ api_key_env = "NATIVE_KEY"
     let r = chat(gw.addr, &body.to_string()).await;
     assert_eq!(r.status, 400, "{}", r.body);
     let e = r.json();
-    assert_eq!(e["error"]["code"], "upstream_rejected_request");
+    assert_eq!(e["error"]["code"], "unsupported_parameter");
+    assert_eq!(e["error"]["param"], "logprobs");
     assert!(
         e["error"]["message"]
             .as_str()

@@ -186,6 +186,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.attempt("chat", "a", "ok");
     m.fallback("chat");
     m.last_resort("chat");
+    m.rejection_disputed("chat", "a");
     m.hedge("chat", "started");
     m.hedge_reason("chat", "priced");
     m.stream_continuation("chat", "prefix");

@@ -723,23 +723,30 @@ async fn a_content_length_error_without_declared_windows_tries_one_other_candida
 }
 
 #[tokio::test]
-async fn a_prefill_rejection_goes_back_to_the_caller_without_retry() {
+async fn a_prefill_rejection_gets_a_second_opinion_and_counts_against_a_when_b_answers() {
     let rig = rig("prefill_rejected", "", "").await;
     let r = rig.chat().await;
-    assert_eq!(r.status, 400, "{}", r.body);
-    assert_eq!(r.header("x-equiroute-attempts"), Some("1"));
-    let e = r.json();
-    assert_eq!(e["error"]["code"], "upstream_rejected_request");
-    assert!(
-        e["error"]["message"].as_str().unwrap().contains("prefill"),
-        "{e}"
-    );
-    assert_eq!(rig.healthy_calls().await, 0);
-    assert_eq!(rig.breaker("a").await, "closed");
+    assert_eq!(r.routed(), (200, Some("b"), Some("2")), "{}", r.body);
+    assert_eq!(rig.healthy_calls().await, 1);
     assert_eq!(rig.attempts_metric("a", "client_error").await, 1);
+    // `b` took what `a` rejected: `a`'s rejection was its own, a failure on its breaker (one
+    // of the 5 in a row that open it).
+    let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;
+    assert!(
+        m.contains("equiroute_rejections_disputed_total{interface=\"chat\",provider=\"a\"} 1\n"),
+        "{m}"
+    );
+    assert_eq!(rig.breaker("a").await, "closed");
     let record = rig.audit_of(&r).await;
-    assert_eq!(record["outcome"], "client_error");
-    assert_eq!(attempts(&record).len(), 1);
+    assert_eq!(record["outcome"], "ok");
+    let tried = attempts(&record);
+    assert_eq!(
+        tried
+            .iter()
+            .map(|(p, status, _)| (p.as_str(), status.as_str()))
+            .collect::<Vec<_>>(),
+        [("a", "client_error"), ("b", "ok")]
+    );
 }
 
 #[tokio::test]

@@ -114,7 +114,9 @@ async fn requests_that_need_tools_skip_providers_without_them() {
     let mut pinned = tools.clone();
     pinned["model"] = json!("chat/no-tools");
     let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat(&pinned)).await;
-    assert_eq!(r.status, 503, "{}", r.body);
+    // The request's own: a 400 naming the member, not a 503 that SDKs retry.
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "tools", "{}", r.body);
     assert!(
         r.body.contains("no-tools: does not support tools"),
         "{}",
@@ -298,7 +300,7 @@ async fn tenants_are_checked_and_latency_is_measured() {
         &chat(&pinned),
     )
     .await;
-    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.status, 403, "{}", r.body);
     assert!(
         r.body.contains("tenant `globex` is not on its allow-list"),
         "{}",

@@ -238,7 +238,8 @@ async fn a_tenant_restricted_provider_serves_only_requests_with_a_valid_allowed_
     assert_eq!(r.routed().0, 200, "{}", r.body);
     // Missing: not a wildcard.
     let r = pinned(&[]).await;
-    assert_eq!(r.status, 503, "served without a tenant: {}", r.body);
+    // The request's own mistake: a 403 naming the header, not a 503 that SDKs retry.
+    assert_refused(&r, 403, "tenant_not_allowed", "x-equiroute-tenant");
     assert!(
         r.json()["error"]["message"]
             .as_str()
@@ -248,7 +249,7 @@ async fn a_tenant_restricted_provider_serves_only_requests_with_a_valid_allowed_
         r.body
     );
     // Another tenant.
-    assert_eq!(pinned(&[("x-equiroute-tenant", "t2")]).await.status, 503);
+    assert_eq!(pinned(&[("x-equiroute-tenant", "t2")]).await.status, 403);
     // Not text: a 400 naming the header, not a request without a tenant.
     let r = raw_status(gw.addr, b"x-equiroute-tenant: t\xff1").await;
     assert_refused(&r, 400, "invalid_tenant", "x-equiroute-tenant");
@@ -300,7 +301,7 @@ async fn a_key_bound_to_a_tenant_cannot_claim_another_and_needs_no_header() {
         chat(gw.addr, "sk-gw-team-b", "chat/t1only", &[])
             .await
             .status,
-        503
+        403
     );
     // An unbound key still names its tenant in the header.
     let r = chat(

@@ -154,32 +154,73 @@ async fn the_configured_breaker_opens_after_its_own_threshold_and_half_opens_aft
     assert_eq!(calls(a.addr).await["chat"], 3, "one probe");
 }
 
-#[tokio::test]
-async fn client_errors_go_back_to_the_caller_without_retry() {
-    let a = mock("[chat]\nerror_400 = 1.0\n").await;
-    let b = mock("").await;
-    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "k")]).await;
-    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
-    assert_eq!(r.status, 400, "{}", r.body);
-    let e = r.json();
-    assert_eq!(e["error"]["code"], "upstream_rejected_request");
-    assert!(e["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("mock rejects this request"));
-    assert_eq!(calls(b.addr).await["chat"], 0, "not retried elsewhere");
-    // And not counted against the provider: its breaker stays closed.
-    let state = http(gw.addr, "GET", "/v1/interfaces/chat/state", &[], "")
+/// The breaker state and the disputed-rejection count of provider `id`.
+async fn rejection_marks(gw: std::net::SocketAddr, id: &str) -> (String, u64) {
+    let state = http(gw, "GET", "/v1/interfaces/chat/state", &[], "")
         .await
         .json();
-    let a_state = state["candidates"]
+    let breaker = state["candidates"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|c| c["id"] == "a")
+        .find(|c| c["id"] == id)
+        .unwrap()["breaker"]["state"]
+        .as_str()
         .unwrap()
-        .clone();
-    assert_eq!(a_state["breaker"]["state"], "closed");
+        .to_owned();
+    let metrics = http(gw, "GET", "/metrics", &[], "").await.body;
+    let series =
+        format!("equiroute_rejections_disputed_total{{interface=\"chat\",provider=\"{id}\"}} ");
+    let disputed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    (breaker, disputed)
+}
+
+#[tokio::test]
+async fn a_rejection_gets_a_second_opinion_and_only_a_disputed_one_counts_against_the_provider() {
+    // Both reject: the client's own mistake goes back, after one second opinion, and counts
+    // against neither.
+    let a = mock("[chat]\nerror_400 = 1.0\n").await;
+    let b = mock("[chat]\nerror_400 = 1.0\n").await;
+    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "k")]).await;
+    for _ in 0..6 {
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["code"], "upstream_rejected_request");
+        assert!(e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("mock rejects this request"));
+        assert_eq!(r.header("x-equiroute-attempts"), Some("2"));
+    }
+    assert_eq!(calls(b.addr).await["chat"], 6, "asked once each");
+    for id in ["a", "b"] {
+        assert_eq!(
+            rejection_marks(gw.addr, id).await,
+            ("closed".into(), 0),
+            "{id}"
+        );
+    }
+    // `b` answers what `a` rejects: the client gets `b`'s answer, and `a`'s rejection is
+    // its own, counted against its breaker (open after 5 in a row, the default).
+    let b = mock("").await;
+    let gw = start(&config(a.addr, b.addr), &[("MOCK_KEY_A", "k")]).await;
+    for n in 1..=5 {
+        let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+        assert_eq!(r.routed(), (200, Some("b"), Some("2")), "{}", r.body);
+        let breaker = if n < 5 { "closed" } else { "open" };
+        assert_eq!(
+            rejection_marks(gw.addr, "a").await,
+            (breaker.into(), n),
+            "{n}"
+        );
+    }
+    // Demoted: straight to `b`.
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(r.routed(), (200, Some("b"), Some("1")), "{}", r.body);
 }
 
 #[tokio::test]
@@ -358,18 +399,14 @@ capabilities = {{ context_tokens = 200000 }}
         0,
         "a smaller window is not tried"
     );
-    // Other 400s still go straight back to the caller.
+    // Other 400s get a second opinion from the next in the ranking, whatever its window.
     let plain = mock("[chat]\nerror_400 = 1.0\n").await;
     let gw = start(
         &cfg.replace(&small.addr.to_string(), &plain.addr.to_string()),
         &[],
     )
     .await;
-    assert_eq!(
-        http(gw.addr, "POST", "/v1/chat/completions", &[], &chat())
-            .await
-            .status,
-        400
-    );
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], &chat()).await;
+    assert_eq!(r.routed(), (200, Some("tiny"), Some("2")), "{}", r.body);
     assert_eq!(calls(large.addr).await["chat"], 1);
 }

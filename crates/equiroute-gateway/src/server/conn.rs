@@ -209,8 +209,8 @@ impl ConnectionSlots {
             holders: Mutex::new(Holders::default()),
             buffered: AtomicUsize::new(0),
             closing: Counter::new(limits.max_connections),
-            full: raw_refusal("503 Service Unavailable", &full),
-            address_full: raw_refusal("429 Too Many Requests", &address_full),
+            full: raw_refusal(&full),
+            address_full: raw_refusal(&address_full),
             refused,
         })
     }
@@ -274,14 +274,59 @@ impl ConnectionSlots {
     }
 }
 
-/// The raw response of a refused connection: `status_line`, `error` as its OpenAI body,
+/// The raw response of a refused connection: `error` as its OpenAI body, with
 /// `Retry-After: 1` and `Connection: close`.
-fn raw_refusal(status_line: &str, error: &ApiError) -> Bytes {
+fn raw_refusal(error: &ApiError) -> Bytes {
+    raw_answer(error, "retry-after: 1\r\n")
+}
+
+/// `error` as a whole HTTP/1.1 response with `Connection: close`, for the answers written
+/// below hyper; `extra` is more header lines, each ending in CRLF.
+fn raw_answer(error: &ApiError, extra: &str) -> Bytes {
     let body = error.body().to_string();
     Bytes::from(format!(
-        "HTTP/1.1 {status_line}\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n{extra}connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        error.status.as_u16(),
+        error.status.canonical_reason().unwrap_or(""),
         body.len()
     ))
+}
+
+/// The answer in place of hyper's own, empty one to a request it could not parse (`head`,
+/// as hyper wrote it, starts with its status line): a 431 for a head over
+/// `max_header_bytes`, a 414 for a request target over 65,534 bytes, a 400 for anything
+/// else that is not HTTP/1.1 (a `Content-Length` that is not a number, or two that differ).
+/// `None` for any other write.
+fn protocol_error(head: &[u8], max_header_bytes: usize) -> Option<ApiError> {
+    // Hyper's answer is a head alone, with `content-length: 0`; every answer of the
+    // gateway's own to these statuses has a body.
+    let empty = head.ends_with(b"\r\n\r\n")
+        && head
+            .windows(b"\r\ncontent-length: 0\r\n".len())
+            .any(|w| w.eq_ignore_ascii_case(b"\r\ncontent-length: 0\r\n"));
+    if !empty {
+        return None;
+    }
+    let status = head.strip_prefix(b"HTTP/1.")?.get(2..5)?;
+    let (status, code, message) = match status {
+        b"431" => (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request_header_fields_too_large",
+            format!("the request line and headers exceed {max_header_bytes} bytes (server.max_header_bytes): send smaller headers"),
+        ),
+        b"414" => (
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            "the request target exceeds 65534 bytes: send the data in the body".to_owned(),
+        ),
+        b"400" => (
+            StatusCode::BAD_REQUEST,
+            "malformed_http_request",
+            "the request is not valid HTTP/1.1 (a malformed request line or header, e.g. a Content-Length that is not a number or two that differ): fix the client".to_owned(),
+        ),
+        _ => return None,
+    };
+    Some(ApiError::invalid(status, code, message))
 }
 
 /// A connection's place among the open ones, given back on drop (unless it was shed, which
@@ -475,6 +520,8 @@ async fn connection(
             activity: activity.clone(),
             send_timeout: limits.send_timeout,
             stalled: None,
+            max_header_bytes: limits.max_header_bytes,
+            replacing: None,
         });
         let handler = Handler {
             app,
@@ -584,6 +631,13 @@ impl Activity {
         }
     }
 
+    /// Whether a request's head is being read: hyper writes nothing then but its own answer
+    /// to a request it could not parse (an answer's last bytes are written once the
+    /// connection is idle, before any more bytes arrive).
+    fn reading_head(&self) -> bool {
+        self.update(|phase| matches!(phase, Phase::Head(_)))
+    }
+
     /// Resolves when the current phase has outlived its limit: headers not complete within
     /// the header timeout, or idle for the idle timeout. Never while a request is in flight.
     async fn expired(&self, limits: &ConnectionLimits) {
@@ -618,6 +672,11 @@ struct WatchedIo<'a> {
     send_timeout: Duration,
     /// Runs while writes wait (the socket is full); reset by any progress.
     stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// `max_header_bytes`, for the 431's message.
+    max_header_bytes: usize,
+    /// The answer being written in place of hyper's empty one to a request it could not
+    /// parse ([`protocol_error`]), and the length of hyper's, reported written once it is.
+    replacing: Option<(Bytes, usize)>,
 }
 
 impl WatchedIo<'_> {
@@ -662,15 +721,50 @@ impl AsyncRead for WatchedIo<'_> {
     }
 }
 
+impl WatchedIo<'_> {
+    /// Writes `buf`, or, when it is hyper's own empty answer to a request it could not parse
+    /// (written with no request in flight), the OpenAI-shaped answer in its place.
+    fn write_or_replace(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.replacing.is_none() && self.activity.reading_head() {
+            if let Some(error) = protocol_error(buf, self.max_header_bytes) {
+                self.replacing = Some((raw_answer(&error, ""), buf.len()));
+            }
+        }
+        loop {
+            let Some((answer, stands_for)) = &self.replacing else {
+                let polled = Pin::new(&mut *self.io).poll_write(cx, buf);
+                return self.watch_write(cx, polled);
+            };
+            if answer.is_empty() {
+                let written = *stands_for;
+                self.replacing = None;
+                return Poll::Ready(Ok(written));
+            }
+            let polled = Pin::new(&mut *self.io).poll_write(cx, answer);
+            match ready!(self.watch_write(cx, polled)) {
+                Ok(0) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    if let Some((answer, _)) = &mut self.replacing {
+                        *answer = answer.slice(n..);
+                    }
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
 impl AsyncWrite for WatchedIo<'_> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut *this.io).poll_write(cx, buf);
-        this.watch_write(cx, polled)
+        self.get_mut().write_or_replace(cx, buf)
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
@@ -678,6 +772,14 @@ impl AsyncWrite for WatchedIo<'_> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
+        if this.activity.reading_head() {
+            // Perhaps hyper's own answer: its head is one buffer.
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return this.write_or_replace(cx, first);
+        }
         let polled = Pin::new(&mut *this.io).poll_write_vectored(cx, bufs);
         this.watch_write(cx, polled)
     }
@@ -949,6 +1051,28 @@ impl HttpBody for ArrivingBody {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn only_hyper_s_empty_answers_to_unparsable_requests_are_replaced() {
+        let hyper =
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let e = protocol_error(hyper, 32768).unwrap();
+        assert_eq!(
+            (e.status, e.code),
+            (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request_header_fields_too_large"
+            )
+        );
+        assert!(e.message.contains("32768 bytes"), "{}", e.message);
+        let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 99\r\n\r\n{\"error\":{}}";
+        assert!(protocol_error(ours, 32768).is_none());
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        assert!(protocol_error(ok, 32768).is_none());
+        let raw = raw_answer(&e, "");
+        assert!(raw.starts_with(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"));
+        assert!(raw.ends_with(e.body().to_string().as_bytes()));
+    }
 
     /// `max` connections, `per_address` per address; 1,000 buffered bytes, 600 per address.
     fn slots(max: usize, per_address: usize) -> Arc<ConnectionSlots> {

@@ -48,7 +48,8 @@ struct Cell {
     /// Requests that ranked it first.
     first: u32,
     attempts: u32,
-    /// Attempts that failed on the provider's side (errors, timeouts).
+    /// Attempts that failed on the provider's side (errors, timeouts, and rejections another
+    /// provider disputed by answering the request).
     failures: u32,
     /// Attempts it answered.
     answered: u32,
@@ -149,6 +150,13 @@ impl History {
         head.failed += u32::from(!matches!(status, RequestStatus::Succeeded { .. }));
         head.deadline_missed += u32::from(status == RequestStatus::DeadlineExceeded);
         head.fallbacks += u32::from(fell_back(attempts));
+        // A rejection by another provider than the one that answered was that provider's
+        // (see `server::rejections`): a failure, not a 0 % failure rate for a provider
+        // rejecting every request.
+        let answerer = match status {
+            RequestStatus::Succeeded { candidate } => Some(candidate),
+            _ => None,
+        };
         let cells = &mut ring.cells[slot * p..(slot + 1) * p];
         if let Some(c) = first.and_then(|f| cells.get_mut(f)) {
             c.first += 1;
@@ -165,7 +173,10 @@ impl History {
                     c.latency_ms += a.outcome.latency.0;
                 }
                 AttemptStatus::ProviderError(_) | AttemptStatus::Timeout => c.failures += 1,
-                AttemptStatus::ClientError | AttemptStatus::Cancelled => {}
+                AttemptStatus::ClientError => {
+                    c.failures += u32::from(answerer.is_some_and(|b| b != a.candidate));
+                }
+                AttemptStatus::Cancelled => {}
             }
         }
     }
@@ -581,9 +592,29 @@ mod tests {
         assert_eq!(s["providers"]["a"]["attempts"][BINS - 1], 3);
         assert_eq!(s["providers"]["a"]["failures"][BINS - 1], 2);
         assert_eq!(s["providers"]["b"]["answered"][BINS - 1], 1);
+        // b rejects what a answers: b's failure; both reject: the request's, no one's.
+        let rejected = AttemptStatus::ClientError;
+        h.count(
+            Timestamp(t.0 + 600.0),
+            Some(1),
+            &[
+                attempt(1, rejected, None),
+                attempt(0, AttemptStatus::Ok, None),
+            ],
+            RequestStatus::Succeeded { candidate: 0 },
+        );
+        h.count(
+            Timestamp(t.0 + 700.0),
+            Some(1),
+            &[attempt(1, rejected, None), attempt(0, rejected, None)],
+            RequestStatus::ClientError { candidate: 0 },
+        );
+        let v = h.view(Timestamp(t.0 + 900.0), &ids);
+        assert_eq!(v["series"]["providers"]["b"]["failures"][BINS - 1], 1);
+        assert_eq!(v["series"]["providers"]["a"]["failures"][BINS - 1], 2);
         // One second later the counts are one bin back; BINS seconds later they are gone.
         let later = h.view(Timestamp(t.0 + 1000.0), &ids);
-        assert_eq!(later["series"]["requests"][BINS - 2], 2);
+        assert_eq!(later["series"]["requests"][BINS - 2], 4);
         assert_eq!(later["series"]["requests"][BINS - 1], 0);
         let gone = h.view(Timestamp(t.0 + 1000.0 * BINS as f64), &ids);
         assert!(gone["series"]["requests"]

@@ -91,6 +91,7 @@ async fn execute_unstreamed(
     let mut tried: Vec<usize> = Vec::new();
     let (mut last, mut answer) = (None, None);
     let mut refusals = ContextRefusals::default();
+    let mut rejections = super::rejections::Rejections::default();
     while let Some(next) = run.next_attempt(state.now()) {
         let now = pause(state, next).await;
         if !admit(state, iface, next.candidate, now)? {
@@ -147,6 +148,7 @@ async fn execute_unstreamed(
             if reply.context_overflow {
                 refusals.reroute(iface, &decided.order, &tried, candidate, &mut run);
             }
+            rejections.after_attempt(&decided.order, &tried, candidate, &reply, &mut run);
             if outcome.status == AttemptStatus::Ok {
                 answer = Some(reply);
             } else {
@@ -156,7 +158,8 @@ async fn execute_unstreamed(
     }
     let ending = Instant::now();
     let end = state.now();
-    let result = run.finish(end);
+    let mut result = run.finish(end);
+    rejections.settle(state, iface, &mut result, &mut last);
     let attempts = result.attempts.len();
     record_request(state, iface, &request_id, &decided, &features, &result);
     match (result.status, answer) {
@@ -349,54 +352,18 @@ fn exclude_inexpressible(
     });
 }
 
-/// No provider left, and one at least passed over because its API cannot express the request,
-/// every other for a reason that is the request's too (pinned, tenant, capability): the
-/// caller's 400 naming the member, not a 503.
-fn inexpressible_everywhere(
-    state: &AppState,
-    iface: &InterfaceRuntime,
-    excluded: &[equiroute_core::eligibility::Exclusion],
-) -> Option<ApiError> {
-    use equiroute_core::eligibility::ExclusionReason;
-    let mut refusals = excluded.iter().filter_map(|e| match &e.reason {
-        ExclusionReason::Inexpressible { field, why } => Some((e.candidate, field, why)),
-        _ => None,
-    });
-    let (candidate, field, why) = refusals.next()?;
-    let only_the_request = excluded.iter().all(|e| {
-        matches!(
-            e.reason,
-            ExclusionReason::Inexpressible { .. }
-                | ExclusionReason::NotPinned
-                | ExclusionReason::MissingCapability { .. }
-                | ExclusionReason::ContextTooSmall { .. }
-                | ExclusionReason::TenantNotAllowed { .. }
-                | ExclusionReason::TenantRequired
-                | ExclusionReason::LabelMismatch { .. }
-        )
-    });
-    only_the_request.then(|| {
-        state.metrics.request(&iface.name, "client_error");
-        ApiError::upstream(
-            StatusCode::BAD_REQUEST,
-            "upstream_rejected_request",
-            format!(
-                "no provider of `{}` can express this request: provider `{}`: `{field}`: {why}",
-                iface.name, iface.candidates[candidate].id
-            ),
-        )
-    })
-}
-
-/// The answer when no provider is left: the caller's 400 when the request itself shut every
+/// The answer when no provider is left: the caller's 4xx ([`super::unservable`]) when the request itself shut every
 /// one out, else 503 `no_eligible_provider` with each exclusion's reason.
 fn no_eligible(
     state: &AppState,
     iface: &InterfaceRuntime,
     excluded: &[equiroute_core::eligibility::Exclusion],
+    (body, tokens): (&serde_json::Value, TokenEstimate),
     now: equiroute_core::Timestamp,
 ) -> ApiError {
-    if let Some(e) = inexpressible_everywhere(state, iface, excluded) {
+    let ids = |i: usize| iface.candidates[i].id.to_string();
+    if let Some(e) = super::unservable::answer(&iface.name, &ids, excluded, body, tokens) {
+        state.metrics.request(&iface.name, "client_error");
         return e;
     }
     state.metrics.request(&iface.name, "no_eligible_provider");
@@ -483,7 +450,13 @@ fn decide(
         (eligible, last_resort.is_some())
     };
     if eligible.eligible.is_empty() {
-        return Err(no_eligible(state, iface, &eligible.excluded, now));
+        return Err(no_eligible(
+            state,
+            iface,
+            &eligible.excluded,
+            (body, tokens),
+            now,
+        ));
     }
     let (ranking, routed, hedge) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
@@ -1068,6 +1041,7 @@ async fn execute_streamed(
     } = begin(&state, &iface, &body, pinned, deadline, &meta)?;
     let mut tried: Vec<usize> = Vec::new();
     let mut last = None;
+    let mut rejections = super::rejections::Rejections::default();
     let mut refusals = ContextRefusals::default();
     let mut router = Duration::ZERO;
     while let Some(next) = run.next_attempt(state.now()) {
@@ -1113,6 +1087,7 @@ async fn execute_streamed(
             // An attempt that ends here sent nothing to the client: booked, and on to the next.
             let (outcome, reply) = match opened.result {
                 OpenResult::Ready { first, rest, ttfb } => {
+                    rejections.answered(&state, &iface, opened.next.candidate);
                     // The relay keeps the attempt's span open until the stream ends, and
                     // records the outcome and usage on it then.
                     let relay = Relay {
@@ -1173,11 +1148,14 @@ async fn execute_streamed(
                         &mut run,
                     );
                 }
+                let at = opened.next.candidate;
+                rejections.after_attempt(&decided.order, &tried, at, &reply, &mut run);
                 last = Some(reply);
             }
         }
     }
-    let result = run.finish(state.now());
+    let mut result = run.finish(state.now());
+    rejections.settle(&state, &iface, &mut result, &mut last);
     record_request(&state, &iface, &request_id, &decided, &features, &result);
     Err(failure(
         &state,

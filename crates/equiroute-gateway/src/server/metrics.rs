@@ -188,6 +188,7 @@ pub struct Metrics {
     attempts: Family<AttemptLabels, Counter>,
     fallbacks: Family<InterfaceLabel, Counter>,
     last_resort: Family<InterfaceLabel, Counter>,
+    rejections_disputed: Family<ProviderLabels, Counter>,
     hedges: Family<EventLabels, Counter>,
     hedge_reasons: Family<ReasonLabels, Counter>,
     stream_continuations: Family<ModeLabels, Counter>,
@@ -267,6 +268,7 @@ impl Default for Metrics {
             attempts: Family::default(),
             fallbacks: Family::default(),
             last_resort: Family::default(),
+            rejections_disputed: Family::default(),
             hedges: Family::default(),
             hedge_reasons: Family::default(),
             stream_continuations: Family::default(),
@@ -447,9 +449,15 @@ impl Metrics {
         );
     }
 
-    /// Registers the histograms labelled by interface and provider.
+    /// Registers the families labelled by interface and provider.
     fn register_by_provider(&mut self) {
         let r = &mut self.registry;
+        register(
+            r,
+            "equiroute_rejections_disputed_total",
+            "4xx rejections by a provider of a request that another provider then answered",
+            self.rejections_disputed.clone(),
+        );
         register(
             r,
             "equiroute_provider_latency_ms",
@@ -495,6 +503,14 @@ impl Metrics {
     /// probed one as a last resort.
     pub fn last_resort(&self, interface: &str) {
         self.last_resort.get_or_create(&iface(interface)).inc();
+    }
+
+    /// `provider` rejected a request (a 4xx) that another provider of `interface` then
+    /// answered: the rejection was the provider's, not the request's.
+    pub fn rejection_disputed(&self, interface: &str, provider: &str) {
+        self.rejections_disputed
+            .get_or_create(&by_provider(interface, provider))
+            .inc();
     }
 
     /// A hedge `started`, `won` (its answer was the request's) or `cancelled` (an attempt

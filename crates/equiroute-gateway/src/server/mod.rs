@@ -35,11 +35,13 @@ mod execute;
 pub mod feedback;
 mod hedge;
 pub mod metrics;
+mod rejections;
 pub mod repeated;
 mod rollouts;
 mod spans;
 pub mod state;
 pub mod ttfb;
+mod unservable;
 
 use crate::config::InterfaceKind;
 use crate::upstream::ClientBody;
@@ -360,16 +362,19 @@ fn deadline_from(
     let Some(v) = headers.get("x-equiroute-deadline-ms") else {
         return Ok((iface.deadline, false));
     };
+    // Less than an attempt's least time (1 ms) could never be met: the caller's mistake,
+    // not a 504.
+    let least = iface.limits.min_attempt_budget.0;
     let asked = v
         .to_str()
         .ok()
         .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|d| d.is_finite() && *d > 0.0)
+        .filter(|d| d.is_finite() && *d >= least)
         .ok_or_else(|| {
             ApiError::bad_request(
                 "invalid_deadline",
-                None,
-                "x-equiroute-deadline-ms must be a positive number of milliseconds",
+                Some("x-equiroute-deadline-ms"),
+                format!("x-equiroute-deadline-ms must be a number of milliseconds, at least {least} (the least time an attempt is given)"),
             )
         })?;
     let most = iface.deadline.map_or(MAX_DEADLINE_MS, |d| d.0);

@@ -465,27 +465,63 @@ impl AppState {
                 Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
             }
         }
+        self.move_breaker(iface, index, |breaker, cfg| {
+            breaker.observe(end, outcome, cfg)
+        })?;
+        Ok(())
+    }
+
+    /// Counts a failure against candidate `index`'s breaker that no attempt of its own
+    /// showed: a rejection another provider disputed (see `server::rejections`). Returns
+    /// the open period's end when this failure opened (or re-opened) the breaker.
+    ///
+    /// # Errors
+    /// A poisoned lock.
+    pub(crate) fn count_failure(
+        &self,
+        iface: &InterfaceRuntime,
+        index: usize,
+    ) -> Result<Option<Timestamp>, Poisoned> {
+        let end = self.now();
+        self.move_breaker(iface, index, |breaker, cfg| {
+            [
+                breaker.record(end, equiroute_core::breaker::BreakerOutcome::Failure, cfg),
+                None,
+            ]
+        })
+    }
+
+    /// Applies `change` to candidate `index`'s breaker, counts its transitions and shares an
+    /// opening with the other instances. Returns the open period's end when it opened.
+    fn move_breaker(
+        &self,
+        iface: &InterfaceRuntime,
+        index: usize,
+        change: impl FnOnce(&mut Breaker, &BreakerConfig) -> [Option<Transition>; 2],
+    ) -> Result<Option<Timestamp>, Poisoned> {
+        let id = &iface.candidates[index].id.0;
         let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
         let before = breakers[index].state;
-        for t in breakers[index]
-            .observe(end, outcome, &iface.breaker_config)
+        for t in change(&mut breakers[index], &iface.breaker_config)
             .into_iter()
             .flatten()
         {
             self.metrics.breaker(id, transition_name(t));
         }
-        if let BreakerState::Open { until } = breakers[index].state {
-            if breakers[index].state != before {
-                let pinned = breakers[index].is_pinned();
-                self.journal(|| Event::BreakerOpen {
-                    iface: iface.name.clone(),
-                    candidate: index,
-                    until,
-                    pinned,
-                });
-            }
+        let BreakerState::Open { until } = breakers[index].state else {
+            return Ok(None);
+        };
+        if breakers[index].state == before {
+            return Ok(None);
         }
-        Ok(())
+        let pinned = breakers[index].is_pinned();
+        self.journal(|| Event::BreakerOpen {
+            iface: iface.name.clone(),
+            candidate: index,
+            until,
+            pinned,
+        });
+        Ok(Some(until))
     }
 
     /// Feeds an observation to the interface's policy (and the shared journal): the entry

@@ -642,6 +642,13 @@ impl HttpUpstream {
                     format!("HTTP {code} with a body that is not JSON"),
                 ),
             },
+            // A content filter's refusal is the request's, whatever the status (OpenAI has
+            // sent `content_policy_violation` with a 400 and with a 403).
+            400..=499 if code != 429 && json.as_ref().is_some_and(is_content_filter) => {
+                let mut r = reply(AttemptStatus::ClientError, message());
+                r.content_filter = true;
+                r
+            }
             // 401, 403 and 404: a wrong key or model name in the gateway's configuration.
             401 | 403 | 404 | 429 | 500..=599 => {
                 let failure = if code == 429 {
@@ -666,11 +673,24 @@ impl HttpUpstream {
                         || message.contains("maximum context length")
                         || message.contains("prompt is too long")
                         || message.contains("exceeds the maximum number of tokens"));
-                r.content_filter = code_of == Some("content_filter");
                 r
             }
         }
     }
+}
+
+/// Whether an error body is a content filter's refusal: `error.code` `content_filter`
+/// (Azure OpenAI) or `content_policy_violation` (OpenAI), or Azure's inner error code
+/// `ResponsibleAIPolicyViolation`. Anthropic's API has no such error (its refusals are the
+/// `refusal` stop reason, read from the answer), nor has Gemini's (`promptFeedback`).
+fn is_content_filter(json: &serde_json::Value) -> bool {
+    let code = |pointer: &str| json.pointer(pointer).and_then(serde_json::Value::as_str);
+    matches!(
+        code("/error/code"),
+        Some("content_filter" | "content_policy_violation")
+    ) || ["/error/innererror/code", "/error/inner_error/code"]
+        .iter()
+        .any(|p| code(p) == Some("ResponsibleAIPolicyViolation"))
 }
 
 #[cfg(test)]
@@ -760,6 +780,82 @@ mod tests {
                 assert!(reason.contains("<redacted>"), "{kind}: {reason}");
             }
         }
+    }
+
+    fn wiring() -> Wiring {
+        Wiring {
+            client: HttpClient::new(),
+            redactor: Arc::new(Redactor::new(Vec::new())),
+        }
+    }
+
+    /// `(status, content_filter)` of an error answer `code` with `body`.
+    fn refusal(up: &HttpUpstream, code: u16, body: &str) -> (AttemptStatus, bool) {
+        let head = Head {
+            code,
+            retry_after: None,
+            error_type: None,
+        };
+        let r = up.classify(&head, Bytes::from(body.to_owned()), Millis(1.0), "m");
+        (r.status, r.content_filter)
+    }
+
+    #[test]
+    fn each_dialect_s_content_policy_refusal_is_a_content_filter() {
+        let openai = HttpUpstream::openai(
+            wiring(),
+            "http://127.0.0.1:1",
+            None,
+            equiroute_core::ServiceTier::Standard,
+        );
+        let filtered = (AttemptStatus::ClientError, true);
+        // OpenAI: `content_policy_violation`, seen with a 400 and with a 403 (which would
+        // otherwise be read as the gateway's key or model being wrong).
+        let policy = r#"{"error": {"message": "Your request was rejected as a result of our safety system.", "type": "invalid_request_error", "param": null, "code": "content_policy_violation"}}"#;
+        assert_eq!(refusal(&openai, 400, policy), filtered);
+        assert_eq!(refusal(&openai, 403, policy), filtered);
+        // Azure OpenAI: `content_filter`, with or without its inner error code, or the inner
+        // code alone.
+        let azure = HttpUpstream::azure(
+            wiring(),
+            "http://127.0.0.1:1",
+            "d",
+            "2024-10-21",
+            None,
+            AzureAuth::ApiKey,
+        );
+        let both = r#"{"error": {"message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy.", "type": null, "param": "prompt", "code": "content_filter", "status": 400, "innererror": {"code": "ResponsibleAIPolicyViolation", "content_filter_result": {"hate": {"filtered": true, "severity": "high"}}}}}"#;
+        assert_eq!(refusal(&azure, 400, both), filtered);
+        let inner = r#"{"error": {"message": "filtered", "code": "BadRequest", "innererror": {"code": "ResponsibleAIPolicyViolation"}}}"#;
+        assert_eq!(refusal(&azure, 400, inner), filtered);
+        // Anthropic's API has no such error: its 400s are ordinary rejections (its refusals
+        // are the `refusal` stop reason of an answer).
+        let anthropic =
+            HttpUpstream::anthropic(wiring(), "http://127.0.0.1:1", None, "2023-06-01", 1024);
+        let invalid = r#"{"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: too large"}}"#;
+        assert_eq!(
+            refusal(&anthropic, 400, invalid),
+            (AttemptStatus::ClientError, false)
+        );
+        // Other codes are not refusals; a 403 without one is the gateway's key, a provider
+        // error; a 429 is never a refusal.
+        let other = r#"{"error": {"message": "bad", "code": "invalid_value"}}"#;
+        assert_eq!(
+            refusal(&openai, 400, other),
+            (AttemptStatus::ClientError, false)
+        );
+        let forbidden = r#"{"error": {"message": "wrong project", "code": "unsupported_country_region_territory"}}"#;
+        assert_eq!(
+            refusal(&openai, 403, forbidden),
+            (AttemptStatus::ProviderError(ProviderFailure::Server), false)
+        );
+        assert_eq!(
+            refusal(&openai, 429, policy),
+            (
+                AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+                false
+            )
+        );
     }
 
     #[test]

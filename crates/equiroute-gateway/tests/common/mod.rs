@@ -269,3 +269,32 @@ where
     let _ = tx.send(());
     server.await.unwrap()
 }
+
+/// Log lines written into a shared buffer (a `tracing_subscriber` writer).
+#[derive(Clone, Default)]
+pub struct Lines(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Lines {
+    /// Captures what this thread logs at `level` and above, until the guard is dropped
+    /// (a test's gateway runs on its thread).
+    pub fn capture(level: tracing::Level) -> (Lines, tracing::subscriber::DefaultGuard) {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(level)
+            .with_ansi(false)
+            .finish();
+        (lines, tracing::subscriber::set_default(subscriber))
+    }
+}
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
