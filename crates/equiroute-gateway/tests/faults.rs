@@ -120,11 +120,14 @@ impl Rig {
         .await
     }
     async fn stream(&self) -> Reply {
+        self.stream_with(&[]).await
+    }
+    async fn stream_with(&self, headers: &[(&str, &str)]) -> Reply {
         http(
             self.gw.addr,
             "POST",
             "/v1/chat/completions",
-            &[],
+            headers,
             &chat_body(true),
         )
         .await
@@ -564,8 +567,9 @@ async fn a_stream_cut_after_commit_is_continued_from_its_prefix_on_a_provider_th
     assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
     assert!(!r.body.contains("stream_broken"), "{}", r.body);
     let (text, markers) = streamed_text(&r.body);
-    // a's "mock ", then b's whole (mock) answer appended.
-    assert_eq!(text, "mock mock streamed answer");
+    // a's "mock ", then b's continuation of "mock" (" streamed answer", the mock goes on from
+    // a prefill), its leading space dropped as the client has it: one answer.
+    assert_eq!(text, "mock streamed answer");
     assert_eq!(markers.len(), 1, "{}", r.body);
     assert_eq!(
         (
@@ -600,12 +604,72 @@ async fn a_stream_cut_after_commit_is_continued_from_its_prefix_on_a_provider_th
     assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
 }
 
+/// The header by which a client says it drops what it joined before a restart marker.
+const RESTART_EVENTS: (&str, &str) = ("x-equiroute-stream-restart", "events");
+
 #[tokio::test]
-async fn a_stream_cut_after_commit_restarts_marked_on_a_provider_without_prefill() {
+async fn a_stream_cut_after_content_is_never_restarted_for_a_client_that_joins_deltas() {
+    // `b` takes no prefill: a restart would send its whole answer after a's "mock ", which a
+    // client joining deltas shows as old + new text. Without the restart header: the honest
+    // error, and `b` is not called; with a header of another value: a 400 naming it.
+    for mode in ["prefix", "restart"] {
+        let rig = rig(
+            "stream_cut",
+            "",
+            &format!("stream_resume = {{ mode = \"{mode}\" }}"),
+        )
+        .await;
+        let r = rig.stream().await;
+        assert_broken_stream(&rig, "stream_cut", &r).await;
+        let (text, markers) = streamed_text(&r.body);
+        assert_eq!(
+            (text.as_str(), markers.len()),
+            ("mock ", 0),
+            "{mode}: {}",
+            r.body
+        );
+        assert!(
+            r.body.contains("x-equiroute-stream-restart: events"),
+            "{}",
+            r.body
+        );
+        assert_eq!(continuations_metric(&rig, "restart").await, 0);
+        let bad = rig.stream_with(&[(RESTART_EVENTS.0, "yes")]).await;
+        assert_eq!(bad.status, 400, "{}", bad.body);
+        assert_eq!(
+            bad.json()["error"]["param"],
+            RESTART_EVENTS.0,
+            "{}",
+            bad.body
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_content_restarts_on_a_provider_without_prefill() {
+    // Cut after the role chunk only, sent at once (no hold): nothing the client joins was
+    // sent, so `b` restarts the answer and the joined text is b's answer alone.
+    let rig = rig(
+        "stream_cut",
+        "stream_cut_after = 1",
+        "stream_resume = { mode = \"prefix\" }",
+    )
+    .await;
+    let r = rig.stream().await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
+    let (text, markers) = streamed_text(&r.body);
+    assert_eq!(text, "mock streamed answer", "{}", r.body);
+    assert_eq!(markers[0]["event"], "restart", "{}", r.body);
+    assert_eq!(continuations_metric(&rig, "restart").await, 1);
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_commit_restarts_marked_for_a_client_that_reads_restart_events() {
     // `b` speaks OpenAI's chat, which takes no prefill: the answer starts again after the
     // marker, and `b` gets the client's request as it was.
     let rig = rig("stream_cut", "", "stream_resume = { mode = \"prefix\" }").await;
-    let r = rig.stream().await;
+    let r = rig.stream_with(&[RESTART_EVENTS]).await;
     assert_eq!(r.status, 200);
     let a_sent = equiroute_gateway::mock::stream_chunks("stream_cut")[..2].concat();
     let b_sent = equiroute_gateway::mock::stream_chunks("healthy").concat();
@@ -659,7 +723,7 @@ async fn a_continuation_that_breaks_too_ends_in_an_error_event() {
         b,
     )
     .await;
-    let r = rig.stream().await;
+    let r = rig.stream_with(&[RESTART_EVENTS]).await;
     assert_eq!(r.status, 200);
     assert!(r.body.contains("\"event\":\"restart\""), "{}", r.body);
     assert!(r.body.contains("\"code\":\"stream_broken\""), "{}", r.body);

@@ -1124,6 +1124,7 @@ async fn execute_streamed(
                         features,
                         request_id: request_id.clone(),
                         owner: meta.owner.clone(),
+                        restart_events: meta.restart_events,
                         n,
                         body,
                         started,
@@ -1458,6 +1459,8 @@ struct Relay {
     request_id: String,
     /// The label of the key that made the request ([`super::RequestMeta::owner`]).
     owner: Option<Arc<str>>,
+    /// The client reads restart events ([`super::RESTART_HEADER`]).
+    restart_events: bool,
     /// The request's number (seeds a continuation's attempt).
     n: u64,
     /// The client's request, for a continuation.
@@ -1593,7 +1596,11 @@ impl Relay {
             }
             let broke_on = self.candidate;
             let Some(next) = self.open_continuation(&events).await else {
-                not_continued = Some("no provider could take the continuation".into());
+                not_continued = Some(if events.seen.content && !self.restart_events {
+                    format!("no provider left takes an assistant prefill, and a restart would repeat the text already sent (a client that drops it on the restart event sends `{}: events`)", super::RESTART_HEADER)
+                } else {
+                    "no provider could take the continuation".into()
+                });
                 break;
             };
             continuations += 1;
@@ -1734,9 +1741,15 @@ impl Relay {
                 continue;
             }
             let candidate = &iface.candidates[next.candidate];
-            let mode = match iface.stream_resume.mode {
-                ResumeMode::Prefix if iface.prefill[next.candidate] => ResumeMode::Prefix,
-                _ => ResumeMode::Restart,
+            let Some(mode) = continuation_mode(
+                iface.stream_resume.mode,
+                iface.prefill[next.candidate],
+                events.seen.content,
+                self.restart_events,
+            ) else {
+                // It could only restart, which would repeat the text the client has.
+                self.run.skip();
+                continue;
             };
             let prefixed = match (mode, &events.seen.kept) {
                 (ResumeMode::Prefix, Some(kept)) => with_assistant_prefix(&self.body, &kept.text),
@@ -1802,6 +1815,29 @@ impl Relay {
     }
 }
 
+/// How a broken stream goes on, on a candidate that takes a prefill (`prefill`) or not,
+/// once the client has had content (`content_sent`) or not: a restart repeats the answer
+/// from its beginning, which a client that joins deltas would show after the text it has, so
+/// it is chosen only before any content or for a client that reads restart events; else a
+/// prefix continuation on a candidate that takes one, or `None` (not on this candidate).
+fn continuation_mode(
+    configured: ResumeMode,
+    prefill: bool,
+    content_sent: bool,
+    restart_events: bool,
+) -> Option<ResumeMode> {
+    let restart_allowed = !content_sent || restart_events;
+    match configured {
+        ResumeMode::Off => None,
+        ResumeMode::Restart if restart_allowed => Some(ResumeMode::Restart),
+        ResumeMode::Prefix | ResumeMode::Restart if prefill && content_sent => {
+            Some(ResumeMode::Prefix)
+        }
+        _ if restart_allowed => Some(ResumeMode::Restart),
+        _ => None,
+    }
+}
+
 /// The client's request with `text` (the partial answer already sent) as a final assistant
 /// message, for a provider that continues it; `None` when there is no text to continue.
 /// Trailing whitespace is left out: Anthropic refuses a prefill that ends with it.
@@ -1861,6 +1897,9 @@ struct SseScan {
     /// Bytes of an event whose end has not arrived yet.
     pending: Vec<u8>,
     seen: Seen,
+    /// After a prefix continuation: the whitespace the prefill left out (the client has it),
+    /// dropped from the start of the continuation's text so the seam reads as one answer.
+    seam: String,
 }
 
 /// What the events read so far said.
@@ -1872,6 +1911,9 @@ struct Seen {
     finished: bool,
     /// Data events read (chunks, not counting `[DONE]`).
     data_events: u64,
+    /// An event carried content: text, a tool call, any delta member but `role`, or a
+    /// `finish_reason` (what a client shows; kept across a continuation's streams).
+    content: bool,
     /// The answer's text so far, when a broken stream may be continued.
     kept: Option<Kept>,
     /// The token usage the provider reported in the stream, if it did: what the attempt is
@@ -1946,7 +1988,8 @@ struct ChoicePeek {
     delta: Option<DeltaPeek>,
 }
 
-/// The parts of a chunk's delta a continuation needs.
+/// The parts of a chunk's delta a continuation needs, and the rest (reasoning, refusal …),
+/// to tell content from a role-only or empty delta.
 #[derive(serde::Deserialize)]
 struct DeltaPeek {
     #[serde(default)]
@@ -1955,6 +1998,25 @@ struct DeltaPeek {
     tool_calls: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     function_call: Option<serde::de::IgnoredAny>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl DeltaPeek {
+    /// Whether the delta carries anything a client shows: not only a role, nor only empties.
+    fn carries_content(&self) -> bool {
+        let shown = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => false,
+            serde_json::Value::String(s) => !s.is_empty(),
+            serde_json::Value::Array(a) => !a.is_empty(),
+            serde_json::Value::Object(o) => !o.is_empty(),
+            serde_json::Value::Bool(_) | serde_json::Value::Number(_) => true,
+        };
+        self.content.as_deref().is_some_and(|c| !c.is_empty())
+            || self.tool_calls.is_some()
+            || self.function_call.is_some()
+            || self.rest.iter().any(|(k, v)| k != "role" && shown(v))
+    }
 }
 
 impl SseScan {
@@ -1976,8 +2038,13 @@ impl SseScan {
             k.text.clear();
             k.unfit = None;
         }
+        let content = self.seen.content;
         *self = SseScan::default();
+        if let (Some(k), ResumeMode::Prefix) = (&kept, mode) {
+            self.seam = k.text[k.text.trim_end().len()..].to_owned();
+        }
         self.seen.kept = kept;
+        self.seen.content = content;
     }
 
     /// Takes the next bytes; returns the whole events they complete (to relay) and whether
@@ -1987,11 +2054,21 @@ impl SseScan {
         let mut out = Vec::new();
         let mut start = 0;
         while let Some((end, next)) = event_end(&self.pending[start..]) {
-            if let Err(why) = self.seen.read(&self.pending[start..start + end]) {
+            let event = &self.pending[start..start + end];
+            let sewn = (!self.seam.is_empty())
+                .then(|| sew(event, &mut self.seam))
+                .flatten();
+            if let Err(why) = self.seen.read(sewn.as_deref().unwrap_or(event)) {
                 self.pending.clear();
                 return (Bytes::from(out), Err(why));
             }
-            out.extend_from_slice(&self.pending[start..start + next]);
+            match sewn {
+                Some(event) => {
+                    out.extend_from_slice(&event);
+                    out.extend_from_slice(b"\n\n");
+                }
+                None => out.extend_from_slice(&self.pending[start..start + next]),
+            }
             start += next;
         }
         self.pending.drain(..start);
@@ -2016,6 +2093,31 @@ impl SseScan {
             Err(why) => (Bytes::new(), Err(why)),
         }
     }
+}
+
+/// The first text event of a prefix continuation (a one-line `data:` chunk whose choice 0
+/// has text) without the leading whitespace that `seam` (the whitespace the client already
+/// has) covers; `seam` is then spent. `None`: not such an event, relayed as it came.
+fn sew(event: &[u8], seam: &mut String) -> Option<Vec<u8>> {
+    let data = std::str::from_utf8(event)
+        .ok()?
+        .trim_end()
+        .strip_prefix("data:")?;
+    if data.contains('\n') {
+        return None;
+    }
+    let mut chunk: serde_json::Value = serde_json::from_str(data).ok()?;
+    let content = chunk.pointer_mut("/choices/0/delta/content")?;
+    let text = content.as_str().filter(|t| !t.is_empty())?;
+    let owed: usize = text
+        .chars()
+        .zip(seam.chars())
+        .take_while(|(a, b)| a == b)
+        .map(|(a, _)| a.len_utf8())
+        .sum();
+    *content = serde_json::Value::String(text[owed..].to_owned());
+    seam.clear();
+    Some(format!("data: {chunk}").into_bytes())
 }
 
 impl Seen {
@@ -2048,6 +2150,13 @@ impl Seen {
                 self.data_events += 1;
                 if c.choices.iter().any(|ch| ch.finish_reason.is_some()) {
                     self.finished = true;
+                    self.content = true;
+                }
+                if c.choices
+                    .iter()
+                    .any(|ch| ch.delta.as_ref().is_some_and(DeltaPeek::carries_content))
+                {
+                    self.content = true;
                 }
                 if let Some(kept) = &mut self.kept {
                     kept.take(&c.choices);
@@ -2148,6 +2257,63 @@ mod tests {
         let mut scan = SseScan::default();
         let _ = scan.feed(chunk(r#"{"content":"Hello"}"#).as_bytes());
         assert!(scan.seen.kept.is_none());
+    }
+
+    #[test]
+    fn a_restart_follows_content_only_for_a_client_that_reads_restart_events() {
+        use super::{
+            continuation_mode,
+            ResumeMode::{Off, Prefix, Restart},
+        };
+        // (configured, prefill, content sent, restart events) -> mode
+        let table = [
+            ((Off, true, false, true), None),
+            ((Prefix, true, true, false), Some(Prefix)),
+            ((Prefix, false, true, false), None),
+            ((Prefix, false, true, true), Some(Restart)),
+            ((Prefix, false, false, false), Some(Restart)),
+            ((Prefix, true, false, false), Some(Restart)),
+            ((Restart, true, true, true), Some(Restart)),
+            ((Restart, true, true, false), Some(Prefix)),
+            ((Restart, false, true, false), None),
+            ((Restart, false, false, false), Some(Restart)),
+        ];
+        for ((mode, prefill, sent, events), want) in table {
+            assert_eq!(
+                continuation_mode(mode, prefill, sent, events),
+                want,
+                "{mode:?} prefill {prefill} sent {sent} events {events}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_role_or_empty_delta_is_not_content_and_anything_a_client_shows_is() {
+        let chunk =
+            |delta: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
+        for (delta, content) in [
+            (r#"{"role":"assistant","content":""}"#, false),
+            (
+                r#"{"role":"assistant","content":null,"refusal":null}"#,
+                false,
+            ),
+            ("{}", false),
+            (r#"{"content":"H"}"#, true),
+            (r#"{"reasoning_content":"thinking"}"#, true),
+            (r#"{"tool_calls":[{"index":0}]}"#, true),
+        ] {
+            let mut scan = SseScan::default();
+            let (_, ok) = scan.feed(chunk(delta).as_bytes());
+            assert_eq!((ok, scan.seen.content), (Ok(()), content), "{delta}");
+        }
+        let mut scan = SseScan::default();
+        let _ = scan.feed(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        );
+        assert!(
+            scan.seen.content,
+            "an empty answer's end is what the client shows"
+        );
     }
 
     #[test]
