@@ -514,6 +514,74 @@ async fn a_stream_that_breaks_while_held_falls_back_invisibly() {
 }
 
 #[tokio::test]
+async fn with_defaults_a_stream_that_breaks_before_content_falls_back_invisibly() {
+    // Only providers declared. `a` sends its role chunk (no content) and then breaks, stalls
+    // (past stream_idle_ms) or sends a malformed event: held, so the client sees b alone.
+    for (fault, lines) in [
+        ("stream_cut", "stream_cut_after = 1"),
+        ("stream_stall", "stream_stall_after = 1"),
+    ] {
+        let rig = rig(fault, lines, "").await;
+        let r = rig.stream().await;
+        assert_fell_back_while_held(&rig, fault, &r).await;
+    }
+}
+
+#[tokio::test]
+async fn with_defaults_a_healthy_stream_is_sent_from_its_first_content_token() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The hold keeps only the role chunk: the first content chunk leaves the gateway when it
+    // arrives, not after the answer (chunks 250 ms apart; the first content at about 250 ms).
+    let rig = rig(
+        "slow_first_token",
+        "first_token_delay_ms = 1\nchunk_gap_ms = 250",
+        "",
+    )
+    .await;
+    let started = Instant::now();
+    let mut conn = tokio::net::TcpStream::connect(rig.gw.addr).await.unwrap();
+    let body = chat_body(true);
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"mock \"") {
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let first_token = started.elapsed();
+    // The whole answer takes 5 gaps (1.25 s); its first token came with the second chunk.
+    assert!(first_token < Duration::from_millis(700), "{first_token:?}");
+    assert!(
+        !String::from_utf8_lossy(&seen).contains("streamed"),
+        "the rest came later"
+    );
+}
+
+#[tokio::test]
+async fn with_defaults_a_stream_cut_after_content_goes_on_from_its_prefix() {
+    // Only providers declared; `b` takes a prefill (Anthropic): the joined text is one answer.
+    for fault in ["stream_cut", "malformed_chunk"] {
+        let b = Fallback {
+            kind: "anthropic",
+            profile: "",
+        };
+        let rig = rig_onto(fault, "", "", b).await;
+        let r = rig.stream().await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body.ends_with("data: [DONE]\n\n"), "{fault}: {}", r.body);
+        let (text, markers) = streamed_text(&r.body);
+        assert_eq!(text, "mock streamed answer", "{fault}: {}", r.body);
+        assert_eq!(markers[0]["event"], "continue", "{fault}");
+        assert_eq!(continuations_metric(&rig, "prefix").await, 1, "{fault}");
+    }
+}
+
+#[tokio::test]
 async fn a_stream_that_breaks_after_its_hold_still_ends_in_an_error_event() {
     // Held for one data event only: the cut after the second reaches the client as a cut.
     let rig = rig("stream_cut", "", "stream_hold = { ms = 2000, events = 1 }").await;
@@ -652,7 +720,7 @@ async fn a_stream_cut_before_content_restarts_on_a_provider_without_prefill() {
     let rig = rig(
         "stream_cut",
         "stream_cut_after = 1",
-        "stream_resume = { mode = \"prefix\" }",
+        "stream_hold = { until_content = false }",
     )
     .await;
     let r = rig.stream().await;

@@ -1360,6 +1360,7 @@ async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStr
     if !policy.is_on() {
         return Held::Commit { first, rest };
     }
+    // Without a timed hold, `until` is now: only the content gate holds.
     let until = tokio::time::Instant::now() + Duration::from_secs_f64(policy.ms / 1000.0);
     let idle = Duration::from_secs_f64(idle.0 / 1000.0);
     let mut scan = SseScan::default();
@@ -1372,17 +1373,25 @@ async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStr
                 return Held::Broken(why);
             }
         }
-        let enough = policy.events > 0 && scan.seen.data_events >= policy.events;
         let now = tokio::time::Instant::now();
-        if enough || scan.seen.done || held.len() >= StreamHold::MAX_BYTES || now >= until {
+        let timed_over = !policy.is_timed()
+            || now >= until
+            || (policy.events > 0 && scan.seen.data_events >= policy.events);
+        let content_gate = !policy.until_content || scan.seen.content;
+        if (timed_over && content_gate) || scan.seen.done || held.len() >= StreamHold::MAX_BYTES {
             return Held::Commit {
                 first: Bytes::from(held),
                 rest,
             };
         }
-        match tokio::time::timeout((until - now).min(idle), rest.next()).await {
-            // The hold is over before the stream was silent for its idle limit.
-            Err(_) if tokio::time::Instant::now() >= until => {}
+        let wait = if timed_over {
+            idle
+        } else {
+            (until - now).min(idle)
+        };
+        match tokio::time::timeout(wait, rest.next()).await {
+            // The timed hold is over before the stream was silent for its idle limit.
+            Err(_) if !timed_over && tokio::time::Instant::now() >= until => {}
             Err(_) => {
                 return Held::Broken(format!(
                     "the provider's stream stalled for more than {:.0} ms",
