@@ -1172,6 +1172,28 @@ async fn a_provider_down_then_recovered_is_probed_with_back_off_and_gets_traffic
 }
 
 #[tokio::test]
+async fn with_defaults_a_first_byte_that_stalls_is_given_up_for_the_next_provider_in_time() {
+    // Nothing learnt of any provider; `a`'s first byte would come after 8 s. The unlearnt
+    // limit is min(5 s, half of the 3 s deadline): `a` is given up at 1.5 s and `b` answers
+    // within the deadline (waiting out the attempt timeout, 60 s, would have missed it).
+    let rig = rig("slow_first_token", "first_token_delay_ms = 8000", "").await;
+    let t = Instant::now();
+    let r = rig.stream().await;
+    assert_fell_over(&r);
+    let took = t.elapsed();
+    assert!(
+        (Duration::from_millis(1400)..Duration::from_millis(2900)).contains(&took),
+        "{took:?}"
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(attempts(&record)[0].1, "timeout", "{record}");
+    let limit = record["attempts"][0]["first_byte_limit_ms"]
+        .as_f64()
+        .unwrap();
+    assert!((1400.0..=1500.0).contains(&limit), "{limit}");
+}
+
+#[tokio::test]
 async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_from_its_first_bytes(
 ) {
     // `a` streams normally (first byte in about 20 ms) for 6 calls, then never answers.
@@ -1186,9 +1208,9 @@ async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_
         let r = rig.stream().await;
         assert_eq!(r.header("x-equiroute-provider"), Some("a"), "{}", r.body);
         if n == 0 {
-            // Nothing learnt yet: the attempt's timeout, here the 3 s deadline.
+            // Nothing learnt yet, b left behind: half of the 3 s left (deadline_share 0.5).
             let limit = limit_of(&rig.audit_of(&r).await, 0).unwrap();
-            assert!(limit > 2000.0, "{limit}");
+            assert!((1400.0..=1500.0).contains(&limit), "{limit}");
         }
     }
     let t = Instant::now();

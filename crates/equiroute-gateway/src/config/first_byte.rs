@@ -19,6 +19,13 @@ pub struct FirstByteLimit {
     /// Plan a streamed request's hedge delay on the first-byte belief (false: on the
     /// whole-answer latency beliefs, as an unstreamed request's; the limit is unchanged).
     pub plan_hedges: bool,
+    /// The limit before the provider's first bytes are known and while another candidate is
+    /// left, when the interface's providers together have not `min_observations` first bytes
+    /// either (else it is derived from theirs).
+    pub unlearnt_ms: f64,
+    /// The share of the time left before the deadline that an attempt with an unlearnt limit
+    /// may wait for its first byte (the rest is for the next candidate).
+    pub deadline_share: f64,
 }
 
 impl Default for FirstByteLimit {
@@ -30,6 +37,8 @@ impl Default for FirstByteLimit {
             floor_ms: 1000.0,
             min_observations: 5,
             plan_hedges: true,
+            unlearnt_ms: 5000.0,
+            deadline_share: 0.5,
         }
     }
 }
@@ -64,6 +73,24 @@ impl FirstByteLimit {
                 format!(
                     "must be a positive number of ms (default 1000), got {}",
                     self.floor_ms
+                ),
+            ));
+        }
+        if !(self.unlearnt_ms.is_finite() && self.unlearnt_ms > 0.0) {
+            return Err((
+                "unlearnt_ms",
+                format!(
+                    "must be a positive number of ms (default 5000), got {}",
+                    self.unlearnt_ms
+                ),
+            ));
+        }
+        if !(self.deadline_share > 0.0 && self.deadline_share <= 1.0) {
+            return Err((
+                "deadline_share",
+                format!(
+                    "must be above 0 and at most 1 (default 0.5), got {}",
+                    self.deadline_share
                 ),
             ));
         }

@@ -1079,8 +1079,10 @@ async fn execute_streamed(
         if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
-        let open =
-            |next: NextAttempt, now| open_attempt(&state, &iface, &body, n, next, now, tokens);
+        let unlearnt = Unlearnt::of(&run, &next, now);
+        let open = |next: NextAttempt, now| {
+            open_attempt(&state, &iface, &body, n, next, now, tokens, unlearnt)
+        };
         // The first attempt with a hedge planned beside it races to its first byte.
         let opened = if let Some(hedge) = run.hedge(&next, now) {
             let ctx = super::hedge::Booking {
@@ -1229,6 +1231,7 @@ enum OpenResult {
 
 /// Starts a streamed attempt at `now`: its first-byte limit, and the future that opens it up
 /// to its first byte and through its hold.
+#[allow(clippy::too_many_arguments)]
 fn open_attempt<'a>(
     state: &'a AppState,
     iface: &'a InterfaceRuntime,
@@ -1237,8 +1240,9 @@ fn open_attempt<'a>(
     next: NextAttempt,
     now: equiroute_core::Timestamp,
     tokens: TokenEstimate,
+    unlearnt: Unlearnt,
 ) -> Result<super::hedge::Opening<'a>, ApiError> {
-    let limit = first_byte_limit(iface, next.candidate, now, next.timeout)?;
+    let limit = first_byte_limit(iface, next.candidate, now, next.timeout, unlearnt)?;
     let span = super::spans::attempt(iface, next, false);
     let attempt_span = span.clone();
     let opened = async move {
@@ -1415,17 +1419,47 @@ async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStr
     }
 }
 
+/// What bounds a streamed attempt's first-byte limit while its provider's first bytes are
+/// not known (see [`super::ttfb`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Unlearnt {
+    /// No other candidate is left: the attempt's timeout.
+    LastCandidate,
+    /// Another is: the unlearnt limit, within a share of `left` (the time to the deadline).
+    Fallback { left: Option<Millis> },
+}
+
+impl Unlearnt {
+    /// For the attempt `next` of `run`, started at `now`.
+    fn of(run: &Execution, next: &NextAttempt, now: equiroute_core::Timestamp) -> Unlearnt {
+        if run.has_fallback_after(next) {
+            Unlearnt::Fallback {
+                left: run.remaining(now),
+            }
+        } else {
+            Unlearnt::LastCandidate
+        }
+    }
+}
+
 /// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
-/// from the provider's first-byte times (see [`super::ttfb`]), at most `max`.
+/// from the provider's first-byte times (see [`super::ttfb`]), or unlearnt, at most `max`.
 fn first_byte_limit(
     iface: &InterfaceRuntime,
     candidate: usize,
     now: equiroute_core::Timestamp,
     max: Option<Millis>,
+    unlearnt: Unlearnt,
 ) -> Result<Option<Millis>, ApiError> {
     let Some(max) = max else { return Ok(None) };
     let stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
-    Ok(Some(iface.first_byte.limit(&stats[candidate], now, max)))
+    let cfg = &iface.first_byte;
+    Ok(Some(match unlearnt {
+        Unlearnt::Fallback { left } if !cfg.knows(&stats[candidate]) => {
+            cfg.unlearnt_limit(&stats, now, max, left)
+        }
+        _ => cfg.limit(&stats[candidate], now, max),
+    }))
 }
 
 /// Feeds a streamed attempt's start to its provider's first-byte statistics: the first
@@ -1771,7 +1805,9 @@ impl Relay {
                 seed: state.seed_for(self.n)
                     ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
             };
-            let limit = first_byte_limit(&iface, next.candidate, now, next.timeout).ok()?;
+            let unlearnt = Unlearnt::of(&self.run, &next, now);
+            let limit =
+                first_byte_limit(&iface, next.candidate, now, next.timeout, unlearnt).ok()?;
             self.decided
                 .first_byte_limits
                 .push((next.candidate, now, limit.map(|l| l.0)));
