@@ -1,6 +1,7 @@
 """What the SDK scripts share: starting `equiroute` subcommands and running named checks."""
 
 import re
+import shutil
 import subprocess
 
 
@@ -28,3 +29,11 @@ def run_checks(named, label):
             print(f"FAILED {name}: {e!r}")
     print(f"{label}: {passed} passed, {failed} failed")
     return failed
+
+
+def stop(procs, work):
+    """Stops the processes `start` started and removes the scratch directory `work`."""
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+    shutil.rmtree(work, ignore_errors=True)

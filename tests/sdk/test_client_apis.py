@@ -9,7 +9,6 @@ Run by `.ci/run` (which installs `openai` and `anthropic` into a virtualenv):
 
 import json
 import os
-import shutil
 import sys
 import tempfile
 import urllib.request
@@ -17,7 +16,7 @@ import urllib.request
 import anthropic
 import openai
 
-from harness import run_checks, start
+from harness import run_checks, start, stop
 
 CONFIG = """
 [interfaces.via-openai]
@@ -252,10 +251,7 @@ def main():
         ]
         failed = run_checks(named, "sdk (responses, messages)")
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
     sys.exit(1 if failed else 0)
 
 

@@ -11,13 +11,12 @@ Run by `.ci/run` (which installs `openai` into a virtualenv):
 """
 
 import os
-import shutil
 import sys
 import tempfile
 
 import openai
 
-from harness import run_checks, start
+from harness import run_checks, start, stop
 
 ANSWER = "mock streamed answer"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -142,10 +141,7 @@ def main():
         )
         failed = run_checks([(c.__name__, lambda c=c: c(client)) for c in checks], "sdk (stream breaks)")
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
+        stop(procs, work)
     sys.exit(1 if failed else 0)
 
 
