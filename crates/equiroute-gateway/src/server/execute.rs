@@ -5,7 +5,7 @@
 use super::error::ApiError;
 use super::repeated::Repeated;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
-use crate::config::first_byte::{ResumeMode, StreamHold, StreamResume};
+use crate::config::first_byte::{ResumeMode, StreamHold};
 use crate::redact::Redacted;
 use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
@@ -1633,7 +1633,7 @@ impl Relay {
         let mut continuations = 0;
         let mut not_continued = None;
         while let Some(reason) = broken.clone() {
-            if let Some(why) = Self::unresumable(resume, &events, continuations) {
+            if let Some(why) = self.unresumable(&events, continuations) {
                 not_continued = Some(why);
                 break;
             }
@@ -1754,7 +1754,8 @@ impl Relay {
     }
 
     /// Why a stream that broke is not continued, if it is not.
-    fn unresumable(resume: StreamResume, events: &SseScan, done: u32) -> Option<String> {
+    fn unresumable(&self, events: &SseScan, done: u32) -> Option<String> {
+        let resume = self.iface.stream_resume;
         if !resume.is_on() {
             return Some("stream_resume is off".into());
         }
@@ -1767,7 +1768,16 @@ impl Relay {
         if events.seen.finished {
             return Some("the answer had its finish_reason before the break".into());
         }
-        events.seen.kept.as_ref()?.unfit.map(str::to_owned)
+        let kept = events.seen.kept.as_ref()?;
+        if let Some(why) = kept.unfit {
+            return Some(why.to_owned());
+        }
+        // Content without text (reasoning only): no prefix to go on from, and a restart would
+        // repeat what the client has.
+        if events.seen.content && kept.text.trim().is_empty() && !self.restart_events {
+            return Some("the content sent has no text to continue from".into());
+        }
+        None
     }
 
     /// Opens the continuation of the broken stream on the next candidate the execution
