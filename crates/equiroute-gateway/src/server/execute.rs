@@ -2372,6 +2372,31 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_continuation_drops_the_whitespace_the_client_already_has_once() {
+        let chunk =
+            |delta: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
+        let mut scan = SseScan::keeping(Some(100));
+        let _ = scan.feed(chunk(r#"{"content":"mock "}"#).as_bytes());
+        scan.next_stream(super::ResumeMode::Prefix);
+        assert_eq!(scan.seam, " ");
+        // A role chunk without text passes as it came; the seam waits for text.
+        let role = chunk(r#"{"role":"assistant","content":""}"#);
+        let (out, _) = scan.feed(role.as_bytes());
+        assert_eq!((&out[..], scan.seam.as_str()), (role.as_bytes(), " "));
+        let (out, ok) = scan.feed(chunk(r#"{"content":" streamed "}"#).as_bytes());
+        assert_eq!(ok, Ok(()));
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert!(
+            text.contains(r#""content":"streamed ""#) && text.ends_with("\n\n"),
+            "{text}"
+        );
+        assert_eq!(scan.seen.kept.as_ref().unwrap().text, "mock streamed ");
+        // Spent: later text is relayed as it came.
+        let later = chunk(r#"{"content":" answer"}"#);
+        assert_eq!(&scan.feed(later.as_bytes()).0[..], later.as_bytes());
+    }
+
+    #[test]
     fn a_prefix_is_the_text_sent_without_trailing_whitespace_as_the_last_assistant_turn() {
         let body = crate::upstream::ClientBody::from_json(
             serde_json::json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}),
