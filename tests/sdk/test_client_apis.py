@@ -9,15 +9,14 @@ Run by `.ci/run` (which installs `openai` and `anthropic` into a virtualenv):
 
 import json
 import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import urllib.request
 
 import anthropic
 import openai
+
+from harness import run_checks, start, stop
 
 CONFIG = """
 [interfaces.via-openai]
@@ -218,20 +217,12 @@ def check_messages_errors(client, base, iface, model, provider):
         raise AssertionError("expected anthropic.BadRequestError")
 
 
-def start(args, env):
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    match = re.search(r"http://([0-9.]+:[0-9]+)", line)
-    assert match, f"no address in {line!r}"
-    return proc, match.group(1)
-
-
 def main():
     binary = sys.argv[1] if len(sys.argv) > 1 else "target/debug/equiroute"
     work = tempfile.mkdtemp(prefix="equiroute-sdk-apis-")
     env = dict(os.environ, XDG_STATE_HOME=work, EQUIROUTE_SDK_MOCK_KEY="mock-key")
     procs = []
-    passed = failed = 0
+    failed = 1
     try:
         mock, mock_addr = start([binary, "mock-upstream", "--listen", "127.0.0.1:0"], env)
         procs.append(mock)
@@ -253,22 +244,14 @@ def main():
             (an, check_messages_tool_use),
             (an, check_messages_errors),
         ]
-        for iface, model, provider in INTERFACES:
-            for client, check in checks:
-                name = f"{check.__name__} via {iface}"
-                try:
-                    check(client, base, iface, model, provider)
-                    passed += 1
-                    print(f"ok {name}")
-                except Exception as e:  # report every check, then fail the run
-                    failed += 1
-                    print(f"FAILED {name}: {e!r}")
+        named = [
+            (f"{check.__name__} via {iface}", lambda c=client, k=check, i=iface, m=model, p=provider: k(c, base, i, m, p))
+            for iface, model, provider in INTERFACES
+            for client, check in checks
+        ]
+        failed = run_checks(named, "sdk (responses, messages)")
     finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"sdk (responses, messages): {passed} passed, {failed} failed")
+        stop(procs, work)
     sys.exit(1 if failed else 0)
 
 

@@ -16,6 +16,8 @@ import tempfile
 
 import openai
 
+from harness import run_checks
+
 MESSAGES = [{"role": "user", "content": "what is the capital of france?"}]
 
 
@@ -83,7 +85,7 @@ def main():
     state_home = tempfile.mkdtemp(prefix="equiroute-sdk-state-")
     env = dict(os.environ, XDG_STATE_HOME=state_home)
     proc = subprocess.Popen([binary, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True, env=env)
-    passed = failed = 0
+    failed = 1
     try:
         line = proc.stdout.readline()
         match = re.search(r"http://([0-9.]+:[0-9]+)", line)
@@ -91,19 +93,12 @@ def main():
         learning = proc.stdout.readline()
         assert learning.startswith("learning: persists in " + state_home), learning
         client = openai.OpenAI(base_url=f"http://{match.group(1)}/v1", api_key="unused", max_retries=0)
-        for check in (check_completion, check_stream, check_not_found, check_bad_request, check_bad_field, check_models):
-            try:
-                check(client)
-                passed += 1
-                print(f"ok {check.__name__}")
-            except Exception as e:  # report every check, then fail the run
-                failed += 1
-                print(f"FAILED {check.__name__}: {e!r}")
+        checks = (check_completion, check_stream, check_not_found, check_bad_request, check_bad_field, check_models)
+        failed = run_checks([(c.__name__, lambda c=c: c(client)) for c in checks], "sdk")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(state_home, ignore_errors=True)
-    print(f"sdk: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
 

@@ -367,6 +367,19 @@ impl Execution {
         })
     }
 
+    /// Whether another candidate could still be tried after `proposed` (the attempt
+    /// [`Execution::next_attempt`] just gave) fails: one left in the ranking and an attempt
+    /// left under `max_attempts`.
+    #[must_use]
+    pub fn has_fallback_after(&self, proposed: &NextAttempt) -> bool {
+        let after = if proposed.retry.is_some() {
+            self.next
+        } else {
+            self.next + 1
+        };
+        after < self.order.len() && self.attempts.len() + 1 < self.limits.max_attempts as usize
+    }
+
     /// Attempts recorded so far.
     #[must_use]
     pub fn attempts(&self) -> usize {

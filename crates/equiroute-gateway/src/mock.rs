@@ -57,6 +57,10 @@
 //! answer (of any dialect) calls the first one, unless the conversation's last turn carries
 //! tool results: then it answers in text, so a client's tool loop ends.
 //!
+//! A streamed Anthropic answer whose conversation ends with an assistant prefill that begins
+//! the mock's answer (`mock streamed answer`) goes on from it, as a model that takes prefills
+//! does (what a continued stream needs).
+//!
 //! Stream faults apply to streamed answers only (an unstreamed one is answered normally);
 //! `slow_first_token` delays an unstreamed answer by the same time. A fault decides first;
 //! the error rates apply to calls it lets through. Calls are counted per route and per model
@@ -1300,14 +1304,13 @@ async fn serve_chat(
                 }
                 (text(chunks), "text/event-stream")
             }
-            Speaks::Anthropic => (
-                text(with_fault(
-                    anthropic_stream_events(model, tool.as_deref()),
-                    fault,
-                    true,
-                )),
-                "text/event-stream",
-            ),
+            Speaks::Anthropic => {
+                let mut events = anthropic_stream_events(model, tool.as_deref());
+                if let Some(rest) = prefilled_rest(&body) {
+                    continue_prefill(&mut events, &rest);
+                }
+                (text(with_fault(events, fault, true)), "text/event-stream")
+            }
             Speaks::Gemini => (
                 text(with_fault(
                     gemini_stream_events(model, tool.as_deref()),
@@ -1503,6 +1506,38 @@ pub fn anthropic_stream_events(model: &str, tool: Option<&str>) -> Vec<String> {
     ));
     out.push(event("message_stop", json!({"type": "message_stop"})));
     out
+}
+
+/// The mock's streamed answer's text after an assistant prefill (the conversation's last
+/// turn, Anthropic's shape) that begins it, as a model that takes prefills goes on from it.
+fn prefilled_rest(body: &serde_json::Value) -> Option<String> {
+    let last = body.pointer("/messages")?.as_array()?.last()?;
+    if last["role"] != "assistant" {
+        return None;
+    }
+    let prefill = match &last["content"] {
+        serde_json::Value::String(t) => t.clone(),
+        blocks => blocks
+            .as_array()?
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect(),
+    };
+    "mock streamed answer"
+        .strip_prefix(prefill.as_str())
+        .filter(|_| !prefill.is_empty())
+        .map(str::to_owned)
+}
+
+/// Replaces the text deltas of Anthropic `events` by one with `rest`.
+fn continue_prefill(events: &mut Vec<String>, rest: &str) {
+    let Some(at) = events.iter().position(|e| e.contains("\"text_delta\"")) else {
+        return;
+    };
+    events.retain(|e| !e.contains("\"text_delta\""));
+    let delta = json!({"type": "content_block_delta", "index": 0,
+        "delta": {"type": "text_delta", "text": rest}});
+    events.insert(at, format!("event: content_block_delta\ndata: {delta}\n\n"));
 }
 
 /// The events of the mock's streamed Gemini answer (`alt=sse`): no end marker, the last

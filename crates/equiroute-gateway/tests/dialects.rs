@@ -387,22 +387,32 @@ async fn a_gemini_tool_loop_returns_the_thought_signature_and_ids_never_repeat()
 
 #[tokio::test]
 async fn a_native_stream_cut_midway_ends_in_an_error_event_not_done() {
+    // After content (the backup, an OpenAI provider, takes no prefill: not continued) the
+    // error event ends the stream; before content (Anthropic's third event, its `ping`, made
+    // malformed) the held start falls back to the backup invisibly.
     let backup = mock("").await;
-    for first in ["anthropic", "gemini"] {
-        for profile in [
-            "[chat]\nstream_cut_after = 2\n",
+    for (first, profile, broken) in [
+        ("anthropic", "[chat]\nstream_cut_after = 4\n", true),
+        (
+            "anthropic",
             "[chat]\nfault = \"no_done_unfinished\"\n",
-            "[chat]\nfault = \"malformed_chunk\"\n",
-        ] {
-            let native = mock(profile).await;
-            let table = match first {
-                "anthropic" => anthropic(native.addr),
-                _ => gemini(native.addr),
-            };
-            let gw = gateway(table, backup.addr).await;
-            let r = chat(gw.addr, &request(true, false)).await;
-            assert_eq!(r.status, 200, "{first} {profile}: {}", r.body);
-            let ev = events(&r.body);
+            true,
+        ),
+        ("anthropic", "[chat]\nfault = \"malformed_chunk\"\n", false),
+        ("gemini", "[chat]\nstream_cut_after = 2\n", true),
+        ("gemini", "[chat]\nfault = \"no_done_unfinished\"\n", true),
+        ("gemini", "[chat]\nfault = \"malformed_chunk\"\n", true),
+    ] {
+        let native = mock(profile).await;
+        let table = match first {
+            "anthropic" => anthropic(native.addr),
+            _ => gemini(native.addr),
+        };
+        let gw = gateway(table, backup.addr).await;
+        let r = chat(gw.addr, &request(true, false)).await;
+        assert_eq!(r.status, 200, "{first} {profile}: {}", r.body);
+        let ev = events(&r.body);
+        if broken {
             assert_ne!(
                 ev.last(),
                 Some(&json!("[DONE]")),
@@ -414,6 +424,18 @@ async fn a_native_stream_cut_midway_ends_in_an_error_event_not_done() {
                 "stream_broken",
                 "{first} {profile}: {}",
                 r.body
+            );
+        } else {
+            assert_eq!(
+                ev.last(),
+                Some(&json!("[DONE]")),
+                "{first} {profile}: {}",
+                r.body
+            );
+            assert_eq!(
+                r.header("x-equiroute-provider"),
+                Some("backup"),
+                "{first} {profile}"
             );
         }
     }

@@ -120,11 +120,14 @@ impl Rig {
         .await
     }
     async fn stream(&self) -> Reply {
+        self.stream_with(&[]).await
+    }
+    async fn stream_with(&self, headers: &[(&str, &str)]) -> Reply {
         http(
             self.gw.addr,
             "POST",
             "/v1/chat/completions",
-            &[],
+            headers,
             &chat_body(true),
         )
         .await
@@ -511,6 +514,74 @@ async fn a_stream_that_breaks_while_held_falls_back_invisibly() {
 }
 
 #[tokio::test]
+async fn with_defaults_a_stream_that_breaks_before_content_falls_back_invisibly() {
+    // Only providers declared. `a` sends its role chunk (no content) and then breaks, stalls
+    // (past stream_idle_ms) or sends a malformed event: held, so the client sees b alone.
+    for (fault, lines) in [
+        ("stream_cut", "stream_cut_after = 1"),
+        ("stream_stall", "stream_stall_after = 1"),
+    ] {
+        let rig = rig(fault, lines, "").await;
+        let r = rig.stream().await;
+        assert_fell_back_while_held(&rig, fault, &r).await;
+    }
+}
+
+#[tokio::test]
+async fn with_defaults_a_healthy_stream_is_sent_from_its_first_content_token() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The hold keeps only the role chunk: the first content chunk leaves the gateway when it
+    // arrives, not after the answer (chunks 250 ms apart; the first content at about 250 ms).
+    let rig = rig(
+        "slow_first_token",
+        "first_token_delay_ms = 1\nchunk_gap_ms = 250",
+        "",
+    )
+    .await;
+    let started = Instant::now();
+    let mut conn = tokio::net::TcpStream::connect(rig.gw.addr).await.unwrap();
+    let body = chat_body(true);
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"content\":\"mock \"") {
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let first_token = started.elapsed();
+    // The whole answer takes 5 gaps (1.25 s); its first token came with the second chunk.
+    assert!(first_token < Duration::from_millis(700), "{first_token:?}");
+    assert!(
+        !String::from_utf8_lossy(&seen).contains("streamed"),
+        "the rest came later"
+    );
+}
+
+#[tokio::test]
+async fn with_defaults_a_stream_cut_after_content_goes_on_from_its_prefix() {
+    // Only providers declared; `b` takes a prefill (Anthropic): the joined text is one answer.
+    for fault in ["stream_cut", "malformed_chunk"] {
+        let b = Fallback {
+            kind: "anthropic",
+            profile: "",
+        };
+        let rig = rig_onto(fault, "", "", b).await;
+        let r = rig.stream().await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body.ends_with("data: [DONE]\n\n"), "{fault}: {}", r.body);
+        let (text, markers) = streamed_text(&r.body);
+        assert_eq!(text, "mock streamed answer", "{fault}: {}", r.body);
+        assert_eq!(markers[0]["event"], "continue", "{fault}");
+        assert_eq!(continuations_metric(&rig, "prefix").await, 1, "{fault}");
+    }
+}
+
+#[tokio::test]
 async fn a_stream_that_breaks_after_its_hold_still_ends_in_an_error_event() {
     // Held for one data event only: the cut after the second reaches the client as a cut.
     let rig = rig("stream_cut", "", "stream_hold = { ms = 2000, events = 1 }").await;
@@ -564,8 +635,9 @@ async fn a_stream_cut_after_commit_is_continued_from_its_prefix_on_a_provider_th
     assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
     assert!(!r.body.contains("stream_broken"), "{}", r.body);
     let (text, markers) = streamed_text(&r.body);
-    // a's "mock ", then b's whole (mock) answer appended.
-    assert_eq!(text, "mock mock streamed answer");
+    // a's "mock ", then b's continuation of "mock" (" streamed answer", the mock goes on from
+    // a prefill), its leading space dropped as the client has it: one answer.
+    assert_eq!(text, "mock streamed answer");
     assert_eq!(markers.len(), 1, "{}", r.body);
     assert_eq!(
         (
@@ -600,12 +672,72 @@ async fn a_stream_cut_after_commit_is_continued_from_its_prefix_on_a_provider_th
     assert_eq!(rig.attempts_metric("a", "provider_error").await, 1);
 }
 
+/// The header by which a client says it drops what it joined before a restart marker.
+const RESTART_EVENTS: (&str, &str) = ("x-equiroute-stream-restart", "events");
+
 #[tokio::test]
-async fn a_stream_cut_after_commit_restarts_marked_on_a_provider_without_prefill() {
+async fn a_stream_cut_after_content_is_never_restarted_for_a_client_that_joins_deltas() {
+    // `b` takes no prefill: a restart would send its whole answer after a's "mock ", which a
+    // client joining deltas shows as old + new text. Without the restart header: the honest
+    // error, and `b` is not called; with a header of another value: a 400 naming it.
+    for mode in ["prefix", "restart"] {
+        let rig = rig(
+            "stream_cut",
+            "",
+            &format!("stream_resume = {{ mode = \"{mode}\" }}"),
+        )
+        .await;
+        let r = rig.stream().await;
+        assert_broken_stream(&rig, "stream_cut", &r).await;
+        let (text, markers) = streamed_text(&r.body);
+        assert_eq!(
+            (text.as_str(), markers.len()),
+            ("mock ", 0),
+            "{mode}: {}",
+            r.body
+        );
+        assert!(
+            r.body.contains("x-equiroute-stream-restart: events"),
+            "{}",
+            r.body
+        );
+        assert_eq!(continuations_metric(&rig, "restart").await, 0);
+        let bad = rig.stream_with(&[(RESTART_EVENTS.0, "yes")]).await;
+        assert_eq!(bad.status, 400, "{}", bad.body);
+        assert_eq!(
+            bad.json()["error"]["param"],
+            RESTART_EVENTS.0,
+            "{}",
+            bad.body
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_content_restarts_on_a_provider_without_prefill() {
+    // Cut after the role chunk only, sent at once (no hold): nothing the client joins was
+    // sent, so `b` restarts the answer and the joined text is b's answer alone.
+    let rig = rig(
+        "stream_cut",
+        "stream_cut_after = 1",
+        "stream_hold = { until_content = false }",
+    )
+    .await;
+    let r = rig.stream().await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
+    let (text, markers) = streamed_text(&r.body);
+    assert_eq!(text, "mock streamed answer", "{}", r.body);
+    assert_eq!(markers[0]["event"], "restart", "{}", r.body);
+    assert_eq!(continuations_metric(&rig, "restart").await, 1);
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_commit_restarts_marked_for_a_client_that_reads_restart_events() {
     // `b` speaks OpenAI's chat, which takes no prefill: the answer starts again after the
     // marker, and `b` gets the client's request as it was.
     let rig = rig("stream_cut", "", "stream_resume = { mode = \"prefix\" }").await;
-    let r = rig.stream().await;
+    let r = rig.stream_with(&[RESTART_EVENTS]).await;
     assert_eq!(r.status, 200);
     let a_sent = equiroute_gateway::mock::stream_chunks("stream_cut")[..2].concat();
     let b_sent = equiroute_gateway::mock::stream_chunks("healthy").concat();
@@ -659,7 +791,7 @@ async fn a_continuation_that_breaks_too_ends_in_an_error_event() {
         b,
     )
     .await;
-    let r = rig.stream().await;
+    let r = rig.stream_with(&[RESTART_EVENTS]).await;
     assert_eq!(r.status, 200);
     assert!(r.body.contains("\"event\":\"restart\""), "{}", r.body);
     assert!(r.body.contains("\"code\":\"stream_broken\""), "{}", r.body);
@@ -1047,6 +1179,28 @@ async fn a_provider_down_then_recovered_is_probed_with_back_off_and_gets_traffic
 }
 
 #[tokio::test]
+async fn with_defaults_a_first_byte_that_stalls_is_given_up_for_the_next_provider_in_time() {
+    // Nothing learnt of any provider; `a`'s first byte would come after 8 s. The unlearnt
+    // limit is min(5 s, half of the 3 s deadline): `a` is given up at 1.5 s and `b` answers
+    // within the deadline (waiting out the attempt timeout, 60 s, would have missed it).
+    let rig = rig("slow_first_token", "first_token_delay_ms = 8000", "").await;
+    let t = Instant::now();
+    let r = rig.stream().await;
+    assert_fell_over(&r);
+    let took = t.elapsed();
+    assert!(
+        (Duration::from_millis(1400)..Duration::from_millis(2900)).contains(&took),
+        "{took:?}"
+    );
+    let record = rig.audit_of(&r).await;
+    assert_eq!(attempts(&record)[0].1, "timeout", "{record}");
+    let limit = record["attempts"][0]["first_byte_limit_ms"]
+        .as_f64()
+        .unwrap();
+    assert!((1400.0..=1500.0).contains(&limit), "{limit}");
+}
+
+#[tokio::test]
 async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_from_its_first_bytes(
 ) {
     // `a` streams normally (first byte in about 20 ms) for 6 calls, then never answers.
@@ -1061,9 +1215,9 @@ async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_
         let r = rig.stream().await;
         assert_eq!(r.header("x-equiroute-provider"), Some("a"), "{}", r.body);
         if n == 0 {
-            // Nothing learnt yet: the attempt's timeout, here the 3 s deadline.
+            // Nothing learnt yet, b left behind: half of the 3 s left (deadline_share 0.5).
             let limit = limit_of(&rig.audit_of(&r).await, 0).unwrap();
-            assert!(limit > 2000.0, "{limit}");
+            assert!((1400.0..=1500.0).contains(&limit), "{limit}");
         }
     }
     let t = Instant::now();

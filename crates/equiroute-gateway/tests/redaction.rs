@@ -149,6 +149,9 @@ batch_delay_ms = 50
                 r#"
 [interfaces.{kind}_{model}]
 kind = "chat"
+# Sent from the first byte: `midstream`'s error event (in the same read as its content)
+# reaches the client rather than being fallen over from while held.
+stream_hold = {{ until_content = false }}
 
 [[interfaces.{kind}_{model}.providers]]
 id = "{kind}-{model}"

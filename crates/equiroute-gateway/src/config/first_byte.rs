@@ -19,6 +19,13 @@ pub struct FirstByteLimit {
     /// Plan a streamed request's hedge delay on the first-byte belief (false: on the
     /// whole-answer latency beliefs, as an unstreamed request's; the limit is unchanged).
     pub plan_hedges: bool,
+    /// The limit before the provider's first bytes are known and while another candidate is
+    /// left, when the interface's providers together have not `min_observations` first bytes
+    /// either (else it is derived from theirs).
+    pub unlearnt_ms: f64,
+    /// The share of the time left before the deadline that an attempt with an unlearnt limit
+    /// may wait for its first byte (the rest is for the next candidate).
+    pub deadline_share: f64,
 }
 
 impl Default for FirstByteLimit {
@@ -30,6 +37,8 @@ impl Default for FirstByteLimit {
             floor_ms: 1000.0,
             min_observations: 5,
             plan_hedges: true,
+            unlearnt_ms: 5000.0,
+            deadline_share: 0.5,
         }
     }
 }
@@ -67,6 +76,24 @@ impl FirstByteLimit {
                 ),
             ));
         }
+        if !(self.unlearnt_ms.is_finite() && self.unlearnt_ms > 0.0) {
+            return Err((
+                "unlearnt_ms",
+                format!(
+                    "must be a positive number of ms (default 5000), got {}",
+                    self.unlearnt_ms
+                ),
+            ));
+        }
+        if !(self.deadline_share > 0.0 && self.deadline_share <= 1.0) {
+            return Err((
+                "deadline_share",
+                format!(
+                    "must be above 0 and at most 1 (default 0.5), got {}",
+                    self.deadline_share
+                ),
+            ));
+        }
         if self.min_observations == 0 {
             return Err(("min_observations", "must be at least 1 (default 5)".into()));
         }
@@ -76,19 +103,26 @@ impl FirstByteLimit {
 
 /// How much of a streamed answer is held before anything is sent to the client
 /// (`stream_hold` of an interface): while held, a stream that breaks, stalls or starts
-/// malformed falls back to the next provider invisibly. The hold ends at the first of `ms`
-/// after the first byte, `events` data events (0: no limit by count), [`Self::MAX_BYTES`]
-/// held, or the end of the answer. The default, `ms = 0`, sends from the first byte.
+/// malformed falls back to the next provider invisibly. With `until_content` (the default)
+/// the events before the first one that carries content (role-only or empty deltas) are
+/// held, which costs no time to the first token; `ms > 0` holds on for `ms` after the first
+/// byte or until `events` data events (0: no limit by count). Whatever is configured, the
+/// hold ends at [`Self::MAX_BYTES`] held or the end of the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StreamHold {
     pub ms: f64,
     pub events: u64,
+    pub until_content: bool,
 }
 
 impl Default for StreamHold {
     fn default() -> Self {
-        StreamHold { ms: 0.0, events: 0 }
+        StreamHold {
+            ms: 0.0,
+            events: 0,
+            until_content: true,
+        }
     }
 }
 
@@ -99,6 +133,12 @@ impl StreamHold {
     /// Whether streams are held at all.
     #[must_use]
     pub fn is_on(&self) -> bool {
+        self.until_content || self.is_timed()
+    }
+
+    /// Whether the hold lasts `ms` (or `events`) past the first byte.
+    #[must_use]
+    pub fn is_timed(&self) -> bool {
         self.ms > 0.0
     }
 
@@ -130,11 +170,12 @@ impl StreamHold {
 }
 
 /// How a stream that breaks after it was committed goes on (`stream_resume` of an
-/// interface): not at all (`off`, the default: it ends with the `stream_broken` error event),
-/// or on the next candidate of the ranking, announced in the stream by a marker event:
-/// `prefix` sends the partial answer as a final assistant message to a provider that takes
-/// one (`assistant_prefill`) and appends its deltas, else restarts; `restart` always sends
-/// the original request and relays the new answer whole after the marker.
+/// interface): not at all (`off`: it ends with the `stream_broken` error event), or on the
+/// next candidate of the ranking, announced in the stream by a marker event: `prefix` (the
+/// default) sends the partial answer as a final assistant message to a provider that takes
+/// one (`assistant_prefill`) and appends its deltas; `restart` sends the original request and
+/// relays the new answer whole after the marker. A restart follows content only for a client
+/// that asks for restart events (see `server::execute`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StreamResume {
@@ -150,8 +191,8 @@ pub struct StreamResume {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResumeMode {
-    #[default]
     Off,
+    #[default]
     Prefix,
     Restart,
 }
@@ -171,7 +212,7 @@ impl ResumeMode {
 impl Default for StreamResume {
     fn default() -> Self {
         StreamResume {
-            mode: ResumeMode::Off,
+            mode: ResumeMode::Prefix,
             max: 1,
             max_kept_bytes: 64 * 1024,
         }

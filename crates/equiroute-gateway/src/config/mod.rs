@@ -1902,16 +1902,18 @@ mod tests {
     fn a_stream_hold_out_of_range_names_its_field_and_the_fix() {
         let base = "[interfaces.chat]\nkind = \"chat\"\nHOLD\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
         let with = |hold: &str| load(&base.replace("HOLD", hold), "x.toml", &no_env);
-        assert!(
-            !with("").unwrap().interfaces[0].stream_hold.is_on(),
-            "off by default"
-        );
+        // By default only what precedes the first content is held (no timed hold).
+        let default = with("").unwrap().interfaces[0].stream_hold;
+        assert!(default.is_on() && default.until_content && !default.is_timed());
+        let off = with("stream_hold = { until_content = false }").unwrap();
+        assert!(!off.interfaces[0].stream_hold.is_on());
         let on = with("stream_hold = { ms = 800, events = 20 }").unwrap();
         assert_eq!(
             on.interfaces[0].stream_hold,
             first_byte::StreamHold {
                 ms: 800.0,
-                events: 20
+                events: 20,
+                until_content: true
             }
         );
         for (hold, field) in [
@@ -1934,11 +1936,20 @@ mod tests {
     }
 
     #[test]
-    fn stream_resume_is_off_by_default_and_its_fields_are_checked_by_name() {
+    fn stream_resume_is_prefix_by_default_and_its_fields_are_checked_by_name() {
         let base = "[interfaces.chat]\nkind = \"chat\"\nRESUME\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"anthropic\"\n[[interfaces.chat.providers]]\nid = \"c\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nassistant_prefill = true\n";
         let with = |r: &str| load(&base.replace("RESUME", r), "x.toml", &no_env);
         let off = with("").unwrap();
-        assert!(!off.interfaces[0].stream_resume.is_on(), "off by default");
+        assert_eq!(
+            off.interfaces[0].stream_resume.mode,
+            first_byte::ResumeMode::Prefix,
+            "prefix by default"
+        );
+        assert!(!with("stream_resume = { mode = \"off\" }")
+            .unwrap()
+            .interfaces[0]
+            .stream_resume
+            .is_on());
         // Prefill: Anthropic's by default, anyone's when declared.
         let prefill: Vec<bool> = off.interfaces[0]
             .providers

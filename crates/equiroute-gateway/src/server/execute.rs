@@ -5,7 +5,7 @@
 use super::error::ApiError;
 use super::repeated::Repeated;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
-use crate::config::first_byte::{ResumeMode, StreamHold, StreamResume};
+use crate::config::first_byte::{ResumeMode, StreamHold};
 use crate::redact::Redacted;
 use crate::upstream::dialect::event_end;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
@@ -1053,8 +1053,10 @@ async fn execute_streamed(
         if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
-        let open =
-            |next: NextAttempt, now| open_attempt(&state, &iface, &body, n, next, now, tokens);
+        let unlearnt = Unlearnt::of(&run, &next, now);
+        let open = |next: NextAttempt, now| {
+            open_attempt(&state, &iface, &body, n, next, now, tokens, unlearnt)
+        };
         // The first attempt with a hedge planned beside it races to its first byte.
         let opened = if let Some(hedge) = run.hedge(&next, now) {
             let ctx = super::hedge::Booking {
@@ -1099,6 +1101,7 @@ async fn execute_streamed(
                         features,
                         request_id: request_id.clone(),
                         owner: meta.owner.clone(),
+                        restart_events: meta.restart_events,
                         n,
                         body,
                         started,
@@ -1206,6 +1209,7 @@ enum OpenResult {
 
 /// Starts a streamed attempt at `now`: its first-byte limit, and the future that opens it up
 /// to its first byte and through its hold.
+#[allow(clippy::too_many_arguments)]
 fn open_attempt<'a>(
     state: &'a AppState,
     iface: &'a InterfaceRuntime,
@@ -1214,8 +1218,9 @@ fn open_attempt<'a>(
     next: NextAttempt,
     now: equiroute_core::Timestamp,
     tokens: TokenEstimate,
+    unlearnt: Unlearnt,
 ) -> Result<super::hedge::Opening<'a>, ApiError> {
-    let limit = first_byte_limit(iface, next.candidate, now, next.timeout)?;
+    let limit = first_byte_limit(iface, next.candidate, now, next.timeout, unlearnt)?;
     let span = super::spans::attempt(iface, next, false);
     let attempt_span = span.clone();
     let opened = async move {
@@ -1337,6 +1342,7 @@ async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStr
     if !policy.is_on() {
         return Held::Commit { first, rest };
     }
+    // Without a timed hold, `until` is now: only the content gate holds.
     let until = tokio::time::Instant::now() + Duration::from_secs_f64(policy.ms / 1000.0);
     let idle = Duration::from_secs_f64(idle.0 / 1000.0);
     let mut scan = SseScan::default();
@@ -1349,17 +1355,25 @@ async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStr
                 return Held::Broken(why);
             }
         }
-        let enough = policy.events > 0 && scan.seen.data_events >= policy.events;
         let now = tokio::time::Instant::now();
-        if enough || scan.seen.done || held.len() >= StreamHold::MAX_BYTES || now >= until {
+        let timed_over = !policy.is_timed()
+            || now >= until
+            || (policy.events > 0 && scan.seen.data_events >= policy.events);
+        let content_gate = !policy.until_content || scan.seen.content;
+        if (timed_over && content_gate) || scan.seen.done || held.len() >= StreamHold::MAX_BYTES {
             return Held::Commit {
                 first: Bytes::from(held),
                 rest,
             };
         }
-        match tokio::time::timeout((until - now).min(idle), rest.next()).await {
-            // The hold is over before the stream was silent for its idle limit.
-            Err(_) if tokio::time::Instant::now() >= until => {}
+        let wait = if timed_over {
+            idle
+        } else {
+            (until - now).min(idle)
+        };
+        match tokio::time::timeout(wait, rest.next()).await {
+            // The timed hold is over before the stream was silent for its idle limit.
+            Err(_) if !timed_over && tokio::time::Instant::now() >= until => {}
             Err(_) => {
                 return Held::Broken(format!(
                     "the provider's stream stalled for more than {:.0} ms",
@@ -1383,17 +1397,47 @@ async fn hold(policy: StreamHold, idle: Millis, first: Bytes, mut rest: ChunkStr
     }
 }
 
+/// What bounds a streamed attempt's first-byte limit while its provider's first bytes are
+/// not known (see [`super::ttfb`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Unlearnt {
+    /// No other candidate is left: the attempt's timeout.
+    LastCandidate,
+    /// Another is: the unlearnt limit, within a share of `left` (the time to the deadline).
+    Fallback { left: Option<Millis> },
+}
+
+impl Unlearnt {
+    /// For the attempt `next` of `run`, started at `now`.
+    fn of(run: &Execution, next: &NextAttempt, now: equiroute_core::Timestamp) -> Unlearnt {
+        if run.has_fallback_after(next) {
+            Unlearnt::Fallback {
+                left: run.remaining(now),
+            }
+        } else {
+            Unlearnt::LastCandidate
+        }
+    }
+}
+
 /// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
-/// from the provider's first-byte times (see [`super::ttfb`]), at most `max`.
+/// from the provider's first-byte times (see [`super::ttfb`]), or unlearnt, at most `max`.
 fn first_byte_limit(
     iface: &InterfaceRuntime,
     candidate: usize,
     now: equiroute_core::Timestamp,
     max: Option<Millis>,
+    unlearnt: Unlearnt,
 ) -> Result<Option<Millis>, ApiError> {
     let Some(max) = max else { return Ok(None) };
     let stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
-    Ok(Some(iface.first_byte.limit(&stats[candidate], now, max)))
+    let cfg = &iface.first_byte;
+    Ok(Some(match unlearnt {
+        Unlearnt::Fallback { left } if !cfg.knows(&stats[candidate]) => {
+            cfg.unlearnt_limit(&stats, now, max, left)
+        }
+        _ => cfg.limit(&stats[candidate], now, max),
+    }))
 }
 
 /// Feeds a streamed attempt's start to its provider's first-byte statistics: the first
@@ -1436,6 +1480,8 @@ struct Relay {
     request_id: String,
     /// The label of the key that made the request ([`super::RequestMeta::owner`]).
     owner: Option<Arc<str>>,
+    /// The client reads restart events ([`super::RESTART_HEADER`]).
+    restart_events: bool,
     /// The request's number (seeds a continuation's attempt).
     n: u64,
     /// The client's request, for a continuation.
@@ -1565,13 +1611,17 @@ impl Relay {
         let mut continuations = 0;
         let mut not_continued = None;
         while let Some(reason) = broken.clone() {
-            if let Some(why) = Self::unresumable(resume, &events, continuations) {
+            if let Some(why) = self.unresumable(&events, continuations) {
                 not_continued = Some(why);
                 break;
             }
             let broke_on = self.candidate;
             let Some(next) = self.open_continuation(&events).await else {
-                not_continued = Some("no provider could take the continuation".into());
+                not_continued = Some(if events.seen.content && !self.restart_events {
+                    format!("no provider left takes an assistant prefill, and a restart would repeat the text already sent (a client that drops it on the restart event sends `{}: events`)", super::RESTART_HEADER)
+                } else {
+                    "no provider could take the continuation".into()
+                });
                 break;
             };
             continuations += 1;
@@ -1682,7 +1732,8 @@ impl Relay {
     }
 
     /// Why a stream that broke is not continued, if it is not.
-    fn unresumable(resume: StreamResume, events: &SseScan, done: u32) -> Option<String> {
+    fn unresumable(&self, events: &SseScan, done: u32) -> Option<String> {
+        let resume = self.iface.stream_resume;
         if !resume.is_on() {
             return Some("stream_resume is off".into());
         }
@@ -1695,7 +1746,16 @@ impl Relay {
         if events.seen.finished {
             return Some("the answer had its finish_reason before the break".into());
         }
-        events.seen.kept.as_ref()?.unfit.map(str::to_owned)
+        let kept = events.seen.kept.as_ref()?;
+        if let Some(why) = kept.unfit {
+            return Some(why.to_owned());
+        }
+        // Content without text (reasoning only): no prefix to go on from, and a restart would
+        // repeat what the client has.
+        if events.seen.content && kept.text.trim().is_empty() && !self.restart_events {
+            return Some("the content sent has no text to continue from".into());
+        }
+        None
     }
 
     /// Opens the continuation of the broken stream on the next candidate the execution
@@ -1712,9 +1772,15 @@ impl Relay {
                 continue;
             }
             let candidate = &iface.candidates[next.candidate];
-            let mode = match iface.stream_resume.mode {
-                ResumeMode::Prefix if iface.prefill[next.candidate] => ResumeMode::Prefix,
-                _ => ResumeMode::Restart,
+            let Some(mode) = continuation_mode(
+                iface.stream_resume.mode,
+                iface.prefill[next.candidate],
+                events.seen.content,
+                self.restart_events,
+            ) else {
+                // It could only restart, which would repeat the text the client has.
+                self.run.skip();
+                continue;
             };
             let prefixed = match (mode, &events.seen.kept) {
                 (ResumeMode::Prefix, Some(kept)) => with_assistant_prefix(&self.body, &kept.text),
@@ -1727,7 +1793,9 @@ impl Relay {
                 seed: state.seed_for(self.n)
                     ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
             };
-            let limit = first_byte_limit(&iface, next.candidate, now, next.timeout).ok()?;
+            let unlearnt = Unlearnt::of(&self.run, &next, now);
+            let limit =
+                first_byte_limit(&iface, next.candidate, now, next.timeout, unlearnt).ok()?;
             self.decided
                 .first_byte_limits
                 .push((next.candidate, now, limit.map(|l| l.0)));
@@ -1777,6 +1845,29 @@ impl Relay {
                 }
             }
         }
+    }
+}
+
+/// How a broken stream goes on, on a candidate that takes a prefill (`prefill`) or not,
+/// once the client has had content (`content_sent`) or not: a restart repeats the answer
+/// from its beginning, which a client that joins deltas would show after the text it has, so
+/// it is chosen only before any content or for a client that reads restart events; else a
+/// prefix continuation on a candidate that takes one, or `None` (not on this candidate).
+fn continuation_mode(
+    configured: ResumeMode,
+    prefill: bool,
+    content_sent: bool,
+    restart_events: bool,
+) -> Option<ResumeMode> {
+    let restart_allowed = !content_sent || restart_events;
+    match configured {
+        ResumeMode::Off => None,
+        ResumeMode::Restart if restart_allowed => Some(ResumeMode::Restart),
+        ResumeMode::Prefix | ResumeMode::Restart if prefill && content_sent => {
+            Some(ResumeMode::Prefix)
+        }
+        _ if restart_allowed => Some(ResumeMode::Restart),
+        _ => None,
     }
 }
 
@@ -1839,6 +1930,9 @@ struct SseScan {
     /// Bytes of an event whose end has not arrived yet.
     pending: Vec<u8>,
     seen: Seen,
+    /// After a prefix continuation: the whitespace the prefill left out (the client has it),
+    /// dropped from the start of the continuation's text so the seam reads as one answer.
+    seam: String,
 }
 
 /// What the events read so far said.
@@ -1850,6 +1944,9 @@ struct Seen {
     finished: bool,
     /// Data events read (chunks, not counting `[DONE]`).
     data_events: u64,
+    /// An event carried content: text, a tool call, any delta member but `role`, or a
+    /// `finish_reason` (what a client shows; kept across a continuation's streams).
+    content: bool,
     /// The answer's text so far, when a broken stream may be continued.
     kept: Option<Kept>,
     /// The token usage the provider reported in the stream, if it did: what the attempt is
@@ -1924,7 +2021,8 @@ struct ChoicePeek {
     delta: Option<DeltaPeek>,
 }
 
-/// The parts of a chunk's delta a continuation needs.
+/// The parts of a chunk's delta a continuation needs, and the rest (reasoning, refusal …),
+/// to tell content from a role-only or empty delta.
 #[derive(serde::Deserialize)]
 struct DeltaPeek {
     #[serde(default)]
@@ -1933,6 +2031,25 @@ struct DeltaPeek {
     tool_calls: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     function_call: Option<serde::de::IgnoredAny>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl DeltaPeek {
+    /// Whether the delta carries anything a client shows: not only a role, nor only empties.
+    fn carries_content(&self) -> bool {
+        let shown = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => false,
+            serde_json::Value::String(s) => !s.is_empty(),
+            serde_json::Value::Array(a) => !a.is_empty(),
+            serde_json::Value::Object(o) => !o.is_empty(),
+            serde_json::Value::Bool(_) | serde_json::Value::Number(_) => true,
+        };
+        self.content.as_deref().is_some_and(|c| !c.is_empty())
+            || self.tool_calls.is_some()
+            || self.function_call.is_some()
+            || self.rest.iter().any(|(k, v)| k != "role" && shown(v))
+    }
 }
 
 impl SseScan {
@@ -1954,8 +2071,13 @@ impl SseScan {
             k.text.clear();
             k.unfit = None;
         }
+        let content = self.seen.content;
         *self = SseScan::default();
+        if let (Some(k), ResumeMode::Prefix) = (&kept, mode) {
+            self.seam = k.text[k.text.trim_end().len()..].to_owned();
+        }
         self.seen.kept = kept;
+        self.seen.content = content;
     }
 
     /// Takes the next bytes; returns the whole events they complete (to relay) and whether
@@ -1965,11 +2087,21 @@ impl SseScan {
         let mut out = Vec::new();
         let mut start = 0;
         while let Some((end, next)) = event_end(&self.pending[start..]) {
-            if let Err(why) = self.seen.read(&self.pending[start..start + end]) {
+            let event = &self.pending[start..start + end];
+            let sewn = (!self.seam.is_empty())
+                .then(|| sew(event, &mut self.seam))
+                .flatten();
+            if let Err(why) = self.seen.read(sewn.as_deref().unwrap_or(event)) {
                 self.pending.clear();
                 return (Bytes::from(out), Err(why));
             }
-            out.extend_from_slice(&self.pending[start..start + next]);
+            match sewn {
+                Some(event) => {
+                    out.extend_from_slice(&event);
+                    out.extend_from_slice(b"\n\n");
+                }
+                None => out.extend_from_slice(&self.pending[start..start + next]),
+            }
             start += next;
         }
         self.pending.drain(..start);
@@ -1994,6 +2126,31 @@ impl SseScan {
             Err(why) => (Bytes::new(), Err(why)),
         }
     }
+}
+
+/// The first text event of a prefix continuation (a one-line `data:` chunk whose choice 0
+/// has text) without the leading whitespace that `seam` (the whitespace the client already
+/// has) covers; `seam` is then spent. `None`: not such an event, relayed as it came.
+fn sew(event: &[u8], seam: &mut String) -> Option<Vec<u8>> {
+    let data = std::str::from_utf8(event)
+        .ok()?
+        .trim_end()
+        .strip_prefix("data:")?;
+    if data.contains('\n') {
+        return None;
+    }
+    let mut chunk: serde_json::Value = serde_json::from_str(data).ok()?;
+    let content = chunk.pointer_mut("/choices/0/delta/content")?;
+    let text = content.as_str().filter(|t| !t.is_empty())?;
+    let owed: usize = text
+        .chars()
+        .zip(seam.chars())
+        .take_while(|(a, b)| a == b)
+        .map(|(a, _)| a.len_utf8())
+        .sum();
+    *content = serde_json::Value::String(text[owed..].to_owned());
+    seam.clear();
+    Some(format!("data: {chunk}").into_bytes())
 }
 
 impl Seen {
@@ -2026,6 +2183,13 @@ impl Seen {
                 self.data_events += 1;
                 if c.choices.iter().any(|ch| ch.finish_reason.is_some()) {
                     self.finished = true;
+                    self.content = true;
+                }
+                if c.choices
+                    .iter()
+                    .any(|ch| ch.delta.as_ref().is_some_and(DeltaPeek::carries_content))
+                {
+                    self.content = true;
                 }
                 if let Some(kept) = &mut self.kept {
                     kept.take(&c.choices);
@@ -2126,6 +2290,88 @@ mod tests {
         let mut scan = SseScan::default();
         let _ = scan.feed(chunk(r#"{"content":"Hello"}"#).as_bytes());
         assert!(scan.seen.kept.is_none());
+    }
+
+    #[test]
+    fn a_restart_follows_content_only_for_a_client_that_reads_restart_events() {
+        use super::{
+            continuation_mode,
+            ResumeMode::{Off, Prefix, Restart},
+        };
+        // (configured, prefill, content sent, restart events) -> mode
+        let table = [
+            ((Off, true, false, true), None),
+            ((Prefix, true, true, false), Some(Prefix)),
+            ((Prefix, false, true, false), None),
+            ((Prefix, false, true, true), Some(Restart)),
+            ((Prefix, false, false, false), Some(Restart)),
+            ((Prefix, true, false, false), Some(Restart)),
+            ((Restart, true, true, true), Some(Restart)),
+            ((Restart, true, true, false), Some(Prefix)),
+            ((Restart, false, true, false), None),
+            ((Restart, false, false, false), Some(Restart)),
+        ];
+        for ((mode, prefill, sent, events), want) in table {
+            assert_eq!(
+                continuation_mode(mode, prefill, sent, events),
+                want,
+                "{mode:?} prefill {prefill} sent {sent} events {events}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_role_or_empty_delta_is_not_content_and_anything_a_client_shows_is() {
+        let chunk =
+            |delta: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
+        for (delta, content) in [
+            (r#"{"role":"assistant","content":""}"#, false),
+            (
+                r#"{"role":"assistant","content":null,"refusal":null}"#,
+                false,
+            ),
+            ("{}", false),
+            (r#"{"content":"H"}"#, true),
+            (r#"{"reasoning_content":"thinking"}"#, true),
+            (r#"{"tool_calls":[{"index":0}]}"#, true),
+        ] {
+            let mut scan = SseScan::default();
+            let (_, ok) = scan.feed(chunk(delta).as_bytes());
+            assert_eq!((ok, scan.seen.content), (Ok(()), content), "{delta}");
+        }
+        let mut scan = SseScan::default();
+        let _ = scan.feed(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        );
+        assert!(
+            scan.seen.content,
+            "an empty answer's end is what the client shows"
+        );
+    }
+
+    #[test]
+    fn a_prefix_continuation_drops_the_whitespace_the_client_already_has_once() {
+        let chunk =
+            |delta: &str| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{delta}}}]}}\n\n");
+        let mut scan = SseScan::keeping(Some(100));
+        let _ = scan.feed(chunk(r#"{"content":"mock "}"#).as_bytes());
+        scan.next_stream(super::ResumeMode::Prefix);
+        assert_eq!(scan.seam, " ");
+        // A role chunk without text passes as it came; the seam waits for text.
+        let role = chunk(r#"{"role":"assistant","content":""}"#);
+        let (out, _) = scan.feed(role.as_bytes());
+        assert_eq!((&out[..], scan.seam.as_str()), (role.as_bytes(), " "));
+        let (out, ok) = scan.feed(chunk(r#"{"content":" streamed "}"#).as_bytes());
+        assert_eq!(ok, Ok(()));
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        assert!(
+            text.contains(r#""content":"streamed ""#) && text.ends_with("\n\n"),
+            "{text}"
+        );
+        assert_eq!(scan.seen.kept.as_ref().unwrap().text, "mock streamed ");
+        // Spent: later text is relayed as it came.
+        let later = chunk(r#"{"content":" answer"}"#);
+        assert_eq!(&scan.feed(later.as_bytes()).0[..], later.as_bytes());
     }
 
     #[test]

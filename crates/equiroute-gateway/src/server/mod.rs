@@ -303,6 +303,33 @@ pub struct RequestMeta {
     /// The client's span, from W3C `traceparent` and `tracestate`, when traces are exported:
     /// the request's span continues the client's trace.
     pub trace_parent: Option<opentelemetry::trace::SpanContext>,
+    /// The client reads restart events ([`RESTART_HEADER`]`: events`): a broken stream may
+    /// start its answer again after content was sent, announced by the marker event.
+    pub restart_events: bool,
+}
+
+/// The request header by which a chat client says it reads the `restart` marker event and
+/// drops the text it joined before it (`x-equiroute-stream-restart: events`); without it a
+/// stream that broke after content is never restarted (see `docs/faults.md`).
+pub const RESTART_HEADER: &str = "x-equiroute-stream-restart";
+
+/// Whether the request asks for restart events.
+///
+/// # Errors
+/// The header with another value than `events` (400 naming it and the fix).
+fn restart_events_of(headers: &HeaderMap) -> Result<bool, ApiError> {
+    let Some(value) = headers.get(RESTART_HEADER) else {
+        return Ok(false);
+    };
+    match value.to_str().map(str::trim) {
+        Ok(v) if v.eq_ignore_ascii_case("events") => Ok(true),
+        Ok("") => Ok(false),
+        _ => Err(ApiError::bad_request(
+            "invalid_header",
+            Some(RESTART_HEADER),
+            format!("`{RESTART_HEADER}` accepts one value, `events` (the client drops the text before a restart marker): send `events`, or leave the header out"),
+        )),
+    }
 }
 
 impl RequestMeta {
@@ -323,6 +350,7 @@ impl RequestMeta {
                 .filter(|v| !v.is_empty())
                 .map(str::to_owned),
             trace_parent: crate::telemetry::remote_parent(headers),
+            restart_events: restart_events_of(headers)?,
         })
     }
 

@@ -4,7 +4,12 @@
 //! recorded as censored observations) whose predictive `quantile` times `factor`, clamped to
 //! `[floor_ms, the attempt's timeout]`, cuts off a provider that stops sending first bytes in
 //! a few of its usual first-byte times rather than at the configured maximum. With fewer than `min_observations`
-//! first bytes seen, the limit is the attempt's timeout. The same posterior's predictive is
+//! first bytes seen, the limit is unlearnt: while another candidate is left it is
+//! `min(the attempt's timeout, deadline_share × the time left, L)`, with L the limit derived
+//! from the interface's providers' first bytes together (the interface's prior for a provider
+//! it has not seen) once they have `min_observations`, else `unlearnt_ms` (5 s): a first byte
+//! that stalls is given up in seconds for the next candidate. The last candidate waits its
+//! whole timeout (nothing would be gained). The same posterior's predictive is
 //! the provider's first-byte belief, which a streamed request's hedge delay is planned on
 //! (see `server::hedge::delay`).
 
@@ -42,6 +47,36 @@ impl FirstByteLimit {
 }
 
 impl FirstByteLimit {
+    /// Whether the limit of a provider with `stats` is learnt from them.
+    #[must_use]
+    pub fn knows(&self, stats: &LogLatencyStats) -> bool {
+        !self.learned || stats.count >= self.min_observations
+    }
+
+    /// The limit of an attempt whose provider's first bytes are not known yet (see the module
+    /// doc), given every provider's statistics of the interface, the attempt's timeout `max`
+    /// and the time `left` before the deadline.
+    #[must_use]
+    pub fn unlearnt_limit(
+        &self,
+        all: &[LogLatencyStats],
+        now: Timestamp,
+        max: Millis,
+        left: Option<Millis>,
+    ) -> Millis {
+        let mut pooled = LogLatencyStats::default();
+        for stats in all {
+            pooled.merge(stats, Some(HALF_LIFE_MS));
+        }
+        let prior = if self.knows(&pooled) {
+            self.limit(&pooled, now, Millis(f64::INFINITY)).0
+        } else {
+            self.unlearnt_ms
+        };
+        let share = left.map_or(f64::INFINITY, |l| self.deadline_share * l.0);
+        Millis(prior.min(share).min(max.0))
+    }
+
     /// The provider's first-byte belief at `now`: the Student-t predictive of the posterior
     /// the limit is derived from, once it has `min_observations` first bytes (and with
     /// `learned`); `None` otherwise.
@@ -134,6 +169,27 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    #[test]
+    fn an_unlearnt_limit_is_the_interfaces_prior_within_a_share_of_the_deadline() {
+        let cfg = FirstByteLimit::default();
+        let now = Timestamp(0.0);
+        let max = Millis(60_000.0);
+        let mut a = LogLatencyStats::default();
+        let b = LogLatencyStats::default();
+        // Nothing seen anywhere: unlearnt_ms (5 s), or half of the 3 s left.
+        assert!((cfg.unlearnt_limit(&[a, b], now, max, None).0 - 5000.0).abs() < 1e-9);
+        let left = Some(Millis(3000.0));
+        assert!((cfg.unlearnt_limit(&[a, b], now, max, left).0 - 1500.0).abs() < 1e-9);
+        assert!((cfg.unlearnt_limit(&[a, b], now, Millis(800.0), left).0 - 800.0).abs() < 1e-9);
+        // a's five first bytes at 100 ms are the interface's prior for b: 3 × their predicted
+        // 99th percentile (807 ms, see the test above), floored at 1 s.
+        for _ in 0..5 {
+            observe(&mut a, now, Millis(100.0));
+        }
+        assert!(!cfg.knows(&b) && cfg.knows(&a));
+        assert!((cfg.unlearnt_limit(&[a, b], now, max, None).0 - 1000.0).abs() < 1e-9);
     }
 
     #[test]

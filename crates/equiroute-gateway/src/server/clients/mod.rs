@@ -353,7 +353,10 @@ pub async fn serve<W: ApiWriter>(
     to_chat: fn(&Value) -> Result<Value, ApiError>,
     writer: fn(&Value) -> W,
 ) -> Result<Response, ApiError> {
-    let meta = super::RequestMeta::of(headers, caller)?;
+    let mut meta = super::RequestMeta::of(headers, caller)?;
+    // These APIs' writers do not read the chat restart marker: their streams never restart
+    // after content.
+    meta.restart_events = false;
     let body = super::parse_json(body)?;
     let chat = to_chat(body.json())?;
     route(state, headers, meta, chat, writer(body.json())).await
