@@ -398,32 +398,11 @@ async fn the_slice_byte_budget_bounds_the_state_and_its_snapshot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A log writer into a shared buffer.
-#[derive(Clone, Default)]
-struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn ten_thousand_unknown_feedback_ids_write_a_bounded_number_of_log_lines() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // The gateway runs on this thread: this subscriber sees all it logs, up to `info`.
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = common::capture_logs(tracing::Level::INFO);
     let gw = start(&config(4096, ""), &[]).await;
     let before = lines.0.lock().unwrap().len();
     let started = std::time::Instant::now();

@@ -15,7 +15,7 @@ mod common;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use bytes::Bytes;
-use common::{http, start};
+use common::{http, start, Lines};
 use equiroute_gateway::config::load;
 use equiroute_gateway::telemetry::Telemetry;
 use serde_json::{json, Value};
@@ -124,20 +124,6 @@ async fn span_receiver() -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
         }),
     );
     (common::serve_app(app).await, exported)
-}
-
-/// Log lines, as the JSON formatter writes them.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 fn config(upstream: SocketAddr, otlp: SocketAddr, audit: &std::path::Path) -> String {

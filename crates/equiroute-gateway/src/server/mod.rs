@@ -36,6 +36,7 @@ mod hedge;
 pub mod metrics;
 pub mod repeated;
 mod rollouts;
+pub mod shifts;
 mod spans;
 pub mod state;
 pub mod ttfb;

@@ -296,10 +296,12 @@ impl AppState {
         }
     }
 
-    /// Applies `obs` and journals it; the caller holds the write side.
+    /// Applies `obs` and journals it, and reports the quality shifts it set off; the caller
+    /// holds the write side.
     fn learn(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy, obs: Observation) {
         obs.apply(policy);
         self.journal_learn(iface, || obs);
+        super::shifts::report(self, iface, policy);
     }
 
     /// Journals an observation the policy has just learnt (built only when a journal exists).
@@ -450,6 +452,7 @@ impl AppState {
                     if evicted > 0 {
                         self.metrics.slices_evicted(&iface.name, evicted);
                     }
+                    super::shifts::report(self, iface, policy.as_mut());
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
                     let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
@@ -526,6 +529,7 @@ impl AppState {
             request_id: request_id.to_owned(),
             obs: Observation::quality(obs),
         });
+        super::shifts::report(self, iface, policy.as_mut());
         Ok(())
     }
 
@@ -618,6 +622,7 @@ impl crate::shared::SyncTarget for AppState {
         };
         if let Ok(mut live) = self.policy_mut(iface) {
             *live = rebuild();
+            super::shifts::discard(live.as_mut());
         }
     }
 

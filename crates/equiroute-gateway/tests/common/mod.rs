@@ -269,3 +269,37 @@ where
     let _ = tx.send(());
     server.await.unwrap()
 }
+
+/// Log lines written into a shared buffer, for the tests that check what the gateway logs.
+#[derive(Clone, Default)]
+pub struct Lines(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// Captures what this thread logs, up to `level`, as plain text lines until the guard drops.
+/// A gateway started on the test's (single-threaded) runtime logs on this thread.
+pub fn capture_logs(level: tracing::Level) -> (Lines, tracing::subscriber::DefaultGuard) {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(level)
+        .with_ansi(false)
+        .finish();
+    (lines, tracing::subscriber::set_default(subscriber))
+}
