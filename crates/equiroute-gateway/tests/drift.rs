@@ -156,3 +156,105 @@ sim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}
     let _ = std::fs::remove_file(&audit);
 }
 
+/// The outage of the recovery test, and how long after it the traffic must be back.
+const OUTAGE_MS: u64 = 60_000;
+const BACK_WITHIN_MS: u64 = 15_000;
+/// One request every this long, for the outage, the time to come back and 15 s more.
+const PACE_MS: u64 = 500;
+const MEASURED_MS: u64 = 15_000;
+
+/// Issue 42, bar 4a, with the defaults: two equivalent providers, `a` declared cheaper (by
+/// 1 %: a tie on the evidence that price breaks); `a` answers 503 to everything for its first
+/// 60 s, then recovers. From 15 s after the recovery on, at least 60 % of the requests are
+/// answered by `a` again (one request every 0.5 s, no quality feedback). Before the breaker's
+/// re-tests, with equal prices, `a` was tried by the first request and never again (0 of 30).
+#[tokio::test]
+async fn traffic_returns_to_a_recovered_cheaper_provider_within_fifteen_seconds() {
+    let profile = format!("[chat]\nlatency = {{ p50_ms = 5, p95_ms = 10 }}\nfault = \"outage\"\noutage_ms = {OUTAGE_MS}\n");
+    let down = common::mock(&profile).await;
+    let started = Instant::now();
+    let steady = common::mock("[chat]\nlatency = { p50_ms = 5, p95_ms = 10 }\n").await;
+    let config = format!(
+        r#"
+[interfaces.chat]
+kind = "chat"
+deadline_ms = 5000
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openai"
+model = "m"
+base_url = "http://{}/v1"
+price = {{ per_call = 0.00099 }}
+
+[[interfaces.chat.providers]]
+id = "b"
+kind = "openai"
+model = "m"
+base_url = "http://{}/v1"
+price = {{ per_call = 0.001 }}
+"#,
+        down.addr, steady.addr
+    );
+    let gw = start(&config, &[]).await;
+    let mut pace = tokio::time::interval(Duration::from_millis(PACE_MS));
+    // (ms since the outage began, the provider that answered)
+    let mut served: Vec<(u64, String)> = Vec::new();
+    let end = OUTAGE_MS + BACK_WITHIN_MS + MEASURED_MS;
+    let mut outage_calls = None;
+    loop {
+        pace.tick().await;
+        let t = u64::try_from(started.elapsed().as_millis()).unwrap();
+        if t >= end {
+            break;
+        }
+        if t >= OUTAGE_MS && outage_calls.is_none() {
+            outage_calls = Some(common::calls(down.addr, "m").await);
+        }
+        let r = http(
+            gw.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            r#"{"model":"chat","messages":[{"role":"user","content":"hello"}]}"#,
+        )
+        .await;
+        assert_eq!(r.status, 200, "at {t} ms: {}", r.body);
+        served.push((t, r.header("x-equiroute-provider").unwrap().to_owned()));
+    }
+    let share_of_a = |from: u64, to: u64| {
+        let window: Vec<&String> = served
+            .iter()
+            .filter(|(t, _)| (from..to).contains(t))
+            .map(|(_, p)| p)
+            .collect();
+        let on_a = window.iter().filter(|p| p.as_str() == "a").count();
+        (on_a, window.len())
+    };
+    let timeline: Vec<String> = (0..end / 5000)
+        .map(|k| {
+            let (a, n) = share_of_a(k * 5000, (k + 1) * 5000);
+            format!("{}-{} s: {a}/{n}", k * 5, k * 5 + 5)
+        })
+        .collect();
+    eprintln!("answered by a: {timeline:?}; calls to a during the outage: {outage_calls:?}");
+    let (during, n_during) = share_of_a(0, OUTAGE_MS);
+    assert_eq!(
+        during, 0,
+        "a cannot answer during its outage ({n_during} requests)"
+    );
+    // Re-tested while down, at a bounded rate: at most one request per `open_ms` (5 s), each
+    // trying it at most twice (the 5xx retry), and not every request.
+    let outage_calls = outage_calls.unwrap();
+    assert!(
+        (4..=2 * (OUTAGE_MS / 5000 + 1)).contains(&outage_calls),
+        "{outage_calls} calls to a during its outage"
+    );
+    let (on_a, n) = share_of_a(OUTAGE_MS + BACK_WITHIN_MS, end);
+    assert!(n >= 20, "{n} requests measured");
+    assert!(
+        on_a * 10 >= n * 6,
+        "{on_a} of {n} requests on a from {} s after its recovery: {timeline:?}",
+        BACK_WITHIN_MS / 1000
+    );
+}

@@ -98,6 +98,10 @@ pub struct AuditRecord {
     /// Every usable provider's breaker was open; the first was probed as a last resort.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub last_resort: bool,
+    /// The first attempt was a re-test its breaker asked for (a provider that failed, tried
+    /// again ahead of the policy's choice); `propensity` is then absent.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub retest: bool,
     pub attempts: Vec<AuditAttempt>,
     pub outcome: String,
     pub fallback_reason: Option<String>,

@@ -464,12 +464,15 @@ impl AppState {
         }
         let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
         let before = breakers[index].state;
+        let mut recovered = false;
         for t in breakers[index]
             .observe(end, outcome, &iface.breaker_config)
             .into_iter()
             .flatten()
         {
             self.metrics.breaker(id, transition_name(t));
+            // Closed by an attempt: its half-open probes succeeded.
+            recovered |= t == Transition::Closed;
         }
         if let BreakerState::Open { until } = breakers[index].state {
             if breakers[index].state != before {
@@ -481,6 +484,17 @@ impl AppState {
                     pinned,
                 });
             }
+        }
+        drop(breakers);
+        if recovered {
+            // A detected change: the failures from before the recovery no longer count.
+            self.observe(
+                iface,
+                Observation::Recovered {
+                    candidate: index,
+                    now: end,
+                },
+            )?;
         }
         Ok(())
     }
