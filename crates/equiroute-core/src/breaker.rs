@@ -10,6 +10,14 @@
 //! the open period of the one whose period ends soonest ([`Breaker::last_resort`]) instead of
 //! answering that no provider can take the request; that attempt is a half-open probe.
 //!
+//! Re-tests ([`Breaker::retest_due`], on by default: `retest`): a provider the ranking left
+//! after failures is tried again whatever its rank, by the next request (the others stay
+//! its fallbacks) — once its open period is over (the half-open probes), or, when its
+//! breaker did not open (the policy moved the traffic away first), once `open_ms` passed
+//! since its last try while its last counted attempt failed. So a provider that failed is
+//! tried at least once per `max_open_ms` while down, and a recovery is found within
+//! `max_open_ms` (10 s by default) of it, whatever the policy.
+//!
 //! Time is passed in; every transition is returned so the caller can count it.
 
 use crate::decision::{Millis, Timestamp};
@@ -36,6 +44,8 @@ pub struct BreakerConfig {
     /// When every candidate is shut out by breakers opened by failures, probe the one whose
     /// open period ends soonest rather than refuse the request.
     pub last_resort: bool,
+    /// Re-test a provider that failed whatever its rank ([`Breaker::retest_due`]).
+    pub retest: bool,
 }
 
 impl Default for BreakerConfig {
@@ -47,10 +57,11 @@ impl Default for BreakerConfig {
             min_attempts: 10,
             open_ms: 5_000.0,
             backoff_factor: 2.0,
-            max_open_ms: 30_000.0,
+            max_open_ms: 10_000.0,
             half_open_probes: 2,
             successes_to_close: 2,
             last_resort: true,
+            retest: true,
         }
     }
 }
@@ -196,6 +207,9 @@ pub struct Breaker {
     /// The open period was set by failures (a trip, or a failed probe).
     #[serde(default)]
     tripped: bool,
+    /// When an attempt was last admitted: the clock of the re-tests while closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_tried: Option<Timestamp>,
 }
 
 impl Default for Breaker {
@@ -208,6 +222,7 @@ impl Default for Breaker {
             failed_probes: 0,
             pinned: false,
             tripped: false,
+            last_tried: None,
         }
     }
 }
@@ -262,7 +277,30 @@ impl Breaker {
         {
             *probes += 1;
         }
+        if !matches!(admission, Admission::Rejected { .. }) {
+            self.last_tried = Some(now);
+        }
         (admission, transition)
+    }
+
+    /// Whether the provider is due a re-test at `now` (see the module doc): its open period
+    /// is over (or it is half-open) and a probe is free, or it is closed, its last counted
+    /// attempt failed and nothing was admitted to it for `open_ms`. The caller tries it first
+    /// (then [`Breaker::admit`] takes the probe or restarts the clock). Never with `retest`
+    /// off, nor for an open period only a `Retry-After` set (it just closes when over).
+    #[must_use]
+    pub fn retest_due(&self, now: Timestamp, cfg: &BreakerConfig) -> bool {
+        if !cfg.retest {
+            return false;
+        }
+        match self.state {
+            BreakerState::Closed => {
+                self.consecutive > 0 && self.last_tried.is_none_or(|t| now.0 - t.0 >= cfg.open_ms)
+            }
+            BreakerState::Open { .. } | BreakerState::HalfOpen { .. } => {
+                self.peek(now, cfg) == Admission::Probe
+            }
+        }
     }
 
     /// Records an attempt's outcome at `now`.
@@ -425,6 +463,45 @@ mod tests {
             Some(Transition::Closed)
         );
         assert_eq!(b.peek(later, &cfg), Admission::Allowed);
+    }
+
+    /// A provider that failed is due a re-test `open_ms` (5 s) after it was last tried while
+    /// closed, at once when its open period is over, while a probe is free; never after a
+    /// success, for a period only a `Retry-After` set, or with `retest = false`.
+    #[test]
+    fn a_provider_that_failed_is_due_a_retest_on_the_breaker_clock() {
+        let cfg = BreakerConfig::default();
+        let mut b = Breaker::default();
+        assert!(!b.retest_due(t(0.0), &cfg), "nothing failed");
+        assert_eq!(b.admit(t(0.0), &cfg).0, Admission::Allowed);
+        b.record(t(100.0), BreakerOutcome::Failure, &cfg);
+        assert!(!b.retest_due(t(4_999.0), &cfg));
+        assert!(b.retest_due(t(5_000.0), &cfg));
+        let off = BreakerConfig {
+            retest: false,
+            ..cfg
+        };
+        assert!(!b.retest_due(t(5_000.0), &off));
+        // The re-test is admitted: the clock restarts; it succeeds: nothing more is due.
+        b.admit(t(5_000.0), &cfg);
+        assert!(!b.retest_due(t(9_999.0), &cfg) && b.retest_due(t(10_000.0), &cfg));
+        b.record(t(5_010.0), BreakerOutcome::Success, &cfg);
+        assert!(!b.retest_due(t(60_000.0), &cfg));
+        // Open: not before the period ends, then for the two probes only.
+        for k in 0..5 {
+            b.record(t(20_000.0 + f64::from(k)), BreakerOutcome::Failure, &cfg);
+        }
+        assert!(matches!(b.state, BreakerState::Open { .. }));
+        assert!(!b.retest_due(t(24_000.0), &cfg));
+        assert!(b.retest_due(t(25_004.0), &cfg));
+        b.admit(t(25_004.0), &cfg);
+        assert!(b.retest_due(t(25_004.0), &cfg), "a second probe is free");
+        b.admit(t(25_004.0), &cfg);
+        assert!(!b.retest_due(t(25_004.0), &cfg), "both probes out");
+        // A period only the provider set: it closes when over, nothing to re-test.
+        let mut told = Breaker::default();
+        told.open(t(1_000.0));
+        assert!(!told.retest_due(t(2_000.0), &cfg));
     }
 
     #[test]

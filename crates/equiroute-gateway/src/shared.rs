@@ -1663,9 +1663,9 @@ impl Syncer {
                     obs,
                 } => {
                     let at = match obs {
-                        Observation::Quality { now, .. } | Observation::Attempt { now, .. } => {
-                            now.0
-                        }
+                        Observation::Quality { now, .. }
+                        | Observation::Attempt { now, .. }
+                        | Observation::Recovered { now, .. } => now.0,
                     };
                     if self
                         .seen

@@ -194,6 +194,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.task_class_unlisted("chat");
     m.task_class_too_long("chat");
     m.slices_evicted("chat", 1);
+    m.quality_shift("chat", "a", "down");
     m.feedback("accepted");
     m.snapshot("saved");
     m.decision_time(3.0);

@@ -438,7 +438,12 @@ fn feed(
         outcome: &outcome,
         now: end,
     });
-    let _ = breaker.observe(end, &outcome, breaker_cfg);
+    // Closed by this attempt: its half-open probes succeeded; the policy forgets the
+    // failures from before the recovery, as the gateway's does.
+    let transitions = breaker.observe(end, &outcome, breaker_cfg);
+    if transitions.contains(&Some(equiroute_core::breaker::Transition::Closed)) {
+        policy.recovered(candidate, end);
+    }
     run.record(candidate, outcome, started);
 }
 

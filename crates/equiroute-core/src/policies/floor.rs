@@ -199,6 +199,10 @@ impl Policy for ExplorationFloor {
         self.inner.observe_quality(obs);
     }
 
+    fn recovered(&mut self, candidate: usize, now: crate::Timestamp) {
+        self.inner.recovered(candidate, now);
+    }
+
     fn export_state(&self) -> PolicyState {
         self.inner.export_state()
     }

@@ -508,6 +508,10 @@ impl Policy for LqmTs {
         self.risk.observe(obs);
     }
 
+    fn recovered(&mut self, candidate: usize, now: crate::Timestamp) {
+        self.risk.forget_failures(candidate, now);
+    }
+
     fn observe_quality(&mut self, obs: &QualityObservation<'_>) {
         let shift = self.quality.heads.learn_watching(
             obs.candidate,

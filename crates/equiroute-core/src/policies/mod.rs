@@ -403,6 +403,11 @@ pub trait Policy: PolicyClone + Send + Sync + std::fmt::Debug {
     /// Learns from a delayed quality score.
     fn observe_quality(&mut self, obs: &QualityObservation<'_>);
 
+    /// The candidate's circuit breaker saw it recover at `now` (its half-open probes
+    /// succeeded after an open period): a detected change, so a policy with a failure belief
+    /// discards the evidence from before it ([`Observation::Recovered`]). Nothing by default.
+    fn recovered(&mut self, _candidate: usize, _now: Timestamp) {}
+
     /// The learning state, for persistence and sharing.
     fn export_state(&self) -> PolicyState;
 

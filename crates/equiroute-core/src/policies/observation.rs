@@ -28,6 +28,8 @@ pub enum Observation {
         latency: Millis,
         now: Timestamp,
     },
+    /// The candidate's circuit breaker saw it recover (see [`Policy::recovered`]).
+    Recovered { candidate: usize, now: Timestamp },
 }
 
 impl Observation {
@@ -60,9 +62,9 @@ impl Observation {
     #[must_use]
     pub fn candidate(&self) -> usize {
         match self {
-            Observation::Attempt { candidate, .. } | Observation::Quality { candidate, .. } => {
-                *candidate
-            }
+            Observation::Attempt { candidate, .. }
+            | Observation::Quality { candidate, .. }
+            | Observation::Recovered { candidate, .. } => *candidate,
         }
     }
 
@@ -97,6 +99,7 @@ impl Observation {
                 latency: *latency,
                 now: *now,
             }),
+            Observation::Recovered { candidate, now } => policy.recovered(*candidate, *now),
         }
     }
 }

@@ -663,6 +663,16 @@ impl RiskModel {
         decay_factor(self.cfg.stale_failure_half_life(), self.age(i, now))
     }
 
+    /// Discards candidate `i`'s failure evidence (its breaker saw it recover at `now`): the
+    /// failure rate is the prior's again. Its attempt count and its clock stay.
+    pub fn forget_failures(&mut self, i: usize, now: Timestamp) {
+        if let Some(f) = self.failures.get_mut(i) {
+            f.decay_to(now, &self.cfg.failure);
+            f.failures = 0.0;
+            f.attempts = 0.0;
+        }
+    }
+
     /// Time since candidate `i`'s last attempt, in ms.
     fn age(&self, i: usize, now: Timestamp) -> f64 {
         now.0 - self.failures[i].at.0.max(self.levels[i].at.0)

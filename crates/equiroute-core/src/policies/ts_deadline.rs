@@ -173,6 +173,10 @@ impl Policy for TsDeadline {
         // The reference design routes on failure, latency and cost only.
     }
 
+    fn recovered(&mut self, candidate: usize, now: crate::Timestamp) {
+        self.risk.forget_failures(candidate, now);
+    }
+
     fn export_state(&self) -> PolicyState {
         PolicyState::TsDeadline(self.risk.export())
     }

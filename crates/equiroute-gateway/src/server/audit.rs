@@ -3,7 +3,9 @@
 //! how it is known, the request's features or their digest, every attempt's status, latency
 //! and cost, the deadline and whether it was missed, the fallback reason), and one small line
 //! per quality score accepted later (`"kind": "feedback"`), joined to its request by
-//! `request_id` (see `equiroute replay`). Size-rotated.
+//! `request_id` (see `equiroute replay`), and one per quality shift the live policy detected
+//! (`"kind": "quality_shift"`, see [`super::shifts`]; `equiroute replay` skips them).
+//! Size-rotated.
 //!
 //! The request path only `try_send`s a record into a bounded channel; a background task owns
 //! the file. When the channel is full the record is dropped and counted, so the log can never
@@ -96,6 +98,10 @@ pub struct AuditRecord {
     /// Every usable provider's breaker was open; the first was probed as a last resort.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub last_resort: bool,
+    /// The first attempt was a re-test its breaker asked for (a provider that failed, tried
+    /// again ahead of the policy's choice); `propensity` is then absent.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub retest: bool,
     pub attempts: Vec<AuditAttempt>,
     pub outcome: String,
     pub fallback_reason: Option<String>,
@@ -159,6 +165,7 @@ impl FeedbackRecord {
 enum Line {
     Request(Box<AuditRecord>),
     Feedback(FeedbackRecord),
+    QualityShift(super::shifts::ShiftRecord),
 }
 
 /// The digest of a feature vector written with `features = "hash"`: FNV-1a over each value's
@@ -231,6 +238,11 @@ impl AuditLog {
     /// Queues a feedback record, as [`AuditLog::record`].
     pub fn feedback(&self, record: FeedbackRecord) {
         self.send(Line::Feedback(record));
+    }
+
+    /// Queues a quality shift's record, as [`AuditLog::record`].
+    pub fn quality_shift(&self, record: super::shifts::ShiftRecord) {
+        self.send(Line::QualityShift(record));
     }
 
     fn send(&self, line: Line) {

@@ -6,7 +6,7 @@
 //!
 //! Each interface keeps a [`History`] of fixed size, allocated at start: a ring of [`BINS`]
 //! one-second bins of counts per provider, the last [`DECISIONS`] decisions and the last
-//! [`FALLBACKS`] fallbacks. The estimates, breaker states and scores come from the state route
+//! [`FALLBACKS`] fallbacks and the last [`SHIFTS`] quality shifts. The estimates, breaker states and scores come from the state route
 //! (`/v1/interfaces/{name}/state`), not from a second copy of its logic.
 
 use super::audit::AuditRecord;
@@ -34,6 +34,8 @@ pub const BINS: usize = 300;
 pub const DECISIONS: usize = 20;
 /// Fallbacks kept in full, per interface.
 pub const FALLBACKS: usize = 20;
+/// Quality shifts kept, per interface ([`super::shifts`]).
+pub const SHIFTS: usize = 10;
 /// After a poll of the data route, every request's decision is kept for this long; with nobody
 /// watching only the counts (and the fallbacks) are, so an unwatched dashboard costs the
 /// request path no allocation.
@@ -81,6 +83,7 @@ struct Ring {
     providers: usize,
     decisions: VecDeque<Value>,
     fallbacks: VecDeque<Value>,
+    shifts: VecDeque<Value>,
 }
 
 impl Ring {
@@ -125,6 +128,7 @@ impl History {
                 providers,
                 decisions: VecDeque::with_capacity(DECISIONS),
                 fallbacks: VecDeque::with_capacity(FALLBACKS),
+                shifts: VecDeque::with_capacity(SHIFTS),
             }),
             watched_until: AtomicU64::new(0f64.to_bits()),
         }
@@ -208,14 +212,28 @@ impl History {
         ring.decisions.push_back(value);
     }
 
+    /// Keeps a detected quality shift (the last [`SHIFTS`]).
+    pub fn shift(&self, record: &super::shifts::ShiftRecord) {
+        let Ok(value) = serde_json::to_value(record) else {
+            return;
+        };
+        let Ok(mut ring) = self.ring.lock() else {
+            return;
+        };
+        if ring.shifts.len() == SHIFTS {
+            ring.shifts.pop_front();
+        }
+        ring.shifts.push_back(value);
+    }
+
     /// Marks the dashboard as watched at `now`.
     fn watch(&self, now: Timestamp) {
         self.watched_until
             .store((now.0 + WATCHED_MS).to_bits(), Ordering::Relaxed);
     }
 
-    /// The last [`BINS`] seconds up to `now`, oldest first, with the kept decisions and
-    /// fallbacks, newest first.
+    /// The last [`BINS`] seconds up to `now`, oldest first, with the kept decisions,
+    /// fallbacks and quality shifts, newest first.
     fn view(&self, now: Timestamp, ids: &[String]) -> Value {
         let Ok(ring) = self.ring.lock() else {
             return Value::Null;
@@ -272,6 +290,7 @@ impl History {
             },
             "decisions": ring.decisions.iter().rev().collect::<Vec<_>>(),
             "fallbacks": ring.fallbacks.iter().rev().collect::<Vec<_>>(),
+            "shifts": ring.shifts.iter().rev().collect::<Vec<_>>(),
         })
     }
 }

@@ -319,6 +319,9 @@ struct Decided {
     excluded: Vec<equiroute_core::eligibility::Exclusion>,
     /// Every usable provider's breaker was open: the first is probed as a last resort.
     last_resort: bool,
+    /// The first in `order` was moved there, ahead of the policy's choice, for a re-test its
+    /// breaker asked for ([`promote_retest`]).
+    retest: bool,
     /// Each streamed attempt's first-byte limit in ms (streamed requests only).
     first_byte_limits: Vec<FirstByteLimitRecord>,
     /// When the first attempt gets a hedge and why (`None`: no hedge), from the policy's
@@ -326,6 +329,26 @@ struct Decided {
     hedge: Option<equiroute_core::hedge::HedgePlan>,
     /// The attempts (by number) that continued a broken stream, and how (`stream_resume`).
     continuations: Vec<(usize, &'static str)>,
+}
+
+/// Moves the first provider of `order` whose breaker says it is due a re-test to the front
+/// (see `equiroute_core::breaker`): a provider that failed is tried again whatever its rank,
+/// the others staying its fallbacks. Whether one moved.
+fn promote_retest(
+    iface: &InterfaceRuntime,
+    order: &mut Vec<usize>,
+    now: equiroute_core::Timestamp,
+) -> Result<bool, ApiError> {
+    let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+    let due = order
+        .iter()
+        .skip(1)
+        .position(|&i| breakers[i].retest_due(now, &iface.breaker_config));
+    if let Some(p) = due {
+        let i = order.remove(p + 1);
+        order.insert(0, i);
+    }
+    Ok(due.is_some())
 }
 
 /// Moves the eligible providers whose API cannot express `body` to the exclusions: the request
@@ -482,7 +505,8 @@ fn decide(
     state
         .metrics
         .decision_time(started.elapsed().as_secs_f64() * 1e6);
-    let order: Vec<usize> = ranking.indices().collect();
+    let mut order: Vec<usize> = ranking.indices().collect();
+    let retest = promote_retest(iface, &mut order, now)?;
     if let Some(&first) = order.first() {
         iface.first_choices[first].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -496,9 +520,11 @@ fn decide(
         routed,
         ranking,
         last_resort,
+        retest,
         excluded: eligible.excluded,
         first_byte_limits: Vec::new(),
-        hedge,
+        // The plan is the policy's first choice's: not the re-tested provider's.
+        hedge: hedge.filter(|_| !retest),
         continuations: Vec::new(),
     })
 }
@@ -554,7 +580,8 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
     );
     let deadline_miss = matches!(result.status, RequestStatus::DeadlineExceeded)
         || decided.deadline.is_some_and(|d| result.latency.0 > d.0);
-    let propensity = decided.ranking.propensity;
+    // A re-test's first choice is the breaker's, not the policy's: no propensity.
+    let propensity = decided.ranking.propensity.filter(|_| !decided.retest);
     let record = super::audit::AuditRecord {
         kind: "request",
         ts_ms: state.now().0,
@@ -588,6 +615,7 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
         slice: decided.slice,
         tokens: decided.tokens,
         last_resort: decided.last_resort,
+        retest: decided.retest,
         attempts: attempts
             .iter()
             .enumerate()

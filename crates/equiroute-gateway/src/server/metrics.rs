@@ -97,6 +97,14 @@ struct BreakerLabels {
     to: Name,
 }
 
+/// A quality shift's labels: `direction` is `down` or `up`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShiftLabels {
+    interface: Name,
+    provider: Name,
+    direction: Name,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLabels {
     interface: Name,
@@ -196,6 +204,7 @@ pub struct Metrics {
     task_class_unlisted: Family<InterfaceLabel, Counter>,
     task_class_too_long: Family<InterfaceLabel, Counter>,
     slices_evicted: Family<InterfaceLabel, Counter>,
+    quality_shifts: Family<ShiftLabels, Counter>,
     feedback: Family<FeedbackLabel, Counter>,
     snapshots: Family<FeedbackLabel, Counter>,
     log_events: Family<KindLabel, Counter>,
@@ -276,6 +285,7 @@ impl Default for Metrics {
             task_class_unlisted: Family::default(),
             task_class_too_long: Family::default(),
             slices_evicted: Family::default(),
+            quality_shifts: Family::default(),
             feedback: Family::default(),
             snapshots: Family::default(),
             log_events: Family::default(),
@@ -449,7 +459,8 @@ impl Metrics {
         );
     }
 
-    /// Registers the families labelled by interface and provider.
+    /// Registers the families labelled by interface and provider (the disputed rejections
+    /// and the quality shifts, then the histograms).
     fn register_by_provider(&mut self) {
         let r = &mut self.registry;
         register(
@@ -457,6 +468,12 @@ impl Metrics {
             "equiroute_rejections_disputed_total",
             "4xx rejections by a provider of a request that another provider then answered",
             self.rejections_disputed.clone(),
+        );
+        register(
+            r,
+            "equiroute_quality_shifts_total",
+            "Shifts in a provider's quality scores detected by the live policy, by direction",
+            self.quality_shifts.clone(),
         );
         register(
             r,
@@ -593,6 +610,17 @@ impl Metrics {
         self.slices_evicted
             .get_or_create(&iface(interface))
             .inc_by(n);
+    }
+
+    /// The live policy detected a shift of `provider`'s quality scores on `interface`
+    /// (`direction`: `down` or `up`).
+    pub fn quality_shift(&self, interface: &str, provider: &str, direction: &'static str) {
+        let labels = ShiftLabels {
+            interface: name(interface),
+            provider: name(provider),
+            direction,
+        };
+        self.quality_shifts.get_or_create(&labels).inc();
     }
 
     pub fn feedback(&self, outcome: &'static str) {

@@ -38,6 +38,7 @@ pub mod metrics;
 mod rejections;
 pub mod repeated;
 mod rollouts;
+pub mod shifts;
 mod spans;
 pub mod state;
 pub mod ttfb;

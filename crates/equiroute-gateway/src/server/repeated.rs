@@ -38,11 +38,14 @@ pub enum Repeated {
     LastResort,
     /// The judge failed to score an answer, or its score found no request.
     JudgeFailed,
+    /// The live policy detected a shift in a provider's quality scores (scores are the
+    /// clients': alternating good and bad ones sets shifts off at will).
+    QualityShift,
 }
 
 impl Repeated {
     /// Every kind, in the order of their windows.
-    pub const ALL: [Repeated; 7] = [
+    pub const ALL: [Repeated; 8] = [
         Repeated::FeedbackRejected,
         Repeated::NoEligibleProvider,
         Repeated::ProviderRejected,
@@ -50,6 +53,7 @@ impl Repeated {
         Repeated::StreamBroken,
         Repeated::LastResort,
         Repeated::JudgeFailed,
+        Repeated::QualityShift,
     ];
 
     /// The `kind` label in `/metrics`.
@@ -63,6 +67,7 @@ impl Repeated {
             Repeated::StreamBroken => "stream_broken",
             Repeated::LastResort => "last_resort",
             Repeated::JudgeFailed => "judge_failed",
+            Repeated::QualityShift => "quality_shift",
         }
     }
 
@@ -76,6 +81,7 @@ impl Repeated {
             Repeated::StreamBroken => "broken streams",
             Repeated::LastResort => "last-resort probes (every breaker open)",
             Repeated::JudgeFailed => "judge failures",
+            Repeated::QualityShift => "quality shifts",
         }
     }
 

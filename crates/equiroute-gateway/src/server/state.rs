@@ -302,10 +302,12 @@ impl AppState {
         }
     }
 
-    /// Applies `obs` and journals it; the caller holds the write side.
+    /// Applies `obs` and journals it, and reports the quality shifts it set off; the caller
+    /// holds the write side.
     fn learn(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy, obs: Observation) {
         obs.apply(policy);
         self.journal_learn(iface, || obs);
+        super::shifts::report(self, iface, policy);
     }
 
     /// Journals an observation the policy has just learnt (built only when a journal exists).
@@ -456,6 +458,7 @@ impl AppState {
                     if evicted > 0 {
                         self.metrics.slices_evicted(&iface.name, evicted);
                     }
+                    super::shifts::report(self, iface, policy.as_mut());
                 }
                 Err(std::sync::TryLockError::WouldBlock) => {
                     let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
@@ -465,7 +468,7 @@ impl AppState {
                 Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
             }
         }
-        self.move_breaker(iface, index, |breaker, cfg| {
+        self.move_breaker(iface, index, end, |breaker, cfg| {
             breaker.observe(end, outcome, cfg)
         })?;
         Ok(())
@@ -483,7 +486,7 @@ impl AppState {
         index: usize,
     ) -> Result<Option<Timestamp>, Poisoned> {
         let end = self.now();
-        self.move_breaker(iface, index, |breaker, cfg| {
+        self.move_breaker(iface, index, end, |breaker, cfg| {
             [
                 breaker.record(end, equiroute_core::breaker::BreakerOutcome::Failure, cfg),
                 None,
@@ -491,30 +494,47 @@ impl AppState {
         })
     }
 
-    /// Applies `change` to candidate `index`'s breaker, counts its transitions and shares an
-    /// opening with the other instances. Returns the open period's end when it opened.
+    /// Applies `change` (at `end`) to candidate `index`'s breaker, counts its transitions,
+    /// shares an opening with the other instances and tells the policy of a recovery.
+    /// Returns the open period's end when it opened.
     fn move_breaker(
         &self,
         iface: &InterfaceRuntime,
         index: usize,
+        end: Timestamp,
         change: impl FnOnce(&mut Breaker, &BreakerConfig) -> [Option<Transition>; 2],
     ) -> Result<Option<Timestamp>, Poisoned> {
         let id = &iface.candidates[index].id.0;
         let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
         let before = breakers[index].state;
+        let mut recovered = false;
         for t in change(&mut breakers[index], &iface.breaker_config)
             .into_iter()
             .flatten()
         {
             self.metrics.breaker(id, transition_name(t));
+            // Closed by an attempt: its half-open probes succeeded.
+            recovered |= t == Transition::Closed;
         }
-        let BreakerState::Open { until } = breakers[index].state else {
+        let state = breakers[index].state;
+        let pinned = breakers[index].is_pinned();
+        drop(breakers);
+        if recovered {
+            // A detected change: the failures from before the recovery no longer count.
+            self.observe(
+                iface,
+                Observation::Recovered {
+                    candidate: index,
+                    now: end,
+                },
+            )?;
+        }
+        let BreakerState::Open { until } = state else {
             return Ok(None);
         };
-        if breakers[index].state == before {
+        if state == before {
             return Ok(None);
         }
-        let pinned = breakers[index].is_pinned();
         self.journal(|| Event::BreakerOpen {
             iface: iface.name.clone(),
             candidate: index,
@@ -568,6 +588,7 @@ impl AppState {
             request_id: request_id.to_owned(),
             obs: Observation::quality(obs),
         });
+        super::shifts::report(self, iface, policy.as_mut());
         Ok(())
     }
 
@@ -660,6 +681,7 @@ impl crate::shared::SyncTarget for AppState {
         };
         if let Ok(mut live) = self.policy_mut(iface) {
             *live = rebuild();
+            super::shifts::discard(live.as_mut());
         }
     }
 

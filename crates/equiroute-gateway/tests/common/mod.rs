@@ -298,3 +298,10 @@ impl std::io::Write for Lines {
         Ok(())
     }
 }
+
+impl Lines {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}

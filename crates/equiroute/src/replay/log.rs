@@ -241,7 +241,8 @@ pub struct LogLines {
     pub malformed_count: usize,
 }
 
-/// Reads one line; `Ok(None)` for a blank one. The error names the field at fault.
+/// Reads one line; `Ok(None)` for a blank one and a `quality_shift` one. The error names the
+/// field at fault.
 pub fn parse_line(text: &str) -> Result<Option<Line>, String> {
     let text = text.trim();
     if text.is_empty() {
@@ -272,8 +273,10 @@ pub fn parse_line(text: &str) -> Result<Option<Line>, String> {
             }
             Ok(Some(Line::Feedback(f)))
         }
+        // What the gateway saw, not what it decided: nothing to replay.
+        Some("quality_shift") => Ok(None),
         Some(other) => Err(format!(
-            "`kind`: `{other}` is neither \"request\" nor \"feedback\""
+            "`kind`: `{other}` is none of \"request\", \"feedback\" and \"quality_shift\""
         )),
     }
 }
@@ -472,10 +475,12 @@ mod tests {
     #[test]
     fn malformed_lines_are_counted_with_their_line_and_field_and_the_rest_is_read() {
         let text = format!(
-            "{NEW}\n\n{{\"ts_ms\": 1\n{}\n{}\n{}\n{OLD}\n",
+            "{NEW}\n\n{{\"ts_ms\": 1\n{}\n{}\n{}\n{OLD}\n{}\n",
             NEW.replace("\"propensity\":0.5", "\"propensity\":1.5"),
             r#"{"kind":"feedback","ts_ms":1.0,"request_id":"req-1","quality":"high"}"#,
             r#"{"kind":"decision","ts_ms":1.0}"#,
+            // Skipped, not malformed: a gateway's own observation, nothing to replay.
+            r#"{"kind":"quality_shift","ts_ms":2.0,"interface":"chat","provider":"a","direction":"down","from":0.86,"to":0.41,"scores":6}"#,
         );
         let read = lines(&text);
         assert_eq!(read.requests.len(), 2);
