@@ -1512,3 +1512,27 @@ fn a_watch_survives_a_snapshot_and_a_snapshot_without_one_loads() {
     fresh.merge_state(&old).unwrap();
     assert_eq!(fresh.quality_observations().unwrap(), vec![5, 100]);
 }
+
+/// A latency estimate that is still the prior says so (`latency_unseen`), so that the
+/// dashboard shows "no data yet" instead of the prior as a typical latency; one answer ends it.
+#[test]
+fn lqm_ts_marks_a_latency_it_has_not_seen_as_the_prior() {
+    let cands = candidates(2);
+    let f = Featurizer::new(16).unwrap();
+    let mut lt = LqmTs::new(2, 16, LqmTsConfig::default());
+    let x = f.featurize("a query");
+    let unseen = |p: &mut LqmTs| {
+        let ctx = RankContext::new(&cands, &[0, 1], &x);
+        let mut r: Vec<(usize, bool)> = p
+            .rank(&ctx, &mut rng(1))
+            .order
+            .iter()
+            .map(|s| (s.index, s.breakdown.latency_unseen))
+            .collect();
+        r.sort_unstable();
+        r
+    };
+    assert_eq!(unseen(&mut lt), [(0, true), (1, true)]);
+    answered(&mut lt, 1, &x, 250.0, 0.8, 10.0);
+    assert_eq!(unseen(&mut lt), [(0, true), (1, false)]);
+}

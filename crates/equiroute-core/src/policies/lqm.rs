@@ -150,6 +150,7 @@ impl LqmState {
                     quality: Some(u),
                     exploration: Some(cfg.alpha_ucb * w),
                     latency_ms: Some(self.latency[i].faded_ms(cfg.tau0(), fresh(i))),
+                    latency_unseen: self.latency[i].count == 0,
                     ..ScoreBreakdown::default()
                 },
             })

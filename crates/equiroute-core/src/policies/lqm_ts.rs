@@ -340,6 +340,7 @@ impl LqmTs {
             risk.breakdown.quality = q.breakdown.quality;
             risk.breakdown.exploration = q.breakdown.exploration;
             risk.breakdown.latency_ms = q.breakdown.latency_ms;
+            risk.breakdown.latency_unseen = q.breakdown.latency_unseen;
             if learnt {
                 risk.score = optimistic;
             }

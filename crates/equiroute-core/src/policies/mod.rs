@@ -113,6 +113,10 @@ pub struct ScoreBreakdown {
     /// Latency estimate in ms (EMA or posterior median).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<f64>,
+    /// `latency_ms` is the prior: no answer of the candidate was observed yet (the dashboard
+    /// says "no data yet" rather than show the prior as a typical latency).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub latency_unseen: bool,
     /// Estimated provider-failure probability.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_probability: Option<f64>,

@@ -372,6 +372,7 @@ impl Ranked {
                 quality: e["quality"].as_f64(),
                 exploration: e["exploration"].as_f64(),
                 latency_ms: e["latency_ms"].as_f64(),
+                latency_unseen: e["latency_unseen"].as_bool().unwrap_or(false),
                 failure_probability: e["failure_probability"].as_f64(),
                 deadline_miss_probability: e["deadline_miss_probability"].as_f64(),
                 bad_probability: e["bad_probability"].as_f64(),
@@ -435,7 +436,9 @@ fn explain(
                     better.push(format!("better answers (quality {x:.2} vs {y:.2})"));
                 }
             }
-            if let (Some(x), Some(y)) = (a.latency_ms, b.latency_ms) {
+            // A prior is not a latency: "faster" compares what was seen.
+            let seen = |e: &ScoreBreakdown| e.latency_ms.filter(|_| !e.latency_unseen);
+            if let (Some(x), Some(y)) = (seen(a), seen(b)) {
                 if x < 0.9 * y {
                     better.push(format!("faster ({x:.0} ms vs {y:.0} ms typical)"));
                 }
@@ -708,6 +711,50 @@ mod tests {
             estimates,
             breaker: Some(breaker),
         }
+    }
+
+    #[test]
+    fn a_latency_prior_is_never_called_faster() {
+        let seen = ScoreBreakdown {
+            latency_ms: Some(40.0),
+            ..ScoreBreakdown::default()
+        };
+        let prior = ScoreBreakdown {
+            latency_ms: Some(1000.0),
+            latency_unseen: true,
+            ..ScoreBreakdown::default()
+        };
+        let closed = json!({"state": "closed"});
+        let explained = |a: ScoreBreakdown, b: ScoreBreakdown| {
+            explain(
+                &[
+                    ranked("a", 0.9, a, closed.clone()),
+                    ranked("b", 0.7, b, closed.clone()),
+                ],
+                None,
+                Timestamp(0.0),
+            )
+            .unwrap()
+            .1
+        };
+        assert!(!explained(seen, seen).contains("faster"), "equal latencies");
+        let prior_faster = ScoreBreakdown {
+            latency_ms: Some(10.0),
+            ..prior
+        };
+        assert!(
+            !explained(prior_faster, seen).contains("faster"),
+            "a's 10 ms is a prior"
+        );
+        assert!(
+            !explained(seen, prior).contains("faster"),
+            "b's 1000 ms is a prior"
+        );
+        let slow = ScoreBreakdown {
+            latency_ms: Some(1000.0),
+            ..seen
+        };
+        assert!(explained(seen, slow).contains("faster (40 ms vs 1000 ms typical)"));
     }
 
     #[test]
