@@ -157,6 +157,22 @@ impl ProviderKind {
     }
 }
 
+/// What a provider whose API cannot express a request member does with it
+/// (`unsupported_params`, on an interface or a provider): members that do not change what the
+/// answer means (`user`, `seed`, a message's `name`, ...; the list is
+/// `upstream::dialect::DROPPABLE`) are dropped, or the request is refused with a 400 naming
+/// the member. Members that change the answer (tools, JSON mode, images) are always refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnsupportedParams {
+    /// Drop the members that do not change the answer's meaning, and name them in
+    /// `x-equiroute-dropped-params`.
+    #[default]
+    Drop,
+    /// Refuse every member the provider's API cannot express.
+    Reject,
+}
+
 /// How an Azure OpenAI provider sends its key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -360,6 +376,8 @@ struct RawInterface {
     rollout: Option<rollout::RawRollout>,
     /// Hedged requests (docs/hedging.md); absent: off.
     hedge: Option<RawHedge>,
+    /// What its providers do with request members their API cannot express (default `drop`).
+    unsupported_params: Option<UnsupportedParams>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -551,6 +569,9 @@ struct RawProvider {
     tenants: Option<Vec<String>>,
     /// Whether the provider continues a final assistant message (default: `anthropic` only).
     assistant_prefill: Option<bool>,
+    /// What the provider does with request members its API cannot express (default: the
+    /// interface's).
+    unsupported_params: Option<UnsupportedParams>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -601,6 +622,9 @@ pub struct ProviderConfig {
     /// The provider continues a final assistant message (a prefill): a broken stream is
     /// continued on it with the partial answer as that message (`stream_resume`).
     pub assistant_prefill: bool,
+    /// What it does with request members its API cannot express (the provider's setting,
+    /// else the interface's, else `drop`).
+    pub unsupported_params: UnsupportedParams,
 }
 
 /// How to reach a provider.
@@ -1212,11 +1236,12 @@ fn check_task_classes(classes: &[String]) -> Result<(), (usize, String)> {
 /// broken provider.
 fn load_providers(
     raw: Vec<RawProvider>,
+    interface_params: Option<UnsupportedParams>,
     at: &dyn Fn(&str) -> String,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<(String, String)>,
 ) -> Result<Vec<ProviderConfig>, Vec<(String, String)>> {
-    let mut providers: Vec<ProviderConfig> = Vec::new();
+    let mut providers = Vec::new();
     let mut problems = Vec::new();
     let mut ids: Vec<String> = Vec::new();
     for (n, p) in raw.into_iter().enumerate() {
@@ -1234,8 +1259,15 @@ fn load_providers(
                 .into_iter()
                 .map(|(f, why)| (field(f), why)),
         );
+        let unsupported_params = p
+            .unsupported_params
+            .or(interface_params)
+            .unwrap_or_default();
         match load_provider(p, env) {
-            Ok(pc) => providers.push(pc),
+            Ok(pc) => providers.push(ProviderConfig {
+                unsupported_params,
+                ..pc
+            }),
             Err((f, fix)) => problems.push((field(f), fix)),
         }
     }
@@ -1264,7 +1296,7 @@ fn load_interface(
             "add at least one [[interfaces.NAME.providers]] entry".into(),
         )]);
     }
-    let providers = load_providers(raw.providers, &at, env, warnings)?;
+    let providers = load_providers(raw.providers, raw.unsupported_params, &at, env, warnings)?;
     let feature_dim = raw.feature_dim.unwrap_or(64);
     let feature_max_words = raw
         .feature_max_words
@@ -1421,6 +1453,12 @@ fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
             p.assistant_prefill.is_some(),
             p.kind != Http,
         ),
+        // Only the native dialects have members they cannot express.
+        (
+            "unsupported_params",
+            p.unsupported_params.is_some(),
+            matches!(p.kind, Anthropic | Gemini | Bedrock),
+        ),
     ]
     .into_iter()
     .filter(|&(_, set, read)| set && !read)
@@ -1544,6 +1582,8 @@ fn load_provider(
         assistant_prefill: p
             .assistant_prefill
             .unwrap_or(p.kind == ProviderKind::Anthropic),
+        // Set by the interface's loading: the provider's own, else the interface's.
+        unsupported_params: UnsupportedParams::default(),
     })
 }
 
@@ -1933,6 +1973,43 @@ mod tests {
             let e = with(hold).unwrap_err().to_string();
             assert!(e.contains(field) && e.contains("must be"), "{hold}: {e}");
         }
+    }
+
+    #[test]
+    fn unsupported_params_is_drop_by_default_the_providers_own_wins_and_others_are_warned() {
+        let text = |iface: &str| {
+            format!(
+                "[interfaces.chat]\nkind = \"chat\"\n{iface}\n\
+                 [[interfaces.chat.providers]]\nid = \"g\"\nkind = \"gemini\"\n\
+                 [[interfaces.chat.providers]]\nid = \"c\"\nkind = \"anthropic\"\nunsupported_params = \"drop\"\n\
+                 [[interfaces.chat.providers]]\nid = \"o\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nunsupported_params = \"reject\"\n"
+            )
+        };
+        let policies = |iface: &str| -> Vec<UnsupportedParams> {
+            let cfg = load_all(&text(iface), "x.toml", &no_env).unwrap();
+            cfg.interfaces[0]
+                .providers
+                .iter()
+                .map(|p| p.unsupported_params)
+                .collect()
+        };
+        let (drop, reject) = (UnsupportedParams::Drop, UnsupportedParams::Reject);
+        assert_eq!(policies(""), [drop, drop, reject]);
+        assert_eq!(
+            policies("unsupported_params = \"reject\""),
+            [reject, drop, reject]
+        );
+        // An OpenAI-compatible API takes every member: the setting is not read there.
+        let cfg = load_all(&text(""), "x.toml", &no_env).unwrap();
+        let fields: Vec<&str> = cfg.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(fields, ["interfaces.chat.providers[2].unsupported_params"]);
+        let e = load(&text("unsupported_params = \"ignore\""), "x.toml", &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unsupported_params") && e.contains("drop"),
+            "{e}"
+        );
     }
 
     #[test]
