@@ -1101,13 +1101,84 @@ fn server_keys(
     )
 }
 
-/// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
-/// it; otherwise every server field, interface and provider is checked).
+/// Like [`load`], but reports every problem it can find in one pass: every unknown field
+/// (with the nearest known name), every value of the wrong type, then every server field,
+/// interface and provider (a syntax error stops it, and so does a field that is missing or
+/// of the wrong type and required: what follows could not be read as written).
 ///
 /// # Errors
-/// Every problem found, in file order.
+/// Every problem found: those of the file's shape in file order, then the others.
 pub fn load_all(
     text: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<GatewayConfig, Vec<ConfigError>> {
+    let (raw, shape) = equiroute_lab::toml_text::parse_all::<RawConfig>(text);
+    let mut problems: Vec<ConfigError> = shape
+        .iter()
+        .map(|p| ConfigError {
+            file: file.to_owned(),
+            field: p.field.clone(),
+            fix: gateway_policies(&unechoed(&p.field, &p.fix)),
+        })
+        .collect();
+    let Some(raw) = raw else {
+        return Err(problems);
+    };
+    match load_raw(raw, file, env) {
+        Ok(cfg) if problems.is_empty() => Ok(cfg),
+        Ok(_) => Err(problems),
+        Err(more) => {
+            // A member left out for its shape is not reported again as absent.
+            let said = |field: &str| problems.iter().any(|p| field.starts_with(&p.field));
+            let more: Vec<ConfigError> = more.into_iter().filter(|p| !said(&p.field)).collect();
+            problems.extend(more);
+            Err(problems)
+        }
+    }
+}
+
+/// The core's "unknown policy" message with only the policies the gateway accepts (`oracle`
+/// is the laboratory's) and the nearest name; other messages as they are.
+fn gateway_policies(fix: &str) -> String {
+    let Some((head, _)) = fix.split_once(": valid policies are ") else {
+        return fix.to_owned();
+    };
+    let place = fix.rfind(" (line ").map_or("", |i| &fix[i..]);
+    let accepted: Vec<&str> = equiroute_core::policies::PolicyKind::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .filter(|k| *k != "oracle")
+        .collect();
+    let given = head.split('`').nth(1).unwrap_or_default();
+    let hint = equiroute_lab::toml_text::nearest(given, &accepted)
+        .map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
+    format!("{head}: write one of {}{hint}{place}", accepted.join(", "))
+}
+
+/// `server.listen` as an address: an IP address and port, or `localhost:PORT` (read as
+/// 127.0.0.1:PORT); the fix otherwise.
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    match text.rsplit_once(':') {
+        Some(("localhost", port)) if port.parse::<u16>().is_ok() => format!("127.0.0.1:{port}")
+            .parse()
+            .map_err(|_| String::new()),
+        Some((host, port)) if port.parse::<u16>().is_ok() && !host.is_empty() => Err(format!(
+            "`{text}`: a host name is not allowed here, write an IP address and port, e.g. \
+             127.0.0.1:{port} (this machine only) or 0.0.0.0:{port} (every interface)"
+        )),
+        _ => Err(format!(
+            "`{text}` is not an address: write IP:port, e.g. 127.0.0.1:8080"
+        )),
+    }
+}
+
+/// [`load_all`]'s checks of a configuration read from its text.
+fn load_raw(
+    mut raw: RawConfig,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<GatewayConfig, Vec<ConfigError>> {
@@ -1116,19 +1187,11 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let mut raw: RawConfig = equiroute_lab::toml_text::parse(text).map_err(|p| {
-        let fix = unechoed(&p.field, &p.fix);
-        vec![err(&p.field, fix)]
-    })?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
-    let listen: Option<SocketAddr> = listen_text.parse().ok();
-    if listen.is_none() {
-        problems.push(err(
-            "server.listen",
-            format!("`{listen_text}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
-        ));
-    }
+    let listen = listen_address(listen_text)
+        .map_err(|fix| problems.push(err("server.listen", fix)))
+        .ok();
     let (keys, feedback_rate) = server_keys(&mut raw.server, env).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         (Vec::new(), None)
@@ -2013,6 +2076,29 @@ mod tests {
     }
 
     #[test]
+    fn localhost_is_read_as_loopback_and_an_unknown_policy_lists_only_the_gateways() {
+        let base = "[server]\nlisten = \"LISTEN\"\n[interfaces.chat]\nkind = \"chat\"\npolicy = \"POLICY\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let with = |listen: &str, policy: &str| {
+            load(
+                &base.replace("LISTEN", listen).replace("POLICY", policy),
+                "x.toml",
+                &no_env,
+            )
+        };
+        let cfg = with("localhost:9090", "lqm").unwrap();
+        assert_eq!(cfg.listen.to_string(), "127.0.0.1:9090");
+        let e = with("gateway.local:9090", "lqm").unwrap_err();
+        assert_eq!(e.field, "server.listen");
+        assert!(e.fix.contains("e.g. 127.0.0.1:9090"), "{e}");
+        let e = with("127.0.0.1:9090", "lqm-tss").unwrap_err();
+        assert!(e.fix.contains("(did you mean `lqm-ts`?)"), "{e}");
+        assert!(
+            e.fix.contains("cheapest") && !e.fix.contains("oracle"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn stream_resume_is_prefix_by_default_and_its_fields_are_checked_by_name() {
         let base = "[interfaces.chat]\nkind = \"chat\"\nRESUME\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"anthropic\"\n[[interfaces.chat.providers]]\nid = \"c\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nassistant_prefill = true\n";
         let with = |r: &str| load(&base.replace("RESUME", r), "x.toml", &no_env);
@@ -2261,19 +2347,19 @@ mod tests {
             (
                 base.replace("p50_ms = 10", "p50_ms = \"ten\""),
                 "interfaces.chat.providers[0].sim.latency.p50_ms",
-                "invalid type: string \"ten\"",
+                "expected a number, e.g. `p50_ms = 1.5`, got a string",
                 "(line 6, column 30)",
             ),
             (
                 base.replace("\"chat\"", "\"chatt\""),
                 "interfaces.chat.kind",
-                "expected `chat` or `tool`",
+                "write one of `chat`, `tool` (did you mean `chat`?)",
                 "(line 2, column 8)",
             ),
             (
                 format!("[sever]\n{base}"),
                 "sever",
-                "expected one of `server`",
+                "did you mean `server`?",
                 "(line 1, column 2)",
             ),
             (
