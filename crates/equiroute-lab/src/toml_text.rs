@@ -137,6 +137,10 @@ pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<TomlProblem
         }
         let start = inner.span().map_or(usize::MAX, |s| s.start);
         let fix = format!("{fix}{}", place(inner.span()));
+        if found.iter().any(|(_, p)| p.field == field && p.fix == fix) {
+            // A repair that did not take: reading on would only repeat it.
+            break None;
+        }
         found.push((
             start,
             TomlProblem {
@@ -441,9 +445,13 @@ fn toml_terms(message: &str, field: &str) -> (String, Repair) {
         };
     }
     if let Some(missing) = quoted(message, "missing field ") {
-        let table = if field == "(file)" { "the file" } else { field };
+        let table = if field == "(file)" {
+            "the top of the file".to_owned()
+        } else {
+            format!("`{field}`")
+        };
         return (
-            format!("missing field `{missing}`: add `{missing} = …` to `{table}`"),
+            format!("missing field `{missing}`: add `{missing} = …` to {table}"),
             Repair::Stop,
         );
     }
