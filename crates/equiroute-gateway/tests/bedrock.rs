@@ -287,11 +287,11 @@ async fn rejections_guardrails_and_long_prompts_go_back_to_the_caller() {
     // What Converse cannot express: passed over for the OpenAI provider; alone, a 400 naming
     // the member. Never sent to Bedrock.
     let native = mock("").await;
-    let mut no_logprobs = request(false, false);
-    no_logprobs["logprobs"] = json!(true);
+    let mut no_bias = request(false, false);
+    no_bias["logit_bias"] = json!({"50256": -100});
     let mut no_none = request(false, true);
     no_none["tool_choice"] = json!("none");
-    for (body, field) in [(no_logprobs, "`logprobs`"), (no_none, "`tool_choice`")] {
+    for (body, field) in [(no_bias, "`logit_bias`"), (no_none, "`tool_choice`")] {
         let mixed = start(
             &config(native.addr, Some(openai(backup.addr))),
             &aws_env(false),

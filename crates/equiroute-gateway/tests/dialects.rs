@@ -284,7 +284,8 @@ async fn a_provider_that_cannot_express_the_request_is_passed_over_for_one_that_
     for first in [anthropic(native.addr), gemini(native.addr)] {
         let gw = gateway(first.clone(), backup.addr).await;
         let mut body: Value = serde_json::from_str(&request(false, false)).unwrap();
-        body["logprobs"] = json!(true);
+        // Not droppable: it changes the answer.
+        body["logit_bias"] = json!({"50256": -100});
         let r = chat(gw.addr, &body.to_string()).await;
         assert_eq!(r.status, 200, "{first}: {}", r.body);
         assert_eq!(r.header("x-equiroute-provider"), Some("backup"), "{first}");
@@ -295,7 +296,8 @@ async fn a_provider_that_cannot_express_the_request_is_passed_over_for_one_that_
         "nothing sent where it cannot be said"
     );
     assert_eq!(stats(backup.addr).await["chat"], 2);
-    // Anthropic cannot say `seed`, Gemini can: Gemini answers, though ranked second.
+    // Anthropic cannot say `presence_penalty`, Gemini can: Gemini answers, though ranked
+    // second.
     let mixed = format!(
         r#"
 [interfaces.chat]
@@ -315,27 +317,111 @@ api_key_env = "NATIVE_KEY"
     );
     let gw = start(&mixed, &[("NATIVE_KEY", KEY)]).await;
     let mut body: Value = serde_json::from_str(&request(false, false)).unwrap();
-    body["seed"] = json!(7);
+    body["presence_penalty"] = json!(0.5);
     let r = chat(gw.addr, &body.to_string()).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.header("x-equiroute-provider"), Some("gem"));
-    // Neither can say `logprobs`: a 400 naming it, and nothing sent.
-    body["logprobs"] = json!(true);
+    // Neither can say `logit_bias`: a 400 naming it, and nothing sent.
+    body["logit_bias"] = json!({"50256": -100});
     let before = stats(native.addr).await["chat"].clone();
     let r = chat(gw.addr, &body.to_string()).await;
     assert_eq!(r.status, 400, "{}", r.body);
     let e = r.json();
     assert_eq!(e["error"]["code"], "unsupported_parameter");
-    assert_eq!(e["error"]["param"], "logprobs");
+    assert_eq!(e["error"]["param"], "logit_bias");
     assert!(
         e["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("`logprobs`"),
+            .contains("`logit_bias`"),
         "{}",
         r.body
     );
     assert_eq!(stats(native.addr).await["chat"], before);
+}
+
+/// `unsupported_params`: by default a native provider drops what does not change the answer
+/// (`user` on Gemini, `seed` and a message's `name` on Anthropic), answers, and says what it
+/// dropped in a header and the audit record; nothing of it reaches the provider. With
+/// `"reject"` (on the interface, or the provider) the same request is a 400 naming the member.
+#[tokio::test]
+async fn members_a_native_api_cannot_express_are_dropped_and_named_or_refused_per_the_policy() {
+    let native = mock("").await;
+    let audit = std::env::temp_dir().join(format!(
+        "equiroute-dialects-dropped-{}.jsonl",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&audit);
+    let single = |provider: String, interface: &str| {
+        format!(
+            "[audit]\npath = {:?}\n[interfaces.chat]\nkind = \"chat\"\n{interface}\n\
+             [[interfaces.chat.providers]]\nid = \"first\"\napi_key_env = \"NATIVE_KEY\"\n{provider}",
+            audit.display().to_string()
+        )
+    };
+    let mut gem_body: Value = serde_json::from_str(&request(false, false)).unwrap();
+    gem_body["user"] = json!("end-user-4711");
+    let mut claude_body = gem_body.clone();
+    claude_body["seed"] = json!(7);
+    claude_body["messages"][1]["name"] = json!("ann");
+    // (provider, request, header, the member the reject names, what is not sent)
+    let cases = [
+        (
+            gemini(native.addr),
+            &gem_body,
+            "user",
+            "user",
+            ["end-user-4711", "end-user-4711"],
+        ),
+        (
+            anthropic(native.addr),
+            &claude_body,
+            "seed,messages[].name",
+            "messages[1].name",
+            ["\"seed\"", "\"ann\""],
+        ),
+    ];
+    for (provider, body, header, member, unsent) in cases {
+        let gw = start(&single(provider.clone(), ""), &[("NATIVE_KEY", KEY)]).await;
+        let r = chat(gw.addr, &body.to_string()).await;
+        assert_eq!(r.status, 200, "{provider}: {}", r.body);
+        assert_eq!(r.header("x-equiroute-dropped-params"), Some(header));
+        let sent = stats(native.addr).await["last_chat"].to_string();
+        assert!(sent.contains("hi"), "the request was sent: {sent}");
+        assert!(unsent.iter().all(|u| !sent.contains(u)), "{sent}");
+        let record =
+            common::audit_record(&audit, r.header("x-equiroute-request-id").unwrap()).await;
+        let named: Vec<&str> = header.split(',').collect();
+        assert_eq!(record["attempts"][0]["dropped_params"], json!(named));
+        // A stream says it too.
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let r = chat(gw.addr, &streamed.to_string()).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.header("x-equiroute-dropped-params"), Some(header));
+        // Refused, on the interface or the provider: nothing sent.
+        let strict = [
+            single(provider.clone(), "unsupported_params = \"reject\""),
+            single(format!("{provider}unsupported_params = \"reject\"\n"), ""),
+        ];
+        for cfg in strict {
+            let before = stats(native.addr).await["chat"].clone();
+            let gw = start(&cfg, &[("NATIVE_KEY", KEY)]).await;
+            let r = chat(gw.addr, &body.to_string()).await;
+            assert_eq!(r.status, 400, "{cfg}: {}", r.body);
+            assert_eq!(r.json()["error"]["param"], member, "{}", r.body);
+            assert_eq!(r.header("x-equiroute-dropped-params"), None);
+            assert_eq!(stats(native.addr).await["chat"], before);
+        }
+    }
+    // What the answer depends on is refused under `drop` too.
+    let gw = start(&single(gemini(native.addr), ""), &[("NATIVE_KEY", KEY)]).await;
+    let mut biased = gem_body.clone();
+    biased["logit_bias"] = json!({"50256": -100});
+    let r = chat(gw.addr, &biased.to_string()).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "logit_bias");
+    let _ = std::fs::remove_file(&audit);
 }
 
 /// A tool loop on Gemini, as a plain client writes it (the call's id, name and arguments,

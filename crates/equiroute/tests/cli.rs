@@ -276,6 +276,72 @@ fn check_config_reports_every_problem_with_its_field() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Five different mistakes, five problems in one run, each with its fix; no Rust type name.
+#[test]
+fn check_config_reports_five_mistakes_in_one_run_each_with_its_fix() {
+    let dir = temp_dir("five");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("five.toml");
+    std::fs::write(
+        &bad,
+        r#"[server]
+listen = "gateway.local:8080"
+
+[interfaces.chat]
+kind = "chat"
+deadlin_ms = 5000
+max_attempts = "three"
+
+[[interfaces.chat.providers]]
+id = "a"
+kind = "openia"
+base_url = "http://127.0.0.1:9/v1"
+
+[interfaces.search]
+kind = "tool"
+
+[interfaces.search.providers]
+id = "s"
+kind = "http"
+url = "http://127.0.0.1:9/search"
+"#,
+    )
+    .unwrap();
+    let o = equiroute(&["check-config", bad.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("5 problem(s)"), "{err}");
+    for (field, fix) in [
+        ("interfaces.chat.deadlin_ms", "did you mean `deadline_ms`?"),
+        (
+            "interfaces.chat.max_attempts",
+            "expected a whole number, e.g. `max_attempts = 3`, got a string",
+        ),
+        (
+            "interfaces.chat.providers[0].kind",
+            "(did you mean `openai`?)",
+        ),
+        (
+            "interfaces.search.providers",
+            "double brackets: `[[interfaces.search.providers]]`",
+        ),
+        (
+            "server.listen",
+            "a host name is not allowed here, write an IP address and port, e.g. 127.0.0.1:8080",
+        ),
+    ] {
+        assert!(
+            err.lines()
+                .any(|l| l.contains(&format!("`{field}`: ")) && l.contains(fix)),
+            "{field}: {fix}\n{err}"
+        );
+    }
+    for rust in ["struct ", "enum ", "RawInterface", "u32", "f64"] {
+        assert!(!err.contains(rust), "no Rust type names ({rust}): {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn check_config_never_prints_a_key_pasted_where_its_variable_name_belongs() {
     let dir = temp_dir("check-pasted");

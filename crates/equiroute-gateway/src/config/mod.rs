@@ -157,6 +157,22 @@ impl ProviderKind {
     }
 }
 
+/// What a provider whose API cannot express a request member does with it
+/// (`unsupported_params`, on an interface or a provider): members that do not change what the
+/// answer means (`user`, `seed`, a message's `name`, ...; the list is
+/// `upstream::dialect::DROPPABLE`) are dropped, or the request is refused with a 400 naming
+/// the member. Members that change the answer (tools, JSON mode, images) are always refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnsupportedParams {
+    /// Drop the members that do not change the answer's meaning, and name them in
+    /// `x-equiroute-dropped-params`.
+    #[default]
+    Drop,
+    /// Refuse every member the provider's API cannot express.
+    Reject,
+}
+
 /// How an Azure OpenAI provider sends its key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -360,6 +376,8 @@ struct RawInterface {
     rollout: Option<rollout::RawRollout>,
     /// Hedged requests (docs/hedging.md); absent: off.
     hedge: Option<RawHedge>,
+    /// What its providers do with request members their API cannot express (default `drop`).
+    unsupported_params: Option<UnsupportedParams>,
     #[serde(default)]
     providers: Vec<RawProvider>,
 }
@@ -551,6 +569,9 @@ struct RawProvider {
     tenants: Option<Vec<String>>,
     /// Whether the provider continues a final assistant message (default: `anthropic` only).
     assistant_prefill: Option<bool>,
+    /// What the provider does with request members its API cannot express (default: the
+    /// interface's).
+    unsupported_params: Option<UnsupportedParams>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -601,6 +622,9 @@ pub struct ProviderConfig {
     /// The provider continues a final assistant message (a prefill): a broken stream is
     /// continued on it with the partial answer as that message (`stream_resume`).
     pub assistant_prefill: bool,
+    /// What it does with request members its API cannot express (the provider's setting,
+    /// else the interface's, else `drop`).
+    pub unsupported_params: UnsupportedParams,
 }
 
 /// How to reach a provider.
@@ -1077,13 +1101,84 @@ fn server_keys(
     )
 }
 
-/// Like [`load`], but reports every problem it can find in one pass (a syntax error stops
-/// it; otherwise every server field, interface and provider is checked).
+/// Like [`load`], but reports every problem it can find in one pass: every unknown field
+/// (with the nearest known name), every value of the wrong type, then every server field,
+/// interface and provider (a syntax error stops it, and so does a field that is missing or
+/// of the wrong type and required: what follows could not be read as written).
 ///
 /// # Errors
-/// Every problem found, in file order.
+/// Every problem found: those of the file's shape in file order, then the others.
 pub fn load_all(
     text: &str,
+    file: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<GatewayConfig, Vec<ConfigError>> {
+    let (raw, shape) = equiroute_lab::toml_text::parse_all::<RawConfig>(text);
+    let mut problems: Vec<ConfigError> = shape
+        .iter()
+        .map(|p| ConfigError {
+            file: file.to_owned(),
+            field: p.field.clone(),
+            fix: gateway_policies(&unechoed(&p.field, &p.fix)),
+        })
+        .collect();
+    let Some(raw) = raw else {
+        return Err(problems);
+    };
+    match load_raw(raw, file, env) {
+        Ok(cfg) if problems.is_empty() => Ok(cfg),
+        Ok(_) => Err(problems),
+        Err(more) => {
+            // A member left out for its shape is not reported again as absent.
+            let said = |field: &str| problems.iter().any(|p| field.starts_with(&p.field));
+            let more: Vec<ConfigError> = more.into_iter().filter(|p| !said(&p.field)).collect();
+            problems.extend(more);
+            Err(problems)
+        }
+    }
+}
+
+/// The core's "unknown policy" message with only the policies the gateway accepts (`oracle`
+/// is the laboratory's) and the nearest name; other messages as they are.
+fn gateway_policies(fix: &str) -> String {
+    let Some((head, _)) = fix.split_once(": valid policies are ") else {
+        return fix.to_owned();
+    };
+    let place = fix.rfind(" (line ").map_or("", |i| &fix[i..]);
+    let accepted: Vec<&str> = equiroute_core::policies::PolicyKind::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .filter(|k| *k != "oracle")
+        .collect();
+    let given = head.split('`').nth(1).unwrap_or_default();
+    let hint = equiroute_lab::toml_text::nearest(given, &accepted)
+        .map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
+    format!("{head}: write one of {}{hint}{place}", accepted.join(", "))
+}
+
+/// `server.listen` as an address: an IP address and port, or `localhost:PORT` (read as
+/// 127.0.0.1:PORT); the fix otherwise.
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    match text.rsplit_once(':') {
+        Some(("localhost", port)) if port.parse::<u16>().is_ok() => format!("127.0.0.1:{port}")
+            .parse()
+            .map_err(|_| String::new()),
+        Some((host, port)) if port.parse::<u16>().is_ok() && !host.is_empty() => Err(format!(
+            "`{text}`: a host name is not allowed here, write an IP address and port, e.g. \
+             127.0.0.1:{port} (this machine only) or 0.0.0.0:{port} (every interface)"
+        )),
+        _ => Err(format!(
+            "`{text}` is not an address: write IP:port, e.g. 127.0.0.1:8080"
+        )),
+    }
+}
+
+/// [`load_all`]'s checks of a configuration read from its text.
+fn load_raw(
+    mut raw: RawConfig,
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<GatewayConfig, Vec<ConfigError>> {
@@ -1092,19 +1187,11 @@ pub fn load_all(
         field: field.to_owned(),
         fix,
     };
-    let mut raw: RawConfig = equiroute_lab::toml_text::parse(text).map_err(|p| {
-        let fix = unechoed(&p.field, &p.fix);
-        vec![err(&p.field, fix)]
-    })?;
     let mut problems = Vec::new();
     let listen_text = raw.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
-    let listen: Option<SocketAddr> = listen_text.parse().ok();
-    if listen.is_none() {
-        problems.push(err(
-            "server.listen",
-            format!("`{listen_text}` is not an address: write host:port, e.g. 127.0.0.1:8080"),
-        ));
-    }
+    let listen = listen_address(listen_text)
+        .map_err(|fix| problems.push(err("server.listen", fix)))
+        .ok();
     let (keys, feedback_rate) = server_keys(&mut raw.server, env).unwrap_or_else(|ps| {
         problems.extend(ps.into_iter().map(|(field, fix)| err(&field, fix)));
         (Vec::new(), None)
@@ -1212,11 +1299,12 @@ fn check_task_classes(classes: &[String]) -> Result<(), (usize, String)> {
 /// broken provider.
 fn load_providers(
     raw: Vec<RawProvider>,
+    interface_params: Option<UnsupportedParams>,
     at: &dyn Fn(&str) -> String,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<(String, String)>,
 ) -> Result<Vec<ProviderConfig>, Vec<(String, String)>> {
-    let mut providers: Vec<ProviderConfig> = Vec::new();
+    let mut providers = Vec::new();
     let mut problems = Vec::new();
     let mut ids: Vec<String> = Vec::new();
     for (n, p) in raw.into_iter().enumerate() {
@@ -1234,8 +1322,15 @@ fn load_providers(
                 .into_iter()
                 .map(|(f, why)| (field(f), why)),
         );
+        let unsupported_params = p
+            .unsupported_params
+            .or(interface_params)
+            .unwrap_or_default();
         match load_provider(p, env) {
-            Ok(pc) => providers.push(pc),
+            Ok(pc) => providers.push(ProviderConfig {
+                unsupported_params,
+                ..pc
+            }),
             Err((f, fix)) => problems.push((field(f), fix)),
         }
     }
@@ -1264,7 +1359,7 @@ fn load_interface(
             "add at least one [[interfaces.NAME.providers]] entry".into(),
         )]);
     }
-    let providers = load_providers(raw.providers, &at, env, warnings)?;
+    let providers = load_providers(raw.providers, raw.unsupported_params, &at, env, warnings)?;
     let feature_dim = raw.feature_dim.unwrap_or(64);
     let feature_max_words = raw
         .feature_max_words
@@ -1421,6 +1516,12 @@ fn ignored_fields(p: &RawProvider) -> Vec<(&'static str, String)> {
             p.assistant_prefill.is_some(),
             p.kind != Http,
         ),
+        // Only the native dialects have members they cannot express.
+        (
+            "unsupported_params",
+            p.unsupported_params.is_some(),
+            matches!(p.kind, Anthropic | Gemini | Bedrock),
+        ),
     ]
     .into_iter()
     .filter(|&(_, set, read)| set && !read)
@@ -1544,6 +1645,8 @@ fn load_provider(
         assistant_prefill: p
             .assistant_prefill
             .unwrap_or(p.kind == ProviderKind::Anthropic),
+        // Set by the interface's loading: the provider's own, else the interface's.
+        unsupported_params: UnsupportedParams::default(),
     })
 }
 
@@ -1936,6 +2039,66 @@ mod tests {
     }
 
     #[test]
+    fn unsupported_params_is_drop_by_default_the_providers_own_wins_and_others_are_warned() {
+        let text = |iface: &str| {
+            format!(
+                "[interfaces.chat]\nkind = \"chat\"\n{iface}\n\
+                 [[interfaces.chat.providers]]\nid = \"g\"\nkind = \"gemini\"\n\
+                 [[interfaces.chat.providers]]\nid = \"c\"\nkind = \"anthropic\"\nunsupported_params = \"drop\"\n\
+                 [[interfaces.chat.providers]]\nid = \"o\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nunsupported_params = \"reject\"\n"
+            )
+        };
+        let policies = |iface: &str| -> Vec<UnsupportedParams> {
+            let cfg = load_all(&text(iface), "x.toml", &no_env).unwrap();
+            cfg.interfaces[0]
+                .providers
+                .iter()
+                .map(|p| p.unsupported_params)
+                .collect()
+        };
+        let (drop, reject) = (UnsupportedParams::Drop, UnsupportedParams::Reject);
+        assert_eq!(policies(""), [drop, drop, reject]);
+        assert_eq!(
+            policies("unsupported_params = \"reject\""),
+            [reject, drop, reject]
+        );
+        // An OpenAI-compatible API takes every member: the setting is not read there.
+        let cfg = load_all(&text(""), "x.toml", &no_env).unwrap();
+        let fields: Vec<&str> = cfg.warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(fields, ["interfaces.chat.providers[2].unsupported_params"]);
+        let e = load(&text("unsupported_params = \"ignore\""), "x.toml", &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unsupported_params") && e.contains("drop"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn localhost_is_read_as_loopback_and_an_unknown_policy_lists_only_the_gateways() {
+        let base = "[server]\nlisten = \"LISTEN\"\n[interfaces.chat]\nkind = \"chat\"\npolicy = \"POLICY\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 10, p95_ms = 20 } }\n";
+        let with = |listen: &str, policy: &str| {
+            load(
+                &base.replace("LISTEN", listen).replace("POLICY", policy),
+                "x.toml",
+                &no_env,
+            )
+        };
+        let cfg = with("localhost:9090", "lqm").unwrap();
+        assert_eq!(cfg.listen.to_string(), "127.0.0.1:9090");
+        let e = with("gateway.local:9090", "lqm").unwrap_err();
+        assert_eq!(e.field, "server.listen");
+        assert!(e.fix.contains("e.g. 127.0.0.1:9090"), "{e}");
+        let e = with("127.0.0.1:9090", "lqm-tss").unwrap_err();
+        assert!(e.fix.contains("(did you mean `lqm-ts`?)"), "{e}");
+        assert!(
+            e.fix.contains("cheapest") && !e.fix.contains("oracle"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn stream_resume_is_prefix_by_default_and_its_fields_are_checked_by_name() {
         let base = "[interfaces.chat]\nkind = \"chat\"\nRESUME\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"anthropic\"\n[[interfaces.chat.providers]]\nid = \"c\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\nassistant_prefill = true\n";
         let with = |r: &str| load(&base.replace("RESUME", r), "x.toml", &no_env);
@@ -2184,19 +2347,19 @@ mod tests {
             (
                 base.replace("p50_ms = 10", "p50_ms = \"ten\""),
                 "interfaces.chat.providers[0].sim.latency.p50_ms",
-                "invalid type: string \"ten\"",
+                "expected a number, e.g. `p50_ms = 1.5`, got a string",
                 "(line 6, column 30)",
             ),
             (
                 base.replace("\"chat\"", "\"chatt\""),
                 "interfaces.chat.kind",
-                "expected `chat` or `tool`",
+                "write one of `chat`, `tool` (did you mean `chat`?)",
                 "(line 2, column 8)",
             ),
             (
                 format!("[sever]\n{base}"),
                 "sever",
-                "expected one of `server`",
+                "did you mean `server`?",
                 "(line 1, column 2)",
             ),
             (

@@ -56,6 +56,11 @@ pub struct AuditAttempt {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<f64>,
     pub cost_usd: f64,
+    /// The request members the provider's API could not express and dropped
+    /// (`unsupported_params = "drop"`): fixed names (`user`, `messages[].name`, ...), never
+    /// values; absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped_params: Vec<&'static str>,
 }
 
 /// One request's decision and execution.

@@ -7,7 +7,7 @@ use super::repeated::Repeated;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext};
 use crate::config::first_byte::{ResumeMode, StreamHold};
 use crate::redact::Redacted;
-use crate::upstream::dialect::event_end;
+use crate::upstream::dialect::{event_end, Dropped};
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use axum::http::StatusCode;
 use bytes::Bytes;
@@ -33,6 +33,8 @@ pub struct Answered {
     pub model: String,
     pub attempts: usize,
     pub body: crate::upstream::answer::ProviderJson,
+    /// The request members the answering provider's API dropped.
+    pub dropped: Dropped,
 }
 
 /// Routes and executes one request on `iface`.
@@ -190,6 +192,7 @@ async fn execute_unstreamed(
                 provider: c.id.0.clone(),
                 model: c.model.clone(),
                 attempts,
+                dropped: decided.dropped[candidate],
                 body: reply.body.unwrap_or_else(|| {
                     crate::upstream::answer::ProviderJson::from_value(&serde_json::Value::Null)
                 }),
@@ -329,6 +332,8 @@ struct Decided {
     hedge: Option<equiroute_core::hedge::HedgePlan>,
     /// The attempts (by number) that continued a broken stream, and how (`stream_resume`).
     continuations: Vec<(usize, &'static str)>,
+    /// What each candidate's API drops from the request (`unsupported_params = "drop"`).
+    dropped: Vec<Dropped>,
 }
 
 /// Moves the first provider of `order` whose breaker says it is due a re-test to the front
@@ -352,27 +357,35 @@ fn promote_retest(
 }
 
 /// Moves the eligible providers whose API cannot express `body` to the exclusions: the request
-/// is passed over to a provider that can.
+/// is passed over to a provider that can. Returns what each candidate's API drops from `body`
+/// (`unsupported_params = "drop"`), by candidate.
 fn exclude_inexpressible(
     iface: &InterfaceRuntime,
     body: &serde_json::Value,
     eligible: &mut equiroute_core::eligibility::Eligible,
-) {
+) -> Vec<Dropped> {
     use equiroute_core::eligibility::{Exclusion, ExclusionReason};
+    let mut dropped = vec![Dropped::default(); iface.candidates.len()];
     let excluded = &mut eligible.excluded;
-    eligible.eligible.retain(|&i| {
-        let Some(refusal) = iface.upstreams[i].refusal(iface.kind, body) else {
-            return true;
-        };
-        excluded.push(Exclusion {
-            candidate: i,
-            reason: ExclusionReason::Inexpressible {
-                field: refusal.field,
-                why: refusal.why,
-            },
-        });
-        false
-    });
+    eligible.eligible.retain(
+        |&i| match iface.upstreams[i].expressible(iface.kind, body) {
+            Ok(d) => {
+                dropped[i] = d;
+                true
+            }
+            Err(refusal) => {
+                excluded.push(Exclusion {
+                    candidate: i,
+                    reason: ExclusionReason::Inexpressible {
+                        field: refusal.field,
+                        why: refusal.why,
+                    },
+                });
+                false
+            }
+        },
+    );
+    dropped
 }
 
 /// The answer when no provider is left: the caller's 4xx ([`super::unservable`]) when the request itself shut every
@@ -444,7 +457,7 @@ fn decide(
         Some(equiroute_core::input_size_bucket(tokens.input)),
         SlicePath::MAX_DEPTH,
     );
-    let (eligible, last_resort) = {
+    let (eligible, last_resort, mut dropped) = {
         let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
         let mut input = EligibilityInput::new(&iface.candidates, requirements);
         input.breakers = Some((&breakers, &iface.breaker_config));
@@ -453,7 +466,7 @@ fn decide(
         input.tokens = tokens;
         input.now = now;
         let mut eligible = check_eligibility(&input);
-        exclude_inexpressible(iface, body, &mut eligible);
+        let dropped = exclude_inexpressible(iface, body, &mut eligible);
         // Every usable provider shut out by failures: probe the one reopening soonest now
         // rather than refuse the request (see `equiroute_core::breaker`).
         let last_resort = eligible.last_resort(&breakers, &iface.breaker_config);
@@ -470,8 +483,14 @@ fn decide(
             eligible.excluded.retain(|e| e.candidate != i);
             eligible.eligible.push(i);
         }
-        (eligible, last_resort.is_some())
+        (eligible, last_resort, dropped)
     };
+    // A last resort was shut out before its API was asked.
+    if let Some(i) = last_resort {
+        dropped[i] = iface.upstreams[i]
+            .expressible(iface.kind, body)
+            .unwrap_or_default();
+    }
     if eligible.eligible.is_empty() {
         return Err(no_eligible(
             state,
@@ -519,9 +538,10 @@ fn decide(
         slice,
         routed,
         ranking,
-        last_resort,
+        last_resort: last_resort.is_some(),
         retest,
         excluded: eligible.excluded,
+        dropped,
         first_byte_limits: Vec::new(),
         // The plan is the policy's first choice's: not the re-tested provider's.
         hedge: hedge.filter(|_| !retest),
@@ -643,6 +663,7 @@ fn audit(state: &AppState, iface: &InterfaceRuntime, done: Audited<'_>) {
                 ttfb_ms: a.outcome.time_to_first_byte.map(|t| t.0),
                 retry_after_ms: a.outcome.retry_after.map(|t| t.0),
                 cost_usd: a.outcome.cost.0,
+                dropped_params: decided.dropped[a.candidate].names().collect(),
             })
             .collect(),
         outcome: outcome_label(result.status).to_owned(),
@@ -1555,6 +1576,7 @@ impl Relay {
             Some(&self.iface.candidates[self.candidate].id.0),
             self.run.attempts() + 1,
         );
+        super::dropped_header(h, self.decided.dropped[self.candidate]);
         // The task ends with the upstream stream, the idle limit, or a departed client.
         tokio::spawn(
             self.pump(first, rest, tx)

@@ -509,7 +509,22 @@ fn routed(answered: &execute::Answered) -> Response {
         Some(&answered.provider),
         answered.attempts,
     );
+    dropped_header(resp.headers_mut(), answered.dropped);
     resp
+}
+
+/// The header naming the request members the answering provider's API dropped
+/// (`unsupported_params = "drop"`), comma-separated: fixed names, never the client's values.
+pub const DROPPED_PARAMS_HEADER: &str = "x-equiroute-dropped-params";
+
+/// Sets [`DROPPED_PARAMS_HEADER`] when the answering provider dropped anything.
+fn dropped_header(h: &mut HeaderMap, dropped: crate::upstream::dialect::Dropped) {
+    if let Some(v) = dropped
+        .header()
+        .and_then(|v| HeaderValue::from_str(&v).ok())
+    {
+        h.insert(DROPPED_PARAMS_HEADER, v);
+    }
 }
 
 /// The routing headers of a routed request's answer, success or error alike:

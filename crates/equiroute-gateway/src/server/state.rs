@@ -93,6 +93,7 @@ impl InterfaceRuntime {
                         &wiring.client,
                         &wiring.redactor,
                     )
+                    .with_unsupported_params(p.unsupported_params)
                 })
                 .collect(),
             featurizer: Featurizer::new(cfg.feature_dim)?.with_max_words(cfg.feature_max_words)?,

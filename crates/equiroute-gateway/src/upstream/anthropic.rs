@@ -5,26 +5,28 @@
 //! alternating turns (tool results are user turns of `tool_result` blocks); images (`data:`
 //! and http URLs); `tools`, `tool_choice`, `parallel_tool_calls`; `stop` → `stop_sequences`;
 //! `max_completion_tokens`/`max_tokens` (the provider's `max_tokens` when absent: Anthropic
-//! requires one); `temperature`, `top_p`, `user` → `metadata.user_id`. Anything else is a 400
-//! naming the field. Answers: text and `tool_use` blocks → `content` and `tool_calls`,
+//! requires one); `temperature`, `top_p`, `user` → `metadata.user_id`. Anything else is
+//! dropped when droppable and the policy allows (`dialect::Leftovers`), else a 400 naming the
+//! field. Answers: text and `tool_use` blocks → `content` and `tool_calls`,
 //! `stop_reason` → `finish_reason`, usage with cache reads and writes counted as prompt tokens.
 
-use super::dialect::{self, ChunkWriter, EventTranslator, Refusal, Unanswerable};
+use super::dialect::{self, ChunkWriter, EventTranslator, Leftovers, Refusal, Unanswerable};
 use serde_json::{json, Map, Value};
 
 const API: &str = "Anthropic's Messages API";
 
 pub use crate::config::anthropic_defaults::{DEFAULT_MAX_TOKENS, DEFAULT_VERSION};
 
-/// The Messages request for the client's OpenAI `body`.
+/// The Messages request for the client's OpenAI `body`; members it cannot express go to
+/// `leftovers` (dropped or refused).
 ///
 /// # Errors
-/// A member or value the Messages API cannot express, named.
+/// A member or value the Messages API cannot express and may not drop, named.
 pub fn request(
     body: &Value,
     model: &str,
-    stream: bool,
-    default_max_tokens: u32,
+    (stream, default_max_tokens): (bool, u32),
+    leftovers: &mut Leftovers,
 ) -> Result<Value, Refusal> {
     let Some(obj) = body.as_object() else {
         return Err(Refusal::new("(body)", "must be a JSON object"));
@@ -41,7 +43,7 @@ pub fn request(
             k if dialect::handled_elsewhere(k) => {}
             _ if dialect::absent(value) => {}
             "messages" => {
-                let (system, messages) = messages(value)?;
+                let (system, messages) = messages(value, leftovers)?;
                 if let Some(s) = system {
                     out.insert("system".into(), json!(s));
                 }
@@ -65,7 +67,7 @@ pub fn request(
             }
             "tool_choice" => tool_choice = Some(choice(value)?),
             "parallel_tool_calls" => parallel = value.as_bool() != Some(false),
-            other => return Err(Refusal::unsupported(other, API)),
+            other => leftovers.member(other, API)?,
         }
     }
     // `parallel_tool_calls = false` is `false` and so "absent" above: read it here.
@@ -86,7 +88,10 @@ pub fn request(
 }
 
 /// OpenAI `messages` → Anthropic's `system` and alternating `messages`.
-fn messages(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
+fn messages(
+    value: &Value,
+    leftovers: &mut Leftovers,
+) -> Result<(Option<String>, Vec<Value>), Refusal> {
     let Some(list) = value.as_array() else {
         return Err(Refusal::new("messages", "must be a list"));
     };
@@ -94,7 +99,7 @@ fn messages(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
     let mut out: Vec<Value> = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");
-        dialect::message(m, i, API)?;
+        dialect::message(m, i, API, leftovers)?;
         let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
         let content = m.get("content").unwrap_or(&Value::Null);
         let (role, blocks) = match role {
@@ -562,7 +567,7 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "look", "description": "Looks",
                 "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
         });
-        let out = request(&body, "claude-x", true, 1000).unwrap();
+        let out = request(&body, "claude-x", (true, 1000), &mut Leftovers::default()).unwrap();
         assert_eq!(
             out,
             json!({
@@ -587,42 +592,34 @@ mod tests {
         // The client's own max_completion_tokens wins over the provider's default.
         let mut short = body.clone();
         short["max_completion_tokens"] = json!(7);
-        assert_eq!(request(&short, "m", false, 1000).unwrap()["max_tokens"], 7);
+        let out = request(&short, "m", (false, 1000), &mut Leftovers::default()).unwrap();
+        assert_eq!(out["max_tokens"], 7);
     }
 
     #[test]
-    fn what_messages_cannot_express_is_refused_by_name() {
-        let base = json!({"messages": [{"role": "user", "content": "hi"}]});
-        let refused = |patch: Value| {
-            let mut b = base.clone();
-            for (k, v) in patch.as_object().unwrap() {
-                b[k] = v.clone();
-            }
-            request(&b, "m", false, 10).unwrap_err().field
-        };
-        assert_eq!(refused(json!({"logprobs": true})), "logprobs");
-        assert_eq!(
-            refused(json!({"response_format": {"type": "json_object"}})),
-            "response_format"
+    fn what_messages_cannot_express_is_dropped_or_refused_by_name_per_the_policy() {
+        use crate::upstream::dialect::policy_table::{check, Expect::*};
+        check(
+            &|b, l| request(b, "m", (false, 10), l),
+            &[
+                (json!({"user": "u-1"}), Translated),
+                (json!({"parallel_tool_calls": false}), Translated),
+                (json!({"seed": 7}), Dropped("seed", "seed")),
+                (
+                    json!({"response_format": {"type": "json_object"}}),
+                    Refused("response_format"),
+                ),
+                (
+                    json!({"presence_penalty": 0.5}),
+                    Refused("presence_penalty"),
+                ),
+                (json!({"max_tokens": 0}), Refused("max_tokens")),
+            ],
         );
-        assert_eq!(refused(json!({"n": 2})), "n");
-        assert_eq!(refused(json!({"max_tokens": 0})), "max_tokens");
-        assert_eq!(
-            refused(json!({"messages": [{"role": "user", "name": "ann", "content": "hi"}]})),
-            "messages[0].name"
-        );
-        assert_eq!(
-            refused(json!({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]})),
-            "messages[0].content[0].type"
-        );
-        // Absent in all but name: nulls and falses, and `n = 1`.
-        assert!(request(
-            &json!({"messages": [], "logprobs": false, "seed": null, "n": 1}),
-            "m",
-            false,
-            10
-        )
-        .is_ok());
+        // Absent: nulls and falses, and `n = 1`.
+        let absent = json!({"messages": [], "logprobs": false, "seed": null, "n": 1});
+        let mut strict = Leftovers::new(dialect::UnsupportedParams::Reject);
+        assert!(request(&absent, "m", (false, 10), &mut strict).is_ok());
     }
 
     #[test]

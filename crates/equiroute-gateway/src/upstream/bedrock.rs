@@ -8,11 +8,12 @@
 //! `toolUse`); tool messages → user turns of `toolResult` blocks; `tools` → `toolConfig.tools`
 //! (`toolSpec` with `inputSchema.json`), `tool_choice` → `toolConfig.toolChoice`;
 //! `max_completion_tokens`/`max_tokens`, `temperature`, `top_p`, `stop` → `inferenceConfig`.
-//! Anything else is a 400 naming the field. Answers: text and `toolUse` blocks → `content` and
+//! Anything else is dropped when droppable and the policy allows (`dialect::Leftovers`), else
+//! a 400 naming the field. Answers: text and `toolUse` blocks → `content` and
 //! `tool_calls`, `stopReason` → `finish_reason`, usage with cache reads and writes counted as
 //! prompt tokens; a guardrail's intervention is a content-filter client error.
 
-use super::dialect::{self, ChunkWriter, Refusal, Unanswerable};
+use super::dialect::{self, ChunkWriter, Leftovers, Refusal, Unanswerable};
 use super::eventstream;
 use crate::config::AwsCredentials;
 use bytes::Bytes;
@@ -23,9 +24,11 @@ const API: &str = "Bedrock's Converse API";
 /// The Converse request for the client's OpenAI `body` (the model is in the URL, and so is
 /// whether to stream).
 ///
+/// Members it cannot express go to `leftovers` (dropped or refused).
+///
 /// # Errors
-/// A member or value Converse cannot express, named.
-pub fn request(body: &Value) -> Result<Value, Refusal> {
+/// A member or value Converse cannot express and may not drop, named.
+pub fn request(body: &Value, leftovers: &mut Leftovers) -> Result<Value, Refusal> {
     let Some(obj) = body.as_object() else {
         return Err(Refusal::new("(body)", "must be a JSON object"));
     };
@@ -41,7 +44,7 @@ pub fn request(body: &Value) -> Result<Value, Refusal> {
             k if dialect::handled_elsewhere(k) => {}
             _ if dialect::absent(value) => {}
             "messages" => {
-                let (system, messages) = messages(value)?;
+                let (system, messages) = messages(value, leftovers)?;
                 if !system.is_empty() {
                     out.insert("system".into(), Value::Array(system));
                 }
@@ -64,7 +67,7 @@ pub fn request(body: &Value) -> Result<Value, Refusal> {
             "tool_choice" => tool_choice = choice(value)?,
             // Converse calls tools one or several at a time as the model chooses.
             "parallel_tool_calls" => {}
-            other => return Err(Refusal::unsupported(other, API)),
+            other => leftovers.member(other, API)?,
         }
     }
     if !inference.is_empty() {
@@ -83,7 +86,7 @@ pub fn request(body: &Value) -> Result<Value, Refusal> {
 }
 
 /// OpenAI `messages` → Converse's `system` blocks and alternating `messages`.
-fn messages(value: &Value) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
+fn messages(value: &Value, leftovers: &mut Leftovers) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
     let Some(list) = value.as_array() else {
         return Err(Refusal::new("messages", "must be a list"));
     };
@@ -91,7 +94,7 @@ fn messages(value: &Value) -> Result<(Vec<Value>, Vec<Value>), Refusal> {
     let mut out: Vec<Value> = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");
-        dialect::message(m, i, API)?;
+        dialect::message(m, i, API, leftovers)?;
         let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
         let content = m.get("content").unwrap_or(&Value::Null);
         let (role, blocks) = match role {
@@ -566,7 +569,7 @@ mod tests {
                     "required": ["sign"]}}}]
         });
         assert_eq!(
-            request(&body).unwrap(),
+            request(&body, &mut Leftovers::default()).unwrap(),
             json!({
                 "system": [{"text": "You are an app that creates playlists."}],
                 "messages": [
@@ -592,31 +595,42 @@ mod tests {
     }
 
     #[test]
-    fn what_converse_cannot_express_is_refused_by_name() {
-        let refused = |patch: Value| {
-            let mut b = json!({"messages": [{"role": "user", "content": "hi"}]});
-            for (k, v) in patch.as_object().unwrap() {
-                b[k] = v.clone();
-            }
-            request(&b).unwrap_err().field
-        };
-        assert_eq!(refused(json!({"logprobs": true})), "logprobs");
-        assert_eq!(
-            refused(json!({"response_format": {"type": "json_object"}})),
-            "response_format"
-        );
-        assert_eq!(refused(json!({"seed": 7})), "seed");
-        assert_eq!(refused(json!({"user": "u-1"})), "user");
-        assert_eq!(refused(json!({"tool_choice": "none"})), "tool_choice");
-        assert_eq!(
-            refused(json!({"messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]})),
-            "messages[0].content[0].image_url.url"
-        );
-        assert_eq!(
-            refused(json!({"messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/tiff;base64,AAA"}}]}]})),
-            "messages[0].content[0].image_url.url"
+    fn what_converse_cannot_express_is_dropped_or_refused_by_name_per_the_policy() {
+        use crate::upstream::dialect::policy_table::{check, Expect::*};
+        let image = |url: &str| json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]);
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let unreadable = "messages[0].content[0].image_url.url";
+        check(
+            &request,
+            &[
+                (json!({"parallel_tool_calls": true}), Translated),
+                (
+                    json!({"messages": image("data:image/png;base64,AAA")}),
+                    Translated,
+                ),
+                (json!({"user": "u-1"}), Dropped("user", "user")),
+                (json!({"seed": 7}), Dropped("seed", "seed")),
+                (
+                    json!({"response_format": {"type": "json_object"}}),
+                    Refused("response_format"),
+                ),
+                (
+                    json!({"presence_penalty": 0.5}),
+                    Refused("presence_penalty"),
+                ),
+                (
+                    json!({"tools": tools, "tool_choice": "none"}),
+                    Refused("tool_choice"),
+                ),
+                (
+                    json!({"messages": image("https://example.com/a.png")}),
+                    Refused(unreadable),
+                ),
+                (
+                    json!({"messages": image("data:image/tiff;base64,AAA")}),
+                    Refused(unreadable),
+                ),
+            ],
         );
     }
 

@@ -9,8 +9,10 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-/// A request member the dialect cannot express: the request goes back to the caller as a 400
-/// naming it (never dropped silently).
+pub use crate::config::UnsupportedParams;
+
+/// A request member the dialect cannot express and may not drop: the request goes back to the
+/// caller as a 400 naming it (never dropped silently).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {
     /// The member's path in the client's body, e.g. `messages[2].name`.
@@ -44,6 +46,129 @@ impl Refusal {
     }
 }
 
+/// The request members a provider may leave out, when its API cannot express them, without
+/// changing what the answer says: `unsupported_params = "drop"` drops these (and only these;
+/// tools, JSON mode, images and anything else are refused). Each is named by this fixed text
+/// in `x-equiroute-dropped-params` and the audit record, never by a value of the client's.
+pub const DROPPABLE: [&str; 11] = [
+    // An id of the end user, for the provider's abuse monitoring.
+    "user",
+    // Best-effort determinism: no provider promises the same answer for a seed.
+    "seed",
+    // Token probabilities: the answer comes without them (`logprobs: null`).
+    "logprobs",
+    "top_logprobs",
+    // The model may call several tools in a turn; each call is still answered.
+    "parallel_tool_calls",
+    // OpenAI's stored completions and prompt caching.
+    "metadata",
+    "store",
+    "prompt_cache_key",
+    "safety_identifier",
+    // A processing tier: a native provider has one (dropped under either policy, as always).
+    "service_tier",
+    // A participant's name in a message.
+    "messages[].name",
+];
+
+/// Droppable members dropped whatever the policy says (they were never refused).
+const ALWAYS_DROPPED: [&str; 1] = ["service_tier"];
+
+/// The droppable members a translation left out (a set of [`DROPPABLE`] entries).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped(u16);
+
+impl Dropped {
+    #[must_use]
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The members' fixed names, in [`DROPPABLE`]'s order.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        DROPPABLE
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| self.0 & (1 << i) != 0)
+            .map(|(_, name)| *name)
+    }
+
+    /// The value of `x-equiroute-dropped-params`: the names joined by commas; `None` when
+    /// nothing was dropped.
+    #[must_use]
+    pub fn header(self) -> Option<String> {
+        (!self.is_empty()).then(|| self.names().collect::<Vec<_>>().join(","))
+    }
+}
+
+/// What a translation does with the members its API cannot express: the one place that
+/// decides whether such a member is dropped (and recorded) or refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Leftovers {
+    policy: UnsupportedParams,
+    dropped: Dropped,
+}
+
+impl Leftovers {
+    #[must_use]
+    pub fn new(policy: UnsupportedParams) -> Leftovers {
+        Leftovers {
+            policy,
+            dropped: Dropped::default(),
+        }
+    }
+
+    /// What was dropped so far.
+    #[must_use]
+    pub fn dropped(&self) -> Dropped {
+        self.dropped
+    }
+
+    /// A top-level member `key` that `api` has no equivalent for.
+    ///
+    /// # Errors
+    /// The member is not droppable, or the policy is `reject`.
+    pub fn member(&mut self, key: &str, api: &str) -> Result<(), Refusal> {
+        self.decide(key, || key.to_owned(), api)
+    }
+
+    /// Member `key` of message `i` that `api` has no equivalent for.
+    ///
+    /// # Errors
+    /// The member is not droppable, or the policy is `reject`.
+    pub fn message_member(&mut self, i: usize, key: &str, api: &str) -> Result<(), Refusal> {
+        self.decide(
+            &format!("messages[].{key}"),
+            || format!("messages[{i}].{key}"),
+            api,
+        )
+    }
+
+    fn decide(
+        &mut self,
+        name: &str,
+        field: impl FnOnce() -> String,
+        api: &str,
+    ) -> Result<(), Refusal> {
+        let droppable = DROPPABLE.iter().position(|d| *d == name);
+        match droppable {
+            Some(i) if self.policy == UnsupportedParams::Drop || ALWAYS_DROPPED.contains(&name) => {
+                self.dropped.0 |= 1 << i;
+                Ok(())
+            }
+            Some(_) => Err(Refusal::new(
+                field(),
+                format!(
+                    "{api} has no equivalent: remove it, set `unsupported_params = \"drop\"` \
+                     on the provider or its interface to have it dropped, or pin the request to \
+                     a provider that speaks OpenAI's API"
+                ),
+            )),
+            None => Err(Refusal::unsupported(&field(), api)),
+        }
+    }
+}
+
 /// An answer the provider sent that is not an answer to relay: a safety block (a client
 /// error, not held against the provider) or a body of the wrong shape.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,17 +179,12 @@ pub enum Unanswerable {
     Malformed(String),
 }
 
-/// Request members a dialect's translation does not copy: set by the gateway (`model`,
-/// `service_tier`), read by [`max_tokens`], or read by the stream's translation.
+/// Request members a dialect's translation does not copy: set by the gateway (`model`), read
+/// by [`max_tokens`], or read by the stream's translation.
 pub fn handled_elsewhere(key: &str) -> bool {
     matches!(
         key,
-        "model"
-            | "stream"
-            | "service_tier"
-            | "max_tokens"
-            | "max_completion_tokens"
-            | "stream_options"
+        "model" | "stream" | "max_tokens" | "max_completion_tokens" | "stream_options"
     )
 }
 
@@ -93,11 +213,12 @@ pub fn max_tokens(body: &Map<String, Value>) -> Result<Option<u64>, Refusal> {
 }
 
 /// Message `i` of the client's `messages`, checked to hold only the members a native dialect
-/// translates (`role`, `content`, `tool_calls`, `tool_call_id`).
+/// translates (`role`, `content`, `tool_calls`, `tool_call_id`); the others go to
+/// `leftovers` (a `name` may be dropped).
 ///
 /// # Errors
-/// Not an object, or another member that is set (a `name`, an `audio`, ...).
-pub fn message(m: &Value, i: usize, api: &str) -> Result<(), Refusal> {
+/// Not an object, or another member that is set and not dropped (an `audio`, ...).
+pub fn message(m: &Value, i: usize, api: &str, leftovers: &mut Leftovers) -> Result<(), Refusal> {
     let Some(fields) = m.as_object() else {
         return Err(Refusal::new(format!("messages[{i}]"), "must be an object"));
     };
@@ -107,7 +228,7 @@ pub fn message(m: &Value, i: usize, api: &str) -> Result<(), Refusal> {
             "role" | "content" | "tool_calls" | "tool_call_id"
         ) && !absent(v)
         {
-            return Err(Refusal::unsupported(&format!("messages[{i}].{k}"), api));
+            leftovers.message_member(i, k, api)?;
         }
     }
     Ok(())
@@ -505,4 +626,154 @@ pub fn tool_calls(
             Ok(block(c.get("id"), c.pointer("/function/name"), input))
         })
         .collect()
+}
+
+/// The parameter policy's table, checked for one dialect (the tests of each dialect module).
+#[cfg(test)]
+pub(crate) mod policy_table {
+    use super::{Leftovers, Refusal, UnsupportedParams};
+    use serde_json::{json, Value};
+
+    /// What a dialect does with a request that sets one member.
+    #[derive(Debug)]
+    pub enum Expect {
+        /// The API expresses it: taken under either policy, nothing dropped.
+        Translated,
+        /// Dropped under `drop` (named so) and refused under `reject` (at this path).
+        Dropped(&'static str, &'static str),
+        /// Dropped under either policy.
+        AlwaysDropped(&'static str),
+        /// Refused under either policy, at this path.
+        Refused(&'static str),
+    }
+
+    /// What a translation dropped, or the path it refused.
+    fn names(r: &Result<(Value, super::Dropped), Refusal>) -> Result<Option<String>, String> {
+        r.as_ref()
+            .map(|(_, d)| d.header())
+            .map_err(|e| e.field.clone())
+    }
+
+    /// The rows every native kind shares: what none of their APIs expresses.
+    fn every_native_kind() -> Vec<(Value, Expect)> {
+        let name = json!([{"role": "user", "name": "ann", "content": "hi"}]);
+        let audio = json!([{"role": "user", "content": [{"type": "input_audio"}]}]);
+        vec![
+            (
+                json!({"logprobs": true}),
+                Expect::Dropped("logprobs", "logprobs"),
+            ),
+            (
+                json!({"top_logprobs": 2}),
+                Expect::Dropped("top_logprobs", "top_logprobs"),
+            ),
+            (
+                json!({"metadata": {"k": "v"}}),
+                Expect::Dropped("metadata", "metadata"),
+            ),
+            (json!({"store": true}), Expect::Dropped("store", "store")),
+            (
+                json!({"messages": name}),
+                Expect::Dropped("messages[].name", "messages[0].name"),
+            ),
+            (
+                json!({"service_tier": "flex"}),
+                Expect::AlwaysDropped("service_tier"),
+            ),
+            (
+                json!({"logit_bias": {"1": 2}}),
+                Expect::Refused("logit_bias"),
+            ),
+            (
+                json!({"modalities": ["audio"]}),
+                Expect::Refused("modalities"),
+            ),
+            (json!({"n": 2}), Expect::Refused("n")),
+            (
+                json!({"messages": audio}),
+                Expect::Refused("messages[0].content[0].type"),
+            ),
+        ]
+    }
+
+    /// Checks each row (members set over a one-message request; `messages` replaces the
+    /// conversation), then those [`every_native_kind`] shares, under both policies. A dropped
+    /// member leaves the provider's request exactly as if the client had not sent it.
+    pub fn check(
+        translate: &dyn Fn(&Value, &mut Leftovers) -> Result<Value, Refusal>,
+        rows: &[(Value, Expect)],
+    ) {
+        let base = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let run = |b: &Value, policy| {
+            let mut leftovers = Leftovers::new(policy);
+            translate(b, &mut leftovers).map(|v| (v, leftovers.dropped()))
+        };
+        let (without, _) = run(&base, UnsupportedParams::Drop).unwrap();
+        for (patch, expect) in rows.iter().chain(&every_native_kind()) {
+            let mut b = base.clone();
+            for (k, v) in patch.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            let dropped = run(&b, UnsupportedParams::Drop);
+            let rejected = run(&b, UnsupportedParams::Reject);
+            match expect {
+                Expect::Translated => {
+                    assert_eq!(names(&dropped), Ok(None), "{patch}");
+                    assert_eq!(names(&rejected), Ok(None), "{patch}");
+                }
+                Expect::Dropped(name, field) => {
+                    let (out, _) = dropped.as_ref().unwrap();
+                    assert_eq!(out, &without, "{patch}: sent as if absent");
+                    assert_eq!(names(&dropped), Ok(Some((*name).to_owned())), "{patch}");
+                    assert_eq!(rejected.unwrap_err().field, *field, "{patch}");
+                }
+                Expect::AlwaysDropped(name) => {
+                    for r in [&dropped, &rejected] {
+                        assert_eq!(&r.as_ref().unwrap().0, &without, "{patch}");
+                        assert_eq!(names(r), Ok(Some((*name).to_owned())), "{patch}");
+                    }
+                }
+                Expect::Refused(field) => {
+                    assert_eq!(dropped.unwrap_err().field, *field, "{patch}");
+                    assert_eq!(rejected.unwrap_err().field, *field, "{patch}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn droppable_members_are_named_by_fixed_text_in_one_header() {
+        let mut l = Leftovers::new(UnsupportedParams::Drop);
+        l.member("seed", "X").unwrap();
+        l.message_member(3, "name", "X").unwrap();
+        l.member("user", "X").unwrap();
+        l.message_member(0, "name", "X").unwrap();
+        // In the table's order, each once, without the message's index.
+        assert_eq!(
+            l.dropped().header().as_deref(),
+            Some("user,seed,messages[].name")
+        );
+        // Anything off the list is refused by its path, whatever the policy.
+        assert_eq!(l.member("logit_bias", "X").unwrap_err().field, "logit_bias");
+        assert_eq!(
+            l.message_member(2, "audio", "X").unwrap_err().field,
+            "messages[2].audio"
+        );
+        let mut strict = Leftovers::new(UnsupportedParams::Reject);
+        let refusal = strict.member("user", "X").unwrap_err();
+        assert!(
+            refusal.why.contains("unsupported_params = \"drop\""),
+            "{refusal:?}"
+        );
+        strict.member("service_tier", "X").unwrap();
+        assert_eq!(strict.dropped().header().as_deref(), Some("service_tier"));
+        assert_eq!(Dropped::default().header(), None);
+        // Every droppable name fits the bit set.
+        assert!(DROPPABLE.len() <= 16);
+    }
 }

@@ -9,19 +9,22 @@
 //! `functionDeclarations` (`parametersJsonSchema`), `tool_choice` → `toolConfig`;
 //! `max_completion_tokens`/`max_tokens`, `temperature`, `top_p`, `stop`, `seed`,
 //! `presence_penalty`, `frequency_penalty` and `response_format` (JSON mode and JSON schema)
-//! → `generationConfig`. Anything else is a 400 naming the field. A blocked prompt, or an
+//! → `generationConfig`. Anything else is dropped when droppable and the policy allows
+//! (`dialect::Leftovers`), else a 400 naming the field. A blocked prompt, or an
 //! answer stopped for safety with nothing in it, is a client error (a content filter refusal).
 
-use super::dialect::{self, ChunkWriter, EventTranslator, Refusal, Unanswerable};
+use super::dialect::{self, ChunkWriter, EventTranslator, Leftovers, Refusal, Unanswerable};
 use serde_json::{json, Map, Value};
 
 const API: &str = "Gemini's generateContent";
 
 /// The `GenerateContentRequest` for the client's OpenAI `body`.
 ///
+/// Members it cannot express go to `leftovers` (dropped or refused).
+///
 /// # Errors
-/// A member or value Gemini cannot express, named.
-pub fn request(body: &Value) -> Result<Value, Refusal> {
+/// A member or value Gemini cannot express and may not drop, named.
+pub fn request(body: &Value, leftovers: &mut Leftovers) -> Result<Value, Refusal> {
     let Some(obj) = body.as_object() else {
         return Err(Refusal::new("(body)", "must be a JSON object"));
     };
@@ -36,7 +39,7 @@ pub fn request(body: &Value) -> Result<Value, Refusal> {
             k if dialect::handled_elsewhere(k) => {}
             _ if dialect::absent(value) => {}
             "messages" => {
-                let (system, contents) = contents(value)?;
+                let (system, contents) = contents(value, leftovers)?;
                 if let Some(s) = system {
                     out.insert("systemInstruction".into(), json!({"parts": [{"text": s}]}));
                 }
@@ -71,7 +74,7 @@ pub fn request(body: &Value) -> Result<Value, Refusal> {
                     json!({"functionCallingConfig": choice(value)?}),
                 );
             }
-            other => return Err(Refusal::unsupported(other, API)),
+            other => leftovers.member(other, API)?,
         }
     }
     if !config.is_empty() {
@@ -103,7 +106,10 @@ fn response_format(value: &Value, config: &mut Map<String, Value>) -> Result<(),
 }
 
 /// OpenAI `messages` → Gemini's system instruction and `contents`.
-fn contents(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
+fn contents(
+    value: &Value,
+    leftovers: &mut Leftovers,
+) -> Result<(Option<String>, Vec<Value>), Refusal> {
     let Some(list) = value.as_array() else {
         return Err(Refusal::new("messages", "must be a list"));
     };
@@ -113,7 +119,7 @@ fn contents(value: &Value) -> Result<(Option<String>, Vec<Value>), Refusal> {
     let mut names: Vec<(String, Value)> = Vec::new();
     for (i, m) in list.iter().enumerate() {
         let at = |f: &str| format!("messages[{i}].{f}");
-        dialect::message(m, i, API)?;
+        dialect::message(m, i, API, leftovers)?;
         let content = m.get("content").unwrap_or(&Value::Null);
         let (role, parts) = match m.get("role").and_then(Value::as_str).unwrap_or_default() {
             "system" | "developer" => {
@@ -495,7 +501,7 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}]
         });
         assert_eq!(
-            request(&body).unwrap(),
+            request(&body, &mut Leftovers::default()).unwrap(),
             json!({
                 "systemInstruction": {"parts": [{"text": "Be brief."}]},
                 "contents": [
@@ -509,12 +515,7 @@ mod tests {
                     "responseMimeType": "application/json", "responseJsonSchema": {"type": "object"}}
             })
         );
-        let refused = |b: Value| request(&b).unwrap_err().field;
-        assert_eq!(
-            refused(json!({"messages": [], "logprobs": true})),
-            "logprobs"
-        );
-        assert_eq!(refused(json!({"messages": [], "user": "u"})), "user");
+        let refused = |b: Value| request(&b, &mut Leftovers::default()).unwrap_err().field;
         assert_eq!(
             refused(json!({"messages": [{"role": "tool", "tool_call_id": "x", "content": "r"}]})),
             "messages[0].tool_call_id"
@@ -524,6 +525,27 @@ mod tests {
                 json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://a/b.png"}}]}]})
             ),
             "messages[0].content[0].image_url.url"
+        );
+    }
+
+    #[test]
+    fn what_gemini_cannot_express_is_dropped_or_refused_by_name_per_the_policy() {
+        use crate::upstream::dialect::policy_table::{check, Expect::*};
+        check(
+            &request,
+            &[
+                (json!({"seed": 7}), Translated),
+                (json!({"presence_penalty": 0.5}), Translated),
+                (
+                    json!({"response_format": {"type": "json_object"}}),
+                    Translated,
+                ),
+                (json!({"user": "u-1"}), Dropped("user", "user")),
+                (
+                    json!({"parallel_tool_calls": true}),
+                    Dropped("parallel_tool_calls", "parallel_tool_calls"),
+                ),
+            ],
         );
     }
 
@@ -546,7 +568,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "call_0:ts:c2ln", "content": "r2"},
             call("call_9", "third", json!({"google": {"thought_signature": "dGhy"}})),
             {"role": "tool", "tool_call_id": "call_9", "content": "r3"}]});
-        let out = request(&body).unwrap();
+        let out = request(&body, &mut Leftovers::default()).unwrap();
         let parts: Vec<&Value> = out["contents"]
             .as_array()
             .unwrap()

@@ -15,7 +15,7 @@
 //! [`Redacted`](crate::redact::Redacted), which nothing else can make.
 
 use super::client::{read_body, HttpClient};
-use super::dialect::{self, Refusal, Unanswerable};
+use super::dialect::{self, Dropped, Leftovers, Refusal, Unanswerable, UnsupportedParams};
 use super::{anthropic, bedrock, gemini, UpstreamReply, UpstreamRequest};
 use crate::config::{AwsCredentials, AzureAuth, Secret};
 use crate::redact::{Redacted, Redactor};
@@ -52,6 +52,8 @@ pub struct HttpUpstream {
     dialect: Dialect,
     /// `service_tier` sent to OpenAI-compatible APIs (`flex`, `priority`; none for standard).
     service_tier: Option<&'static str>,
+    /// What a native dialect does with members it cannot express.
+    unsupported_params: UnsupportedParams,
 }
 
 /// The language of a provider's request and answer bodies.
@@ -87,6 +89,15 @@ impl HttpUpstream {
         }
     }
 
+    /// The same upstream with `policy` for the members its dialect cannot express.
+    #[must_use]
+    pub fn with_unsupported_params(self, policy: UnsupportedParams) -> HttpUpstream {
+        HttpUpstream {
+            unsupported_params: policy,
+            ..self
+        }
+    }
+
     /// An OpenAI-compatible upstream at `base_url`.
     #[must_use]
     pub fn openai(
@@ -106,6 +117,7 @@ impl HttpUpstream {
                 equiroute_core::ServiceTier::Priority => Some("priority"),
                 equiroute_core::ServiceTier::Standard => None,
             },
+            unsupported_params: UnsupportedParams::default(),
         }
     }
 
@@ -119,6 +131,7 @@ impl HttpUpstream {
             headers: bearer(api_key).into_iter().collect(),
             dialect: Dialect::Json,
             service_tier: None,
+            unsupported_params: UnsupportedParams::default(),
         }
     }
 
@@ -148,6 +161,7 @@ impl HttpUpstream {
             headers,
             dialect: Dialect::OpenAi,
             service_tier: None,
+            unsupported_params: UnsupportedParams::default(),
         }
     }
 
@@ -171,6 +185,7 @@ impl HttpUpstream {
             headers,
             dialect: Dialect::Anthropic { max_tokens },
             service_tier: None,
+            unsupported_params: UnsupportedParams::default(),
         }
     }
 
@@ -187,6 +202,7 @@ impl HttpUpstream {
                 base_url: base_url.to_owned(),
             },
             service_tier: None,
+            unsupported_params: UnsupportedParams::default(),
         }
     }
 
@@ -210,6 +226,7 @@ impl HttpUpstream {
                 credentials: credentials.clone(),
             },
             service_tier: None,
+            unsupported_params: UnsupportedParams::default(),
         }
     }
 
@@ -220,6 +237,7 @@ impl HttpUpstream {
         stream: bool,
     ) -> Result<(Option<http::Uri>, Bytes), Refusal> {
         let json = |v: serde_json::Value| Bytes::from(serde_json::to_vec(&v).unwrap_or_default());
+        let mut leftovers = Leftovers::new(self.unsupported_params);
         Ok(match &self.dialect {
             Dialect::OpenAi => (
                 self.uri.clone(),
@@ -232,8 +250,8 @@ impl HttpUpstream {
                 json(anthropic::request(
                     req.body.json(),
                     req.model,
-                    stream,
-                    *max_tokens,
+                    (stream, *max_tokens),
+                    &mut leftovers,
                 )?),
             ),
             Dialect::Gemini { base_url } => {
@@ -246,7 +264,7 @@ impl HttpUpstream {
                     format!("{base_url}/models/{}:{method}", req.model)
                         .parse()
                         .ok(),
-                    json(gemini::request(req.body.json())?),
+                    json(gemini::request(req.body.json(), &mut leftovers)?),
                 )
             }
             Dialect::Bedrock { base_url, .. } => {
@@ -260,23 +278,30 @@ impl HttpUpstream {
                 };
                 (
                     format!("{base_url}/model/{model}/{method}").parse().ok(),
-                    json(bedrock::request(req.body.json())?),
+                    json(bedrock::request(req.body.json(), &mut leftovers)?),
                 )
             }
         })
     }
 
-    /// The first member of `body` the dialect cannot express (the translation, done and
-    /// dropped: the attempt translates again with the provider's model).
-    pub(crate) fn refusal(&self, body: &serde_json::Value) -> Option<Refusal> {
+    /// The members of `body` the dialect drops, or the first it cannot express and may not
+    /// drop (the translation, done and thrown away: the attempt translates again with the
+    /// provider's model, the same way).
+    pub(crate) fn expressible(&self, body: &serde_json::Value) -> Result<Dropped, Refusal> {
+        let mut leftovers = Leftovers::new(self.unsupported_params);
         match &self.dialect {
-            Dialect::OpenAi | Dialect::Json => None,
+            Dialect::OpenAi | Dialect::Json => return Ok(Dropped::default()),
             Dialect::Anthropic { max_tokens } => {
-                anthropic::request(body, "", false, *max_tokens).err()
+                anthropic::request(body, "", (false, *max_tokens), &mut leftovers)?;
             }
-            Dialect::Gemini { .. } => gemini::request(body).err(),
-            Dialect::Bedrock { .. } => bedrock::request(body).err(),
+            Dialect::Gemini { .. } => {
+                gemini::request(body, &mut leftovers)?;
+            }
+            Dialect::Bedrock { .. } => {
+                bedrock::request(body, &mut leftovers)?;
+            }
         }
+        Ok(leftovers.dropped())
     }
 
     /// The stream translation of a native dialect (`None`: relayed as it came).

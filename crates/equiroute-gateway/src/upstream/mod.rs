@@ -171,17 +171,29 @@ impl Upstream {
         }
     }
 
-    /// The first member of a chat request `body` this upstream's API cannot express, if any
-    /// (only native dialects refuse members; OpenAI-compatible and simulated upstreams take all).
+    /// The same upstream with `policy` for the request members its API cannot express.
     #[must_use]
-    pub fn refusal(
+    pub fn with_unsupported_params(self, policy: dialect::UnsupportedParams) -> Upstream {
+        match self {
+            Upstream::Http(h) => Upstream::Http(h.with_unsupported_params(policy)),
+            Upstream::Sim(_) => self,
+        }
+    }
+
+    /// The members of a chat request `body` this upstream's API drops, or the first it
+    /// cannot express and may not drop (only native dialects have such members;
+    /// OpenAI-compatible and simulated upstreams take all).
+    ///
+    /// # Errors
+    /// A member the API cannot express, refused.
+    pub fn expressible(
         &self,
         kind: InterfaceKind,
         body: &serde_json::Value,
-    ) -> Option<dialect::Refusal> {
+    ) -> Result<dialect::Dropped, dialect::Refusal> {
         match self {
-            Upstream::Http(h) if kind == InterfaceKind::Chat => h.refusal(body),
-            Upstream::Sim(_) | Upstream::Http(_) => None,
+            Upstream::Http(h) if kind == InterfaceKind::Chat => h.expressible(body),
+            Upstream::Sim(_) | Upstream::Http(_) => Ok(dialect::Dropped::default()),
         }
     }
 
