@@ -977,6 +977,13 @@ async fn gemini_call(
                     "Function call is missing a thought_signature in functionCall parts.",
                 );
             }
+            if mismatched_function_responses(&body) {
+                return mock_error(
+                    speaks,
+                    StatusCode::BAD_REQUEST,
+                    "Please ensure that the function response parts match the function call parts of the function call turn.",
+                );
+            }
             // Gemini's method says whether to stream; the shared path reads `stream`.
             if let Some(o) = body.as_object_mut() {
                 if o.contains_key("stream") {
@@ -999,15 +1006,43 @@ async fn gemini_call(
     }
 }
 
-/// Whether a `functionCall` part of the request's `contents` has no `thoughtSignature`.
+/// Whether a model turn's first `functionCall` part (the one Gemini signs) came back without
+/// its `thoughtSignature`.
 fn lost_thought_signature(body: &serde_json::Value) -> bool {
+    turns(body).any(|parts| {
+        parts
+            .iter()
+            .find(|p| p.get("functionCall").is_some())
+            .is_some_and(|p| p.get("thoughtSignature").is_none())
+    })
+}
+
+/// Whether a turn of `functionResponse` parts names other functions than the calls of the
+/// turn before it (Gemini matches each result to a call).
+fn mismatched_function_responses(body: &serde_json::Value) -> bool {
+    let names = |parts: &[serde_json::Value], kind: &str| -> Vec<String> {
+        let mut n: Vec<String> = parts
+            .iter()
+            .filter_map(|p| p.get(kind).and_then(|c| c["name"].as_str()))
+            .map(str::to_owned)
+            .collect();
+        n.sort_unstable();
+        n
+    };
+    let all: Vec<&Vec<serde_json::Value>> = turns(body).collect();
+    all.windows(2).any(|w| {
+        let results = names(w[1], "functionResponse");
+        !results.is_empty() && results != names(w[0], "functionCall")
+    })
+}
+
+/// The parts of each turn of a Gemini request's `contents`.
+fn turns(body: &serde_json::Value) -> impl Iterator<Item = &Vec<serde_json::Value>> {
     body["contents"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|turn| turn["parts"].as_array())
-        .flatten()
-        .any(|part| part.get("functionCall").is_some() && part.get("thoughtSignature").is_none())
 }
 
 /// `POST /model/{model}/converse` and `/converse-stream`: Bedrock's Converse, SigV4-signed.
@@ -1196,15 +1231,15 @@ fn first_tool(speaks: Speaks, body: &serde_json::Value) -> Option<String> {
         .pointer(turns)
         .and_then(serde_json::Value::as_array)
         .and_then(|t| t.last());
-    // A tool message (OpenAI's role), or a result block or part (the native turns' content).
+    // A tool message (OpenAI's role), or a turn ending with a result block or part (the
+    // native turns' content; a question after the results asks again).
     let answered = last.is_some_and(|turn| {
         turn["role"] == result
             || ["content", "parts"].iter().any(|k| {
-                turn[k].as_array().is_some_and(|blocks| {
-                    blocks
-                        .iter()
-                        .any(|b| b["type"] == result || b.get(result).is_some())
-                })
+                turn[k]
+                    .as_array()
+                    .and_then(|blocks| blocks.last())
+                    .is_some_and(|b| b["type"] == result || b.get(result).is_some())
             })
     });
     if answered {
@@ -1313,7 +1348,7 @@ async fn serve_chat(
             }
             Speaks::Gemini => (
                 text(with_fault(
-                    gemini_stream_events(model, tool.as_deref()),
+                    gemini_stream_events(model, &gemini_tools(&body, tool.clone())),
                     fault,
                     false,
                 )),
@@ -1345,7 +1380,7 @@ async fn serve_chat(
             })
         }
         Speaks::Anthropic => anthropic_answer(model, &route.content, tool.as_deref()),
-        Speaks::Gemini => gemini_answer(model, &route.content, tool.as_deref()),
+        Speaks::Gemini => gemini_answer(model, &route.content, &gemini_tools(&body, tool.clone())),
         Speaks::Bedrock => bedrock_answer(&route.content, tool.as_deref()),
     })
     .into_response()
@@ -1437,12 +1472,9 @@ pub const MOCK_THOUGHT_SIGNATURE: &str = "c2lnLW1vY2s=";
 
 /// The mock's `GenerateContentResponse`: the route's text, then a call of `tool` if given.
 #[must_use]
-pub fn gemini_answer(model: &str, text: &str, tool: Option<&str>) -> serde_json::Value {
+pub fn gemini_answer(model: &str, text: &str, tools: &[String]) -> serde_json::Value {
     let mut parts = vec![json!({"text": text})];
-    if let Some(t) = tool {
-        // As Gemini 3 does: a thought signature the next turn must return.
-        parts.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}, "thoughtSignature": MOCK_THOUGHT_SIGNATURE}));
-    }
+    parts.extend(gemini_calls(tools));
     json!({"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
         "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 2, "totalTokenCount": 6},
         "modelVersion": model, "responseId": "mock-response"})
@@ -1543,7 +1575,7 @@ fn continue_prefill(events: &mut Vec<String>, rest: &str) {
 /// The events of the mock's streamed Gemini answer (`alt=sse`): no end marker, the last
 /// event carries the finish reason and the usage.
 #[must_use]
-pub fn gemini_stream_events(model: &str, tool: Option<&str>) -> Vec<String> {
+pub fn gemini_stream_events(model: &str, tools: &[String]) -> Vec<String> {
     let event = |parts: serde_json::Value, finish: Option<&str>| {
         let mut c = json!({"content": {"role": "model", "parts": parts}, "index": 0});
         let mut e = json!({"candidates": [], "modelVersion": model, "responseId": "mock-response"});
@@ -1560,11 +1592,34 @@ pub fn gemini_stream_events(model: &str, tool: Option<&str>) -> Vec<String> {
         .map(|w| event(json!([{"text": w}]), None))
         .collect();
     let mut last = vec![json!({"text": "answer"})];
-    if let Some(t) = tool {
-        last.push(json!({"functionCall": {"name": t, "args": {"q": "mock"}}, "thoughtSignature": MOCK_THOUGHT_SIGNATURE}));
-    }
+    last.extend(gemini_calls(tools));
     out.push(event(json!(last), Some("STOP")));
     out
+}
+
+/// The mock's Gemini function calls, one per tool: as Gemini 3 does with parallel calls, the
+/// first carries a thought signature, which the next turn must return.
+fn gemini_calls(tools: &[String]) -> impl Iterator<Item = serde_json::Value> + '_ {
+    tools.iter().enumerate().map(|(i, t)| {
+        let mut part = json!({"functionCall": {"name": t, "args": {"q": "mock"}}});
+        if i == 0 {
+            part["thoughtSignature"] = json!(MOCK_THOUGHT_SIGNATURE);
+        }
+        part
+    })
+}
+
+/// The tools a Gemini answer calls: the first declared function, and the second when there
+/// is one (two calls in one answer, as Gemini makes parallel calls); none after a result.
+fn gemini_tools(body: &serde_json::Value, first: Option<String>) -> Vec<String> {
+    let Some(first) = first else {
+        return Vec::new();
+    };
+    let second = body
+        .pointer("/tools/0/functionDeclarations/1/name")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
+    std::iter::once(first).chain(second).collect()
 }
 
 /// A native stream with the faults that change what is sent; `marker`: the stream ends with

@@ -424,45 +424,88 @@ async fn members_a_native_api_cannot_express_are_dropped_and_named_or_refused_pe
     let _ = std::fs::remove_file(&audit);
 }
 
-/// A tool loop on Gemini, as a plain client writes it (the call's id, name and arguments,
-/// nothing else): the thought signature Gemini gave comes back with the call (the mock, like
-/// Gemini 3, refuses a call without it), and each answer's call has an id of its own.
+/// A two-round tool loop on Gemini with two calls per round, as a plain client writes it (each
+/// call's id, name and arguments, nothing else): the thought signature Gemini gave the first
+/// call comes back with it (the mock, like Gemini 3, refuses a turn without it), every call has
+/// an id of its own, and each result goes to its call (the mock refuses results that do not
+/// match the calls before them).
 #[tokio::test]
 async fn a_gemini_tool_loop_returns_the_thought_signature_and_ids_never_repeat() {
     let native = mock("").await;
     let backup = mock("").await;
     let gw = gateway(gemini(native.addr), backup.addr).await;
-    let first_round = request(false, true);
-    let call_of = |r: &common::Reply| {
+    let mut body: Value = serde_json::from_str(&request(false, true)).unwrap();
+    body["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "function", "function": {"name": "fetch", "parameters": {"type": "object"}}}));
+    let by_gemini = |r: &common::Reply| {
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(
             r.header("x-equiroute-provider"),
             Some("first"),
-            "no fallback"
+            "no fallback: {}",
+            r.body
         );
-        r.json()["choices"][0]["message"]["tool_calls"][0].clone()
+        r.json()["choices"][0]["message"].clone()
     };
-    let call = call_of(&chat(gw.addr, &first_round).await);
-    let again = call_of(&chat(gw.addr, &first_round).await);
-    assert_ne!(call["id"], again["id"], "two answers, two ids");
-    let id = call["id"].as_str().unwrap();
-    let mut body: Value = serde_json::from_str(&first_round).unwrap();
-    let messages = body["messages"].as_array_mut().unwrap();
-    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{
-        "id": id, "type": "function",
-        "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}]}));
-    messages.push(json!({"role": "tool", "tool_call_id": id, "content": "result"}));
-    let r = chat(gw.addr, &body.to_string()).await;
-    assert_eq!(r.status, 200, "the second round is accepted: {}", r.body);
-    assert_eq!(
+    let mut ids: Vec<String> = Vec::new();
+    for round in 0..2 {
+        let message = by_gemini(&chat(gw.addr, &body.to_string()).await);
+        let calls = message["tool_calls"]
+            .as_array()
+            .unwrap_or_else(|| panic!("round {round}: {message}"))
+            .clone();
+        let names: Vec<&str> = calls
+            .iter()
+            .map(|c| c["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["lookup", "fetch"], "round {round}");
+        assert!(
+            calls[0]["id"].as_str().unwrap().contains(":ts:"),
+            "the first call is signed"
+        );
+        let messages = body["messages"].as_array_mut().unwrap();
+        // The client keeps only the id, name and arguments of each call.
+        let plain: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                json!({"id": c["id"], "type": "function", "function": {
+                "name": c["function"]["name"], "arguments": c["function"]["arguments"]}})
+            })
+            .collect();
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": plain}));
+        for c in &calls {
+            let id = c["id"].as_str().unwrap().to_owned();
+            assert!(!ids.contains(&id), "round {round} repeats an id: {id}");
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": format!("result of {}", c["function"]["name"])}));
+            ids.push(id);
+        }
+        if round == 0 {
+            messages.push(json!({"role": "user", "content": "and once more"}));
+        }
+    }
+    // The answer after the second round's results: the whole loop went to Gemini.
+    let last = by_gemini(&chat(gw.addr, &body.to_string()).await);
+    assert_eq!(last["content"], "mock answer");
+    assert_eq!(stats(backup.addr).await["chat"], 0);
+    // Without the signature, or with results swapped between calls, the mock refuses as
+    // Gemini does: the checks above could fail.
+    let unsigned = body.to_string().replace(":ts:", ":xx:");
+    let r = chat(gw.addr, &unsigned).await;
+    assert_ne!(
         r.header("x-equiroute-provider"),
         Some("first"),
-        "by Gemini, not the backup"
+        "{}",
+        r.body
     );
-    assert_eq!(stats(backup.addr).await["chat"], 0);
-    // Without the signature, the mock refuses as Gemini does: the check above could fail.
-    let unsigned = body.to_string().replace(id, "call_plain");
-    let r = chat(gw.addr, &unsigned).await;
+    // Both second-round results sent under the first call's id: two `lookup` results.
+    let mut swapped = body.clone();
+    let messages = swapped["messages"].as_array_mut().unwrap();
+    let last = messages.len() - 1;
+    assert_eq!(messages[last]["tool_call_id"], ids[3].as_str());
+    messages[last]["tool_call_id"] = ids[2].clone().into();
+    let r = chat(gw.addr, &swapped.to_string()).await;
     assert_ne!(
         r.header("x-equiroute-provider"),
         Some("first"),
