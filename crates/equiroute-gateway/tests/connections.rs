@@ -604,11 +604,7 @@ async fn when_every_connection_is_taken_the_biggest_holder_is_shed_first() {
         metrics.contains("equiroute_refusals_total{reason=\"overloaded\"} 1"),
         "{metrics}"
     );
-    let shed: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("equiroute_refusals_total{reason=\"shed\"} "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
+    let shed = common::metric(&metrics, "equiroute_refusals_total{reason=\"shed\"}");
     assert!(
         shed >= 2,
         "two hog connections were shed at least: {metrics}"

@@ -26,14 +26,6 @@ async fn request_scored(addr: std::net::SocketAddr, quality: f64) -> String {
     r.header("x-equiroute-provider").unwrap().to_owned()
 }
 
-/// The value of the series `series` in `/metrics` (0 when absent).
-async fn counter(addr: std::net::SocketAddr, series: &str) -> u64 {
-    let m = http(addr, "GET", "/metrics", &[], "").await.body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// The audit log's `quality_shift` lines once there are `n` (waits at most 5 s).
 async fn shift_records(path: &std::path::Path, n: usize) -> Vec<Value> {
     let until = Instant::now() + Duration::from_secs(5);
@@ -89,21 +81,28 @@ sim = {{ latency = {{ p50_ms = 1, p95_ms = 2 }} }}
     for _ in 0..40 {
         assert_eq!(request_scored(gw.addr, 0.9).await, "a");
     }
-    assert_eq!(counter(gw.addr, down).await, 0, "no shift while steady");
+    assert_eq!(
+        common::scraped(gw.addr, down).await,
+        0,
+        "no shift while steady"
+    );
     let mut low = 0;
-    while counter(gw.addr, down).await == 0 {
+    while common::scraped(gw.addr, down).await == 0 {
         assert!(low < 20, "no drop detected after {low} scores of 0.3");
         request_scored(gw.addr, 0.3).await;
         low += 1;
     }
     let mut high = 0;
-    while counter(gw.addr, up).await == 0 {
+    while common::scraped(gw.addr, up).await == 0 {
         assert!(high < 40, "no rise detected after {high} scores of 0.9");
         request_scored(gw.addr, 0.9).await;
         high += 1;
     }
     assert_eq!(
-        (counter(gw.addr, down).await, counter(gw.addr, up).await),
+        (
+            common::scraped(gw.addr, down).await,
+            common::scraped(gw.addr, up).await
+        ),
         (1, 1)
     );
 

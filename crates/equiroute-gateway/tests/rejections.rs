@@ -39,14 +39,6 @@ async fn ask_streamed(gw: &Gateway, stream: bool) -> common::Reply {
     http(gw.addr, "POST", "/v1/chat/completions", &[], &body).await
 }
 
-/// The value of the sample `series` (name and labels) in the gateway's `/metrics`.
-async fn metric(gw: &Gateway, series: &str) -> u64 {
-    let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map_or(0, |v| v.trim().parse().unwrap())
-}
-
 #[tokio::test]
 async fn a_provider_rejecting_what_its_peers_accept_gets_at_most_5_percent_after_20_requests() {
     // The gateway runs on this thread: this subscriber sees its warnings.
@@ -74,8 +66,8 @@ async fn a_provider_rejecting_what_its_peers_accept_gets_at_most_5_percent_after
         late * 20 <= 180,
         "after 20 requests `bad` still got {late} of 180 ({early} before)"
     );
-    let disputed = metric(
-        &gw,
+    let disputed = common::scraped(
+        gw.addr,
         "equiroute_rejections_disputed_total{interface=\"chat\",provider=\"bad\"}",
     )
     .await;
@@ -106,10 +98,14 @@ async fn a_request_every_provider_rejects_is_the_clients_and_demotes_no_one() {
     for id in ["bad", "one", "two"] {
         let series =
             format!("equiroute_rejections_disputed_total{{interface=\"chat\",provider=\"{id}\"}}");
-        assert_eq!(metric(&gw, &series).await, 0, "{id}");
+        assert_eq!(common::scraped(gw.addr, &series).await, 0, "{id}");
         let opened =
             format!("equiroute_breaker_transitions_total{{provider=\"{id}\",to=\"open\"}}");
-        assert_eq!(metric(&gw, &opened).await, 0, "{id}'s breaker opened");
+        assert_eq!(
+            common::scraped(gw.addr, &opened).await,
+            0,
+            "{id}'s breaker opened"
+        );
     }
     // The policy's first choice (`bad`, learning nothing from rejections) was tried on
     // every request, never shut out; one of the others on each, for its second opinion.
@@ -131,5 +127,5 @@ async fn a_streamed_request_a_provider_rejects_is_streamed_by_the_next_and_the_r
     assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
     assert_eq!(calls(bad.addr, "bad").await, 1);
     let series = "equiroute_rejections_disputed_total{interface=\"chat\",provider=\"bad\"}";
-    assert_eq!(metric(&gw, series).await, 1);
+    assert_eq!(common::scraped(gw.addr, series).await, 1);
 }

@@ -270,6 +270,19 @@ where
     server.await.unwrap()
 }
 
+/// The value of the sample `series` (its name and labels, as `/metrics` writes them) in the
+/// exposition `text`; 0 when absent.
+pub fn metric(text: &str, series: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// [`metric`] of the gateway at `addr`, scraped now.
+pub async fn scraped(addr: SocketAddr, series: &str) -> u64 {
+    metric(&http(addr, "GET", "/metrics", &[], "").await.body, series)
+}
+
 /// Log lines written into a shared buffer (a `tracing_subscriber` writer).
 #[derive(Clone, Default)]
 pub struct Lines(pub std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
