@@ -190,7 +190,7 @@ impl Prepared {
             .as_ref()
             .map(|(s, every)| tokio::spawn(store::keep_saving(s.clone(), state.clone(), *every)));
         // The summaries of rate-limited log lines, written even when nothing follows a burst.
-        let summaries = tokio::spawn(server::repeated::keep_summing_up(state.clone()));
+        let summaries = tokio::spawn(server::state::keep_summing_up(state.clone()));
         // Background exchange with the other instances; a last push after the drain.
         let (stop_sync, stop_rx) = tokio::sync::watch::channel(false);
         let sync_task = syncer.map(|s| tokio::spawn(s.run(state.clone(), stop_rx)));

@@ -169,6 +169,21 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A poisoned lock: a handler panicked while holding it.
+#[derive(Debug, Clone, Copy)]
+pub struct Poisoned;
+
+impl From<Poisoned> for ApiError {
+    fn from(_: Poisoned) -> Self {
+        ApiError::internal()
+    }
+}
+
+/// The answer when a lock is poisoned.
+pub(super) fn poisoned() -> ApiError {
+    ApiError::internal()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

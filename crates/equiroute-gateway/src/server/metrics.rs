@@ -125,7 +125,7 @@ struct FeedbackLabel {
     outcome: Name,
 }
 
-/// A kind of repetitive log line ([`super::repeated::Repeated::label`]).
+/// A kind of repetitive log line (`Repeated::label` in the `repeated` module).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: Name,

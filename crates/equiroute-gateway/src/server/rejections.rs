@@ -72,7 +72,7 @@ impl Rejections {
         }
         let (rejecter, answerer) = (&iface.candidates[index].id, &iface.candidates[candidate].id);
         state.metrics.rejection_disputed(&iface.name, &rejecter.0);
-        match state.count_failure(iface, index) {
+        match state.ledger(iface).count_failure(index) {
             // Once per opening of its breaker: bounded by the open periods, whatever clients send.
             Ok(Some(until)) => tracing::warn!(
                 interface = %iface.name,

@@ -156,7 +156,7 @@ impl RepeatedLogs {
     }
 
     /// Writes the summary of every kind whose window expired (`force`: of every kind with
-    /// lines held back, at shutdown). The gateway calls it every [`INTERVAL`].
+    /// lines held back, at shutdown). The gateway calls it every [`INTERVAL`] (`state::keep_summing_up`).
     pub fn flush(&self, force: bool) {
         let now_ms = self.elapsed_ms();
         for kind in Repeated::ALL {
@@ -199,15 +199,6 @@ impl RepeatedLogs {
 fn summary(kind: Repeated, held: u64, span_ms: u64) -> String {
     let seconds = span_ms.div_ceil(1000);
     format!("… {held} more {} in the last {seconds} s", kind.what())
-}
-
-/// Writes the summaries of held-back lines every [`INTERVAL`], even when nothing follows a
-/// burst; runs until aborted (the gateway's `serve` aborts it and writes what is left).
-pub async fn keep_summing_up(state: std::sync::Arc<super::state::AppState>) {
-    loop {
-        tokio::time::sleep(INTERVAL).await;
-        state.logs.flush(false);
-    }
 }
 
 #[cfg(test)]

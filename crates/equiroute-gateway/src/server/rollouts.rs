@@ -125,7 +125,7 @@ pub(super) async fn promote(
 ) -> Result<Json<Value>, ApiError> {
     let iface = interface(&state, &name)?;
     let rollout = rollout_of(&iface, &name)?;
-    state.end_rollout_by_operator(&iface, true)?;
+    end_by_operator(&state, &iface, true)?;
     let policy = rollout.policy.kind.as_str();
     let note = if state.shared.is_some() {
         format!("promoted here, and on every instance sharing the state through Redis within a sync interval (a restarted instance of the same configuration starts promoted); to make it permanent set `policy` of [interfaces.{name}] to the rollout's policy (\"{policy}\" with its parameters), remove `rollout`, and start on a new state.namespace (or with --reset-state): the namespace checks the configured policy")
@@ -147,7 +147,7 @@ pub(super) async fn abort(
 ) -> Result<Json<Value>, ApiError> {
     let iface = interface(&state, &name)?;
     rollout_of(&iface, &name)?;
-    state.end_rollout_by_operator(&iface, false)?;
+    end_by_operator(&state, &iface, false)?;
     let note = if state.shared.is_some() {
         format!("every request goes to the live policy again, here and on every instance sharing the state through Redis within a sync interval (a restarted instance starts with the rollout ended); remove `rollout` from [interfaces.{name}]")
     } else {
@@ -159,4 +159,60 @@ pub(super) async fn abort(
         "live_policy": iface.policy_name(),
         "note": note,
     })))
+}
+
+impl AppState {
+    /// Ends `iface`'s rollout by an operator's decision ([`end_by_operator`]).
+    ///
+    /// # Errors
+    /// No rollout, or one not running (409 `rollout_not_running`), or a poisoned lock.
+    pub fn end_rollout_by_operator(
+        &self,
+        iface: &InterfaceRuntime,
+        promote: bool,
+    ) -> Result<(), ApiError> {
+        end_by_operator(self, iface, promote)
+    }
+}
+
+/// Ends `iface`'s rollout by an operator's decision: `promote` swaps the live policy for
+/// the candidate (its configuration and learnt state), else the canary is aborted; with
+/// state shared through Redis the end reaches every instance.
+///
+/// # Errors
+/// No rollout, or one not running (409 `rollout_not_running`), or a poisoned lock.
+fn end_by_operator(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    promote: bool,
+) -> Result<(), ApiError> {
+    let Some(rollout) = &iface.arms.rollout else {
+        return Err(ApiError::not_found(
+            "no_rollout",
+            format!("interface `{}` has no rollout", iface.name),
+        ));
+    };
+    let not_running =
+        |why| ApiError::invalid(axum::http::StatusCode::CONFLICT, "rollout_not_running", why);
+    let ledger = state.ledger(iface);
+    if !promote {
+        let end = rollout
+            .end(&iface.name, false, state.now().0)
+            .map_err(not_running)?;
+        ledger.journal_rollout_end(end);
+        return Ok(());
+    }
+    let candidate = rollout.policy.write()?.clone_box();
+    let end = rollout
+        .end(&iface.name, true, state.now().0)
+        .map_err(not_running)?;
+    {
+        let mut live = ledger.policy_mut()?;
+        *live = candidate;
+        // Journaled under the live policy's lock: the observations journaled after it
+        // are the promoted policy's (the order the shared stream replays them in).
+        ledger.journal_rollout_end(end);
+    }
+    iface.arms.set_live(rollout.policy.kind);
+    Ok(())
 }

@@ -3,7 +3,7 @@
 //! fell from 0.86 to 0.41 over the last 6 scores"), the counter
 //! `equiroute_quality_shifts_total{interface,provider,direction}`, a `"kind": "quality_shift"`
 //! line in the audit log when one is configured, and the interface's last shifts on the
-//! dashboard.
+//! dashboard. The ledger reports them (`super::book`); this module owns their record.
 //!
 //! Everything in them is the gateway's own: configured interface and provider names, the
 //! direction and numbers; nothing a client sent. Shifts are drained under the policy's write
@@ -11,8 +11,7 @@
 //! instance that learnt it (a policy rebuilt from the shared journal drops the shifts its
 //! replay found: [`discard`]).
 
-use super::state::{AppState, InterfaceRuntime};
-use equiroute_core::policies::{Policy, QualityShift, ShiftDirection};
+use equiroute_core::policies::{Policy, QualityShift};
 use serde::Serialize;
 
 /// A detected shift as the audit log and the dashboard keep it (`"kind": "quality_shift"`).
@@ -33,19 +32,20 @@ pub struct ShiftRecord {
     pub scores: u64,
 }
 
-/// The verb of the log line.
-fn verb(direction: ShiftDirection) -> &'static str {
-    match direction {
-        ShiftDirection::Down => "fell",
-        ShiftDirection::Up => "rose",
-    }
-}
-
-/// Reports the shifts `policy` (the interface's live policy, under its write lock) detected
-/// since the last call.
-pub fn report(state: &AppState, iface: &InterfaceRuntime, policy: &mut dyn Policy) {
-    for shift in policy.take_quality_shifts() {
-        report_one(state, iface, &shift);
+impl ShiftRecord {
+    /// The record of `shift`, detected on `provider` of `interface`.
+    #[must_use]
+    pub fn of(interface: &str, provider: &str, shift: &QualityShift) -> ShiftRecord {
+        ShiftRecord {
+            kind: "quality_shift",
+            ts_ms: shift.at.0,
+            interface: interface.to_owned(),
+            provider: provider.to_owned(),
+            direction: shift.direction.as_str(),
+            from: shift.from,
+            to: shift.to,
+            scores: shift.scores,
+        }
     }
 }
 
@@ -53,47 +53,4 @@ pub fn report(state: &AppState, iface: &InterfaceRuntime, policy: &mut dyn Polic
 /// instances that learnt those scores reported them.
 pub fn discard(policy: &mut dyn Policy) {
     let _ = policy.take_quality_shifts();
-}
-
-fn report_one(state: &AppState, iface: &InterfaceRuntime, shift: &QualityShift) {
-    let Some(candidate) = iface.candidates.get(shift.candidate) else {
-        return;
-    };
-    let provider = candidate.id.0.as_str();
-    let direction = shift.direction.as_str();
-    state
-        .metrics
-        .quality_shift(&iface.name, provider, direction);
-    // Scores are posted by clients: a client can set shifts off at will, so the line is
-    // rate-limited like the others a client can trigger (the counter counts every one).
-    if state.logs.allow(super::repeated::Repeated::QualityShift) {
-        tracing::warn!(
-            interface = %iface.name,
-            provider,
-            direction,
-            from = shift.from,
-            to = shift.to,
-            scores = shift.scores,
-            "quality of {provider} on {} {} from {:.2} to {:.2} over the last {} scores",
-            iface.name,
-            verb(shift.direction),
-            shift.from,
-            shift.to,
-            shift.scores,
-        );
-    }
-    let record = ShiftRecord {
-        kind: "quality_shift",
-        ts_ms: shift.at.0,
-        interface: iface.name.clone(),
-        provider: provider.to_owned(),
-        direction,
-        from: shift.from,
-        to: shift.to,
-        scores: shift.scores,
-    };
-    iface.history.shift(&record);
-    if let Some(audit) = &state.audit {
-        audit.quality_shift(record);
-    }
 }

@@ -7,17 +7,16 @@
 use super::metrics::Metrics;
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
 pub use crate::pending::{Features, PendingContext, PendingFeedback, PendingStore};
-use crate::shared::Event;
 use crate::upstream::Upstream;
+use equiroute_core::breaker::Transition;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
-use equiroute_core::breaker::{BreakerState, Transition};
 use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::features::Featurizer;
-use equiroute_core::policies::{AttemptObservation, Observation, Policy, QualityObservation};
-use equiroute_core::{AttemptOutcome, Candidate, Millis, SlicePath, Timestamp};
+use equiroute_core::policies::{Observation, Policy};
+use equiroute_core::{Candidate, Millis, Timestamp};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// One interface at run time.
@@ -66,7 +65,7 @@ pub struct InterfaceRuntime {
     /// The task classes learnt in slices of their own (`task_classes`); `None`: any.
     pub task_classes: Option<Vec<String>>,
     /// Recent traffic, for the dashboard (fixed size).
-    pub history: super::dashboard::History,
+    pub history: super::history::History,
 }
 
 impl InterfaceRuntime {
@@ -122,7 +121,7 @@ impl InterfaceRuntime {
             breaker_config: cfg.breaker,
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
             task_classes: cfg.task_classes.clone(),
-            history: super::dashboard::History::new(candidates.len()),
+            history: super::history::History::new(candidates.len()),
             candidates,
         })
     }
@@ -137,6 +136,21 @@ impl InterfaceRuntime {
     #[must_use]
     pub fn index_of(&self, id: &str) -> Option<usize> {
         self.candidates.iter().position(|c| c.id.0 == id)
+    }
+}
+
+impl super::arms::Interface for InterfaceRuntime {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn candidates(&self) -> &[Candidate] {
+        &self.candidates
+    }
+    fn live_policy(&self) -> &RwLock<Box<dyn Policy>> {
+        &self.policy
+    }
+    fn arms(&self) -> &super::arms::Arms {
+        &self.arms
     }
 }
 
@@ -256,8 +270,7 @@ impl AppState {
 }
 
 /// A poisoned lock: a handler panicked while holding it.
-#[derive(Debug, Clone, Copy)]
-pub struct Poisoned;
+pub use super::error::Poisoned;
 
 /// The metric label of a breaker transition.
 #[must_use]
@@ -270,341 +283,6 @@ pub fn transition_name(t: Transition) -> &'static str {
 }
 
 impl AppState {
-    /// The policy's write side, with the observations deferred while it was busy applied
-    /// (and journaled) first: every reader of the whole state and every other writer goes
-    /// through here.
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    pub fn policy_mut<'a>(
-        &self,
-        iface: &'a InterfaceRuntime,
-    ) -> Result<RwLockWriteGuard<'a, Box<dyn Policy>>, Poisoned> {
-        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
-        self.apply_deferred(iface, policy.as_mut());
-        Ok(policy)
-    }
-
-    /// Applies and journals the deferred observations, oldest first; the caller holds the
-    /// write side.
-    fn apply_deferred(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy) {
-        if iface.deferred_len.load(Ordering::Acquire) == 0 {
-            return;
-        }
-        let batch = match iface.deferred.lock() {
-            Ok(mut queue) => {
-                iface.deferred_len.store(0, Ordering::Release);
-                std::mem::take(&mut *queue)
-            }
-            Err(_) => return,
-        };
-        for obs in batch {
-            self.learn(iface, policy, obs);
-        }
-    }
-
-    /// Applies `obs` and journals it, and reports the quality shifts it set off; the caller
-    /// holds the write side.
-    fn learn(&self, iface: &InterfaceRuntime, policy: &mut dyn Policy, obs: Observation) {
-        obs.apply(policy);
-        self.journal_learn(iface, || obs);
-        super::shifts::report(self, iface, policy);
-    }
-
-    /// Journals an observation the policy has just learnt (built only when a journal exists).
-    fn journal_learn(&self, iface: &InterfaceRuntime, obs: impl FnOnce() -> Observation) {
-        self.journal(|| Event::Learn {
-            iface: iface.name.clone(),
-            obs: obs(),
-        });
-    }
-
-    fn journal(&self, event: impl FnOnce() -> Event) {
-        if let Some(shared) = &self.shared {
-            shared.journal.record(event());
-        }
-    }
-
-    /// Journals the end of `iface`'s rollout decided here, so that the other instances end
-    /// theirs (state shared through Redis).
-    pub fn journal_rollout_end(&self, iface: &InterfaceRuntime, end: crate::shared::RolloutEnd) {
-        self.journal(|| Event::RolloutEnd {
-            iface: iface.name.clone(),
-            end,
-        });
-    }
-
-    /// Ends `iface`'s rollout by an operator's decision: `promote` swaps the live policy for
-    /// the candidate (its configuration and learnt state), else the canary is aborted; with
-    /// state shared through Redis the end reaches every instance.
-    ///
-    /// # Errors
-    /// No rollout, or one not running (409 `rollout_not_running`), or a poisoned lock.
-    pub fn end_rollout_by_operator(
-        &self,
-        iface: &InterfaceRuntime,
-        promote: bool,
-    ) -> Result<(), super::error::ApiError> {
-        use super::error::ApiError;
-        let Some(rollout) = &iface.arms.rollout else {
-            return Err(ApiError::not_found(
-                "no_rollout",
-                format!("interface `{}` has no rollout", iface.name),
-            ));
-        };
-        let not_running =
-            |why| ApiError::invalid(axum::http::StatusCode::CONFLICT, "rollout_not_running", why);
-        if !promote {
-            let end = rollout
-                .end(&iface.name, false, self.now().0)
-                .map_err(not_running)?;
-            self.journal_rollout_end(iface, end);
-            return Ok(());
-        }
-        let candidate = rollout.policy.write()?.clone_box();
-        let end = rollout
-            .end(&iface.name, true, self.now().0)
-            .map_err(not_running)?;
-        {
-            let mut live = self.policy_mut(iface)?;
-            *live = candidate;
-            // Journaled under the live policy's lock: the observations journaled after it
-            // are the promoted policy's (the order the shared stream replays them in).
-            self.journal_rollout_end(iface, end);
-        }
-        iface.arms.set_live(rollout.policy.kind);
-        Ok(())
-    }
-
-    /// Books the end of request `request_id` with its arms ([`super::arms::finish`]), and
-    /// shares the rollback its outcome set off, if it did.
-    pub fn finish_routed(
-        &self,
-        iface: &InterfaceRuntime,
-        request_id: &str,
-        routed: super::arms::Routed,
-        status: equiroute_core::executor::RequestStatus,
-    ) {
-        if let Some(end) = super::arms::finish(iface, request_id, routed, status, self.now().0) {
-            self.journal_rollout_end(iface, end);
-        }
-    }
-
-    /// Feeds one finished attempt (ending now) to the policy, the breaker and the metrics,
-    /// and to the shared journal when state is shared.
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    pub fn record_attempt(
-        &self,
-        iface: &InterfaceRuntime,
-        index: usize,
-        features: &[f64],
-        slice: SlicePath,
-        outcome: &AttemptOutcome,
-        remaining: Option<Millis>,
-    ) -> Result<(), Poisoned> {
-        let arm = super::arms::Arm::Live;
-        self.record_routed_attempt(iface, arm, index, features, slice, outcome, remaining)
-    }
-
-    /// [`AppState::record_attempt`] of a request routed by `arm`: a canary's attempts teach
-    /// the candidate policy instead of the live one (see [`super::arms`]).
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_routed_attempt(
-        &self,
-        iface: &InterfaceRuntime,
-        arm: super::arms::Arm,
-        index: usize,
-        features: &[f64],
-        slice: SlicePath,
-        outcome: &AttemptOutcome,
-        remaining: Option<Millis>,
-    ) -> Result<(), Poisoned> {
-        let end = self.now();
-        let id = &iface.candidates[index].id.0;
-        self.metrics
-            .attempt(&iface.name, id, outcome.status.as_str());
-        self.metrics.provider_cost(&iface.name, id, outcome.cost.0);
-        let obs = AttemptObservation {
-            candidate: index,
-            features,
-            slice,
-            deadline: remaining,
-            outcome,
-            now: end,
-        };
-        // The journal is written under the policy lock: the sync task rebuilds the live
-        // policy under the same lock (see `shared`). When the lock is busy the observation
-        // waits in `deferred` rather than the request waiting for the lock. A canary's
-        // attempts teach its own policy only.
-        let live = super::arms::observe_attempt(iface, arm, &obs);
-        if !live {
-            // The rollout's candidate learnt it: the other instances' candidates learn it too.
-            self.journal(|| Event::RolloutLearn {
-                iface: iface.name.clone(),
-                obs: Observation::attempt(&obs),
-            });
-        }
-        if live {
-            match iface.policy.try_write() {
-                Ok(mut policy) => {
-                    self.apply_deferred(iface, policy.as_mut());
-                    policy.observe_attempt(&obs);
-                    self.journal_learn(iface, || Observation::attempt(&obs));
-                    let evicted = policy.take_slice_evictions();
-                    if evicted > 0 {
-                        self.metrics.slices_evicted(&iface.name, evicted);
-                    }
-                    super::shifts::report(self, iface, policy.as_mut());
-                }
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    let mut queue = iface.deferred.lock().map_err(|_| Poisoned)?;
-                    queue.push(Observation::attempt(&obs));
-                    iface.deferred_len.store(queue.len(), Ordering::Release);
-                }
-                Err(std::sync::TryLockError::Poisoned(_)) => return Err(Poisoned),
-            }
-        }
-        self.move_breaker(iface, index, end, |breaker, cfg| {
-            breaker.observe(end, outcome, cfg)
-        })?;
-        Ok(())
-    }
-
-    /// Counts a failure against candidate `index`'s breaker that no attempt of its own
-    /// showed: a rejection another provider disputed (see `server::rejections`). Returns
-    /// the open period's end when this failure opened (or re-opened) the breaker.
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    pub(crate) fn count_failure(
-        &self,
-        iface: &InterfaceRuntime,
-        index: usize,
-    ) -> Result<Option<Timestamp>, Poisoned> {
-        let end = self.now();
-        self.move_breaker(iface, index, end, |breaker, cfg| {
-            [
-                breaker.record(end, equiroute_core::breaker::BreakerOutcome::Failure, cfg),
-                None,
-            ]
-        })
-    }
-
-    /// Applies `change` (at `end`) to candidate `index`'s breaker, counts its transitions,
-    /// shares an opening with the other instances and tells the policy of a recovery.
-    /// Returns the open period's end when it opened.
-    fn move_breaker(
-        &self,
-        iface: &InterfaceRuntime,
-        index: usize,
-        end: Timestamp,
-        change: impl FnOnce(&mut Breaker, &BreakerConfig) -> [Option<Transition>; 2],
-    ) -> Result<Option<Timestamp>, Poisoned> {
-        let id = &iface.candidates[index].id.0;
-        let mut breakers = iface.breakers.lock().map_err(|_| Poisoned)?;
-        let before = breakers[index].state;
-        let mut recovered = false;
-        for t in change(&mut breakers[index], &iface.breaker_config)
-            .into_iter()
-            .flatten()
-        {
-            self.metrics.breaker(id, transition_name(t));
-            // Closed by an attempt: its half-open probes succeeded.
-            recovered |= t == Transition::Closed;
-        }
-        let state = breakers[index].state;
-        let pinned = breakers[index].is_pinned();
-        drop(breakers);
-        if recovered {
-            // A detected change: the failures from before the recovery no longer count.
-            self.observe(
-                iface,
-                Observation::Recovered {
-                    candidate: index,
-                    now: end,
-                },
-            )?;
-        }
-        let BreakerState::Open { until } = state else {
-            return Ok(None);
-        };
-        if state == before {
-            return Ok(None);
-        }
-        self.journal(|| Event::BreakerOpen {
-            iface: iface.name.clone(),
-            candidate: index,
-            until,
-            pinned,
-        });
-        Ok(Some(until))
-    }
-
-    /// Feeds an observation to the interface's policy (and the shared journal): the entry
-    /// point for observations made elsewhere, e.g. replayed from a log.
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    pub fn observe(&self, iface: &InterfaceRuntime, obs: Observation) -> Result<(), Poisoned> {
-        // The shadow learns from every observation the live policy learns from.
-        if let Some(shadow) = &iface.arms.shadow {
-            shadow.policy.observe(|| obs.clone());
-        }
-        let mut policy = self.policy_mut(iface)?;
-        self.learn(iface, policy.as_mut(), obs);
-        Ok(())
-    }
-
-    /// Feeds a quality score for `request_id` to the policy (and the shared journal).
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    pub fn record_quality(
-        &self,
-        iface: &InterfaceRuntime,
-        request_id: &str,
-        obs: &QualityObservation<'_>,
-    ) -> Result<(), Poisoned> {
-        let (live, ended) = super::arms::observe_quality(iface, request_id, obs, self.now().0);
-        if let Some(end) = ended {
-            self.journal_rollout_end(iface, end);
-        }
-        if !live {
-            // The rollout's candidate routed it and learnt the score.
-            self.journal(|| Event::RolloutLearn {
-                iface: iface.name.clone(),
-                obs: Observation::quality(obs),
-            });
-            return Ok(());
-        }
-        let mut policy = self.policy_mut(iface)?;
-        policy.observe_quality(obs);
-        self.journal(|| Event::Feedback {
-            iface: iface.name.clone(),
-            request_id: request_id.to_owned(),
-            obs: Observation::quality(obs),
-        });
-        super::shifts::report(self, iface, policy.as_mut());
-        Ok(())
-    }
-
-    /// Keeps an answered request's context until its quality score arrives (without
-    /// allocating, once the store is warm, unless state is shared and journaled).
-    pub fn remember(&self, request_id: &str, ctx: PendingContext<'_>) {
-        self.journal(|| Event::Pending {
-            request_id: request_id.to_owned(),
-            ctx: ctx.to_feedback(),
-        });
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.remember(request_id, ctx);
-        }
-    }
-
     /// Opens a breaker until `until` because another instance opened its own (`pinned`: by
     /// a `Retry-After`).
     pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
@@ -622,126 +300,48 @@ impl AppState {
     }
 }
 
-impl From<Poisoned> for super::error::ApiError {
-    fn from(_: Poisoned) -> Self {
-        super::error::ApiError::internal()
+impl InterfaceRuntime {
+    /// Queues an attempt observation that found the policy locked (see `deferred`).
+    ///
+    /// # Errors
+    /// A poisoned queue.
+    pub(super) fn defer(&self, obs: Observation) -> Result<(), ()> {
+        let mut queue = self.deferred.lock().map_err(|_| ())?;
+        queue.push(obs);
+        self.deferred_len.store(queue.len(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Takes the queued observations, oldest first, for the holder of the write side to
+    /// apply (nothing, without taking the lock, when none waits).
+    pub(super) fn take_deferred(&self) -> Vec<Observation> {
+        if self.deferred_len.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        match self.deferred.lock() {
+            Ok(mut queue) => {
+                self.deferred_len.store(0, Ordering::Release);
+                std::mem::take(&mut *queue)
+            }
+            Err(_) => Vec::new(),
+        }
     }
 }
 
-impl crate::shared::SyncTarget for AppState {
-    fn shared(&self) -> Option<&crate::shared::SharedHandle> {
-        self.shared.as_ref()
-    }
-
-    fn synced_interfaces(
-        &self,
-    ) -> Result<Vec<crate::shared::SyncedInterface>, crate::shared::SharedError> {
-        // A side policy's copy, its deferred observations applied first.
-        let side = |p: &super::arms::SidePolicy| {
-            p.write()
-                .map(|p| p.clone_box())
-                .map_err(|_| crate::shared::SharedError::Redis("policy lock poisoned".into()))
-        };
-        self.interfaces
-            .iter()
-            .map(|(name, iface)| {
-                let policy = iface.policy.read().map_err(|_| {
-                    crate::shared::SharedError::Redis("policy lock poisoned".into())
-                })?;
-                Ok(crate::shared::SyncedInterface {
-                    name: name.clone(),
-                    providers: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
-                    policy_name: iface.policy_name(),
-                    feature_dim: iface.featurizer.dim(),
-                    feature_max_words: iface.featurizer.max_words(),
-                    policy: policy.clone_box(),
-                    shadow: iface
-                        .arms
-                        .shadow
-                        .as_ref()
-                        .map(|s| side(&s.policy))
-                        .transpose()?,
-                    rollout: iface
-                        .arms
-                        .rollout
-                        .as_ref()
-                        .map(|r| side(&r.policy))
-                        .transpose()?,
-                })
-            })
-            .collect()
-    }
-
-    fn candidate_count(&self, iface: &str) -> usize {
-        self.interfaces.get(iface).map_or(0, |i| i.candidates.len())
-    }
-
-    fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
-        let Some(iface) = self.interfaces.get(iface) else {
-            return;
-        };
-        if let Ok(mut live) = self.policy_mut(iface) {
-            *live = rebuild();
-            super::shifts::discard(live.as_mut());
-        }
-    }
-
-    fn replace_side_policy(
-        &self,
-        side: crate::shared::Side,
-        iface: &str,
-        rebuild: &mut dyn FnMut() -> Box<dyn Policy>,
-    ) {
-        let Some(arms) = self.interfaces.get(iface).map(|i| &i.arms) else {
-            return;
-        };
-        let policy = match side {
-            crate::shared::Side::Shadow => arms.shadow.as_ref().map(|s| &s.policy),
-            crate::shared::Side::Rollout => arms.rollout.as_ref().map(|r| &r.policy),
-        };
-        if let Some(Ok(mut policy)) = policy.map(super::arms::SidePolicy::write) {
-            *policy = rebuild();
-        }
-    }
-
-    fn feedback_ttl(&self) -> Millis {
-        self.feedback_ttl
-    }
-
-    fn pending_capacity(&self) -> usize {
-        self.pending.lock().map_or(0, |p| p.capacity())
-    }
-
-    fn insert_pending(&self, request_id: &str, ctx: &PendingFeedback) {
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.insert(request_id, ctx);
-        }
-    }
-
-    fn consume_pending(&self, request_id: &str) {
-        if let Ok(mut pending) = self.pending.lock() {
-            pending.consume(request_id);
-        }
-    }
-
-    fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
-        AppState::open_breaker(self, iface, candidate, until, pinned);
-    }
-
-    fn end_rollout(&self, iface: &str, end: &crate::shared::RolloutEnd, own: bool) {
-        if let Some(i) = self.interfaces.get(iface) {
-            i.arms.apply_shared_end(iface, end, own);
-        }
-    }
-
-    fn now(&self) -> Timestamp {
-        AppState::now(self)
+/// The summaries of rate-limited log lines ([`super::repeated`]).
+/// Writes the summaries of held-back lines every [`super::repeated::INTERVAL`], even when nothing follows a
+/// burst; runs until aborted (the gateway's `serve` aborts it and writes what is left).
+pub async fn keep_summing_up(state: std::sync::Arc<AppState>) {
+    loop {
+        tokio::time::sleep(super::repeated::INTERVAL).await;
+        state.logs.flush(false);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use equiroute_core::{AttemptOutcome, SlicePath};
 
     /// A gateway of one simulated provider, seeded with `seed`.
     fn app_seeded(seed: u64) -> AppState {

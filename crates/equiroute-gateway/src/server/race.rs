@@ -1,4 +1,4 @@
-//! Hedged requests in real time: the first attempt races a timer set to the hedge delay the
+//! Race: hedged requests in real time: the first attempt races a timer set to the hedge delay the
 //! core computed from the policy's beliefs ([`equiroute_core::hedge`]); if the timer wins, the
 //! breaker admits the hedge target and the interface's hedge budget has one, a second attempt
 //! starts on the next candidate of the ranking. The first good answer wins and the other call
@@ -7,92 +7,14 @@
 //! other is awaited: a hedge never turns a success into a failure. The core's
 //! [`Execution`] records both, so the audit log shows the hedge per attempt.
 
+use super::attempt::{admit, Opened, Opening};
+use super::book::{AttemptEnd, Booking};
 use super::error::ApiError;
-use super::execute::{admit, attempt_ended, book, outcome_of, usage_of, Opened};
 use super::state::{AppState, InterfaceRuntime};
-use crate::upstream::{ClientBody, UpstreamReply, UpstreamRequest};
+use crate::upstream::{ClientBody, UpstreamReply};
 use equiroute_core::executor::{Execution, NextAttempt};
-use equiroute_core::hedge::{first_byte_outlook, hedge_plan, HedgePlan, HedgeRule, LatencyOutlook};
-use equiroute_core::policies::{Policy, RankContext, Ranking};
-use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, SlicePath, Timestamp, TokenEstimate};
+use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, Timestamp};
 use std::time::{Duration, Instant};
-use tracing::Instrument;
-
-/// The hedge delay of a request just ranked, and the part of the rule that set it, when the
-/// interface hedges. A `streamed` request
-/// (on an interface whose streams hedge) races to the first byte, so it is planned on
-/// first-byte beliefs once the first candidate has one ([`first_byte_outlooks`]), unless
-/// `first_byte.plan_hedges` is off.
-pub(super) fn delay(
-    iface: &InterfaceRuntime,
-    policy: &dyn Policy,
-    ctx: &RankContext<'_>,
-    ranking: &Ranking,
-    streamed: bool,
-) -> Option<HedgePlan> {
-    if !iface.hedge.active() {
-        return None;
-    }
-    // Every request earns its share of a hedge, whether it hedges or not; the price of a
-    // hedge (for the priced rule) is read before this request moves it.
-    let mut price = equiroute_core::hedge::HedgeBudget::INITIAL_PRICE;
-    if let Ok(mut budget) = iface.hedge_budget.lock() {
-        price = budget.price();
-        budget.earn();
-    }
-    // The observed-quantile rule is the laboratory's baseline; config refuses it here.
-    if matches!(iface.hedge.rule, HedgeRule::ObservedQuantile { .. }) {
-        return None;
-    }
-    let mut order = ranking.indices();
-    let (a, b) = (order.next()?, order.next());
-    let mut first = policy.latency_outlook(a, ctx);
-    let mut target = b.and_then(|j| policy.latency_outlook(j, ctx));
-    if streamed && iface.first_byte.plan_hedges {
-        (first, target) = first_byte_outlooks(iface, ctx.now, (a, b), (first, target));
-    }
-    hedge_plan(
-        iface.hedge.rule,
-        first.as_ref(),
-        target.as_ref(),
-        None,
-        ctx.deadline,
-        price,
-    )
-}
-
-/// The outlooks of a streamed request's first candidate `a` and hedge target `b`: once `a`
-/// has a first-byte belief (`first_byte.min_observations` first bytes seen), first-byte
-/// beliefs in place of whole-answer latencies (failure rates kept), the target's whole-answer
-/// outlook standing in for a first-byte belief it has not got yet (its first byte comes no
-/// later than its answer: the stand-in only hedges later); before that, the outlooks as given.
-fn first_byte_outlooks(
-    iface: &InterfaceRuntime,
-    now: Timestamp,
-    (a, b): (usize, Option<usize>),
-    (first, target): (Option<LatencyOutlook>, Option<LatencyOutlook>),
-) -> (Option<LatencyOutlook>, Option<LatencyOutlook>) {
-    let Ok(stats) = iface.first_bytes.lock() else {
-        return (first, target);
-    };
-    let belief = |i: usize| stats.get(i).and_then(|s| iface.first_byte.belief(s, now));
-    let Some(first_byte) = belief(a) else {
-        return (first, target);
-    };
-    (
-        first_byte_outlook(first.as_ref(), Some(first_byte)),
-        first_byte_outlook(target.as_ref(), b.and_then(belief)),
-    )
-}
-
-/// What booking an attempt needs besides the attempt.
-pub(super) struct Booking<'a> {
-    pub features: &'a [f64],
-    /// The arm (live or canary) whose policy learns from the attempt.
-    pub arm: super::arms::Arm,
-    pub slice: SlicePath,
-    pub tokens: TokenEstimate,
-}
 
 /// Runs `first` (started at `now`) with `hedge` beside it if it is still out after
 /// `hedge.wait`; returns the attempts that ended, in the order they were recorded, with
@@ -110,39 +32,15 @@ pub(super) async fn race(
     router: &mut Duration,
 ) -> Result<Vec<(usize, AttemptOutcome, UpstreamReply)>, ApiError> {
     let call = |next: NextAttempt, seed: u64, is_hedge: bool| {
-        let req = UpstreamRequest {
-            kind: iface.kind,
-            body,
-            model: &iface.candidates[next.candidate].model,
-            seed,
-        };
-        let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
-        let span = super::spans::attempt(iface, next, is_hedge);
-        let call = Box::pin(
-            iface.upstreams[next.candidate]
-                .call(req, timeout)
-                .instrument(span.clone()),
-        );
-        (call, span)
+        super::attempt::call(iface, body, next, seed, is_hedge)
     };
     let book_reply = |run: &mut Execution,
                       router: &mut Duration,
                       next: NextAttempt,
                       started: Timestamp,
                       reply: UpstreamReply,
-                      span: &tracing::Span|
-     -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
-        let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
-        attempt_ended(
-            state,
-            span,
-            iface,
-            next.candidate,
-            &outcome,
-            usage_of(&reply),
-        );
-        book(state, iface, run, next, started, outcome, ctx, router)?;
-        Ok((next.candidate, outcome, reply))
+                      span: &tracing::Span| {
+        super::attempt::book_reply(state, iface, run, ctx, (next, started), reply, span, router)
     };
     let (mut a, a_span) = call(first, seed, false);
     let wait = Duration::from_secs_f64(hedge.wait.0 / 1000.0);
@@ -245,15 +143,6 @@ fn spend_hedge(iface: &InterfaceRuntime) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A streamed attempt being opened: its first-byte limit, and the future that opens it
-/// (to its first byte, or to the end of its hold).
-pub(super) struct Opening<'a> {
-    pub limit: Option<Millis>,
-    /// The attempt's span (also carried by what `opened` yields).
-    pub span: tracing::Span,
-    pub opened: std::pin::Pin<Box<dyn std::future::Future<Output = Opened> + Send + 'a>>,
-}
-
 /// Races a streamed first attempt and its hedge to their first byte (or the end of their
 /// hold): as [`race`], with the first byte in place of the answer. `open` starts an attempt.
 /// Returns the attempts to book (in the order they ended) then, last, the one that is ready
@@ -267,7 +156,7 @@ pub(super) async fn race_streams<'a>(
     (first, hedge): (NextAttempt, NextAttempt),
     now: Timestamp,
     open: &(dyn Fn(NextAttempt, Timestamp) -> Result<Opening<'a>, ApiError> + Sync),
-    limits: &mut Vec<super::execute::FirstByteLimitRecord>,
+    limits: &mut Vec<super::decide::FirstByteLimitRecord>,
     ctx: &Booking<'_>,
     router: &mut Duration,
 ) -> Result<Vec<Opened>, ApiError> {
@@ -365,23 +254,17 @@ fn cancel(
         time_to_first_byte: None,
         retry_after: None,
     };
-    attempt_ended(
-        state,
-        loser.span,
-        iface,
-        loser.next.candidate,
-        &cancelled,
-        None,
-    );
-    book(
-        state,
-        iface,
-        run,
-        loser.next,
-        loser.start,
-        cancelled,
+    *router += state.ledger(iface).attempt(
         ctx,
-        router,
+        run,
+        AttemptEnd {
+            span: loser.span,
+            candidate: loser.next.candidate,
+            next: Some(loser.next),
+            started: loser.start,
+            outcome: cancelled,
+            usage: None,
+        },
     )?;
     state.metrics.hedge(&iface.name, "cancelled");
     if hedge_won {

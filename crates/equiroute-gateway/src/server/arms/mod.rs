@@ -14,11 +14,10 @@
 //! write side only when it is free; otherwise the observation waits in a bounded queue,
 //! applied by the next writer. Nothing here is held across an `.await`.
 
-use super::state::{InterfaceRuntime, Poisoned};
+use super::error::Poisoned;
 use crate::config::{GuardConfig, RolloutConfig};
 use crate::shared::{RolloutEnd, RolloutOutcome};
 use equiroute_core::executor::RequestStatus;
-use equiroute_core::ope::{evaluate, Estimate, Estimator, LoggedDecision, OpeOptions};
 use equiroute_core::policies::{
     AttemptObservation, Observation, Policy, PolicyConfig, PolicyKind, QualityObservation,
     RankContext, Ranking,
@@ -27,9 +26,14 @@ use equiroute_core::sequential::{mixing_precision, BoundedMean, Comparison, Guar
 use rand::SeedableRng;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockWriteGuard};
+
+mod report;
+mod snapshot;
+
+pub use report::render_metrics;
+pub use snapshot::{ArmsSnapshot, Restored, RolloutSnapshot};
 
 /// The request header whose value keeps one conversation on one arm of a rollout.
 pub const SESSION_HEADER: &str = "x-equiroute-session-id";
@@ -463,24 +467,65 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// What the side policies need of an interface: its name, candidates, live policy and arms.
+/// The gateway's `InterfaceRuntime` is one (this module names nothing above it).
+pub trait Interface {
+    /// The interface's name.
+    fn name(&self) -> &str;
+    /// Its candidates, in configuration order.
+    fn candidates(&self) -> &[equiroute_core::Candidate];
+    /// Its live policy.
+    fn live_policy(&self) -> &RwLock<Box<dyn Policy>>;
+    /// Its shadow and rollout.
+    fn arms(&self) -> &Arms;
+}
+
+impl<T: Interface> Interface for std::sync::Arc<T> {
+    fn name(&self) -> &str {
+        T::name(self)
+    }
+    fn candidates(&self) -> &[equiroute_core::Candidate] {
+        T::candidates(self)
+    }
+    fn live_policy(&self) -> &RwLock<Box<dyn Policy>> {
+        T::live_policy(self)
+    }
+    fn arms(&self) -> &Arms {
+        T::arms(self)
+    }
+}
+
+/// Books the end of a request with the arms of `iface` ([`Arms::finish`]).
+pub fn finish(
+    iface: &impl Interface,
+    request_id: &str,
+    routed: Routed,
+    status: RequestStatus,
+    now_unix_ms: f64,
+) -> Option<RolloutEnd> {
+    iface
+        .arms()
+        .finish(iface.name(), request_id, routed, status, now_unix_ms)
+}
+
 /// Ranks request number `n` with the arm it belongs to, and lets the shadow rank it too.
 ///
 /// # Errors
 /// A poisoned lock.
 pub fn rank(
-    iface: &InterfaceRuntime,
+    iface: &impl Interface,
     ctx: &RankContext<'_>,
     session: Option<&str>,
     seed: u64,
     n: u64,
 ) -> Result<(Ranking, Routed), Poisoned> {
-    let arms = &iface.arms;
+    let arms = iface.arms();
     let arm = arms.assign(session, seed);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let (ranking, policy) = if let (Arm::Candidate, Some(r)) = (arm, &arms.rollout) {
         (r.policy.rank(ctx, &mut rng)?, r.policy.kind.as_str())
     } else {
-        let policy = iface.policy.read().map_err(|_| Poisoned)?;
+        let policy = iface.live_policy().read().map_err(|_| Poisoned)?;
         (policy.rank(ctx, &mut rng), arms.live_name())
     };
     if let (Arm::Live, Some(shadow), Some(first)) = (arm, &arms.shadow, ranking.order.first()) {
@@ -513,101 +558,105 @@ pub fn rank(
 
 /// Feeds a finished attempt of an `arm` request to the side policies; `true` when the live
 /// policy learns from it too (live-arm requests only).
-pub fn observe_attempt(iface: &InterfaceRuntime, arm: Arm, obs: &AttemptObservation<'_>) -> bool {
-    if let (Arm::Candidate, Some(r)) = (arm, &iface.arms.rollout) {
-        r.policy.observe(|| Observation::attempt(obs));
-        return false;
+impl Arms {
+    pub fn observe_attempt(&self, arm: Arm, obs: &AttemptObservation<'_>) -> bool {
+        if let (Arm::Candidate, Some(r)) = (arm, &self.rollout) {
+            r.policy.observe(|| Observation::attempt(obs));
+            return false;
+        }
+        if let Some(shadow) = &self.shadow {
+            shadow.policy.observe(|| Observation::attempt(obs));
+        }
+        true
     }
-    if let Some(shadow) = &iface.arms.shadow {
-        shadow.policy.observe(|| Observation::attempt(obs));
-    }
-    true
-}
 
-/// Feeds a quality score to the side policies and the rollout's statistics; `true` when
-/// the live policy learns from it too (the request was not the candidate's), and the
-/// rollback the score set off, if it did.
-pub fn observe_quality(
-    iface: &InterfaceRuntime,
-    request_id: &str,
-    obs: &QualityObservation<'_>,
-    now_unix_ms: f64,
-) -> (bool, Option<RolloutEnd>) {
-    let arms = &iface.arms;
-    let mut arm = Arm::Live;
-    let mut ended = None;
-    if let Some(r) = &arms.rollout {
-        if let Ok(mut stats) = r.stats.lock() {
-            if stats.candidate_requests.iter().any(|id| id == request_id) {
-                arm = Arm::Candidate;
+    /// Feeds a quality score to the side policies and the rollout's statistics; `true` when
+    /// the live policy learns from it too (the request was not the candidate's), and the
+    /// rollback the score set off, if it did.
+    pub fn observe_quality(
+        &self,
+        iface: &str,
+        request_id: &str,
+        obs: &QualityObservation<'_>,
+        now_unix_ms: f64,
+    ) -> (bool, Option<RolloutEnd>) {
+        let arms = self;
+        let mut arm = Arm::Live;
+        let mut ended = None;
+        if let Some(r) = &arms.rollout {
+            if let Ok(mut stats) = r.stats.lock() {
+                if stats.candidate_requests.iter().any(|id| id == request_id) {
+                    arm = Arm::Candidate;
+                }
+                if stats.status == RolloutStatus::Running {
+                    stats.unquality[arm as usize].push(1.0 - obs.quality);
+                    ended = r.check(iface, &mut stats, now_unix_ms);
+                }
             }
-            if stats.status == RolloutStatus::Running {
-                stats.unquality[arm as usize].push(1.0 - obs.quality);
-                ended = r.check(&iface.name, &mut stats, now_unix_ms);
+            if arm == Arm::Candidate {
+                if let Ok(mut p) = r.policy.write() {
+                    p.observe_quality(obs);
+                    r.policy.learnt.fetch_add(1, Ordering::Relaxed);
+                }
+                return (false, ended);
             }
         }
-        if arm == Arm::Candidate {
-            if let Ok(mut p) = r.policy.write() {
+        if let Some(shadow) = &arms.shadow {
+            if let Ok(mut p) = shadow.policy.write() {
                 p.observe_quality(obs);
-                r.policy.learnt.fetch_add(1, Ordering::Relaxed);
+                shadow.policy.learnt.fetch_add(1, Ordering::Relaxed);
             }
-            return (false, ended);
-        }
-    }
-    if let Some(shadow) = &arms.shadow {
-        if let Ok(mut p) = shadow.policy.write() {
-            p.observe_quality(obs);
-            shadow.policy.learnt.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Ok(mut window) = shadow.window.lock() {
-            if let Some(r) = window
-                .iter_mut()
-                .rev()
-                .find(|r| r.request_id.as_deref() == Some(request_id))
-            {
-                r.quality = Some(obs.quality);
+            if let Ok(mut window) = shadow.window.lock() {
+                if let Some(r) = window
+                    .iter_mut()
+                    .rev()
+                    .find(|r| r.request_id.as_deref() == Some(request_id))
+                {
+                    r.quality = Some(obs.quality);
+                }
             }
         }
+        (true, ended)
     }
-    (true, ended)
-}
 
-/// Books the end of a request: its outcome in the shadow's window and the rollout's
-/// statistics (a client's own error counts for neither arm), then checks the guard; the
-/// rollback, when it fires, for the other instances.
-pub fn finish(
-    iface: &InterfaceRuntime,
-    request_id: &str,
-    routed: Routed,
-    status: RequestStatus,
-    now_unix_ms: f64,
-) -> Option<RolloutEnd> {
-    let bad = match status {
-        RequestStatus::Succeeded { .. } => Some(false),
-        RequestStatus::DeadlineExceeded | RequestStatus::Exhausted => Some(true),
-        RequestStatus::ClientError { .. } => None,
-    };
-    if let (Arm::Live, Some(shadow)) = (routed.arm, &iface.arms.shadow) {
-        if let Ok(mut window) = shadow.window.lock() {
-            if let Some(r) = window.iter_mut().rev().find(|r| r.n == routed.n) {
-                r.request_id = Some(request_id.to_owned());
-                r.bad = bad;
+    /// Books the end of a request: its outcome in the shadow's window and the rollout's
+    /// statistics (a client's own error counts for neither arm), then checks the guard; the
+    /// rollback, when it fires, for the other instances.
+    pub fn finish(
+        &self,
+        iface: &str,
+        request_id: &str,
+        routed: Routed,
+        status: RequestStatus,
+        now_unix_ms: f64,
+    ) -> Option<RolloutEnd> {
+        let bad = match status {
+            RequestStatus::Succeeded { .. } => Some(false),
+            RequestStatus::DeadlineExceeded | RequestStatus::Exhausted => Some(true),
+            RequestStatus::ClientError { .. } => None,
+        };
+        if let (Arm::Live, Some(shadow)) = (routed.arm, &self.shadow) {
+            if let Ok(mut window) = shadow.window.lock() {
+                if let Some(r) = window.iter_mut().rev().find(|r| r.n == routed.n) {
+                    r.request_id = Some(request_id.to_owned());
+                    r.bad = bad;
+                }
             }
         }
-    }
-    let r = iface.arms.rollout.as_ref()?;
-    let mut stats = r.stats.lock().ok()?;
-    if routed.arm == Arm::Candidate {
-        if stats.candidate_requests.len() == MAX_CANDIDATE_REQUESTS {
-            stats.candidate_requests.pop_front();
+        let r = self.rollout.as_ref()?;
+        let mut stats = r.stats.lock().ok()?;
+        if routed.arm == Arm::Candidate {
+            if stats.candidate_requests.len() == MAX_CANDIDATE_REQUESTS {
+                stats.candidate_requests.pop_front();
+            }
+            stats.candidate_requests.push_back(request_id.to_owned());
         }
-        stats.candidate_requests.push_back(request_id.to_owned());
+        if let (Some(bad), RolloutStatus::Running) = (bad, &stats.status) {
+            stats.bad[routed.arm as usize].push(f64::from(u8::from(bad)));
+            return r.check(iface, &mut stats, now_unix_ms);
+        }
+        None
     }
-    if let (Some(bad), RolloutStatus::Running) = (bad, &stats.status) {
-        stats.bad[routed.arm as usize].push(f64::from(u8::from(bad)));
-        return r.check(&iface.name, &mut stats, now_unix_ms);
-    }
-    None
 }
 
 impl Rollout {
@@ -799,283 +848,6 @@ impl Rollout {
     }
 }
 
-impl Shadow {
-    /// The shadow's agreement and window for its route.
-    #[must_use]
-    pub fn report(&self) -> Value {
-        let decisions = self.decisions.load(Ordering::Relaxed);
-        let agreements = self.agreements.load(Ordering::Relaxed);
-        let (size, finished, scored, agreeing) = self.window.lock().map_or((0, 0, 0, 0), |w| {
-            (
-                w.len(),
-                w.iter().filter(|r| r.bad.is_some()).count(),
-                w.iter().filter(|r| r.quality.is_some()).count(),
-                w.iter().filter(|r| r.live_first == r.shadow_first).count(),
-            )
-        });
-        json!({
-            "shadow_policy": self.policy.kind.as_str(),
-            "decisions": decisions,
-            "agreements": agreements,
-            "agreement_rate": (decisions > 0).then(|| agreements as f64 / decisions as f64),
-            "learnt": self.policy.learnt.load(Ordering::Relaxed),
-            "dropped_observations": self.policy.dropped.load(Ordering::Relaxed),
-            "window": {
-                "capacity": SHADOW_WINDOW,
-                "decisions": size,
-                "agreements": agreeing,
-                "finished": finished,
-                "quality_scores": scored,
-            },
-        })
-    }
-}
-
-/// The metrics a shadow is evaluated on (`bad_rate`: lower is better; `quality`: higher).
-const OPE_METRICS: [&str; 2] = ["bad_rate", "quality"];
-
-impl Shadow {
-    /// The window's finished decisions as logged decisions for `metric` (`bad_rate`: 1 for a
-    /// failed or late request; `quality`: the score, where one arrived): first as the live
-    /// policy logged them, evaluated for the shadow (its own first choice as the target: one
-    /// draw of its first-choice distribution, unbiased at no extra ranking); then as the live
-    /// policy's own on-policy outcomes (propensity 1 on its choice: the plain mean).
-    fn logged(
-        &self,
-        metric: &str,
-        candidates: usize,
-    ) -> (Vec<LoggedDecision>, Vec<LoggedDecision>) {
-        let Ok(window) = self.window.lock() else {
-            return (Vec::new(), Vec::new());
-        };
-        let one_hot = |i: usize| {
-            let mut t = vec![0.0; candidates];
-            t[i] = 1.0;
-            t
-        };
-        let mut shadow = Vec::new();
-        let mut live = Vec::new();
-        for r in window.iter() {
-            let outcome = match metric {
-                "bad_rate" => r.bad.map(|b| f64::from(u8::from(b))),
-                _ => r.quality,
-            };
-            let Some(outcome) = outcome else { continue };
-            let propensity = r.live_propensity.filter(|p| *p > 0.0 && *p <= 1.0);
-            let logged = LoggedDecision {
-                features: r.features.clone(),
-                eligible: r.eligible.clone(),
-                action: r.live_first,
-                propensity: propensity.unwrap_or(1.0),
-                // A policy that reports 1 (or nothing) for its choice is deterministic.
-                propensity_exact: propensity.is_some_and(|p| p < 1.0),
-                target: one_hot(r.shadow_first),
-                outcome,
-            };
-            live.push(LoggedDecision {
-                propensity: 1.0,
-                propensity_exact: true,
-                target: one_hot(r.live_first),
-                ..logged.clone()
-            });
-            shadow.push(logged);
-        }
-        (shadow, live)
-    }
-
-    /// Off-policy estimates of the shadow's value against the live policy's on the window,
-    /// per metric, by `estimators` for the shadow (the live policy's is its plain mean), with
-    /// bootstrap intervals; `null` for a metric without finished records. Warnings name
-    /// the providers by their ids.
-    #[must_use]
-    pub fn estimates(
-        &self,
-        candidates: &[equiroute_core::Candidate],
-        estimators: &[Estimator],
-        resamples: u32,
-    ) -> Value {
-        let opts = OpeOptions {
-            bootstrap_resamples: resamples,
-            ..OpeOptions::default()
-        };
-        let name = |c: usize| {
-            candidates
-                .get(c)
-                .map_or_else(|| format!("candidate {c}"), |p| format!("`{}`", p.id.0))
-        };
-        let show = |e: Result<Estimate, equiroute_core::ope::OpeError>| match e {
-            Ok(e) => json!({
-                "value": e.value, "ci_low": e.ci_low, "ci_high": e.ci_high,
-                "effective_sample_size": e.effective_sample_size, "n": e.n,
-                "warnings": e.warnings.iter().map(|w| w.describe(name)).collect::<Vec<_>>(),
-            }),
-            Err(e) => json!({"error": e.to_string()}),
-        };
-        let mut out = serde_json::Map::new();
-        for metric in OPE_METRICS {
-            let (shadow, live) = self.logged(metric, candidates.len());
-            if shadow.is_empty() {
-                out.insert(metric.into(), Value::Null);
-                continue;
-            }
-            let mut by = serde_json::Map::new();
-            for &e in estimators {
-                by.insert(e.as_str().into(), show(evaluate(&shadow, e, &opts)));
-            }
-            out.insert(
-                metric.into(),
-                json!({
-                    "records": shadow.len(),
-                    "live": show(evaluate(&live, Estimator::Ips, &opts)),
-                    "shadow": by,
-                }),
-            );
-        }
-        Value::Object(out)
-    }
-}
-
-/// The `equiroute_shadow_value` samples of one interface's shadow.
-fn shadow_values(
-    out: &mut String,
-    family: &str,
-    name: &str,
-    shadow: &Shadow,
-    candidates: &[equiroute_core::Candidate],
-) {
-    let est = shadow.estimates(candidates, &[Estimator::Snips], 200);
-    for metric in OPE_METRICS {
-        for (arm, at) in [("live", "/live"), ("shadow", "/shadow/snips")] {
-            let e = est[metric].pointer(at).cloned().unwrap_or(Value::Null);
-            for (bound, key) in [
-                ("estimate", "value"),
-                ("low", "ci_low"),
-                ("high", "ci_high"),
-            ] {
-                if let Some(v) = e[key].as_f64() {
-                    let _ = writeln!(
-                        out,
-                        "{family}{{interface=\"{name}\",arm=\"{arm}\",metric=\"{metric}\",bound=\"{bound}\"}} {v}"
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// The side policies' metric families: name, type and help.
-const METRIC_FAMILIES: [(&str, &str, &str); 8] = [
-    (
-        "equiroute_shadow_decisions_total",
-        "counter",
-        "Live decisions the shadow policy ranked.",
-    ),
-    (
-        "equiroute_shadow_agreements_total",
-        "counter",
-        "Live decisions whose first choice the shadow policy shared.",
-    ),
-    (
-        "equiroute_rollout_active",
-        "gauge",
-        "1 while the canary routes its share of the requests.",
-    ),
-    (
-        "equiroute_rollout_requests_total",
-        "counter",
-        "Finished requests of each rollout arm (client errors excluded).",
-    ),
-    (
-        "equiroute_rollout_bad_outcomes_total",
-        "counter",
-        "Requests of each rollout arm that failed or missed their deadline.",
-    ),
-    (
-        "equiroute_rollout_events_total",
-        "counter",
-        "Canary rollbacks (by metric), promotions and aborts.",
-    ),
-    (
-        "equiroute_rollout_events_received_total",
-        "counter",
-        "Canary rollbacks (by metric), promotions and aborts decided on another instance and applied here (state shared through Redis).",
-    ),
-    (
-        "equiroute_shadow_value",
-        "gauge",
-        "Value of the live policy (its mean) and of the shadow (self-normalised IPS) on the shadow's window of recent decisions, with the 95% interval's bounds.",
-    ),
-];
-
-/// The side policies' lines of `/metrics` (labels: interface, arm, event: bounded), each
-/// family's samples together under its `HELP` and `TYPE`.
-pub fn render_metrics(
-    ifaces: &std::collections::BTreeMap<String, std::sync::Arc<InterfaceRuntime>>,
-    out: &mut String,
-) {
-    let families = &METRIC_FAMILIES;
-    let mut samples: [String; 8] = Default::default();
-    for (name, iface) in ifaces {
-        if let Some(s) = &iface.arms.shadow {
-            let _ = writeln!(
-                samples[0],
-                "{}{{interface=\"{name}\"}} {}",
-                families[0].0,
-                s.decisions.load(Ordering::Relaxed)
-            );
-            let _ = writeln!(
-                samples[1],
-                "{}{{interface=\"{name}\"}} {}",
-                families[1].0,
-                s.agreements.load(Ordering::Relaxed)
-            );
-            shadow_values(&mut samples[7], families[7].0, name, s, &iface.candidates);
-        }
-        let Some(r) = &iface.arms.rollout else {
-            continue;
-        };
-        let _ = writeln!(
-            samples[2],
-            "{}{{interface=\"{name}\"}} {}",
-            families[2].0,
-            u8::from(r.active.load(Ordering::Relaxed))
-        );
-        if let Ok(stats) = r.stats.lock() {
-            for arm in [Arm::Live, Arm::Candidate] {
-                let m = stats.bad[arm as usize];
-                let label = arm.as_str();
-                let _ = writeln!(
-                    samples[3],
-                    "{}{{interface=\"{name}\",arm=\"{label}\"}} {}",
-                    families[3].0, m.n
-                );
-                let _ = writeln!(
-                    samples[4],
-                    "{}{{interface=\"{name}\",arm=\"{label}\"}} {}",
-                    families[4].0, m.sum
-                );
-            }
-        }
-        // Decided here (family 5), and received from another instance (family 6).
-        for (family, counts) in [(5, &r.events), (6, &r.received)] {
-            for (event, count) in EVENTS.iter().zip(counts) {
-                let _ = writeln!(
-                    samples[family],
-                    "{}{{interface=\"{name}\",event=\"{event}\"}} {}",
-                    families[family].0,
-                    count.load(Ordering::Relaxed)
-                );
-            }
-        }
-    }
-    for ((family, kind, help), lines) in families.iter().zip(&samples) {
-        if !lines.is_empty() {
-            let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} {kind}");
-            out.push_str(lines);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::fnv1a;
@@ -1085,178 +857,5 @@ mod tests {
         // The published FNV-1a 64 test vectors.
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-    }
-}
-
-/// The side policies' state in a snapshot of the state file: the shadow's learning, and the
-/// rollout's policy, measurements and state, so that a restart neither starts a rolled-back
-/// canary again nor loses a promotion. Snapshots written before it existed have none.
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct ArmsSnapshot {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shadow: Option<equiroute_core::policies::PolicyState>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<RolloutSnapshot>,
-}
-
-/// A rollout as saved.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct RolloutSnapshot {
-    /// The candidate policy's name: a saved rollout is restored only into a rollout of the
-    /// same policy.
-    pub policy: String,
-    /// `running`, `rolled_back`, `promoted` or `aborted`.
-    pub status: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metric: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at_unix_ms: Option<f64>,
-    pub bad: [BoundedMean; 2],
-    pub unquality: [BoundedMean; 2],
-    pub state: equiroute_core::policies::PolicyState,
-}
-
-/// What restoring a saved rollout asks of the caller.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Restored {
-    /// Nothing: the live policy's saved state goes into the live policy as usual.
-    Nothing,
-    /// The rollout had been promoted: the live policy is the candidate's, and the saved live
-    /// state belongs to it.
-    Promoted,
-}
-
-impl Arms {
-    /// The side policies' state for a snapshot (`None` when there are none).
-    ///
-    /// # Errors
-    /// A poisoned lock.
-    pub fn export(&self) -> Result<Option<ArmsSnapshot>, Poisoned> {
-        let shadow = match &self.shadow {
-            Some(s) => Some(s.policy.write()?.export_state()),
-            None => None,
-        };
-        let rollout = match &self.rollout {
-            Some(r) => {
-                let state = r.policy.write()?.export_state();
-                let stats = r.stats.lock().map_err(|_| Poisoned)?;
-                let (metric, at) = match &stats.status {
-                    RolloutStatus::Running => (None, None),
-                    RolloutStatus::RolledBack {
-                        metric, at_unix_ms, ..
-                    } => (Some((*metric).to_owned()), Some(*at_unix_ms)),
-                    RolloutStatus::Promoted { at_unix_ms }
-                    | RolloutStatus::Aborted { at_unix_ms } => (None, Some(*at_unix_ms)),
-                };
-                Some(RolloutSnapshot {
-                    policy: r.policy.kind.as_str().to_owned(),
-                    status: stats.status.name().to_owned(),
-                    metric,
-                    at_unix_ms: at,
-                    bad: stats.bad,
-                    unquality: stats.unquality,
-                    state,
-                })
-            }
-            None => None,
-        };
-        Ok((shadow.is_some() || rollout.is_some()).then_some(ArmsSnapshot { shadow, rollout }))
-    }
-
-    /// Restores saved side policies into those the configuration has: the shadow's state when
-    /// the shadow is the same policy, the rollout's status, measurements and state when the
-    /// rollout tries the same policy (a rolled-back, aborted or promoted one stays ended). A
-    /// promoted rollout makes `live` a fresh copy of the candidate, for the caller to fill
-    /// with the saved live state. Side policies the configuration changed start afresh.
-    ///
-    /// # Errors
-    /// A saved state that does not fit the policy (another shape of interface), or a poisoned
-    /// lock.
-    pub fn restore(
-        &self,
-        iface: &str,
-        saved: &ArmsSnapshot,
-        live: &mut Box<dyn Policy>,
-    ) -> Result<Restored, String> {
-        if let (Some(state), Some(shadow)) = (&saved.shadow, &self.shadow) {
-            if state.kind() == shadow.policy.kind {
-                shadow
-                    .policy
-                    .write()
-                    .map_err(|_| "poisoned".to_owned())?
-                    .merge_state(state)
-                    .map_err(|e| format!("the shadow: {e}"))?;
-            }
-        }
-        let (Some(saved), Some(r)) = (&saved.rollout, &self.rollout) else {
-            return Ok(Restored::Nothing);
-        };
-        if saved.policy != r.policy.kind.as_str() {
-            tracing::info!(
-                interface = iface,
-                saved = saved.policy,
-                configured = r.policy.kind.as_str(),
-                "the saved rollout tried another policy: this one starts afresh"
-            );
-            return Ok(Restored::Nothing);
-        }
-        let mut restored = Restored::Nothing;
-        {
-            let mut candidate = r.policy.write().map_err(|_| "poisoned".to_owned())?;
-            if saved.status == "promoted" {
-                // Still fresh: the promoted policy's learning is the saved live state.
-                *live = candidate.clone_box();
-                restored = Restored::Promoted;
-            }
-            candidate
-                .merge_state(&saved.state)
-                .map_err(|e| format!("the rollout's candidate: {e}"))?;
-        }
-        let at_unix_ms = saved.at_unix_ms.unwrap_or(0.0);
-        let mut stats = r.stats.lock().map_err(|_| "poisoned".to_owned())?;
-        stats.bad = saved.bad;
-        stats.unquality = saved.unquality;
-        stats.status = match saved.status.as_str() {
-            "running" => RolloutStatus::Running,
-            "promoted" => RolloutStatus::Promoted { at_unix_ms },
-            "aborted" => RolloutStatus::Aborted { at_unix_ms },
-            _ => {
-                let metric = if saved.metric.as_deref() == Some("quality") {
-                    "quality"
-                } else {
-                    "bad_rate"
-                };
-                let evidence = r
-                    .comparisons(&stats)
-                    .into_iter()
-                    .find(|(m, _)| *m == metric)
-                    .map(|(_, c)| c)
-                    .ok_or_else(|| "no guard for the saved metric".to_owned())?;
-                RolloutStatus::RolledBack {
-                    metric,
-                    evidence,
-                    at_unix_ms,
-                }
-            }
-        };
-        let running = stats.status == RolloutStatus::Running;
-        r.active.store(running, Ordering::Relaxed);
-        if restored == Restored::Promoted {
-            self.set_live(r.policy.kind);
-        }
-        if !running {
-            tracing::warn!(
-                interface = iface,
-                candidate = saved.policy,
-                status = saved.status,
-                "the saved rollout had ended: it stays ended (remove `rollout` from the interface's configuration{})",
-                if restored == Restored::Promoted {
-                    " and set its `policy` to the promoted one"
-                } else {
-                    ""
-                }
-            );
-        }
-        Ok(restored)
     }
 }

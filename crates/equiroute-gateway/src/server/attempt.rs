@@ -1,0 +1,387 @@
+//! Attempt: one upstream call. The breaker's admission, an unstreamed call and its outcome
+//! (status, cost by the reported usage), and a streamed attempt opened up to its first byte
+//! within its first-byte limit (learnt per provider: `ttfb`) and through the stream's hold
+//! (`stream`). Its end is booked by the ledger (`book`).
+
+use super::book::{AttemptEnd, Booking};
+use super::error::poisoned;
+use super::error::ApiError;
+use super::repeated::Repeated;
+use super::state::{AppState, InterfaceRuntime};
+use super::stream::{hold, Held};
+use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
+use bytes::Bytes;
+use equiroute_core::breaker::Admission;
+use equiroute_core::executor::{Execution, NextAttempt};
+use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, ProviderFailure, TokenEstimate, Usd};
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+/// Waits the pause the execution asked for before `next` (a retry's), then gives the time.
+pub(super) async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core::Timestamp {
+    if next.wait.0 > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(next.wait.0 / 1000.0)).await;
+    }
+    state.now()
+}
+
+/// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
+pub(super) fn admit(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    now: equiroute_core::Timestamp,
+) -> Result<bool, ApiError> {
+    let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
+    let (admission, transition) = breakers[candidate].admit(now, &iface.breaker_config);
+    if let Some(t) = transition {
+        state.metrics.breaker(
+            &iface.candidates[candidate].id.0,
+            super::state::transition_name(t),
+        );
+    }
+    Ok(!matches!(admission, Admission::Rejected { .. }))
+}
+
+/// Makes one unstreamed attempt and books it ([`super::book`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn attempt(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    body: &ClientBody,
+    ctx: &Booking<'_>,
+    seed: u64,
+    router: &mut Duration,
+) -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
+    let (call, span) = call(iface, body, next, seed, false);
+    let reply = call.await;
+    book_reply(state, iface, run, ctx, (next, now), reply, &span, router)
+}
+
+/// The upstream call of an unstreamed attempt (`is_hedge`: a hedge beside the first), in
+/// its span, not yet started.
+pub(super) fn call<'a>(
+    iface: &'a InterfaceRuntime,
+    body: &'a ClientBody,
+    next: NextAttempt,
+    seed: u64,
+    is_hedge: bool,
+) -> (
+    std::pin::Pin<Box<dyn std::future::Future<Output = UpstreamReply> + Send + 'a>>,
+    tracing::Span,
+) {
+    let req = UpstreamRequest {
+        kind: iface.kind,
+        body,
+        model: &iface.candidates[next.candidate].model,
+        seed,
+    };
+    let timeout = next.timeout.map(|t| Duration::from_secs_f64(t.0 / 1000.0));
+    let span = super::spans::attempt(iface, next, is_hedge);
+    let call = Box::pin(
+        iface.upstreams[next.candidate]
+            .call(req, timeout)
+            .instrument(span.clone()),
+    );
+    (call, span)
+}
+
+/// Books an unstreamed attempt's reply (`next`, started at the given time) in the ledger and
+/// hands it back with its candidate and outcome; the booking's time goes to `router`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn book_reply(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    ctx: &Booking<'_>,
+    (next, started): (NextAttempt, equiroute_core::Timestamp),
+    reply: UpstreamReply,
+    span: &tracing::Span,
+    router: &mut Duration,
+) -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
+    let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
+    *router += state.ledger(iface).attempt(
+        ctx,
+        run,
+        AttemptEnd {
+            span,
+            candidate: next.candidate,
+            next: Some(next),
+            started,
+            outcome,
+            usage: usage_of(&reply),
+        },
+    )?;
+    Ok((next.candidate, outcome, reply))
+}
+
+/// The token usage a provider reported in its answer, if it did.
+pub(super) fn usage_of(reply: &UpstreamReply) -> Option<TokenEstimate> {
+    reply
+        .body
+        .as_ref()
+        .and_then(crate::upstream::answer::ProviderJson::usage)
+}
+
+/// The attempt outcome of a provider's reply.
+pub(super) fn outcome_of(
+    reply: &UpstreamReply,
+    candidate: &equiroute_core::Candidate,
+    estimate: TokenEstimate,
+) -> AttemptOutcome {
+    AttemptOutcome {
+        latency: reply.latency,
+        status: reply.status,
+        // Billed unless the provider refused before doing any work; by the provider's reported
+        // usage when it sent one, else by the request's estimate.
+        cost: match reply.status {
+            AttemptStatus::ProviderError(
+                ProviderFailure::RateLimited | ProviderFailure::Connection,
+            )
+            | AttemptStatus::ClientError => Usd(0.0),
+            _ => candidate.price.cost(
+                reply
+                    .body
+                    .as_ref()
+                    .and_then(crate::upstream::answer::ProviderJson::usage)
+                    .unwrap_or(estimate),
+            ),
+        },
+        time_to_first_byte: None,
+        retry_after: reply.retry_after,
+    }
+}
+
+/// A streamed attempt once it ended before anything was sent, or is ready to be relayed.
+pub(super) struct Opened {
+    pub(super) next: NextAttempt,
+    /// The attempt's span (`attempt`, a child of the request's).
+    pub(super) span: tracing::Span,
+    /// When it started.
+    pub(super) started: equiroute_core::Timestamp,
+    pub(super) clock: Instant,
+    pub(super) result: OpenResult,
+}
+
+impl Opened {
+    /// Whether it has its first byte (and its hold, if any), ready to commit.
+    pub(super) fn is_ready(&self) -> bool {
+        matches!(self.result, OpenResult::Ready { .. })
+    }
+}
+
+pub(super) enum OpenResult {
+    /// Commit: send `first` (every byte read so far), then relay `rest`.
+    Ready {
+        first: Bytes,
+        rest: ChunkStream,
+        ttfb: Millis,
+    },
+    /// It ended before anything was sent (error, timeout, or broken while held).
+    Ended {
+        outcome: AttemptOutcome,
+        reply: Option<UpstreamReply>,
+    },
+}
+
+/// Starts a streamed attempt at `now`: its first-byte limit, and the future that opens it up
+/// to its first byte and through its hold.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn open_attempt<'a>(
+    state: &'a AppState,
+    iface: &'a InterfaceRuntime,
+    body: &'a ClientBody,
+    n: u64,
+    next: NextAttempt,
+    now: equiroute_core::Timestamp,
+    tokens: TokenEstimate,
+    unlearnt: Unlearnt,
+) -> Result<Opening<'a>, ApiError> {
+    let limit = first_byte_limit(iface, next.candidate, now, next.timeout, unlearnt)?;
+    let span = super::spans::attempt(iface, next, false);
+    let attempt_span = span.clone();
+    let opened = async move {
+        let clock = Instant::now();
+        let candidate = &iface.candidates[next.candidate];
+        let req = UpstreamRequest {
+            kind: iface.kind,
+            body,
+            model: &candidate.model,
+            seed: state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
+        };
+        let mut watch = FirstByteWatch {
+            state,
+            iface,
+            candidate: next.candidate,
+            clock,
+            pending: true,
+        };
+        let start = iface.upstreams[next.candidate]
+            .open_stream(req, limit.map(|t| Duration::from_secs_f64(t.0 / 1000.0)))
+            .await;
+        watch.pending = false;
+        // Only a poisoned lock fails here; the first-byte statistics then miss one time.
+        let _ = learn_first_byte(state, iface, next.candidate, &start, limit);
+        let result = match start {
+            StreamStart::Failed(reply) => OpenResult::Ended {
+                outcome: outcome_of(&reply, candidate, tokens),
+                reply: Some(reply),
+            },
+            StreamStart::Started { first, rest, ttfb } => {
+                tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
+                match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
+                    Held::Commit { first, rest } => OpenResult::Ready { first, rest, ttfb },
+                    Held::Broken(reason) => {
+                        if state.logs.allow(Repeated::StreamBroken) {
+                            tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                        }
+                        let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
+                        let latency = state.now().since(now);
+                        OpenResult::Ended {
+                            outcome: streamed(candidate, tokens, broken, latency, ttfb),
+                            reply: None,
+                        }
+                    }
+                }
+            }
+        };
+        Opened {
+            next,
+            span: attempt_span,
+            started: now,
+            clock,
+            result,
+        }
+    };
+    Ok(Opening {
+        limit,
+        opened: Box::pin(opened.instrument(span.clone())),
+        span,
+    })
+}
+
+/// A streamed attempt waiting for its first byte. Dropped while still waiting (the loser of a
+/// hedge race, or a client gone), it is booked in its provider's first-byte statistics as
+/// "at least this long", as a first-byte timeout is: else only the first bytes that beat the
+/// hedges would be learnt, and a provider that stalls would keep its fast belief.
+pub(super) struct FirstByteWatch<'a> {
+    pub(super) state: &'a AppState,
+    pub(super) iface: &'a InterfaceRuntime,
+    pub(super) candidate: usize,
+    pub(super) clock: Instant,
+    pub(super) pending: bool,
+}
+
+impl Drop for FirstByteWatch<'_> {
+    fn drop(&mut self) {
+        if !self.pending {
+            return;
+        }
+        let waited = Millis(self.clock.elapsed().as_secs_f64() * 1000.0);
+        if let Ok(mut stats) = self.iface.first_bytes.lock() {
+            if let Some(stats) = stats.get_mut(self.candidate) {
+                super::ttfb::observe_cut_off(stats, self.state.now(), waited);
+            }
+        }
+    }
+}
+
+/// The outcome of a streamed attempt that began (it had its first byte, so it is billed).
+pub(super) fn streamed(
+    candidate: &equiroute_core::Candidate,
+    tokens: TokenEstimate,
+    status: AttemptStatus,
+    latency: Millis,
+    ttfb: Millis,
+) -> AttemptOutcome {
+    AttemptOutcome {
+        latency,
+        status,
+        cost: candidate.price.cost(tokens),
+        time_to_first_byte: Some(ttfb),
+        retry_after: None,
+    }
+}
+
+/// What bounds a streamed attempt's first-byte limit while its provider's first bytes are
+/// not known (see [`super::ttfb`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Unlearnt {
+    /// No other candidate is left: the attempt's timeout.
+    LastCandidate,
+    /// Another is: the unlearnt limit, within a share of `left` (the time to the deadline).
+    Fallback { left: Option<Millis> },
+}
+
+impl Unlearnt {
+    /// For the attempt `next` of `run`, started at `now`.
+    pub(super) fn of(
+        run: &Execution,
+        next: &NextAttempt,
+        now: equiroute_core::Timestamp,
+    ) -> Unlearnt {
+        if run.has_fallback_after(next) {
+            Unlearnt::Fallback {
+                left: run.remaining(now),
+            }
+        } else {
+            Unlearnt::LastCandidate
+        }
+    }
+}
+
+/// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
+/// from the provider's first-byte times (see [`super::ttfb`]), or unlearnt, at most `max`.
+pub(super) fn first_byte_limit(
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    now: equiroute_core::Timestamp,
+    max: Option<Millis>,
+    unlearnt: Unlearnt,
+) -> Result<Option<Millis>, ApiError> {
+    let Some(max) = max else { return Ok(None) };
+    let stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
+    let cfg = &iface.first_byte;
+    Ok(Some(match unlearnt {
+        Unlearnt::Fallback { left } if !cfg.knows(&stats[candidate]) => {
+            cfg.unlearnt_limit(&stats, now, max, left)
+        }
+        _ => cfg.limit(&stats[candidate], now, max),
+    }))
+}
+
+/// Feeds a streamed attempt's start to its provider's first-byte statistics: the first
+/// byte's time, or at least the limit when none came within it.
+pub(super) fn learn_first_byte(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    start: &StreamStart,
+    limit: Option<Millis>,
+) -> Result<(), ApiError> {
+    let mut stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
+    let stats = &mut stats[candidate];
+    match (start, limit) {
+        (StreamStart::Started { ttfb, .. }, _) => {
+            state.metrics.first_byte(&iface.name, ttfb.0);
+            super::ttfb::observe(stats, state.now(), *ttfb);
+        }
+        (StreamStart::Failed(reply), Some(limit)) if reply.status == AttemptStatus::Timeout => {
+            super::ttfb::observe_cut_off(stats, state.now(), limit);
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A streamed attempt being opened: its first-byte limit, and the future that opens it
+/// (to its first byte, or to the end of its hold).
+pub(super) struct Opening<'a> {
+    pub limit: Option<Millis>,
+    /// The attempt's span (also carried by what `opened` yields).
+    pub span: tracing::Span,
+    pub opened: std::pin::Pin<Box<dyn std::future::Future<Output = Opened> + Send + 'a>>,
+}

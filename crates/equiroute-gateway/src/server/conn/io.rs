@@ -1,0 +1,251 @@
+//! The watched socket of one connection: what phase it is in (waiting for a head, reading a
+//! body, idle, writing), and the reads and writes that keep its clocks and enforce its
+//! timeouts.
+
+use crate::config::ConnectionLimits;
+use axum::body::Bytes;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::{protocol_error, raw_answer};
+
+/// Where a connection is in its life, for its timeouts.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Phase {
+    /// Waiting for a request's headers since then: the header timeout runs.
+    Head(Instant),
+    /// This many requests in flight (read, handled, or their response being written).
+    Busy(usize),
+    /// Nothing in flight since then: the idle timeout runs.
+    Idle(Instant),
+}
+
+/// A connection's phase, shared by its IO (bytes read), its requests (started, answered) and
+/// its watchdog ([`Activity::expired`]). The lock is the connection's own and never held
+/// across an `.await`.
+pub(super) struct Activity {
+    pub(super) phase: Mutex<Phase>,
+    /// Told when a deadline appears or moves earlier.
+    pub(super) changed: Notify,
+}
+
+impl Activity {
+    pub(super) fn new() -> Self {
+        Activity {
+            phase: Mutex::new(Phase::Head(Instant::now())),
+            changed: Notify::new(),
+        }
+    }
+
+    pub(super) fn update<R>(&self, f: impl FnOnce(&mut Phase) -> R) -> R {
+        f(&mut self.phase.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Bytes arrived: after an idle spell, they start a request, whose headers are now due.
+    pub(super) fn bytes_read(&self) {
+        let head = self.update(|phase| match phase {
+            Phase::Idle(_) => {
+                *phase = Phase::Head(Instant::now());
+                true
+            }
+            Phase::Head(_) | Phase::Busy(_) => false,
+        });
+        if head {
+            self.changed.notify_one();
+        }
+    }
+
+    pub(super) fn request_started(&self) {
+        self.update(|phase| {
+            *phase = Phase::Busy(match *phase {
+                Phase::Busy(n) => n + 1,
+                Phase::Head(_) | Phase::Idle(_) => 1,
+            });
+        });
+    }
+
+    pub(super) fn request_finished(&self) {
+        let idle = self.update(|phase| match phase {
+            Phase::Busy(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            _ => {
+                *phase = Phase::Idle(Instant::now());
+                true
+            }
+        });
+        if idle {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether a request's head is being read: hyper writes nothing then but its own answer
+    /// to a request it could not parse (an answer's last bytes are written once the
+    /// connection is idle, before any more bytes arrive).
+    pub(super) fn reading_head(&self) -> bool {
+        self.update(|phase| matches!(phase, Phase::Head(_)))
+    }
+
+    /// Resolves when the current phase has outlived its limit: headers not complete within
+    /// the header timeout, or idle for the idle timeout. Never while a request is in flight.
+    pub(super) async fn expired(&self, limits: &ConnectionLimits) {
+        loop {
+            // A notification sent after the phase is read is kept (`notify_one` stores a
+            // permit), so none is missed.
+            let changed = self.changed.notified();
+            let deadline = match self.update(|phase| *phase) {
+                Phase::Head(since) => Some(since + limits.header_read_timeout),
+                Phase::Idle(since) => Some(since + limits.idle_timeout),
+                Phase::Busy(_) => None,
+            };
+            match deadline {
+                Some(deadline) if deadline <= Instant::now() => return,
+                Some(deadline) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(deadline) => {}
+                        () = changed => {}
+                    }
+                }
+                None => changed.await,
+            }
+        }
+    }
+}
+
+/// The socket, telling its connection's [`Activity`] when bytes arrive, and failing a write
+/// that has waited `send_timeout` for a client that does not read.
+pub(super) struct WatchedIo<'a> {
+    pub(super) io: &'a mut TcpStream,
+    pub(super) activity: Arc<Activity>,
+    pub(super) send_timeout: Duration,
+    /// Runs while writes wait (the socket is full); reset by any progress.
+    pub(super) stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// `max_header_bytes`, for the 431's message.
+    pub(super) max_header_bytes: usize,
+    /// The answer being written in place of hyper's empty one to a request it could not
+    /// parse ([`protocol_error`]), and the length of hyper's, reported written once it is.
+    pub(super) replacing: Option<(Bytes, usize)>,
+}
+
+impl WatchedIo<'_> {
+    /// Tracks a write's result: progress resets the send timer; a wait starts it (the timer
+    /// wakes the connection when it runs out, so the next poll fails the write).
+    pub(super) fn watch_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.send_timeout;
+        let timer = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client did not read the response in time",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for WatchedIo<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut *this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.bytes_read();
+        }
+        polled
+    }
+}
+
+impl WatchedIo<'_> {
+    /// Writes `buf`, or, when it is hyper's own empty answer to a request it could not parse
+    /// (written with no request in flight), the OpenAI-shaped answer in its place.
+    pub(super) fn write_or_replace(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.replacing.is_none() && self.activity.reading_head() {
+            if let Some(error) = protocol_error(buf, self.max_header_bytes) {
+                self.replacing = Some((raw_answer(&error, ""), buf.len()));
+            }
+        }
+        loop {
+            let Some((answer, stands_for)) = &self.replacing else {
+                let polled = Pin::new(&mut *self.io).poll_write(cx, buf);
+                return self.watch_write(cx, polled);
+            };
+            if answer.is_empty() {
+                let written = *stands_for;
+                self.replacing = None;
+                return Poll::Ready(Ok(written));
+            }
+            let polled = Pin::new(&mut *self.io).poll_write(cx, answer);
+            match ready!(self.watch_write(cx, polled)) {
+                Ok(0) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    if let Some((answer, _)) = &mut self.replacing {
+                        *answer = answer.slice(n..);
+                    }
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncWrite for WatchedIo<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.get_mut().write_or_replace(cx, buf)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.activity.reading_head() {
+            // Perhaps hyper's own answer: its head is one buffer.
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &**b);
+            return this.write_or_replace(cx, first);
+        }
+        let polled = Pin::new(&mut *this.io).poll_write_vectored(cx, bufs);
+        this.watch_write(cx, polled)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.get_mut().io).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.get_mut().io).poll_shutdown(cx)
+    }
+}
