@@ -4,7 +4,7 @@
 //! of the environment variable that holds it): the label, never the key, is what requests,
 //! pending feedback, logs and the audit log carry. Also the per-key feedback rate.
 
-use super::Secret;
+use super::secrets::Secret;
 use serde::Deserialize;
 use std::sync::Arc;
 
@@ -133,7 +133,7 @@ pub(super) fn validate(
     // A secret pasted where its variable's name belongs is refused without being repeated.
     let read = |field: String, name: &str, problems: &mut Vec<(String, String)>| {
         let unset = "export it, or remove it from the list";
-        match super::env_secret(name, "GATEWAY_KEY", unset, env) {
+        match super::secrets::env_secret(name, "GATEWAY_KEY", unset, env) {
             Ok(secret) => Some(secret),
             Err(fix) => {
                 problems.push((field, fix));
@@ -181,7 +181,7 @@ pub(super) fn validate(
             }
         }
         if let Some(classes) = &k.task_classes {
-            if let Err((i, fix)) = super::check_task_classes(classes) {
+            if let Err((i, fix)) = super::checks::check_task_classes(classes) {
                 problems.push((at(&format!("task_classes[{i}]")), fix));
             } else if classes.is_empty() {
                 problems.push((

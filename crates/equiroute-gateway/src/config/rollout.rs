@@ -142,7 +142,7 @@ pub(super) fn check_policy(
     candidates: &[Candidate],
     feature_dim: usize,
 ) -> Result<(), String> {
-    super::refuse_laboratory_policies(policy)?;
+    super::checks::refuse_laboratory_policies(policy)?;
     policy
         .build(candidates, feature_dim)
         .map(|_| ())

@@ -1,7 +1,7 @@
 //! The `[state]` section: where learning state lives — an embedded file (one machine) or
 //! Redis (several gateway instances sharing their statistics).
 
-use super::Secret;
+use super::secrets::Secret;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -175,7 +175,7 @@ fn redis(
         }
         (None, Some(name)) => {
             let unset = "export it with a redis:// URL";
-            match super::env_secret(&name, "REDIS_URL", unset, env) {
+            match super::secrets::env_secret(&name, "REDIS_URL", unset, env) {
                 Ok(url) => Some(url.0),
                 Err(fix) => {
                     bad("url_env", fix);
