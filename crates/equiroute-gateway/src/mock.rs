@@ -73,7 +73,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use equiroute_lab::scenario::LatencyShapeSpec;
+use equiroute_core::latency::LatencyShapeSpec;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
@@ -194,8 +194,8 @@ impl MockProfile {
     /// # Errors
     /// Syntax errors, unknown fields and values out of range, with the field named.
     pub fn from_toml(text: &str, file: &str) -> Result<MockProfile, String> {
-        let profile: MockProfile = equiroute_lab::toml_text::parse(text)
-            .map_err(|p| format!("{file}: `{}`: {}", p.field, p.fix))?;
+        let profile: MockProfile =
+            equiroute_toml::parse(text).map_err(|p| format!("{file}: `{}`: {}", p.field, p.fix))?;
         let routes = [
             ("chat".to_owned(), &profile.chat),
             ("search".to_owned(), &profile.search),

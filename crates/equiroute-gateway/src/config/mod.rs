@@ -5,9 +5,9 @@
 
 use equiroute_core::breaker::BreakerConfig;
 use equiroute_core::executor::ExecutionLimits;
+use equiroute_core::latency::LatencySpec;
 use equiroute_core::policies::PolicyConfig;
 use equiroute_core::{Candidate, CandidateId, Capabilities, Millis, Price, ServiceTier};
-use equiroute_lab::scenario::LatencySpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -1113,7 +1113,7 @@ pub fn load_all(
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<GatewayConfig, Vec<ConfigError>> {
-    let (raw, shape) = equiroute_lab::toml_text::parse_all::<RawConfig>(text);
+    let (raw, shape) = equiroute_toml::parse_all::<RawConfig>(text);
     let mut problems: Vec<ConfigError> = shape
         .iter()
         .map(|p| ConfigError {
@@ -1151,7 +1151,7 @@ fn gateway_policies(fix: &str) -> String {
         .filter(|k| *k != "oracle")
         .collect();
     let given = head.split('`').nth(1).unwrap_or_default();
-    let hint = equiroute_lab::toml_text::nearest(given, &accepted)
+    let hint = equiroute_toml::nearest(given, &accepted)
         .map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
     format!("{head}: write one of {}{hint}{place}", accepted.join(", "))
 }
