@@ -17,4 +17,5 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub use equiroute_toml as toml_text;
+pub mod traffic;
 pub mod world;
