@@ -40,6 +40,7 @@ pub mod executor;
 pub mod features;
 pub mod hash;
 pub mod hedge;
+pub mod latency;
 pub mod ope;
 pub mod policies;
 pub mod sequential;

@@ -1,12 +1,11 @@
 //! # equiroute-gateway
 //!
 //! The HTTP gateway: [`config`] (TOML → validated types), [`server`] (routes, middleware,
-//! request execution on the core's state machine), [`upstream`] (one file per provider kind),
-//! and [`mock`], a configurable mock upstream for tests, demos and benchmarks.
+//! request execution on the core's state machine) and [`upstream`] (one file per provider
+//! kind). The mock upstream of its tests and benchmarks is a crate of its own, `equiroute-mock`.
 
 pub mod config;
 pub mod feedback;
-pub mod mock;
 pub mod pending;
 pub mod redact;
 pub mod request;

@@ -376,7 +376,7 @@ base_url = "http://{}/v1"
     );
     assert_eq!(
         r.body,
-        equiroute_gateway::mock::stream_chunks("model-a").concat(),
+        equiroute_mock::stream_chunks("model-a").concat(),
         "the whole stream, ending with [DONE]"
     );
 }

@@ -112,7 +112,7 @@ async fn every_dialect_answers_in_openai_shape_with_its_tool_calls_and_usage() {
             assert!(call["id"].as_str().unwrap().starts_with(id), "{call}");
             if model == "gemini-x" {
                 // Gemini's thought signature rides in the id and in Google's extension field.
-                let signature = equiroute_gateway::mock::MOCK_THOUGHT_SIGNATURE;
+                let signature = equiroute_mock::MOCK_THOUGHT_SIGNATURE;
                 assert!(call["id"]
                     .as_str()
                     .unwrap()

@@ -9,7 +9,7 @@
 mod common;
 
 use equiroute_gateway::config::load;
-use equiroute_gateway::mock::MockProfile;
+use equiroute_mock::MockProfile;
 
 /// The workspace root (this crate is `crates/equiroute-gateway`).
 fn root() -> std::path::PathBuf {

@@ -376,10 +376,7 @@ async fn a_connection_reset_before_headers_falls_over_unbilled() {
     // Streamed, the same: nothing was sent before the reset.
     let s = rig.stream().await;
     assert_eq!(s.routed(), (200, Some("b"), Some("2")));
-    assert_eq!(
-        s.body,
-        equiroute_gateway::mock::stream_chunks("healthy").concat()
-    );
+    assert_eq!(s.body, equiroute_mock::stream_chunks("healthy").concat());
 }
 
 #[tokio::test]
@@ -411,10 +408,7 @@ async fn a_slow_first_token_falls_over_before_anything_is_sent() {
     assert_fell_over(&r);
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     // Only the fallback's stream reached the client.
-    assert_eq!(
-        r.body,
-        equiroute_gateway::mock::stream_chunks("healthy").concat()
-    );
+    assert_eq!(r.body, equiroute_mock::stream_chunks("healthy").concat());
     // The streamed request's audit record lists both attempts.
     let record = rig.audit_of(&r).await;
     assert_eq!(record["outcome"], "ok");
@@ -439,7 +433,7 @@ async fn assert_broken_stream(rig: &Rig, fault: &str, r: &Reply) {
         ),
         (Some("a"), Some("1"))
     );
-    let chunks = equiroute_gateway::mock::stream_chunks(fault);
+    let chunks = equiroute_mock::stream_chunks(fault);
     assert!(r.body.starts_with(&chunks[0]), "{}", r.body);
     assert!(r.body.contains("\"code\":\"stream_broken\""), "{}", r.body);
     assert!(
@@ -478,7 +472,7 @@ async fn assert_fell_back_while_held(rig: &Rig, fault: &str, r: &Reply) {
     assert_fell_over(r);
     assert_eq!(
         r.body,
-        equiroute_gateway::mock::stream_chunks("healthy").concat(),
+        equiroute_mock::stream_chunks("healthy").concat(),
         "{fault}: only b's stream reaches the client"
     );
     let record = rig.audit_of(r).await;
@@ -630,7 +624,7 @@ async fn a_stream_cut_after_commit_is_continued_from_its_prefix_on_a_provider_th
     assert_eq!(r.status, 200);
     // Committed to `a`: its headers stand; the marker says who continued.
     assert_eq!(r.header("x-equiroute-provider"), Some("a"));
-    let a_sent = equiroute_gateway::mock::stream_chunks("stream_cut")[..2].concat();
+    let a_sent = equiroute_mock::stream_chunks("stream_cut")[..2].concat();
     assert!(r.body.starts_with(&a_sent), "{}", r.body);
     assert!(r.body.ends_with("data: [DONE]\n\n"), "{}", r.body);
     assert!(!r.body.contains("stream_broken"), "{}", r.body);
@@ -739,8 +733,8 @@ async fn a_stream_cut_after_commit_restarts_marked_for_a_client_that_reads_resta
     let rig = rig("stream_cut", "", "stream_resume = { mode = \"prefix\" }").await;
     let r = rig.stream_with(&[RESTART_EVENTS]).await;
     assert_eq!(r.status, 200);
-    let a_sent = equiroute_gateway::mock::stream_chunks("stream_cut")[..2].concat();
-    let b_sent = equiroute_gateway::mock::stream_chunks("healthy").concat();
+    let a_sent = equiroute_mock::stream_chunks("stream_cut")[..2].concat();
+    let b_sent = equiroute_mock::stream_chunks("healthy").concat();
     assert!(r.body.starts_with(&a_sent), "{}", r.body);
     assert!(
         r.body.ends_with(&b_sent),
@@ -830,9 +824,9 @@ async fn a_stream_without_done_or_finish_reason_ends_in_an_error_event() {
     let r = rig.stream().await;
     assert_broken_stream(&rig, "no_done_unfinished", &r).await;
     // Everything the provider sent was relayed before the error event.
-    let sent = equiroute_gateway::mock::faulty_stream_chunks(
+    let sent = equiroute_mock::faulty_stream_chunks(
         "no_done_unfinished",
-        Some(equiroute_gateway::mock::Fault::NoDoneUnfinished),
+        Some(equiroute_mock::Fault::NoDoneUnfinished),
     )
     .concat();
     assert!(r.body.starts_with(&sent), "{}", r.body);
@@ -925,9 +919,9 @@ async fn a_stream_with_its_finish_reason_but_no_done_is_completed_for_the_client
             (200, Some("a"))
         );
         // Every byte the provider sent, then the end marker it left out; no error event.
-        let mut want = equiroute_gateway::mock::faulty_stream_chunks(
+        let mut want = equiroute_mock::faulty_stream_chunks(
             "no_done_finished",
-            Some(equiroute_gateway::mock::Fault::NoDoneFinished),
+            Some(equiroute_mock::Fault::NoDoneFinished),
         )
         .concat();
         want.push_str("data: [DONE]\n\n");
@@ -949,11 +943,11 @@ async fn a_malformed_chunk_is_not_relayed_and_ends_the_stream_in_an_error_event(
     let rig = rig("malformed_chunk", "", "").await;
     let r = rig.stream().await;
     assert_broken_stream(&rig, "malformed_chunk", &r).await;
-    let chunks = equiroute_gateway::mock::stream_chunks("malformed_chunk");
+    let chunks = equiroute_mock::stream_chunks("malformed_chunk");
     // The two good events before it went through, whole; the bad one did not.
     assert!(r.body.starts_with(&chunks[..2].concat()), "{}", r.body);
     assert!(
-        !r.body.contains(equiroute_gateway::mock::MALFORMED_CHUNK),
+        !r.body.contains(equiroute_mock::MALFORMED_CHUNK),
         "{}",
         r.body
     );
@@ -1230,10 +1224,7 @@ async fn a_provider_that_stops_sending_first_bytes_is_cut_off_at_a_limit_learnt_
         "{:?}",
         t.elapsed()
     );
-    assert_eq!(
-        r.body,
-        equiroute_gateway::mock::stream_chunks("healthy").concat()
-    );
+    assert_eq!(r.body, equiroute_mock::stream_chunks("healthy").concat());
     let record = rig.audit_of(&r).await;
     assert_eq!(attempts(&record)[0].1, "timeout");
     let limit = limit_of(&record, 0).unwrap();

@@ -274,10 +274,7 @@ async fn a_stream_hedges_until_its_first_byte_and_the_slow_one_is_dropped() {
     // The hedge's first byte came first (the slow one sends none for 2.5 s): its stream,
     // whole, is the client's.
     assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
-    assert_eq!(
-        reply.body,
-        equiroute_gateway::mock::stream_chunks("fast").concat()
-    );
+    assert_eq!(reply.body, equiroute_mock::stream_chunks("fast").concat());
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(rig.calls().await, (1, 1));
     let m = http(rig.gw.addr, "GET", "/metrics", &[], "").await.body;

@@ -1,7 +1,7 @@
 //! The gateway crate's modules read in one direction (docs/architecture.md): each top-level
 //! module uses only modules of its own layer or below: `config`, `request` and `redact` need
 //! nothing of the crate but each other (`config` checks names with `redact`); `upstream`,
-//! `mock`, `pending` and `feedback` (the judge) only those; then
+//! `pending` and `feedback` (the judge) only those; then
 //! `shared` (Redis), the `server` (whose `AppState` the others never name), and on top
 //! `store`, which saves and restores that state.
 
@@ -18,7 +18,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("request", 0),
     ("redact", 0),
     ("upstream", 1),
-    ("mock", 1),
     ("pending", 1),
     ("feedback", 1),
     ("telemetry", 1),

@@ -283,7 +283,7 @@ async fn streamed_bytes_are_the_providers_and_end_with_done() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     assert_eq!(r.header("x-equiroute-provider"), Some("a"));
-    let want: String = equiroute_gateway::mock::stream_chunks("model-a").concat();
+    let want: String = equiroute_mock::stream_chunks("model-a").concat();
     assert_eq!(r.body, want, "relayed byte for byte");
     let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
     assert!(
@@ -308,7 +308,7 @@ async fn a_broken_stream_ends_in_an_error_event_not_done() {
         // chunk when it cuts the connection, so only the first is certain).
         assert!(
             r.body
-                .starts_with(&equiroute_gateway::mock::stream_chunks("model-a")[0]),
+                .starts_with(&equiroute_mock::stream_chunks("model-a")[0]),
             "{}",
             r.body
         );
@@ -344,10 +344,7 @@ async fn no_first_byte_in_time_falls_back_before_anything_is_sent() {
         ),
         (200, Some("b"), Some("2"))
     );
-    assert_eq!(
-        r.body,
-        equiroute_gateway::mock::stream_chunks("model-b").concat()
-    );
+    assert_eq!(r.body, equiroute_mock::stream_chunks("model-b").concat());
 }
 
 #[tokio::test]

@@ -16,5 +16,6 @@ pub mod ope;
 pub mod report;
 pub mod runner;
 pub mod scenario;
-pub mod toml_text;
+pub use equiroute_toml as toml_text;
+pub mod traffic;
 pub mod world;

@@ -2,8 +2,8 @@
 //! eligibility, breakers, executor and policies as the gateway.
 
 use crate::calibration::Calibration;
-use crate::ope::{LoggedAttempt, LoggedFeedback, LoggedRound, TrafficLog};
 use crate::scenario::ScenarioSpec;
+use crate::traffic::{LoggedAttempt, LoggedFeedback, LoggedRound, TrafficLog};
 use crate::world::World;
 use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};

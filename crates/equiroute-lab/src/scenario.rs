@@ -5,6 +5,10 @@
 //! scenarios are TOML files in `crates/equiroute-lab/scenarios/`, compiled in; users pass their
 //! own with `--scenario-file`. `docs/scenarios.md` documents every field.
 
+use equiroute_core::latency::check_latency;
+pub use equiroute_core::latency::{
+    LatencyComponentSpec, LatencyShapeSpec, LatencySpec, ParetoTailSpec,
+};
 use equiroute_core::policies::{ExplorationFloorConfig, PolicyConfig};
 use equiroute_core::{Price, ServiceTier, TokenEstimate};
 use serde::{Deserialize, Serialize};
@@ -154,156 +158,6 @@ impl Default for JudgeSpec {
 pub struct LoadPhase {
     pub until_round: usize,
     pub concurrency: f64,
-}
-
-/// Latency of a provider: log-normal with the given median and 95th percentile.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LatencySpec {
-    pub p50_ms: f64,
-    pub p95_ms: f64,
-}
-
-/// The latency of a simulated provider as written: a log-normal by `p50_ms` and `p95_ms`,
-/// optionally with a Pareto `tail`; or a `mixture` of log-normal components instead.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LatencyShapeSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub p50_ms: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub p95_ms: Option<f64>,
-    /// Beyond the body's `from_quantile` quantile, a Pareto tail of this `shape`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tail: Option<ParetoTailSpec>,
-    /// Log-normal components with weights summing to 1; replaces `p50_ms`/`p95_ms`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mixture: Vec<LatencyComponentSpec>,
-}
-
-/// A Pareto tail on a log-normal body: `P(L > x) = (1 − from_quantile)·(x₀/x)^shape` beyond the
-/// body's `from_quantile` quantile `x₀`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ParetoTailSpec {
-    /// The tail index `α` (> 1, so the mean is finite): 1.1 is very heavy, 3 is mild.
-    pub shape: f64,
-    /// Where the tail starts, as a quantile of the body (default 0.95: p50 and p95 stay exact).
-    #[serde(default = "default_tail_quantile")]
-    pub from_quantile: f64,
-}
-
-fn default_tail_quantile() -> f64 {
-    0.95
-}
-
-/// One component of a latency mixture.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LatencyComponentSpec {
-    pub weight: f64,
-    pub p50_ms: f64,
-    pub p95_ms: f64,
-}
-
-impl LatencyShapeSpec {
-    /// A plain log-normal.
-    #[must_use]
-    pub fn log_normal(p50_ms: f64, p95_ms: f64) -> LatencyShapeSpec {
-        LatencyShapeSpec {
-            p50_ms: Some(p50_ms),
-            p95_ms: Some(p95_ms),
-            ..LatencyShapeSpec::default()
-        }
-    }
-
-    /// Checks the shape; returns the sub-field (after `latency`) and the fix.
-    ///
-    /// # Errors
-    /// The first sub-field out of range (`""` for the table itself) and what it must be.
-    pub fn check(&self) -> Result<(), (String, String)> {
-        let fix = |f: &str, m: &str| Err((f.to_owned(), m.to_owned()));
-        if !self.mixture.is_empty() {
-            if self.p50_ms.is_some() || self.p95_ms.is_some() || self.tail.is_some() {
-                return fix(
-                    "",
-                    "give either `mixture` or `p50_ms`/`p95_ms` (with an optional `tail`), not both",
-                );
-            }
-            for (n, c) in self.mixture.iter().enumerate() {
-                if !(c.weight.is_finite() && c.weight > 0.0) {
-                    return fix(
-                        &format!(".mixture[{n}].weight"),
-                        "must be a positive number",
-                    );
-                }
-                if let Err(m) = check_latency(&LatencySpec {
-                    p50_ms: c.p50_ms,
-                    p95_ms: c.p95_ms,
-                }) {
-                    return fix(&format!(".mixture[{n}]"), m);
-                }
-            }
-            let total: f64 = self.mixture.iter().map(|c| c.weight).sum();
-            if (total - 1.0).abs() > 1e-6 {
-                return Err((
-                    ".mixture".to_owned(),
-                    format!("the weights must sum to 1 (they sum to {total}); they are not normalised for you"),
-                ));
-            }
-            return Ok(());
-        }
-        let (Some(p50_ms), Some(p95_ms)) = (self.p50_ms, self.p95_ms) else {
-            return fix(
-                "",
-                "give `p50_ms` and `p95_ms` (a log-normal), or `mixture = [{ weight, p50_ms, p95_ms }, ...]`",
-            );
-        };
-        check_latency(&LatencySpec { p50_ms, p95_ms }).or_else(|m| fix("", m))?;
-        if let Some(t) = self.tail {
-            if !(t.shape.is_finite() && t.shape > 1.0) {
-                return fix(
-                    ".tail.shape",
-                    "must be a number above 1 (a finite mean); 1.1 is very heavy, 3 is mild",
-                );
-            }
-            if !(0.5..=0.999).contains(&t.from_quantile) {
-                return fix(
-                    ".tail.from_quantile",
-                    "must be between 0.5 and 0.999 (0.95 keeps p50_ms and p95_ms exact)",
-                );
-            }
-        }
-        Ok(())
-    }
-
-    /// The distribution (for a validated spec; a missing median or 95th percentile counts as 1 ms
-    /// and mixture weights are normalised).
-    #[must_use]
-    pub fn model(&self) -> crate::world::latency::LatencyModel {
-        use crate::world::latency::{LatencyModel, LogNormal, ParetoTail};
-        if !self.mixture.is_empty() {
-            let total: f64 = self.mixture.iter().map(|c| c.weight).sum();
-            return LatencyModel::Mixture(
-                self.mixture
-                    .iter()
-                    .map(|c| {
-                        (
-                            c.weight / total,
-                            LogNormal::from_p50_p95(c.p50_ms, c.p95_ms),
-                        )
-                    })
-                    .collect(),
-            );
-        }
-        let (p50, p95) = (self.p50_ms.unwrap_or(1.0), self.p95_ms.unwrap_or(1.0));
-        match self.tail {
-            Some(t) => {
-                LatencyModel::ParetoTail(ParetoTail::new(p50, p95, t.shape, t.from_quantile))
-            }
-            None => LatencyModel::LogNormal(LogNormal::from_p50_p95(p50, p95)),
-        }
-    }
 }
 
 /// A provider of the simulated world.
@@ -821,14 +675,6 @@ impl ScenarioSpec {
             _ => {}
         }
         Ok(cfg)
-    }
-}
-
-fn check_latency(l: &LatencySpec) -> Result<(), &'static str> {
-    if l.p50_ms > 0.0 && l.p95_ms >= l.p50_ms && l.p95_ms.is_finite() {
-        Ok(())
-    } else {
-        Err("needs 0 < p50_ms ≤ p95_ms")
     }
 }
 

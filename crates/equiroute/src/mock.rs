@@ -1,7 +1,7 @@
 //! `equiroute mock-upstream`: a mock OpenAI-compatible and search API for tests and demos.
 
 use anyhow::Context;
-use equiroute_gateway::mock::MockProfile;
+use equiroute_mock::MockProfile;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -40,7 +40,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             "mock upstream on http://{} (POST /v1/chat/completions, POST /search, GET /_stats)",
             listener.local_addr()?
         );
-        equiroute_gateway::mock::serve(profile, listener, async {
+        equiroute_mock::serve(profile, listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;

@@ -5,8 +5,9 @@
 //!   latency EMA of LQM-ContextRoute.
 //! - [`nig`]: Normal-Inverse-Gamma posterior over ln(latency) from decayed sufficient
 //!   statistics, with censored observations and deadline-miss probabilities.
-//! - [`shape`]: a bounded log-latency histogram per slice, blended with the NIG posterior
-//!   so that `P(latency > deadline)` stays calibrated on mixtures and heavy tails.
+//! - [`histogram`]: a bounded log-latency histogram per slice, and [`shape`]: its blend with
+//!   the NIG posterior, so that `P(latency > deadline)` stays calibrated on mixtures and
+//!   heavy tails.
 //! - [`linucb`]: a LinUCB quality head kept as `A⁻¹` with Sherman–Morrison updates and
 //!   sliding-window downdates.
 //! - [`shift`]: a two-sided CUSUM on a candidate's quality residuals (change detection).
@@ -14,6 +15,7 @@
 
 pub mod dist;
 pub mod ewma;
+pub mod histogram;
 pub mod linalg;
 pub mod linucb;
 pub mod nig;

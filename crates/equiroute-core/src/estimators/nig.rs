@@ -24,7 +24,7 @@
 
 use super::decay_factor;
 use super::dist::{lognormal_exceedance, student_t_sf, truncated_normal_moments};
-use super::shape::LatencyHistogram;
+use super::histogram::LatencyHistogram;
 use crate::decision::Timestamp;
 use rand::RngCore;
 use rand_distr::{Distribution, Gamma, StandardNormal};
@@ -207,7 +207,7 @@ impl LogLatencyStats {
     pub fn observe_tail_shares(
         &mut self,
         now: Timestamp,
-        shares: &[f64; super::shape::BINS],
+        shares: &[f64; super::histogram::BINS],
         half_life_ms: Option<f64>,
     ) {
         self.decay_to(now, half_life_ms);

@@ -78,7 +78,7 @@ pub fn load_all(
     file: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<GatewayConfig, Vec<ConfigError>> {
-    let (raw, shape) = equiroute_lab::toml_text::parse_all::<RawConfig>(text);
+    let (raw, shape) = equiroute_toml::parse_all::<RawConfig>(text);
     let mut problems: Vec<ConfigError> = shape
         .iter()
         .map(|p| ConfigError {

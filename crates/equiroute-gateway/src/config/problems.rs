@@ -23,7 +23,7 @@ pub(super) fn gateway_policies(fix: &str) -> String {
         .filter(|k| *k != "oracle")
         .collect();
     let given = head.split('`').nth(1).unwrap_or_default();
-    let hint = equiroute_lab::toml_text::nearest(given, &accepted)
+    let hint = equiroute_toml::nearest(given, &accepted)
         .map_or(String::new(), |k| format!(" (did you mean `{k}`?)"));
     format!("{head}: write one of {}{hint}{place}", accepted.join(", "))
 }

@@ -14,7 +14,7 @@ use equiroute_core::breaker::BreakerConfig;
 use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::policies::PolicyConfig;
 use equiroute_core::{Candidate, Capabilities, Millis};
-use equiroute_lab::scenario::LatencySpec;
+use equiroute_core::latency::LatencySpec;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -6,7 +6,7 @@ pub mod bedrock;
 pub mod body;
 pub mod client;
 pub mod dialect;
-pub mod eventstream;
+pub use equiroute_eventstream as eventstream;
 pub mod gemini;
 pub mod http;
 pub mod sim;

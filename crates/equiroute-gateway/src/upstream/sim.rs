@@ -1,11 +1,12 @@
-//! The in-process simulated provider: the laboratory's log-normal latency model in real
-//! time, with configurable 500s and 429s, answering in the interface's wire format.
+//! The in-process simulated provider: the log-normal latency model the laboratory also uses
+//! (`equiroute_core::latency`) in real time, with configurable 500s and 429s, answering in the
+//! interface's wire format.
 
 use super::{UpstreamReply, UpstreamRequest};
 use crate::config::{InterfaceKind, SimSpec};
 use crate::redact::Redacted;
+use equiroute_core::latency::LogNormal;
 use equiroute_core::{AttemptStatus, Millis, ProviderFailure};
-use equiroute_lab::world::latency::LogNormal;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use std::time::Duration;

@@ -169,12 +169,12 @@ base_url = "http://{backup}/v1"
 
 /// A mock upstream with `profile` (TOML) on a free loopback port.
 pub async fn mock(profile: &str) -> Gateway {
-    let profile = equiroute_gateway::mock::MockProfile::from_toml(profile, "mock.toml").unwrap();
+    let profile = equiroute_mock::MockProfile::from_toml(profile, "mock.toml").unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        equiroute_gateway::mock::serve(profile, listener, async {
+        equiroute_mock::serve(profile, listener, async {
             let _ = rx.await;
         })
         .await

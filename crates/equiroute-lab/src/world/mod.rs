@@ -2,7 +2,7 @@
 //! trace and query generation. The same models serve the laboratory and the gateway's
 //! in-process `sim` provider kind.
 
-pub mod latency;
+pub use equiroute_core::latency;
 pub mod quality;
 
 use crate::scenario::{EventKind, Metric, ProviderSpec, ScenarioSpec};
