@@ -8,14 +8,14 @@
 //! reported), `checks` (names, task classes, refused policies), the sections' own files
 //! (`keys`, `state`, `telemetry`, `rollout`, `first_byte`), `types` (the validated
 //! configuration), then the raw tables with their checks: `server`, `providers` (and the
-//! judge), `interfaces`, and `load` on top.
+//! judge), `interfaces`, and `loader` (the `load` function) on top.
 
 mod checks;
 mod defaults;
 pub mod first_byte;
 mod interfaces;
 mod keys;
-mod load;
+mod loader;
 mod problems;
 mod providers;
 mod rollout;
@@ -31,7 +31,7 @@ pub use defaults::{
     DEFAULT_SHUTDOWN_GRACE, MAX_MAX_HEADER_BYTES, MAX_TASK_CLASS_BYTES, MIN_MAX_HEADER_BYTES,
 };
 pub use keys::{valid_tenant, FeedbackRate, KeyConfig, KeyGrant, KeyRole, TENANT_FIX};
-pub use load::{load, load_all};
+pub use loader::{load, load_all};
 pub use problems::ConfigError;
 pub use rollout::{GuardConfig, RolloutConfig};
 pub use secrets::{AwsCredentials, Secret};
