@@ -1536,3 +1536,35 @@ fn lqm_ts_marks_a_latency_it_has_not_seen_as_the_prior() {
     answered(&mut lt, 1, &x, 250.0, 0.8, 10.0);
     assert_eq!(unseen(&mut lt), [(0, true), (1, false)]);
 }
+
+/// ts-deadline says the same of a posterior that is still the prior; one latency (also one
+/// censored at a timeout, in a task's slice) ends it.
+#[test]
+fn ts_deadline_marks_a_latency_it_has_not_seen_as_the_prior() {
+    let cands = candidates(2);
+    let x = [0.0; 4];
+    let mut ts = TsDeadline::new(2, TsDeadlineConfig::default());
+    let unseen = |p: &TsDeadline| {
+        let mut ctx = RankContext::new(&cands, &[0, 1], &x);
+        ctx.deadline = Some(Millis(1_000.0));
+        let mut r: Vec<(usize, bool)> = p
+            .rank(&ctx, &mut rng(1))
+            .order
+            .iter()
+            .map(|s| (s.index, s.breakdown.latency_unseen))
+            .collect();
+        r.sort_unstable();
+        r
+    };
+    assert_eq!(unseen(&ts), [(0, true), (1, true)]);
+    let timeout = AttemptOutcome::with_status(1_000.0, AttemptStatus::Timeout);
+    ts.observe_attempt(&AttemptObservation {
+        candidate: 1,
+        features: &x,
+        slice: SlicePath::from_parts(Some("code"), None, false, None, SlicePath::MAX_DEPTH),
+        deadline: Some(Millis(1_000.0)),
+        outcome: &timeout,
+        now: Timestamp(10.0),
+    });
+    assert_eq!(unseen(&ts), [(0, true), (1, false)]);
+}

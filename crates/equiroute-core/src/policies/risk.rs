@@ -255,6 +255,8 @@ pub struct RiskSample {
     pub guarded: bool,
     /// Posterior median latency in ms.
     pub median_ms: f64,
+    /// No latency of the candidate was ever seen: `median_ms` is the prior's.
+    pub latency_unseen: bool,
 }
 
 /// The fast latency level of a candidate: an EMA of how far its recent calls' log-latency sat
@@ -596,6 +598,7 @@ impl RiskModel {
         });
         let belief = self.belief(i, ctx.slice, ctx.now);
         let post = belief.posterior;
+        let latency_unseen = self.latency_unseen(i);
         let Some(deadline) = ctx.deadline else {
             return RiskSample {
                 failure,
@@ -603,6 +606,7 @@ impl RiskModel {
                 bad: failure,
                 guarded: point_failure > self.cfg.exploration_guard,
                 median_ms: post.median_ms(),
+                latency_unseen,
             };
         };
         if self.over_guard(point_failure, &belief, deadline.0) {
@@ -613,6 +617,7 @@ impl RiskModel {
                 bad: bad_outcome_probability(failure, exceedance),
                 guarded: true,
                 median_ms: post.median_ms(),
+                latency_unseen,
             };
         }
         let exceedance = belief.sampled_exceedance(deadline.0, rng);
@@ -622,7 +627,18 @@ impl RiskModel {
             bad: bad_outcome_probability(failure, exceedance),
             guarded: false,
             median_ms: post.median_ms(),
+            latency_unseen,
         }
+    }
+
+    /// Whether no latency of candidate `i` was ever recorded (in any slice: every observation
+    /// reaches the root), so that its posterior is the prior.
+    #[must_use]
+    pub fn latency_unseen(&self, i: usize) -> bool {
+        let root = SlicePath::root().levels()[0];
+        self.latency
+            .get(&(i as u32, root))
+            .is_none_or(|s| s.stats.count == 0)
     }
 
     /// Whether the point-estimate `P(bad)` exceeds the exploration guard. It does when the

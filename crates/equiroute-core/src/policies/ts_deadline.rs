@@ -106,6 +106,7 @@ pub(crate) fn sample_scores(
                 score,
                 breakdown: ScoreBreakdown {
                     latency_ms: Some(r.median_ms),
+                    latency_unseen: r.latency_unseen,
                     failure_probability: Some(r.failure),
                     deadline_miss_probability: ctx.deadline.map(|_| r.exceedance),
                     bad_probability: Some(r.bad),
