@@ -3,7 +3,8 @@
 # that the machine's drift (which on a shared VM moves the router share by more than most
 # changes do) falls on both alike. Each round starts three 0 ms mocks and the gateway with
 # bench/gateway/equiroute.toml, warms up, then measures with oha and differences the
-# gateway's `equiroute_router_microseconds` histogram scraped before and after.
+# gateway's `equiroute_router_microseconds` histogram scraped before and after, and the gateway
+# process's CPU time (user + system, /proc/PID/stat) over the measured seconds.
 # See bench/gateway/README.md ("Comparing two builds").
 set -euo pipefail
 
@@ -87,6 +88,10 @@ wait_port() {
     return 1
 }
 
+cpu_ticks() { # PID: its user + system CPU time so far, in clock ticks (/proc/PID/stat)
+    awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
 scrape() {
     curl -sf "http://127.0.0.1:$BASE/metrics" | grep '^equiroute_router_microseconds' >"$1"
 }
@@ -103,13 +108,16 @@ point() { # BIN LABEL
     for i in 0 1 2 3; do wait_port $((BASE + i)); done
     local load=("$OHA" --no-tui -m POST -H content-type:application/json -D "$WORK/body.json" -c "$CONCURRENCY")
     "${load[@]}" -z 3s "$URL" >/dev/null
+    local gw="${PIDS[3]}" cpu_before cpu_after
     scrape "$WORK/before"
+    cpu_before=$(cpu_ticks "$gw")
     "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$URL" >"$WORK/oha.json"
+    cpu_after=$(cpu_ticks "$gw")
     scrape "$WORK/after"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     PIDS=()
-    python3 - "$HERE" "$WORK" "$2" <<'PY'
+    python3 - "$HERE" "$WORK" "$2" "$((cpu_after - cpu_before))" "$(getconf CLK_TCK)" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
 from report import bucket_quantile, histogram, point  # the full run's parsers
@@ -120,7 +128,10 @@ before, after = (histogram(open(f"{work}/{w}").read(), name) for w in ("before",
 buckets = {le: n - before[0].get(le, 0) for le, n in after[0].items()}
 total, count = after[1] - before[1], after[2] - before[2]
 q = lambda p: f"{bucket_quantile(buckets, count, p):g}"  # noqa: E731
-print(f"| {label} | {point(work + '/oha.json')['rps']:,.0f} | {total / count:.1f} | "
+oha = point(work + "/oha.json")
+# The gateway's user + system CPU over the measured seconds, per request answered then.
+cpu_us = int(sys.argv[4]) / int(sys.argv[5]) * 1e6 / max(oha["requests"], 1)
+print(f"| {label} | {oha['rps']:,.0f} | {cpu_us:.0f} | {total / count:.1f} | "
       f"{100 * buckets.get(10.0, 0) / count:.1f}% | ≤ {q(0.5)} | ≤ {q(0.99)} |")
 PY
 }
@@ -129,8 +140,8 @@ echo "pair.sh: $ROUNDS rounds, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, a 
 echo "A = ${BINS[0]}"
 echo "B = ${BINS[1]}"
 echo
-echo "| round | requests/s | router share mean µs | share ≤ 10 µs | p50 bucket µs | p99 bucket µs |"
-echo "|---|---|---|---|---|---|"
+echo "| round | requests/s | gateway CPU µs/request | router share mean µs | share ≤ 10 µs | p50 bucket µs | p99 bucket µs |"
+echo "|---|---|---|---|---|---|---|"
 for r in $(seq "$ROUNDS"); do
     point "${BINS[0]}" "$r A"
     point "${BINS[1]}" "$r B"
