@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{audit_record, calls, http, mock, start, Gateway, Reply};
+use common::{audit_record, calls, http, mock, start, streamed_text, Gateway, Reply};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -581,24 +581,6 @@ async fn a_stream_that_breaks_after_its_hold_still_ends_in_an_error_event() {
     let rig = rig("stream_cut", "", "stream_hold = { ms = 2000, events = 1 }").await;
     let r = rig.stream().await;
     assert_broken_stream(&rig, "stream_cut", &r).await;
-}
-
-/// The text of a relayed stream: every chunk's `delta.content`, in order; and the
-/// `equiroute` members of its marker events.
-fn streamed_text(body: &str) -> (String, Vec<Value>) {
-    let (mut text, mut markers) = (String::new(), Vec::new());
-    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
-        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
-            continue;
-        };
-        if let Some(m) = chunk.get("equiroute") {
-            markers.push(m.clone());
-        }
-        for c in chunk["choices"].as_array().into_iter().flatten() {
-            text.push_str(c["delta"]["content"].as_str().unwrap_or_default());
-        }
-    }
-    (text, markers)
 }
 
 /// `equiroute_stream_continuations_total` of `mode`.

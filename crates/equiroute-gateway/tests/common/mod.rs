@@ -318,3 +318,21 @@ impl Lines {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
+
+/// The text of a relayed stream: every chunk's `delta.content`, in order; and the
+/// `equiroute` members of its marker events.
+pub fn streamed_text(body: &str) -> (String, Vec<Value>) {
+    let (mut text, mut markers) = (String::new(), Vec::new());
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if let Some(m) = chunk.get("equiroute") {
+            markers.push(m.clone());
+        }
+        for c in chunk["choices"].as_array().into_iter().flatten() {
+            text.push_str(c["delta"]["content"].as_str().unwrap_or_default());
+        }
+    }
+    (text, markers)
+}
