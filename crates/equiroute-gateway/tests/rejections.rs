@@ -99,8 +99,9 @@ async fn a_request_every_provider_rejects_is_the_clients_and_demotes_no_one() {
         let series =
             format!("equiroute_rejections_disputed_total{{interface=\"chat\",provider=\"{id}\"}}");
         assert_eq!(common::scraped(gw.addr, &series).await, 0, "{id}");
-        let opened =
-            format!("equiroute_breaker_transitions_total{{provider=\"{id}\",to=\"open\"}}");
+        let opened = format!(
+            "equiroute_breaker_transitions_total{{interface=\"chat\",provider=\"{id}\",to=\"open\"}}"
+        );
         assert_eq!(
             common::scraped(gw.addr, &opened).await,
             0,

@@ -109,7 +109,9 @@ async fn a_429_with_retry_after_takes_the_provider_out_until_then() {
     );
     let m = http(gw.addr, "GET", "/metrics", &[], "").await.body;
     assert!(
-        m.contains(r#"equiroute_breaker_transitions_total{provider="a",to="open"} 1"#),
+        m.contains(
+            r#"equiroute_breaker_transitions_total{interface="chat",provider="a",to="open"} 1"#
+        ),
         "{m}"
     );
 }

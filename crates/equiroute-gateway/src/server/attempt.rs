@@ -36,6 +36,7 @@ pub(super) fn admit(
     let (admission, transition) = breakers[candidate].admit(now, &iface.breaker_config);
     if let Some(t) = transition {
         state.metrics.breaker(
+            &iface.name,
             &iface.candidates[candidate].id.0,
             super::state::transition_name(t),
         );

@@ -406,7 +406,9 @@ impl Ledger<'_> {
             .into_iter()
             .flatten()
         {
-            state.metrics.breaker(id, super::state::transition_name(t));
+            state
+                .metrics
+                .breaker(&iface.name, id, super::state::transition_name(t));
             // Closed by an attempt: its half-open probes succeeded.
             recovered |= t == Transition::Closed;
         }

@@ -281,9 +281,11 @@ pub(super) fn decide(
         let last_resort = eligible.last_resort(&breakers, &iface.breaker_config);
         if let Some(i) = last_resort {
             if let Some(t) = breakers[i].last_resort() {
-                state
-                    .metrics
-                    .breaker(&iface.candidates[i].id.0, super::state::transition_name(t));
+                state.metrics.breaker(
+                    &iface.name,
+                    &iface.candidates[i].id.0,
+                    super::state::transition_name(t),
+                );
             }
             state.metrics.last_resort(&iface.name);
             if state.logs.allow(Repeated::LastResort) {

@@ -6,11 +6,17 @@
 //! ids are interned once for the life of the process ([`name`]), so that a request's label sets are `&'static str`s built without an
 //! allocation; the interner is capped, so that even a bug passing a client's string could
 //! not grow it without bound.
+//!
+//! The series whose label values are known at start-up (configured interfaces and providers
+//! crossed with a closed set of words) are created at 0 then ([`Metrics::start_at_zero`]), so
+//! that `rate()` and absence alerts work before the first event; the rest appear when first
+//! recorded.
 
+use crate::config::{GatewayConfig, InterfaceKind, StateConfig};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::collections::HashSet;
@@ -91,8 +97,11 @@ struct ModeLabels {
     mode: Name,
 }
 
+/// A breaker transition's labels: provider ids repeat across interfaces, so the interface
+/// is one.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BreakerLabels {
+    interface: Name,
     provider: Name,
     to: Name,
 }
@@ -135,6 +144,49 @@ struct KindLabel {
 struct RefusalLabel {
     reason: Name,
 }
+
+/// The outcomes of `equiroute_requests_total` (`book::outcome_label`, and a request no
+/// provider could take).
+const REQUEST_OUTCOMES: [Name; 5] = [
+    "ok",
+    "failed",
+    "deadline_exceeded",
+    "client_error",
+    "no_eligible_provider",
+];
+
+/// The statuses of `equiroute_attempts_total` (`AttemptStatus::as_str`).
+const ATTEMPT_STATUSES: [Name; 5] = [
+    "ok",
+    "provider_error",
+    "client_error",
+    "timeout",
+    "cancelled",
+];
+
+/// The `to` of `equiroute_breaker_transitions_total` (`state::transition_name`).
+const BREAKER_TRANSITIONS: [Name; 3] = ["open", "half_open", "closed"];
+
+/// The events of `equiroute_hedges_total`.
+const HEDGE_EVENTS: [Name; 3] = ["started", "won", "cancelled"];
+
+/// The reasons of `equiroute_hedge_reasons_total` (`HedgeReason::as_str`).
+const HEDGE_REASONS: [Name; 4] = ["quantile", "deadline_risk", "priced", "latency"];
+
+/// The outcomes of `equiroute_feedback_total`: the feedback route's, then the judge's.
+const FEEDBACK_OUTCOMES: [Name; 8] = [
+    "accepted",
+    "duplicate",
+    "expired",
+    "unknown",
+    "judge_accepted",
+    "judge_failed",
+    "judge_skipped",
+    "judge_unmatched",
+];
+
+/// The outcomes of `equiroute_state_snapshots_total` (`saved`, then `WriteFailure::label`).
+const SNAPSHOT_OUTCOMES: [Name; 4] = ["saved", "no_space", "io_error", "failed"];
 
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
 /// 10 µs target, so that its p99 can be read off).
@@ -355,7 +407,7 @@ impl Metrics {
         register(
             r,
             "equiroute_breaker_transitions_total",
-            "Circuit breaker transitions by provider",
+            "Circuit breaker transitions by interface and provider",
             self.breaker.clone(),
         );
         register(
@@ -495,6 +547,105 @@ impl Metrics {
         );
     }
 
+    /// Creates at 0 every series whose labels `cfg` fixes: by interface, by provider and
+    /// by a closed set of words (outcomes, statuses, transitions; hedge events and reasons
+    /// where the interface hedges; first bytes on chat interfaces; snapshot outcomes with a
+    /// state file). Nothing a client
+    /// sends is a label, so the series stay as many as the configuration makes them.
+    pub fn start_at_zero(&self, cfg: &GatewayConfig) {
+        for i in &cfg.interfaces {
+            let interface = name(&i.name);
+            let by_interface = InterfaceLabel { interface };
+            for outcome in REQUEST_OUTCOMES {
+                at_zero(&self.requests, &OutcomeLabels { interface, outcome });
+            }
+            for family in [
+                &self.fallbacks,
+                &self.last_resort,
+                &self.task_class_unlisted,
+                &self.task_class_too_long,
+                &self.slices_evicted,
+            ] {
+                at_zero(family, &by_interface);
+            }
+            at_zero(&self.request_latency, &by_interface);
+            at_zero(&self.request_cost, &by_interface);
+            if i.kind == InterfaceKind::Chat {
+                at_zero(&self.first_byte, &by_interface);
+            }
+            if i.hedge.enabled {
+                for event in HEDGE_EVENTS {
+                    at_zero(&self.hedges, &EventLabels { interface, event });
+                }
+                for reason in HEDGE_REASONS {
+                    at_zero(&self.hedge_reasons, &ReasonLabels { interface, reason });
+                }
+            }
+            for p in &i.providers {
+                self.provider_at_zero(interface, name(&p.candidate.id.0));
+            }
+        }
+        for outcome in FEEDBACK_OUTCOMES {
+            at_zero(&self.feedback, &FeedbackLabel { outcome });
+        }
+        if matches!(cfg.state, Some(StateConfig::File(_))) {
+            for outcome in SNAPSHOT_OUTCOMES {
+                at_zero(&self.snapshots, &FeedbackLabel { outcome });
+            }
+        }
+    }
+
+    /// [`Metrics::start_at_zero`] for one provider of one interface.
+    fn provider_at_zero(&self, interface: Name, provider: Name) {
+        for status in ATTEMPT_STATUSES {
+            at_zero(
+                &self.attempts,
+                &AttemptLabels {
+                    interface,
+                    provider,
+                    status,
+                },
+            );
+        }
+        for to in BREAKER_TRANSITIONS {
+            at_zero(
+                &self.breaker,
+                &BreakerLabels {
+                    interface,
+                    provider,
+                    to,
+                },
+            );
+        }
+        for direction in ["down", "up"] {
+            at_zero(
+                &self.quality_shifts,
+                &ShiftLabels {
+                    interface,
+                    provider,
+                    direction,
+                },
+            );
+        }
+        for token_type in ["input", "output"] {
+            at_zero(
+                &self.provider_tokens,
+                &TokenLabels {
+                    interface,
+                    provider,
+                    token_type,
+                },
+            );
+        }
+        let by_provider = ProviderLabels {
+            interface,
+            provider,
+        };
+        at_zero(&self.rejections_disputed, &by_provider);
+        at_zero(&self.provider_latency, &by_provider);
+        at_zero(&self.provider_cost, &by_provider);
+    }
+
     pub fn request(&self, interface: &str, outcome: &'static str) {
         let labels = OutcomeLabels {
             interface: name(interface),
@@ -560,8 +711,10 @@ impl Metrics {
         self.stream_continuations.get_or_create(&labels).inc();
     }
 
-    pub fn breaker(&self, provider: &str, transition: &'static str) {
+    /// `provider`'s breaker on `interface` moved `to` (`open`, `half_open`, `closed`).
+    pub fn breaker(&self, interface: &str, provider: &str, transition: &'static str) {
         let labels = BreakerLabels {
+            interface: name(interface),
             provider: name(provider),
             to: transition,
         };
@@ -712,6 +865,15 @@ impl Metrics {
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut s, &self.registry);
         s
     }
+}
+
+/// Creates the series of `labels` in `family`, at 0 unless it exists already.
+fn at_zero<S, M, C>(family: &Family<S, M, C>, labels: &S)
+where
+    S: Clone + std::hash::Hash + Eq,
+    C: MetricConstructor<M>,
+{
+    drop(family.get_or_create(labels));
 }
 
 fn iface(interface: &str) -> InterfaceLabel {
@@ -896,6 +1058,81 @@ mod tests {
         assert_eq!(
             text.matches("equiroute_request_latency_ms_count").count(),
             1
+        );
+    }
+
+    #[test]
+    fn the_closed_sets_are_the_words_the_recorders_are_given() {
+        use equiroute_core::breaker::Transition;
+        use equiroute_core::decision::{AttemptStatus, ProviderFailure};
+        use equiroute_core::executor::RequestStatus;
+        use equiroute_core::hedge::HedgeReason;
+        for t in [
+            Transition::Opened,
+            Transition::HalfOpened,
+            Transition::Closed,
+        ] {
+            assert!(BREAKER_TRANSITIONS.contains(&crate::server::state::transition_name(t)));
+        }
+        for s in [
+            AttemptStatus::Ok,
+            AttemptStatus::ProviderError(ProviderFailure::Server),
+            AttemptStatus::ClientError,
+            AttemptStatus::Timeout,
+            AttemptStatus::Cancelled,
+        ] {
+            assert!(ATTEMPT_STATUSES.contains(&s.as_str()), "{}", s.as_str());
+        }
+        for r in [
+            HedgeReason::Quantile,
+            HedgeReason::DeadlineRisk,
+            HedgeReason::Priced,
+            HedgeReason::Latency,
+        ] {
+            assert!(HEDGE_REASONS.contains(&r.as_str()), "{}", r.as_str());
+        }
+        for s in [
+            RequestStatus::Succeeded { candidate: 0 },
+            RequestStatus::ClientError { candidate: 0 },
+            RequestStatus::DeadlineExceeded,
+            RequestStatus::Exhausted,
+        ] {
+            let label = crate::server::book::outcome_label(s);
+            assert!(REQUEST_OUTCOMES.contains(&label), "{label}");
+        }
+    }
+
+    #[test]
+    fn configured_series_start_at_zero_and_hedges_only_where_hedging_is_on() {
+        let text = "[interfaces.chat]\nkind = \"chat\"\nhedge = { enabled = true }\n\
+            [[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\n\
+            sim = { latency = { p50_ms = 1, p95_ms = 2 } }\n\
+            [interfaces.search]\nkind = \"chat\"\n\
+            [[interfaces.search.providers]]\nid = \"a\"\nkind = \"sim\"\n\
+            sim = { latency = { p50_ms = 1, p95_ms = 2 } }\n";
+        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        let m = Metrics::default();
+        m.start_at_zero(&cfg);
+        m.breaker("search", "a", "open");
+        let text = m.render();
+        for line in [
+            r#"equiroute_breaker_transitions_total{interface="chat",provider="a",to="open"} 0"#,
+            r#"equiroute_breaker_transitions_total{interface="search",provider="a",to="open"} 1"#,
+            r#"equiroute_breaker_transitions_total{interface="search",provider="a",to="half_open"} 0"#,
+            r#"equiroute_requests_total{interface="search",outcome="deadline_exceeded"} 0"#,
+            r#"equiroute_attempts_total{interface="chat",provider="a",status="timeout"} 0"#,
+            r#"equiroute_fallbacks_total{interface="chat"} 0"#,
+            r#"equiroute_last_resort_total{interface="search"} 0"#,
+            r#"equiroute_hedges_total{interface="chat",event="won"} 0"#,
+            r#"equiroute_hedge_reasons_total{interface="chat",reason="priced"} 0"#,
+            r#"equiroute_provider_latency_ms_count{interface="search",provider="a"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
+        assert!(!text.contains(r#"equiroute_hedges_total{interface="search""#));
+        assert!(
+            !text.contains("equiroute_state_snapshots_total{"),
+            "no state file, no snapshots"
         );
     }
 

@@ -197,6 +197,7 @@ impl AppState {
             interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
         }
         let metrics = Metrics::default();
+        metrics.start_at_zero(cfg);
         let keys = super::auth::Keys::new(
             &cfg.keys,
             cfg.feedback_rate,
@@ -292,8 +293,11 @@ impl AppState {
         if let Ok(mut breakers) = i.breakers.lock() {
             if let Some(b) = breakers.get_mut(candidate) {
                 if let Some(t) = b.open_until(until, pinned) {
-                    self.metrics
-                        .breaker(&i.candidates[candidate].id.0, transition_name(t));
+                    self.metrics.breaker(
+                        &i.name,
+                        &i.candidates[candidate].id.0,
+                        transition_name(t),
+                    );
                 }
             }
         }
