@@ -165,6 +165,13 @@ async fn every_dialect_streams_openai_chunks_ending_with_done() {
             "{model}: {}",
             r.body
         );
+        // One rule for `model`, as unstreamed: the configured one in every chunk (Azure's
+        // mock streams its deployment's name, `prod-4o`, as Azure streams its own).
+        assert!(
+            ev[..ev.len() - 1].iter().all(|c| c["model"] == model),
+            "{model}: {}",
+            r.body
+        );
     }
     let anthropic_stream = {
         let gw = gateway(anthropic(native.addr), backup.addr).await;
