@@ -1,5 +1,6 @@
 """What the SDK scripts share: starting `equiroute` subcommands and running named checks."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,20 @@ def start(args, env):
     match = re.search(r"http://([0-9.]+:[0-9]+)", line)
     assert match, f"no address in {line!r}"
     return proc, match.group(1)
+
+
+def mock_and_gateway(binary, config, env, work, procs):
+    """Starts `equiroute mock-upstream`, then `equiroute serve` on `config(mock_addr)` (the
+    gateway's TOML, written into `work`); both join `procs`. Returns the mock's and the
+    gateway's `host:port`."""
+    mock, mock_addr = start([binary, "mock-upstream", "--listen", "127.0.0.1:0"], env)
+    procs.append(mock)
+    path = os.path.join(work, "gateway.toml")
+    with open(path, "w") as f:
+        f.write(config(mock_addr))
+    gateway, addr = start([binary, "serve", "--config", path, "--listen", "127.0.0.1:0", "--in-memory"], env)
+    procs.append(gateway)
+    return mock_addr, addr
 
 
 def run_checks(named, label):

@@ -16,7 +16,7 @@ import urllib.request
 import anthropic
 import openai
 
-from harness import run_checks, start, stop
+from harness import mock_and_gateway, run_checks, stop
 
 CONFIG = """
 [interfaces.via-openai]
@@ -224,13 +224,7 @@ def main():
     procs = []
     failed = 1
     try:
-        mock, mock_addr = start([binary, "mock-upstream", "--listen", "127.0.0.1:0"], env)
-        procs.append(mock)
-        config = os.path.join(work, "gateway.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.format(mock=mock_addr))
-        gateway, addr = start([binary, "serve", "--config", config, "--listen", "127.0.0.1:0", "--in-memory"], env)
-        procs.append(gateway)
+        _, addr = mock_and_gateway(binary, lambda mock: CONFIG.format(mock=mock), env, work, procs)
         base = f"http://{addr}"
         oa = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         an = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)

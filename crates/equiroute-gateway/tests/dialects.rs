@@ -165,6 +165,13 @@ async fn every_dialect_streams_openai_chunks_ending_with_done() {
             "{model}: {}",
             r.body
         );
+        // One rule for `model`, as unstreamed: the configured one in every chunk (Azure's
+        // mock streams its deployment's name, `prod-4o`, as Azure streams its own).
+        assert!(
+            ev[..ev.len() - 1].iter().all(|c| c["model"] == model),
+            "{model}: {}",
+            r.body
+        );
     }
     let anthropic_stream = {
         let gw = gateway(anthropic(native.addr), backup.addr).await;
@@ -364,6 +371,9 @@ async fn members_a_native_api_cannot_express_are_dropped_and_named_or_refused_pe
     let mut claude_body = gem_body.clone();
     claude_body["seed"] = json!(7);
     claude_body["messages"][1]["name"] = json!("ann");
+    // Sampling, which the current Messages API has not (its SDK's request types refuse it).
+    claude_body["temperature"] = json!(0.25);
+    claude_body["top_p"] = json!(0.75);
     // (provider, request, header, the member the reject names, what is not sent)
     let cases = [
         (
@@ -371,14 +381,21 @@ async fn members_a_native_api_cannot_express_are_dropped_and_named_or_refused_pe
             &gem_body,
             "user",
             "user",
-            ["end-user-4711", "end-user-4711"],
+            &["end-user-4711"][..],
         ),
         (
             anthropic(native.addr),
             &claude_body,
-            "seed,messages[].name",
+            "temperature,top_p,seed,messages[].name",
             "messages[1].name",
-            ["\"seed\"", "\"ann\""],
+            &[
+                "\"seed\"",
+                "\"ann\"",
+                "temperature",
+                "top_p",
+                "0.25",
+                "0.75",
+            ][..],
         ),
     ];
     for (provider, body, header, member, unsent) in cases {

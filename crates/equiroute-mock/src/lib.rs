@@ -66,11 +66,18 @@
 //! the error rates apply to calls it lets through. Calls are counted per route and per model
 //! (the first 1024 model names; later ones under `(other)`); `/_stats` also shows the body
 //! of the last chat call as it came (`last_chat`, in the route's dialect).
+//!
+//! `GET /_requests` lists the last 64 chat requests of every route, oldest first, exactly as
+//! they came: `{"requests": [{"dialect", "path", "body", "bytes", "truncated"}]}` (`dialect` is
+//! the gateway's provider kind, `path` has the query; a body over 64 KiB is kept as its
+//! length only, `body: null, truncated: true`). What a test validates the gateway's
+//! outgoing bodies against each provider's own request types with.
 
 mod answers;
 mod errors;
 mod faults;
 mod profile;
+mod recent;
 mod routes;
 #[cfg(test)]
 mod tests;
@@ -134,6 +141,8 @@ struct MockState {
     started: std::time::Instant,
     /// The body of the last chat call, as it came (in its dialect), for `/_stats`.
     last_chat: Mutex<Option<serde_json::Value>>,
+    /// The last chat requests as they came, for `/_requests`.
+    recent: recent::Recent,
 }
 
 /// The connection a request came on: the `reset` fault resets it.
@@ -149,6 +158,7 @@ fn router(profile: MockProfile) -> Router {
         streams_open: Arc::new(AtomicU64::new(0)),
         started: std::time::Instant::now(),
         last_chat: Mutex::new(None),
+        recent: recent::Recent::default(),
     });
     Router::new()
         .route("/v1/chat/completions", post(routes::chat))
@@ -161,6 +171,7 @@ fn router(profile: MockProfile) -> Router {
         .route("/model/{model}/{method}", post(routes::bedrock_call))
         .route("/search", post(routes::search))
         .route("/_stats", get(routes::stats))
+        .route("/_requests", get(routes::requests))
         .with_state(state)
 }
 

@@ -91,10 +91,12 @@ pub(crate) fn json_body(speaks: Speaks, body: &Bytes) -> Result<serde_json::Valu
 
 pub(crate) async fn chat(
     State(state): State<Arc<MockState>>,
+    uri: axum::http::Uri,
     conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state.recent.keep(Speaks::OpenAi, &uri.to_string(), &body);
     serve_chat(
         &state,
         conn.as_deref(),
@@ -110,10 +112,12 @@ pub(crate) async fn azure_chat(
     State(state): State<Arc<MockState>>,
     axum::extract::Path(deployment): axum::extract::Path<String>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
+    uri: axum::http::Uri,
     conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state.recent.keep(Speaks::Azure, &uri.to_string(), &body);
     if !query
         .unwrap_or_default()
         .split('&')
@@ -138,10 +142,14 @@ pub(crate) async fn azure_chat(
 
 pub(crate) async fn anthropic_messages(
     State(state): State<Arc<MockState>>,
+    uri: axum::http::Uri,
     conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state
+        .recent
+        .keep(Speaks::Anthropic, &uri.to_string(), &body);
     serve_chat(
         &state,
         conn.as_deref(),
@@ -157,10 +165,12 @@ pub(crate) async fn anthropic_messages(
 pub(crate) async fn gemini_call(
     State(state): State<Arc<MockState>>,
     axum::extract::Path(call): axum::extract::Path<String>,
+    uri: axum::http::Uri,
     conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state.recent.keep(Speaks::Gemini, &uri.to_string(), &body);
     match call.split_once(':') {
         Some((model, "generateContent" | "streamGenerateContent")) => {
             let stream = call.ends_with(":streamGenerateContent");
@@ -250,10 +260,12 @@ pub(crate) fn turns(body: &serde_json::Value) -> impl Iterator<Item = &Vec<serde
 pub(crate) async fn bedrock_call(
     State(state): State<Arc<MockState>>,
     axum::extract::Path((model, method)): axum::extract::Path<(String, String)>,
+    uri: axum::http::Uri,
     conn: Option<axum::Extension<Connection>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state.recent.keep(Speaks::Bedrock, &uri.to_string(), &body);
     let speaks = Speaks::Bedrock;
     let stream = match method.as_str() {
         "converse" => false,
@@ -601,4 +613,9 @@ pub(crate) async fn stats(State(state): State<Arc<MockState>>) -> Json<serde_jso
         "models": models,
         "last_chat": last_chat,
     }))
+}
+
+/// `GET /_requests`: the last chat requests as they came (see [`crate::recent`]).
+pub(crate) async fn requests(State(state): State<Arc<MockState>>) -> Json<serde_json::Value> {
+    Json(json!({"requests": state.recent.list()}))
 }

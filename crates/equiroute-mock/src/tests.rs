@@ -1,5 +1,5 @@
 //! The mock's own tests: profiles read and checked, latencies and fault mixes drawn as
-//! written, calls counted per model.
+//! written, calls counted per model, the recent requests bounded.
 
 use crate::faults::{latency_of, mixed_fault};
 use crate::profile::{Fault, MockProfile};
@@ -171,4 +171,41 @@ fn calls_are_counted_per_model_and_the_names_kept_are_bounded() {
     let models = c.models.lock().unwrap();
     assert_eq!(models.len(), MAX_COUNTED_MODELS + 1);
     assert_eq!(models[OTHER_MODELS], 10);
+}
+
+#[test]
+fn recent_requests_are_bounded_in_count_and_bytes() {
+    use crate::errors::Speaks;
+    use crate::recent::{Recent, MAX_BODY_BYTES, MAX_KEPT};
+    let recent = Recent::default();
+    for i in 0..MAX_KEPT + 3 {
+        recent.keep(
+            Speaks::Gemini,
+            "/v1beta/models/m:generateContent",
+            format!("{{\"n\":{i}}}").as_bytes(),
+        );
+    }
+    let big = vec![b' '; MAX_BODY_BYTES + 1];
+    recent.keep(Speaks::Bedrock, "/model/m/converse", &big);
+    let list = recent.list();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), MAX_KEPT);
+    // The oldest gave way: the first kept is the fifth sent (three more and the big one).
+    assert_eq!(list[0]["body"]["n"], 4);
+    assert_eq!(list[0]["dialect"], "gemini");
+    let last = &list[MAX_KEPT - 1];
+    assert_eq!(
+        (
+            last["dialect"].as_str(),
+            last["body"].is_null(),
+            last["truncated"].as_bool(),
+            last["bytes"].as_u64()
+        ),
+        (
+            Some("bedrock"),
+            true,
+            Some(true),
+            Some(MAX_BODY_BYTES as u64 + 1)
+        )
+    );
 }

@@ -290,7 +290,7 @@ fn execute(
                 if let Some(b) = &bar {
                     b.set_message(format!("{} / {}", spec.name, job.policy));
                     b.inc(1);
-                } else if n * 10 / jobs.len() > (n - 1) * 10 / jobs.len() {
+                } else if tenth_passed(n, jobs.len()) {
                     eprintln!(
                         "bench: {n}/{} runs done in {:.1} s",
                         jobs.len(),
@@ -311,6 +311,12 @@ fn execute(
         .map_err(|_| anyhow::anyhow!("a bench worker panicked"))?;
     results.sort_by(|a, b| (a.0, &a.1.policy, a.1.seed).cmp(&(b.0, &b.1.policy, b.1.seed)));
     Ok(results)
+}
+
+/// Whether the `n`th of `total` steps (from 1) passes a tenth of them: when a progress line is
+/// due.
+fn tenth_passed(n: usize, total: usize) -> bool {
+    n * 10 / total > (n - 1) * 10 / total
 }
 
 fn json(reports: &[ScenarioReport]) -> anyhow::Result<String> {
@@ -337,7 +343,14 @@ fn write_outputs(args: &Args, reports: &[ScenarioReport]) -> anyhow::Result<()> 
     write("results.json", json(reports)?.as_bytes())?;
     let mut csv = format!("{CSV_HEADER}\n");
     let mut table = String::new();
-    for r in reports {
+    // Rendering the PNGs takes about as long as the runs on a small machine: say so.
+    let started = Instant::now();
+    eprintln!(
+        "bench: writing the plots of {} scenario(s) to {}",
+        reports.len(),
+        out.display()
+    );
+    for (i, r) in reports.iter().enumerate() {
         csv.push_str(&r.csv_rows());
         table.push_str(&r.table());
         save_plot(&format!("{}-frontier", r.scenario), &plot::frontier(r))?;
@@ -349,6 +362,14 @@ fn write_outputs(args: &Args, reports: &[ScenarioReport]) -> anyhow::Result<()> 
             if let Some(svg) = plot::share_over_time(r, policy) {
                 save_plot(&format!("{}-share-{policy}", r.scenario), &svg)?;
             }
+        }
+        if tenth_passed(i + 1, reports.len()) {
+            eprintln!(
+                "bench: plots of {}/{} scenarios written in {:.1} s",
+                i + 1,
+                reports.len(),
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     // A reliability diagram per policy that estimates deadline misses, a line per scenario.

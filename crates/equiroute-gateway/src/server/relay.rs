@@ -158,6 +158,7 @@ impl Relay {
     ) {
         let resume = self.iface.stream_resume;
         let mut events = SseScan::keeping(resume.is_on().then_some(resume.max_kept_bytes));
+        events.answering(&self.iface.candidates[self.candidate].model);
         // The relay runs in the attempt's span: an exported span ends at its last exit.
         let span = self.span.clone();
         let (mut broken, mut client_gone) = self
@@ -194,6 +195,7 @@ impl Relay {
                 (broken, client_gone) = (None, true);
             } else {
                 events.next_stream(next.mode);
+                events.answering(&self.iface.candidates[self.candidate].model);
                 let span = self.span.clone();
                 (broken, client_gone) = self
                     .relay(&mut events, next.first, next.rest, &tx)

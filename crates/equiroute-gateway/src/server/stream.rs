@@ -1,13 +1,15 @@
 //! Stream: what a provider's server-sent events say, read whole and checked (an event that
 //! is not JSON, an error event, the end marker, a `finish_reason`, whether content was sent,
-//! the text kept for a continuation), and the hold: the start of a stream read before
-//! anything is sent, so that a stream that breaks early still falls back.
+//! the text kept for a continuation, the answering model written into each chunk), and the
+//! hold: the start of a stream read before anything is sent, so that a stream that breaks
+//! early still falls back.
 
 use crate::config::first_byte::{ResumeMode, StreamHold};
 use crate::upstream::dialect::event_end;
 use crate::upstream::ChunkStream;
 use bytes::Bytes;
 use equiroute_core::{Millis, TokenEstimate};
+use std::ops::Range;
 use std::time::Duration;
 
 /// What holding the start of a stream came to.
@@ -100,6 +102,10 @@ pub(super) struct SseScan {
     /// After a prefix continuation: the whitespace the prefill left out (the client has it),
     /// dropped from the start of the continuation's text so the seam reads as one answer.
     pub(super) seam: String,
+    /// The candidate's configured model, as JSON text: written over each chunk's top-level
+    /// `model` where the provider sent another name (an OpenAI or Azure deployment's own), the
+    /// rule of unstreamed answers (`ProviderJson::with_model`). `None`: chunks as they came.
+    pub(super) model: Option<Vec<u8>>,
 }
 
 /// What the events read so far said.
@@ -162,7 +168,10 @@ impl Kept {
 
 /// The parts of a chat chunk the relay reads; the rest is only checked to be JSON.
 #[derive(serde::Deserialize)]
-pub(super) struct ChunkPeek {
+pub(super) struct ChunkPeek<'a> {
+    /// The top-level `model`, as its text in the event (where it lies: `SseScan::model`).
+    #[serde(borrow, default)]
+    pub(super) model: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
     pub(super) choices: Vec<ChoicePeek>,
     #[serde(default)]
@@ -230,8 +239,15 @@ impl SseScan {
         scan
     }
 
+    /// Writes `model` (the answering candidate's configured model) into each chunk relayed
+    /// from now on.
+    pub(super) fn answering(&mut self, model: &str) {
+        self.model = serde_json::to_vec(model).ok();
+    }
+
     /// Starts on a continuation's stream: the events are read afresh; the text kept goes on
-    /// after a prefix continuation, and starts again after a restart.
+    /// after a prefix continuation, and starts again after a restart (the continuing
+    /// candidate's model is set anew with [`SseScan::answering`]).
     pub(super) fn next_stream(&mut self, mode: ResumeMode) {
         let mut kept = self.seen.kept.take();
         if let (Some(k), ResumeMode::Restart) = (&mut kept, mode) {
@@ -258,11 +274,15 @@ impl SseScan {
             let sewn = (!self.seam.is_empty())
                 .then(|| sew(event, &mut self.seam))
                 .flatten();
-            if let Err(why) = self.seen.read(sewn.as_deref().unwrap_or(event)) {
-                self.pending.clear();
-                return (Bytes::from(out), Err(why));
-            }
-            match sewn {
+            let read = sewn.as_deref().unwrap_or(event);
+            let renamed = match self.seen.read(read) {
+                Err(why) => {
+                    self.pending.clear();
+                    return (Bytes::from(out), Err(why));
+                }
+                Ok(span) => renamed(read, span, self.model.as_deref()),
+            };
+            match renamed.or(sewn) {
                 Some(event) => {
                     out.extend_from_slice(&event);
                     out.extend_from_slice(b"\n\n");
@@ -289,10 +309,27 @@ impl SseScan {
             return (Bytes::new(), Ok(()));
         }
         match self.seen.read(&rest) {
-            Ok(()) => (Bytes::from(rest), Ok(())),
+            Ok(span) => match renamed(&rest, span, self.model.as_deref()) {
+                Some(event) => (Bytes::from(event), Ok(())),
+                None => (Bytes::from(rest), Ok(())),
+            },
             Err(why) => (Bytes::new(), Err(why)),
         }
     }
+}
+
+/// `event` with the `model` at `span` replaced by `model` (JSON text), when they differ;
+/// `None`: the event is relayed as it came.
+fn renamed(event: &[u8], span: Option<Range<usize>>, model: Option<&[u8]>) -> Option<Vec<u8>> {
+    let (span, model) = (span?, model?);
+    if event.get(span.clone())? == model {
+        return None;
+    }
+    let mut out = Vec::with_capacity(event.len() - span.len() + model.len());
+    out.extend_from_slice(&event[..span.start]);
+    out.extend_from_slice(model);
+    out.extend_from_slice(&event[span.end..]);
+    Some(out)
 }
 
 /// The first text event of a prefix continuation (a one-line `data:` chunk whose choice 0
@@ -321,29 +358,38 @@ pub(super) fn sew(event: &[u8], seam: &mut String) -> Option<Vec<u8>> {
 }
 
 impl Seen {
-    /// Reads one event (without its blank line).
-    pub(super) fn read(&mut self, event: &[u8]) -> Result<(), String> {
+    /// Reads one event (without its blank line); returns where the chunk's top-level `model`
+    /// value lies in `event`, when it is a one-line `data:` chunk with one.
+    pub(super) fn read(&mut self, event: &[u8]) -> Result<Option<Range<usize>>, String> {
         let mut data: Vec<u8> = Vec::new();
         let mut lines = 0;
+        // Where the first `data:` line's value starts in `event`.
+        let mut data_at = 0;
+        let mut line_at = 0;
         for line in event.split(|&b| b == b'\n') {
+            let at = line_at;
+            line_at += line.len() + 1;
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if let Some(d) = line.strip_prefix(b"data:") {
+                let d = d.strip_prefix(b" ").unwrap_or(d);
                 if lines > 0 {
                     data.push(b'\n');
+                } else {
+                    data_at = at + line.len() - d.len();
                 }
-                data.extend_from_slice(d.strip_prefix(b" ").unwrap_or(d));
+                data.extend_from_slice(d);
                 lines += 1;
             }
         }
         if lines == 0 || self.done {
             // A comment or keep-alive, or whatever follows the end marker.
-            return Ok(());
+            return Ok(None);
         }
         if data.trim_ascii() == b"[DONE]" {
             self.done = true;
-            return Ok(());
+            return Ok(None);
         }
-        match serde_json::from_slice::<ChunkPeek>(&data) {
+        match serde_json::from_slice::<ChunkPeek<'_>>(&data) {
             Err(_) => Err("the provider sent an event that is not JSON".into()),
             Ok(c) if c.error.is_some() => Err("the provider sent an error mid-stream".into()),
             Ok(c) => {
@@ -368,7 +414,12 @@ impl Seen {
                 {
                     self.usage = Some(TokenEstimate { input, output });
                 }
-                Ok(())
+                // The value's place in `data`, which is the event's text from `data_at` when
+                // the event has one data line.
+                Ok(c.model.filter(|_| lines == 1).map(|m| {
+                    let start = m.get().as_ptr() as usize - data.as_ptr() as usize + data_at;
+                    start..start + m.get().len()
+                }))
             }
         }
     }
@@ -484,6 +535,40 @@ mod tests {
         // Spent: later text is relayed as it came.
         let later = chunk(r#"{"content":" answer"}"#);
         assert_eq!(&scan.feed(later.as_bytes()).0[..], later.as_bytes());
+    }
+
+    #[test]
+    fn every_chunk_names_the_configured_model_as_an_unstreamed_answer_does() {
+        let mut scan = SseScan::default();
+        scan.answering("gpt-4o");
+        let (out, ok) = scan.feed(
+            b"data: {\"id\":\"c\",\"model\":\"gpt-4o-2024-08-06\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\r\n\r\ndata:{\"model\" : \"dep\\\"x\",\"choices\":[]}\n\nda",
+        );
+        assert_eq!(ok, Ok(()));
+        assert_eq!(
+            String::from_utf8(out.to_vec()).unwrap(),
+            "data: {\"id\":\"c\",\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+             data:{\"model\" : \"gpt-4o\",\"choices\":[]}\n\n"
+        );
+        assert!(scan.seen.content);
+        // The configured name already there: the bytes as they came; no model: as they came.
+        let same = b"data: {\"model\":\"gpt-4o\",\"choices\":[]}\r\n\r\n";
+        let (out, _) = scan.feed(&[&b"ta: {\"choices\":[]}\n\n"[..], same].concat());
+        assert_eq!(
+            &out[..],
+            &[&b"data: {\"choices\":[]}\n\n"[..], same].concat()[..]
+        );
+        // The last event, without its blank line, at the end of the body.
+        let _ = scan.feed(
+            b"data: {\"model\":\"up\",\"choices\":[{\"index\":0,\"finish_reason\":\"stop\"}]}",
+        );
+        let (out, ok) = scan.end();
+        assert_eq!(ok, Ok(()));
+        assert!(out.starts_with(b"data: {\"model\":\"gpt-4o\","), "{out:?}");
+        // Without a model to write (the hold's scan), chunks pass as they came.
+        let mut scan = SseScan::default();
+        let chunk = b"data: {\"model\":\"up\",\"choices\":[]}\n\n";
+        assert_eq!(&scan.feed(chunk).0[..], &chunk[..]);
     }
 
     #[test]

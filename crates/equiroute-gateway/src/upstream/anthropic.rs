@@ -5,9 +5,10 @@
 //! alternating turns (tool results are user turns of `tool_result` blocks); images (`data:`
 //! and http URLs); `tools`, `tool_choice`, `parallel_tool_calls`; `stop` → `stop_sequences`;
 //! `max_completion_tokens`/`max_tokens` (the provider's `max_tokens` when absent: Anthropic
-//! requires one); `temperature`, `top_p`, `user` → `metadata.user_id`. Anything else is
-//! dropped when droppable and the policy allows (`dialect::Leftovers`), else a 400 naming the
-//! field. Answers: text and `tool_use` blocks → `content` and `tool_calls`,
+//! requires one); `user` → `metadata.user_id`. Anything else is dropped when droppable and
+//! the policy allows (`dialect::Leftovers`), else a 400 naming the field: `temperature` and
+//! `top_p` among them, which the current Messages API has not (its SDK's request types lack
+//! them, and its current models refuse them). Answers: text and `tool_use` blocks → `content` and `tool_calls`,
 //! `stop_reason` → `finish_reason`, usage with cache reads and writes counted as prompt tokens.
 
 use super::dialect::{self, ChunkWriter, EventTranslator, Leftovers, Refusal, Unanswerable};
@@ -48,9 +49,6 @@ pub fn request(
                     out.insert("system".into(), json!(s));
                 }
                 out.insert("messages".into(), Value::Array(messages));
-            }
-            "temperature" | "top_p" => {
-                out.insert(key.clone(), value.clone());
             }
             "stop" => {
                 out.insert(
@@ -567,13 +565,19 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "look", "description": "Looks",
                 "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
         });
-        let out = request(&body, "claude-x", (true, 1000), &mut Leftovers::default()).unwrap();
+        let mut leftovers = Leftovers::default();
+        let out = request(&body, "claude-x", (true, 1000), &mut leftovers).unwrap();
+        // The current Messages API has no sampling members: dropped, and named.
+        assert_eq!(
+            leftovers.dropped().names().collect::<Vec<_>>(),
+            ["temperature"]
+        );
         assert_eq!(
             out,
             json!({
                 "model": "claude-x", "max_tokens": 1000, "stream": true,
                 "system": "Be brief.\n\nUse tools.",
-                "stop_sequences": ["END"], "metadata": {"user_id": "u-1"}, "temperature": 0.2,
+                "stop_sequences": ["END"], "metadata": {"user_id": "u-1"},
                 "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
                 "messages": [
                     {"role": "user", "content": [

@@ -50,9 +50,14 @@ impl Refusal {
 /// changing what the answer says: `unsupported_params = "drop"` drops these (and only these;
 /// tools, JSON mode, images and anything else are refused). Each is named by this fixed text
 /// in `x-equiroute-dropped-params` and the audit record, never by a value of the client's.
-pub const DROPPABLE: [&str; 11] = [
+pub const DROPPABLE: [&str; 13] = [
     // An id of the end user, for the provider's abuse monitoring.
     "user",
+    // Sampling: Anthropic's current Messages API (version 2026-10-21, the types of its
+    // `anthropic` SDK) has neither, and its current models answer 400 "deprecated for this
+    // model" to them; the answer's meaning does not hang on them.
+    "temperature",
+    "top_p",
     // Best-effort determinism: no provider promises the same answer for a seed.
     "seed",
     // Token probabilities: the answer comes without them (`logprobs: null`).
