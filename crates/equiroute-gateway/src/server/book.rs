@@ -99,8 +99,8 @@ impl AppState {
 }
 
 impl Ledger<'_> {
-    /// Books an attempt's end (steps 1–6 of the module doc) into `run`; returns the time the
-    /// booking took (the router's share of the request).
+    /// Books an attempt's end (steps 1–6 of the module doc) into `run`; returns the time its
+    /// learning (steps 2–4) took, which counts in the router's share of the request.
     ///
     /// # Errors
     /// A poisoned lock (the execution then misses the attempt).
@@ -111,7 +111,6 @@ impl Ledger<'_> {
         end: AttemptEnd<'_>,
     ) -> Result<Duration, Poisoned> {
         let (state, iface) = (self.state, self.iface);
-        let booked = Instant::now();
         super::spans::record_attempt(end.span, iface, end.candidate, &end.outcome, end.usage);
         if let Some(u) = end.usage {
             let id = &iface.candidates[end.candidate].id.0;
@@ -120,6 +119,9 @@ impl Ledger<'_> {
                 .provider_tokens(&iface.name, id, u.input, u.output);
         }
         let remaining = end.next.and_then(|_| run.remaining(end.started));
+        // The router's share counts the learning (as before the ledger): the span and the
+        // token histograms above are the attempt's own bookkeeping, not the routing.
+        let booked = Instant::now();
         self.learn_attempt(
             ctx.arm,
             end.candidate,
