@@ -38,7 +38,7 @@ pub(super) fn admit(
         state.metrics.breaker(
             &iface.name,
             &iface.candidates[candidate].id.0,
-            super::state::transition_name(t),
+            super::metrics::transition_name(t),
         );
     }
     Ok(!matches!(admission, Admission::Rejected { .. }))

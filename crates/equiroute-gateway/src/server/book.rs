@@ -27,6 +27,7 @@
 
 use super::arms::Arm;
 use super::decide::Decided;
+use super::metrics::outcome_label;
 use super::shifts::ShiftRecord;
 use super::state::{AppState, Features, InterfaceRuntime, PendingContext, Poisoned};
 use crate::shared::Event;
@@ -410,7 +411,7 @@ impl Ledger<'_> {
         {
             state
                 .metrics
-                .breaker(&iface.name, id, super::state::transition_name(t));
+                .breaker(&iface.name, id, super::metrics::transition_name(t));
             // Closed by an attempt: its half-open probes succeeded.
             recovered |= t == Transition::Closed;
         }
@@ -703,16 +704,6 @@ pub(super) fn fallback_reason(
     match (unhedged.next(), unhedged.next()) {
         (Some(first), Some(_)) => Some(first.outcome.status.as_str().to_owned()),
         _ => None,
-    }
-}
-
-/// The request outcome's name in metrics and the audit log.
-pub(super) fn outcome_label(status: RequestStatus) -> &'static str {
-    match status {
-        RequestStatus::Succeeded { .. } => "ok",
-        RequestStatus::ClientError { .. } => "client_error",
-        RequestStatus::DeadlineExceeded => "deadline_exceeded",
-        RequestStatus::Exhausted => "failed",
     }
 }
 

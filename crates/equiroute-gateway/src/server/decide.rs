@@ -284,7 +284,7 @@ pub(super) fn decide(
                 state.metrics.breaker(
                     &iface.name,
                     &iface.candidates[i].id.0,
-                    super::state::transition_name(t),
+                    super::metrics::transition_name(t),
                 );
             }
             state.metrics.last_resort(&iface.name);

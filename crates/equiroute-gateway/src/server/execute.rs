@@ -218,7 +218,7 @@ pub(super) async fn execute_unstreamed(
 pub(super) fn failed_label(status: RequestStatus) -> &'static str {
     match status {
         RequestStatus::Succeeded { .. } => "failed",
-        other => super::book::outcome_label(other),
+        other => super::metrics::outcome_label(other),
     }
 }
 

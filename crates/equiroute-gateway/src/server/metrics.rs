@@ -13,6 +13,8 @@
 //! recorded.
 
 use crate::config::{GatewayConfig, InterfaceKind, StateConfig};
+use equiroute_core::breaker::Transition;
+use equiroute_core::executor::RequestStatus;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -145,7 +147,7 @@ struct RefusalLabel {
     reason: Name,
 }
 
-/// The outcomes of `equiroute_requests_total` (`book::outcome_label`, and a request no
+/// The outcomes of `equiroute_requests_total` (`outcome_label`, and a request no
 /// provider could take).
 const REQUEST_OUTCOMES: [Name; 5] = [
     "ok",
@@ -164,7 +166,7 @@ const ATTEMPT_STATUSES: [Name; 5] = [
     "cancelled",
 ];
 
-/// The `to` of `equiroute_breaker_transitions_total` (`state::transition_name`).
+/// The `to` of `equiroute_breaker_transitions_total` (`transition_name`).
 const BREAKER_TRANSITIONS: [Name; 3] = ["open", "half_open", "closed"];
 
 /// The events of `equiroute_hedges_total`.
@@ -889,6 +891,26 @@ fn by_provider(interface: &str, provider: &str) -> ProviderLabels {
     }
 }
 
+/// The metric label of a breaker transition.
+#[must_use]
+pub fn transition_name(t: Transition) -> &'static str {
+    match t {
+        Transition::Opened => "open",
+        Transition::HalfOpened => "half_open",
+        Transition::Closed => "closed",
+    }
+}
+
+/// The request outcome's name in metrics and the audit log.
+pub(super) fn outcome_label(status: RequestStatus) -> &'static str {
+    match status {
+        RequestStatus::Succeeded { .. } => "ok",
+        RequestStatus::ClientError { .. } => "client_error",
+        RequestStatus::DeadlineExceeded => "deadline_exceeded",
+        RequestStatus::Exhausted => "failed",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1072,7 +1094,7 @@ mod tests {
             Transition::HalfOpened,
             Transition::Closed,
         ] {
-            assert!(BREAKER_TRANSITIONS.contains(&crate::server::state::transition_name(t)));
+            assert!(BREAKER_TRANSITIONS.contains(&transition_name(t)));
         }
         for s in [
             AttemptStatus::Ok,
@@ -1097,7 +1119,7 @@ mod tests {
             RequestStatus::DeadlineExceeded,
             RequestStatus::Exhausted,
         ] {
-            let label = crate::server::book::outcome_label(s);
+            let label = outcome_label(s);
             assert!(REQUEST_OUTCOMES.contains(&label), "{label}");
         }
     }

@@ -8,7 +8,6 @@ use super::metrics::Metrics;
 use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
 pub use crate::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::upstream::Upstream;
-use equiroute_core::breaker::Transition;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
 use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::features::Featurizer;
@@ -273,15 +272,7 @@ impl AppState {
 /// A poisoned lock: a handler panicked while holding it.
 pub use super::error::Poisoned;
 
-/// The metric label of a breaker transition.
-#[must_use]
-pub fn transition_name(t: Transition) -> &'static str {
-    match t {
-        Transition::Opened => "open",
-        Transition::HalfOpened => "half_open",
-        Transition::Closed => "closed",
-    }
-}
+pub use super::metrics::transition_name;
 
 impl AppState {
     /// Opens a breaker until `until` because another instance opened its own (`pinned`: by
