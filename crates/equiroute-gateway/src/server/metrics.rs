@@ -520,7 +520,7 @@ impl Metrics {
         register(
             r,
             "equiroute_rejections_disputed_total",
-            "4xx rejections by a provider of a request that another provider then answered",
+            "4xx rejections by a provider of a request that a second provider then answered",
             self.rejections_disputed.clone(),
         );
         register(
