@@ -13,21 +13,29 @@ pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The last [`MAX_KEPT`] chat requests, oldest first.
 #[derive(Debug, Default)]
-pub(crate) struct Recent(Mutex<VecDeque<Value>>);
+pub(crate) struct Recent(Mutex<VecDeque<Kept>>);
+
+/// One request as it came; read as JSON only when listed, so that keeping it costs a copy of
+/// its bytes, not a parse (the mock also serves benchmarks, where it shares the CPU).
+#[derive(Debug)]
+struct Kept {
+    speaks: Speaks,
+    path: String,
+    /// `None` when longer than [`MAX_BODY_BYTES`].
+    body: Option<bytes::Bytes>,
+    bytes: usize,
+}
 
 impl Recent {
-    /// Keeps a request: its body as JSON (as text when it is not JSON), or only its length
-    /// when it is longer than [`MAX_BODY_BYTES`].
+    /// Keeps a request: its body, or only its length when it is longer than
+    /// [`MAX_BODY_BYTES`].
     pub(crate) fn keep(&self, speaks: Speaks, path: &str, body: &[u8]) {
-        let truncated = body.len() > MAX_BODY_BYTES;
-        let json_body = if truncated {
-            Value::Null
-        } else {
-            serde_json::from_slice(body)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()))
+        let kept = Kept {
+            speaks,
+            path: path.to_owned(),
+            body: (body.len() <= MAX_BODY_BYTES).then(|| bytes::Bytes::copy_from_slice(body)),
+            bytes: body.len(),
         };
-        let kept = json!({"dialect": dialect(speaks), "path": path, "body": json_body,
-            "bytes": body.len(), "truncated": truncated});
         if let Ok(mut recent) = self.0.lock() {
             if recent.len() == MAX_KEPT {
                 recent.pop_front();
@@ -36,11 +44,26 @@ impl Recent {
         }
     }
 
-    /// The requests kept, oldest first.
+    /// The requests kept, oldest first: each body as JSON (as text when it is not JSON; null
+    /// when it was too long to keep).
     pub(crate) fn list(&self) -> Value {
-        self.0
-            .lock()
-            .map_or_else(|_| json!([]), |r| Value::Array(r.iter().cloned().collect()))
+        let Ok(recent) = self.0.lock() else {
+            return json!([]);
+        };
+        Value::Array(
+            recent
+                .iter()
+                .map(|k| {
+                    let body = k.body.as_ref().map_or(Value::Null, |b| {
+                        serde_json::from_slice(b).unwrap_or_else(|_| {
+                            Value::String(String::from_utf8_lossy(b).into_owned())
+                        })
+                    });
+                    json!({"dialect": dialect(k.speaks), "path": k.path, "body": body,
+                        "bytes": k.bytes, "truncated": k.body.is_none()})
+                })
+                .collect(),
+        )
     }
 }
 
