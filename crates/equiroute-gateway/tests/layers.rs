@@ -100,3 +100,15 @@ fn no_two_modules_use_each_other() {
         .collect();
     assert!(cycles.is_empty(), "modules that use each other: {cycles:?}");
 }
+
+/// No source file of the gateway outgrows one reading (docs/architecture.md: one module per
+/// job); a file that reaches this splits by job, as `server/execute.rs` did into the stages.
+#[test]
+fn no_gateway_source_file_is_over_a_thousand_lines() {
+    let long: Vec<String> = common::sources()
+        .into_iter()
+        .filter(|(_, code)| code.lines().count() > 1000)
+        .map(|(rel, code)| format!("{} ({} lines)", rel.display(), code.lines().count()))
+        .collect();
+    assert!(long.is_empty(), "split these by job: {long:?}");
+}
