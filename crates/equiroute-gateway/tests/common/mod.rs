@@ -207,7 +207,12 @@ pub fn sources() -> Vec<(std::path::PathBuf, String)> {
                 dirs.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let text = std::fs::read_to_string(&path).unwrap();
-                let code = text.split("#[cfg(test)]").next().unwrap_or("").to_owned();
+                let code = if path.file_name().is_some_and(|n| n == "tests.rs") {
+                    // A module's unit tests in a file of their own (`#[cfg(test)] mod tests;`).
+                    String::new()
+                } else {
+                    text.split("#[cfg(test)]").next().unwrap_or("").to_owned()
+                };
                 out.push((path.strip_prefix(&src).unwrap().to_path_buf(), code));
             }
         }
