@@ -49,6 +49,22 @@ pub(super) struct Booking<'a> {
     pub tokens: TokenEstimate,
 }
 
+impl Booking<'_> {
+    /// What booking a request's attempts needs, from its decision.
+    pub(super) fn of<'f>(
+        features: &'f [f64],
+        decided: &Decided,
+        tokens: TokenEstimate,
+    ) -> Booking<'f> {
+        Booking {
+            features,
+            arm: decided.routed.arm,
+            slice: decided.slice,
+            tokens,
+        }
+    }
+}
+
 /// One attempt's end.
 #[derive(Clone, Copy)]
 pub(super) struct AttemptEnd<'s> {
@@ -99,7 +115,7 @@ impl AppState {
     }
 }
 
-impl Ledger<'_> {
+impl<'a> Ledger<'a> {
     /// Books an attempt's end (steps 1–6 of the module doc) into `run`; returns the time its
     /// learning (steps 2–4) took, which counts in the router's share of the request.
     ///
@@ -265,7 +281,7 @@ impl Ledger<'_> {
     ///
     /// # Errors
     /// A poisoned lock.
-    pub fn policy_mut(&self) -> Result<RwLockWriteGuard<'_, Box<dyn Policy>>, Poisoned> {
+    pub fn policy_mut(&self) -> Result<RwLockWriteGuard<'a, Box<dyn Policy>>, Poisoned> {
         let mut policy = self.iface.policy.write().map_err(|_| Poisoned)?;
         self.apply_deferred(policy.as_mut());
         Ok(policy)
@@ -504,9 +520,7 @@ impl AppState {
         &'a self,
         iface: &'a InterfaceRuntime,
     ) -> Result<RwLockWriteGuard<'a, Box<dyn Policy>>, Poisoned> {
-        let mut policy = iface.policy.write().map_err(|_| Poisoned)?;
-        self.ledger(iface).apply_deferred(policy.as_mut());
-        Ok(policy)
+        self.ledger(iface).policy_mut()
     }
 
     /// Feeds one finished attempt (ending now) to the policy, the breaker and the metrics,

@@ -104,12 +104,7 @@ pub(super) async fn execute_unstreamed(
             state.metrics.fallback(&iface.name);
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let ctx = Booking {
-            features: &features,
-            arm: decided.routed.arm,
-            slice: decided.slice,
-            tokens,
-        };
+        let ctx = Booking::of(&features, &decided, tokens);
         // The first attempt with a hedge planned beside it races it (server/race.rs).
         let ended = if let Some(hedge) = run.hedge(&next, now) {
             let pair = (next, hedge);
@@ -404,12 +399,7 @@ pub(super) async fn execute_streamed(
         let open = |next: NextAttempt, now| {
             open_attempt(&state, &iface, &body, n, next, now, tokens, unlearnt)
         };
-        let ctx = Booking {
-            features: &features,
-            arm: decided.routed.arm,
-            slice: decided.slice,
-            tokens,
-        };
+        let ctx = Booking::of(&features, &decided, tokens);
         // The first attempt with a hedge planned beside it races to its first byte.
         let opened = if let Some(hedge) = run.hedge(&next, now) {
             super::race::race_streams(

@@ -51,20 +51,15 @@ pub(super) async fn race(
     if let Some(reply) = early {
         return Ok(vec![book_reply(run, router, first, now, reply, &a_span)?]);
     }
-    let hedge_now = state.now();
-    if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
+    let Some(Hedged {
+        hedge_now,
+        hedge_started,
+        first_started,
+    }) = start_hedge(state, iface, run, &hedge, now)?
+    else {
         let reply = a.await;
         return Ok(vec![book_reply(run, router, first, now, reply, &a_span)?]);
-    }
-    spend_hedge(iface)?;
-    run.start_hedge(&hedge);
-    hedge_started(state, iface, run);
-    let hedge_started = Instant::now();
-    let first_started = hedge_started
-        .checked_sub(Duration::from_secs_f64(
-            (hedge_now.0 - now.0).max(0.0) / 1000.0,
-        ))
-        .unwrap_or(hedge_started);
+    };
     let (mut b, b_span) = call(hedge, seed ^ 0x5bd1_e995_0000_0001, true);
     let (hedge_first, reply) = tokio::select! {
         reply = &mut a => (false, reply),
@@ -118,12 +113,45 @@ pub(super) async fn race(
     Ok(ended)
 }
 
-/// Counts a hedge that started, and the part of the rule that set its delay.
-fn hedge_started(state: &AppState, iface: &InterfaceRuntime, run: &Execution) {
+/// A hedge that started: when (`hedge_now`, and its clock), and the first attempt's clock
+/// set back to that attempt's start (`now`).
+struct Hedged {
+    hedge_now: Timestamp,
+    hedge_started: Instant,
+    first_started: Instant,
+}
+
+/// Starts `hedge` beside the first attempt (started at `now`) once its delay is over, if the
+/// budget has a hedge and the breaker admits its target: spends the hedge, tells the
+/// execution, and counts it with the part of the rule that set its delay. `None`: no hedge.
+fn start_hedge(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    run: &mut Execution,
+    hedge: &NextAttempt,
+    now: Timestamp,
+) -> Result<Option<Hedged>, ApiError> {
+    let hedge_now = state.now();
+    if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
+        return Ok(None);
+    }
+    spend_hedge(iface)?;
+    run.start_hedge(hedge);
     state.metrics.hedge(&iface.name, "started");
     if let Some(reason) = run.hedge_reason() {
         state.metrics.hedge_reason(&iface.name, reason.as_str());
     }
+    let hedge_started = Instant::now();
+    let first_started = hedge_started
+        .checked_sub(Duration::from_secs_f64(
+            (hedge_now.0 - now.0).max(0.0) / 1000.0,
+        ))
+        .unwrap_or(hedge_started);
+    Ok(Some(Hedged {
+        hedge_now,
+        hedge_started,
+        first_started,
+    }))
 }
 
 fn has_hedge(iface: &InterfaceRuntime) -> Result<bool, ApiError> {
@@ -174,19 +202,14 @@ pub(super) async fn race_streams<'a>(
     if let Some(opened) = early {
         return Ok(vec![opened]);
     }
-    let hedge_now = state.now();
-    if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
+    let Some(Hedged {
+        hedge_now,
+        hedge_started,
+        first_started,
+    }) = start_hedge(state, iface, run, &hedge, now)?
+    else {
         return Ok(vec![a.await]);
-    }
-    spend_hedge(iface)?;
-    run.start_hedge(&hedge);
-    hedge_started(state, iface, run);
-    let hedge_started = Instant::now();
-    let first_started = hedge_started
-        .checked_sub(Duration::from_secs_f64(
-            (hedge_now.0 - now.0).max(0.0) / 1000.0,
-        ))
-        .unwrap_or(hedge_started);
+    };
     let Opening {
         limit,
         opened: mut b,

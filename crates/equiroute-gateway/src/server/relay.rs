@@ -262,12 +262,7 @@ impl Relay {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
         let outcome = streamed(c, usage.unwrap_or(self.tokens), status, latency, self.ttfb);
-        let ctx = Booking {
-            features: &self.features,
-            arm: self.decided.routed.arm,
-            slice: self.decided.slice,
-            tokens: self.tokens,
-        };
+        let ctx = Booking::of(&self.features, &self.decided, self.tokens);
         let _ = self.state.ledger(&self.iface).attempt(
             &ctx,
             &mut self.run,
@@ -375,12 +370,7 @@ impl Relay {
                 }
                 StreamStart::Failed(reply) => {
                     let outcome = outcome_of(&reply, candidate, self.tokens);
-                    let ctx = Booking {
-                        features: &self.features,
-                        arm: self.decided.routed.arm,
-                        slice: self.decided.slice,
-                        tokens: self.tokens,
-                    };
+                    let ctx = Booking::of(&self.features, &self.decided, self.tokens);
                     let _ = state.ledger(&iface).attempt(
                         &ctx,
                         &mut self.run,
