@@ -1288,7 +1288,7 @@ fn retry_knobs_out_of_range_are_refused_naming_the_field() {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_a_stream_is_cut_off_and_the_upstream_released() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     // `a` streams 16 KiB chunks for ever; the client reads the first bytes, then stops.
     let rig = rig(
         "endless_stream",
@@ -1296,25 +1296,8 @@ async fn a_client_that_stops_reading_a_stream_is_cut_off_and_the_upstream_releas
         "[server]\nsend_timeout_ms = 300",
     )
     .await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut s = socket.connect(rig.gw.addr).await.unwrap();
-    let body = chat_body(true);
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut head = [0u8; 64];
-    let n = s.read(&mut head).await.unwrap();
-    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &head[..n]);
-    let open = || async {
-        http(rig.faulty.addr, "GET", "/_stats", &[], "")
-            .await
-            .json()["streams_open"]
-            .as_u64()
-            .unwrap()
-    };
+    let mut s = common::stalled_reader(rig.gw.addr).await;
+    let open = || common::streams_open(rig.faulty.addr);
     assert_eq!(open().await, 1, "a is streaming");
     // Within the send timeout (300 ms) of the buffers filling up, with a wide margin: the
     // gateway gives up on the client and drops a's stream. Without the timeout it would

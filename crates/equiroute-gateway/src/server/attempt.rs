@@ -57,9 +57,39 @@ pub(super) async fn attempt(
     seed: u64,
     router: &mut Duration,
 ) -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
+    let next = NextAttempt {
+        timeout: wait_limit(
+            iface,
+            (next.candidate, Awaited::Answer),
+            now,
+            next.timeout,
+            Unlearnt::of(run, &next, now),
+        )?,
+        ..next
+    };
     let (call, span) = call(iface, body, next, seed, false);
     let reply = call.await;
     book_reply(state, iface, run, ctx, (next, now), reply, &span, router)
+}
+
+/// Feeds an unstreamed attempt's reply to its provider's answer times: its latency when it
+/// answered, or at least its timeout when it had no answer within it.
+fn learn_answer_time(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    next: NextAttempt,
+    reply: &UpstreamReply,
+) -> Result<(), ApiError> {
+    let mut stats = iface.answer_times.lock().map_err(|_| poisoned())?;
+    let stats = &mut stats[next.candidate];
+    match (reply.status, next.timeout) {
+        (AttemptStatus::Ok, _) => super::ttfb::observe(stats, state.now(), reply.latency),
+        (AttemptStatus::Timeout, Some(limit)) => {
+            super::ttfb::observe_cut_off(stats, state.now(), limit);
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The upstream call of an unstreamed attempt (`is_hedge`: a hedge beside the first), in
@@ -103,6 +133,7 @@ pub(super) fn book_reply(
     span: &tracing::Span,
     router: &mut Duration,
 ) -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
+    learn_answer_time(state, iface, next, &reply)?;
     let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
     *router += state.ledger(iface).attempt(
         ctx,
@@ -201,7 +232,13 @@ pub(super) fn open_attempt<'a>(
     tokens: TokenEstimate,
     unlearnt: Unlearnt,
 ) -> Result<Opening<'a>, ApiError> {
-    let limit = first_byte_limit(iface, next.candidate, now, next.timeout, unlearnt)?;
+    let limit = wait_limit(
+        iface,
+        (next.candidate, Awaited::FirstByte),
+        now,
+        next.timeout,
+        unlearnt,
+    )?;
     let span = super::spans::attempt(iface, next, false);
     let attempt_span = span.clone();
     let opened = async move {
@@ -334,23 +371,43 @@ impl Unlearnt {
     }
 }
 
-/// The first-byte limit of a streamed attempt on `candidate` whose timeout is `max`: learnt
-/// from the provider's first-byte times (see [`super::ttfb`]), or unlearnt, at most `max`.
-pub(super) fn first_byte_limit(
+/// What an attempt waits for within its limit.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Awaited {
+    /// A stream's first byte.
+    FirstByte,
+    /// An unstreamed attempt's answer.
+    Answer,
+}
+
+/// The limit of an attempt on `candidate` whose timeout is `max`, for what it awaits: a
+/// stream's first byte, learnt from the provider's first-byte times (see [`super::ttfb`]) or
+/// unlearnt; an unstreamed answer, with another candidate left,
+/// [`super::ttfb::FirstByteLimit::answer_limit`] of its answer times. At most `max`.
+pub(super) fn wait_limit(
     iface: &InterfaceRuntime,
-    candidate: usize,
+    (candidate, awaited): (usize, Awaited),
     now: equiroute_core::Timestamp,
     max: Option<Millis>,
     unlearnt: Unlearnt,
 ) -> Result<Option<Millis>, ApiError> {
     let Some(max) = max else { return Ok(None) };
-    let stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
     let cfg = &iface.first_byte;
-    Ok(Some(match unlearnt {
-        Unlearnt::Fallback { left } if !cfg.knows(&stats[candidate]) => {
-            cfg.unlearnt_limit(&stats, now, max, left)
+    Ok(Some(match (awaited, unlearnt) {
+        (Awaited::FirstByte, unlearnt) => {
+            let stats = iface.first_bytes.lock().map_err(|_| poisoned())?;
+            match unlearnt {
+                Unlearnt::Fallback { left } if !cfg.knows(&stats[candidate]) => {
+                    cfg.unlearnt_limit(&stats, now, max, left)
+                }
+                _ => cfg.limit(&stats[candidate], now, max),
+            }
         }
-        _ => cfg.limit(&stats[candidate], now, max),
+        (Awaited::Answer, Unlearnt::Fallback { left }) => {
+            let stats = iface.answer_times.lock().map_err(|_| poisoned())?;
+            cfg.answer_limit(&stats[candidate], now, max, left)
+        }
+        (Awaited::Answer, Unlearnt::LastCandidate) => max,
     }))
 }
 

@@ -4,7 +4,7 @@
 //! event. The relayed attempts and the request's end are booked by the ledger (`book`).
 
 use super::attempt::{
-    admit, first_byte_limit, learn_first_byte, outcome_of, pause, streamed, usage_of, Unlearnt,
+    admit, learn_first_byte, outcome_of, pause, streamed, usage_of, wait_limit, Awaited, Unlearnt,
 };
 use super::book::{Answer, AttemptEnd, Booking, RequestEnd};
 use super::decide::Decided;
@@ -341,8 +341,14 @@ impl Relay {
                     ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb),
             };
             let unlearnt = Unlearnt::of(&self.run, &next, now);
-            let limit =
-                first_byte_limit(&iface, next.candidate, now, next.timeout, unlearnt).ok()?;
+            let limit = wait_limit(
+                &iface,
+                (next.candidate, Awaited::FirstByte),
+                now,
+                next.timeout,
+                unlearnt,
+            )
+            .ok()?;
             self.decided
                 .first_byte_limits
                 .push((next.candidate, now, limit.map(|l| l.0)));

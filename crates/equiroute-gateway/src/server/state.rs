@@ -43,6 +43,9 @@ pub struct InterfaceRuntime {
     pub first_byte: super::ttfb::FirstByteLimit,
     /// Each candidate's first-byte times (streamed attempts), for its first-byte limit.
     pub first_bytes: Mutex<Vec<equiroute_core::estimators::nig::LogLatencyStats>>,
+    /// Each candidate's answer times (unstreamed attempts answered), for the limit of an
+    /// unstreamed attempt with another candidate left (`FirstByteLimit::answer_limit`).
+    pub answer_times: Mutex<Vec<equiroute_core::estimators::nig::LogLatencyStats>>,
     /// The LLM-as-judge, when configured.
     pub judge: Option<Arc<crate::feedback::judge::Judge>>,
     /// Ranks take the read side (they run in parallel); observations the write side. The
@@ -105,6 +108,10 @@ impl InterfaceRuntime {
             prefill: cfg.providers.iter().map(|p| p.assistant_prefill).collect(),
             first_byte: cfg.first_byte,
             first_bytes: Mutex::new(vec![
+                equiroute_core::estimators::nig::LogLatencyStats::default();
+                candidates.len()
+            ]),
+            answer_times: Mutex::new(vec![
                 equiroute_core::estimators::nig::LogLatencyStats::default();
                 candidates.len()
             ]),

@@ -12,6 +12,13 @@
 //! whole timeout (nothing would be gained). The same posterior's predictive is
 //! the provider's first-byte belief, which a streamed request's hedge delay is planned on
 //! (see `server::hedge::delay`).
+//!
+//! An unstreamed attempt's first byte is its whole answer: its answer times are learnt the
+//! same way, apart ([`FirstByteLimit::answer_limit`]). While another candidate is left and the
+//! request has a deadline, it waits at most `max(deadline_share × the time left, the learnt
+//! limit)`, so that a provider that never answers leaves the next one its turn; a whole answer
+//! has no interface-wide prior (its length is the client's), so `unlearnt_ms` does not apply,
+//! and without a deadline the attempt's timeout does.
 
 pub use crate::config::first_byte::FirstByteLimit;
 use equiroute_core::estimators::dist::normal_cdf;
@@ -75,6 +82,27 @@ impl FirstByteLimit {
         };
         let share = left.map_or(f64::INFINITY, |l| self.deadline_share * l.0);
         Millis(prior.min(share).min(max.0))
+    }
+
+    /// The limit of an unstreamed attempt whose provider's answer times are `stats`, while
+    /// another candidate is left, given the attempt's timeout `max` and the time `left` before
+    /// the deadline (see the module doc): `max` without a deadline, else
+    /// `min(max, max(deadline_share × left, the learnt limit))`.
+    #[must_use]
+    pub fn answer_limit(
+        &self,
+        stats: &LogLatencyStats,
+        now: Timestamp,
+        max: Millis,
+        left: Option<Millis>,
+    ) -> Millis {
+        let Some(left) = left else { return max };
+        let learnt = if self.knows(stats) {
+            self.limit(stats, now, max).0
+        } else {
+            0.0
+        };
+        Millis((self.deadline_share * left.0).max(learnt).min(max.0))
     }
 
     /// The provider's first-byte belief at `now`: the Student-t predictive of the posterior
@@ -190,6 +218,41 @@ mod tests {
         }
         assert!(!cfg.knows(&b) && cfg.knows(&a));
         assert!((cfg.unlearnt_limit(&[a, b], now, max, None).0 - 1000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_unstreamed_answer_waits_half_the_time_left_or_its_learnt_limit_if_longer() {
+        let cfg = FirstByteLimit::default();
+        let now = Timestamp(0.0);
+        let max = Millis(60_000.0);
+        let mut stats = LogLatencyStats::default();
+        // No deadline: the attempt's timeout, learnt or not.
+        assert_eq!(cfg.answer_limit(&stats, now, max, None), max);
+        // Unlearnt, 3 s left: half of them; within a shorter timeout, the timeout.
+        let left = Some(Millis(3000.0));
+        assert!((cfg.answer_limit(&stats, now, max, left).0 - 1500.0).abs() < 1e-9);
+        assert!((cfg.answer_limit(&stats, now, Millis(900.0), left).0 - 900.0).abs() < 1e-9);
+        // Five answers at 2 s: β ≈ 0.5 + 0.01·5·(ln 1000 − ln 2000)²/(2·5.01) = 0.502,
+        // σ = sqrt(0.502/3.5 × 1.1996) = 0.415, 3 × 2000·e^(2.326 × 0.415) ≈ 15.8 s: longer
+        // than half of the 3 s left.
+        for _ in 0..5 {
+            observe(&mut stats, now, Millis(2000.0));
+        }
+        let learnt = cfg.limit(&stats, now, max).0;
+        assert!((15_000.0..17_000.0).contains(&learnt), "{learnt}");
+        assert!((cfg.answer_limit(&stats, now, max, left).0 - learnt).abs() < 1e-9);
+        // Five answers at 100 ms: the learnt limit (the 1 s floor) is below half of 3 s.
+        let mut quick = LogLatencyStats::default();
+        for _ in 0..5 {
+            observe(&mut quick, now, Millis(100.0));
+        }
+        assert!((cfg.answer_limit(&quick, now, max, left).0 - 1500.0).abs() < 1e-9);
+        // Not derived at all (`learned = false`): the timeout.
+        let off = FirstByteLimit {
+            learned: false,
+            ..cfg
+        };
+        assert_eq!(off.answer_limit(&stats, now, max, left), max);
     }
 
     #[test]

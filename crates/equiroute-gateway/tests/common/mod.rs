@@ -227,6 +227,34 @@ pub async fn calls(addr: SocketAddr, model: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A client that sends a streamed chat request to `gw` on a socket with a 4 KiB receive
+/// buffer, reads the answer's first bytes (a 200) and then stops reading: the socket, kept
+/// open by the caller.
+#[allow(dead_code)]
+pub async fn stalled_reader(gw: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(gw).await.unwrap();
+    let body = r#"{"model":"chat","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &head[..n]);
+    s
+}
+
+/// The streams the mock at `addr` has open (`/_stats`).
+#[allow(dead_code)]
+pub async fn streams_open(addr: SocketAddr) -> u64 {
+    http(addr, "GET", "/_stats", &[], "").await.json()["streams_open"]
+        .as_u64()
+        .unwrap()
+}
+
 /// The audit record of request `id` in the log at `path`, once the writer has written it
 /// (waits at most 5 s).
 pub async fn audit_record(path: &std::path::Path, id: &str) -> Value {
