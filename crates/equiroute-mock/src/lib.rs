@@ -45,6 +45,10 @@
 //!
 //! `healthy_calls = N` spares a model's first N chat calls from its fault.
 //!
+//! `rate_limit = { requests = N, window_ms = W }` admits N chat calls per window of W ms and
+//! announces what is left in every answer's rate-limit headers, OpenAI's or Anthropic's by
+//! the route's dialect; a call past it gets a 429 with `Retry-After` (see `limits`).
+//!
 //! The native routes check what their host requires (Anthropic's `anthropic-version` header
 //! and `max_tokens`, no OpenAI-only members; Gemini's `contents`; Azure's `api-version`;
 //! Bedrock's Signature Version 4 `Authorization` for service `bedrock` with `x-amz-date`, counted in
@@ -76,6 +80,7 @@
 mod answers;
 mod errors;
 mod faults;
+mod limits;
 mod profile;
 mod recent;
 mod routes;
@@ -143,6 +148,8 @@ struct MockState {
     last_chat: Mutex<Option<serde_json::Value>>,
     /// The last chat requests as they came, for `/_requests`.
     recent: recent::Recent,
+    /// The windows of the rate-limited routes.
+    windows: limits::Windows,
 }
 
 /// The connection a request came on: the `reset` fault resets it.
@@ -159,6 +166,7 @@ fn router(profile: MockProfile) -> Router {
         started: std::time::Instant::now(),
         last_chat: Mutex::new(None),
         recent: recent::Recent::default(),
+        windows: limits::Windows::default(),
     });
     Router::new()
         .route("/v1/chat/completions", post(routes::chat))

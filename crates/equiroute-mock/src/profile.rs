@@ -73,6 +73,22 @@ pub struct RouteProfile {
     /// `no_answer` and `stream_stall`: milliseconds before the mock closes the connection
     /// (for ever when unset).
     pub hang_ms: Option<f64>,
+    /// A rate limit on the route's chat calls, announced in its answers' headers (see
+    /// `limits`); none by default.
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// `rate_limit = { requests = N, window_ms = W }`: `N` chat calls per window of `W` ms.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub requests: u64,
+    #[serde(default = "default_window_ms")]
+    pub window_ms: f64,
+}
+
+fn default_window_ms() -> f64 {
+    60_000.0
 }
 
 impl Default for RouteProfile {
@@ -96,6 +112,7 @@ impl Default for RouteProfile {
             outage_calls: None,
             fault_mix: BTreeMap::new(),
             hang_ms: None,
+            rate_limit: None,
         }
     }
 }
@@ -182,6 +199,17 @@ impl RouteProfile {
                 "chunk_gap_ms",
                 format!("milliseconds ≥ 0, got {}", self.chunk_gap_ms),
             ));
+        }
+        if let Some(l) = self.rate_limit {
+            if l.requests == 0 {
+                return Err(("rate_limit.requests", "at least 1 call per window".into()));
+            }
+            if !(l.window_ms > 0.0 && l.window_ms.is_finite()) {
+                return Err((
+                    "rate_limit.window_ms",
+                    format!("milliseconds > 0 (default 60000), got {}", l.window_ms),
+                ));
+            }
         }
         if let Some(s) = self.retry_after_s.filter(|s| !(*s >= 0.0 && s.is_finite())) {
             return Err(("retry_after_s", format!("seconds ≥ 0, got {s}")));

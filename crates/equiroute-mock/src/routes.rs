@@ -502,7 +502,39 @@ pub(crate) async fn serve_chat(
         Ok(fault) => fault,
         Err(r) => return r,
     };
-    let tool = first_tool(speaks, &body);
+    // A limited route's window is the model's when it has a profile of its own.
+    let limited = match &route.rate_limit {
+        Some(limit) => {
+            let key = if state.profile.models.contains_key(model) {
+                model
+            } else {
+                "chat"
+            };
+            match state.windows.take(key, limit, speaks) {
+                Ok(admitted) => Some(admitted),
+                Err(r) => return *r,
+            }
+        }
+        None => None,
+    };
+    let answer = chat_answer(state, route, fault, &body, speaks, model).await;
+    match limited {
+        Some(admitted) => admitted.stamp(answer),
+        None => answer,
+    }
+}
+
+/// A chat call's answer once admitted: streamed or whole, in the dialect `speaks`, with the
+/// route's `fault` played.
+async fn chat_answer(
+    state: &MockState,
+    route: &RouteProfile,
+    fault: Option<Fault>,
+    body: &serde_json::Value,
+    speaks: Speaks,
+    model: &str,
+) -> Response {
+    let tool = first_tool(speaks, body);
     if body.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
         if fault == Some(Fault::EndlessStream) {
             return endless_stream(route, model, &state.streams_open);
@@ -514,21 +546,21 @@ pub(crate) async fn serve_chat(
                 if let Some(t) = &tool {
                     call_in_stream(&mut chunks, model, t);
                 }
-                if wants_usage(&body) && chunks.last().is_some_and(|c| c.contains("[DONE]")) {
+                if wants_usage(body) && chunks.last().is_some_and(|c| c.contains("[DONE]")) {
                     chunks.insert(chunks.len() - 1, usage_chunk(model));
                 }
                 (text(chunks), "text/event-stream")
             }
             Speaks::Anthropic => {
                 let mut events = anthropic_stream_events(model, tool.as_deref());
-                if let Some(rest) = prefilled_rest(&body) {
+                if let Some(rest) = prefilled_rest(body) {
                     continue_prefill(&mut events, &rest);
                 }
                 (text(with_fault(events, fault, true)), "text/event-stream")
             }
             Speaks::Gemini => (
                 text(with_fault(
-                    gemini_stream_events(model, &gemini_tools(&body, tool.clone())),
+                    gemini_stream_events(model, &gemini_tools(body, tool.clone())),
                     fault,
                     false,
                 )),
@@ -560,7 +592,7 @@ pub(crate) async fn serve_chat(
             })
         }
         Speaks::Anthropic => anthropic_answer(model, &route.content, tool.as_deref()),
-        Speaks::Gemini => gemini_answer(model, &route.content, &gemini_tools(&body, tool.clone())),
+        Speaks::Gemini => gemini_answer(model, &route.content, &gemini_tools(body, tool.clone())),
         Speaks::Bedrock => bedrock_answer(&route.content, tool.as_deref()),
     })
     .into_response()

@@ -9,6 +9,7 @@ use super::error::ApiError;
 use super::repeated::Repeated;
 use super::state::{AppState, InterfaceRuntime};
 use super::stream::{hold, Held};
+use crate::upstream::limits::Capacity;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use bytes::Bytes;
 use equiroute_core::breaker::Admission;
@@ -183,7 +184,27 @@ pub(super) fn outcome_of(
             ),
         },
         time_to_first_byte: None,
-        retry_after: reply.retry_after,
+        retry_after: rest_of(
+            reply.retry_after,
+            &reply.capacity,
+            usage_of(reply).unwrap_or(estimate),
+        ),
+    }
+}
+
+/// How long the provider asked to be left alone: its `Retry-After`, or, when its rate-limit
+/// headers (`capacity`) say nothing is left for another request of `tokens` (the one just
+/// made), the time to their reset; the longer of the two. The breaker rests the provider that
+/// long (see [`crate::upstream::limits`]).
+fn rest_of(
+    retry_after: Option<Millis>,
+    capacity: &Capacity,
+    tokens: TokenEstimate,
+) -> Option<Millis> {
+    let exhausted = capacity.exhausted_for(u64::from(tokens.input) + u64::from(tokens.output));
+    match (retry_after, exhausted) {
+        (Some(a), Some(b)) => Some(Millis(a.0.max(b.0))),
+        (a, b) => a.or(b),
     }
 }
 
@@ -210,7 +231,7 @@ pub(super) enum OpenResult {
     Ready {
         first: Bytes,
         rest: ChunkStream,
-        ttfb: Millis,
+        began: Began,
     },
     /// It ended before anything was sent (error, timeout, or broken while held).
     Ended {
@@ -268,10 +289,19 @@ pub(super) fn open_attempt<'a>(
                 outcome: outcome_of(&reply, candidate, tokens),
                 reply: Some(reply),
             },
-            StreamStart::Started { first, rest, ttfb } => {
+            StreamStart::Started {
+                first,
+                rest,
+                ttfb,
+                capacity,
+            } => {
                 tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
                 match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
-                    Held::Commit { first, rest } => OpenResult::Ready { first, rest, ttfb },
+                    Held::Commit { first, rest } => OpenResult::Ready {
+                        first,
+                        rest,
+                        began: Began { ttfb, capacity },
+                    },
                     Held::Broken(reason) => {
                         if state.logs.allow(Repeated::StreamBroken) {
                             tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
@@ -279,7 +309,13 @@ pub(super) fn open_attempt<'a>(
                         let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
                         let latency = state.now().since(now);
                         OpenResult::Ended {
-                            outcome: streamed(candidate, tokens, broken, latency, ttfb),
+                            outcome: streamed(
+                                candidate,
+                                tokens,
+                                broken,
+                                latency,
+                                Began { ttfb, capacity },
+                            ),
                             reply: None,
                         }
                     }
@@ -327,25 +363,33 @@ impl Drop for FirstByteWatch<'_> {
     }
 }
 
+/// How a streamed attempt began: its time to the first byte, and what the provider's
+/// rate-limit headers said is left.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Began {
+    pub(super) ttfb: Millis,
+    pub(super) capacity: Capacity,
+}
+
 /// The outcome of a streamed attempt that began (it had its first byte, so it is billed).
 pub(super) fn streamed(
     candidate: &equiroute_core::Candidate,
     tokens: TokenEstimate,
     status: AttemptStatus,
     latency: Millis,
-    ttfb: Millis,
+    began: Began,
 ) -> AttemptOutcome {
     AttemptOutcome {
         latency,
         status,
         cost: candidate.price.cost(tokens),
-        time_to_first_byte: Some(ttfb),
-        retry_after: None,
+        time_to_first_byte: Some(began.ttfb),
+        retry_after: rest_of(None, &began.capacity, tokens),
     }
 }
 
 /// What bounds a streamed attempt's first-byte limit while its provider's first bytes are
-/// not known (see [`super::ttfb`]).
+/// not known, and an unstreamed attempt's wait for its answer (see [`super::ttfb`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Unlearnt {
     /// No other candidate is left: the attempt's timeout.

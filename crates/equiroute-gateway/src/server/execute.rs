@@ -424,7 +424,7 @@ pub(super) async fn execute_streamed(
         for opened in opened {
             // An attempt that ends here sent nothing to the client: booked, and on to the next.
             let (outcome, reply) = match opened.result {
-                OpenResult::Ready { first, rest, ttfb } => {
+                OpenResult::Ready { first, rest, began } => {
                     rejections.answered(&state, &iface, opened.next.candidate);
                     // The relay keeps the attempt's span open until the stream ends, and
                     // records the outcome and usage on it then.
@@ -448,7 +448,7 @@ pub(super) async fn execute_streamed(
                         } else {
                             started
                         },
-                        ttfb,
+                        began,
                         attempt_started: opened.started,
                         run,
                         decided,

@@ -4,7 +4,8 @@
 //! event. The relayed attempts and the request's end are booked by the ledger (`book`).
 
 use super::attempt::{
-    admit, learn_first_byte, outcome_of, pause, streamed, usage_of, wait_limit, Awaited, Unlearnt,
+    admit, learn_first_byte, outcome_of, pause, streamed, usage_of, wait_limit, Awaited, Began,
+    Unlearnt,
 };
 use super::book::{Answer, AttemptEnd, Booking, RequestEnd};
 use super::decide::Decided;
@@ -45,7 +46,7 @@ pub(super) struct Relay {
     pub(super) started: Instant,
     /// What the relayed attempt's latency is counted from.
     pub(super) attempt_clock: Instant,
-    pub(super) ttfb: Millis,
+    pub(super) began: Began,
     /// When the relayed attempt began.
     pub(super) attempt_started: equiroute_core::Timestamp,
     pub(super) run: Execution,
@@ -261,7 +262,7 @@ impl Relay {
         } else {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
-        let outcome = streamed(c, usage.unwrap_or(self.tokens), status, latency, self.ttfb);
+        let outcome = streamed(c, usage.unwrap_or(self.tokens), status, latency, self.began);
         let ctx = Booking::of(&self.features, &self.decided, self.tokens);
         let _ = self.state.ledger(&self.iface).attempt(
             &ctx,
@@ -360,7 +361,12 @@ impl Relay {
                 .await;
             let _ = learn_first_byte(&state, &iface, next.candidate, &start, limit);
             match start {
-                StreamStart::Started { first, rest, ttfb } => {
+                StreamStart::Started {
+                    first,
+                    rest,
+                    ttfb,
+                    capacity,
+                } => {
                     let name = mode.name();
                     tracing::info!(request_id = %self.request_id, provider = %candidate.id, mode = name, "continuing a broken stream");
                     state.metrics.stream_continuation(&iface.name, name);
@@ -369,7 +375,7 @@ impl Relay {
                         .push((next.number as usize, name));
                     self.candidate = next.candidate;
                     self.span = span;
-                    self.ttfb = ttfb;
+                    self.began = Began { ttfb, capacity };
                     self.attempt_started = now;
                     self.attempt_clock = clock;
                     return Some(Continued { first, rest, mode });

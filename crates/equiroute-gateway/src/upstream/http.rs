@@ -434,6 +434,7 @@ impl HttpUpstream {
                 .map_err(|(status, reason)| UpstreamReply::failed(status, elapsed(), 0, reason))?;
             let code = response.status().as_u16();
             let retry_after = retry_after_of(response.headers());
+            let capacity = super::limits::Capacity::of(response.headers(), unix_ms());
             if !(200..300).contains(&code) {
                 let error_type = aws_error_type_of(response.headers());
                 let text = read_body(response.into_body()).await.unwrap_or_default();
@@ -454,7 +455,7 @@ impl HttpUpstream {
                 stream = dialect::translate_stream(stream, translation);
             }
             match stream.next().await {
-                Some(Ok(bytes)) => Ok((bytes, stream)),
+                Some(Ok(bytes)) => Ok((bytes, stream, capacity)),
                 _ => Err(UpstreamReply::failed(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     elapsed(),
@@ -472,10 +473,11 @@ impl HttpUpstream {
                 Redacted::fixed("no first byte in time"),
             )),
             Ok(Err(reply)) => super::StreamStart::Failed(reply),
-            Ok(Ok((first, rest))) => super::StreamStart::Started {
+            Ok(Ok((first, rest, capacity))) => super::StreamStart::Started {
                 first,
                 ttfb: elapsed(),
                 rest,
+                capacity,
             },
         }
     }
@@ -502,8 +504,12 @@ impl HttpUpstream {
                 retry_after: retry_after_of(response.headers()),
                 error_type: aws_error_type_of(response.headers()),
             };
+            let capacity = super::limits::Capacity::of(response.headers(), unix_ms());
             match read_body(response.into_body()).await {
-                Ok(text) => self.classify(&head, text, elapsed(), req.model),
+                Ok(text) => UpstreamReply {
+                    capacity,
+                    ..self.classify(&head, text, elapsed(), req.model)
+                },
                 Err(why) => reply(
                     AttemptStatus::ProviderError(ProviderFailure::StreamBroken),
                     code,
@@ -558,6 +564,13 @@ fn aws_error_type_of(headers: &http::HeaderMap) -> Option<String> {
         .get("x-amzn-errortype")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
+}
+
+/// Wall-clock milliseconds since the Unix epoch (rate-limit reset times are wall-clock).
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
 fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
@@ -658,6 +671,7 @@ impl HttpUpstream {
                     body: Some(body),
                     http_status: code,
                     retry_after: None,
+                    capacity: super::limits::Capacity::default(),
                     reason: None,
                     context_overflow: false,
                     content_filter: false,

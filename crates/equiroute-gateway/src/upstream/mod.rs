@@ -9,6 +9,7 @@ pub mod dialect;
 pub use equiroute_eventstream as eventstream;
 pub mod gemini;
 pub mod http;
+pub mod limits;
 pub mod sim;
 
 use crate::config::{InterfaceKind, UpstreamConfig};
@@ -30,6 +31,8 @@ pub enum StreamStart {
         first: Bytes,
         rest: ChunkStream,
         ttfb: Millis,
+        /// What the provider's rate-limit headers said is left of its capacity.
+        capacity: limits::Capacity,
     },
     /// The attempt ended before its first byte (error, timeout, connection failure).
     Failed(UpstreamReply),
@@ -57,6 +60,8 @@ pub struct UpstreamReply {
     /// The provider's HTTP status (0 when no response arrived).
     pub http_status: u16,
     pub retry_after: Option<Millis>,
+    /// What the provider's rate-limit headers said is left of its capacity.
+    pub capacity: limits::Capacity,
     /// A short reason for failures: the provider's words passed through the gateway's
     /// [`Redactor`](crate::redact::Redactor), or the gateway's own.
     pub reason: Option<Redacted>,
@@ -81,6 +86,7 @@ impl UpstreamReply {
             body: None,
             http_status,
             retry_after: None,
+            capacity: limits::Capacity::default(),
             reason: Some(reason),
             context_overflow: false,
             content_filter: false,

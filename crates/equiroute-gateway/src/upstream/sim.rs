@@ -84,6 +84,7 @@ impl SimUpstream {
             body: Some(super::answer::ProviderJson::from_value(&self.answer(req))),
             http_status: 200,
             retry_after: None,
+            capacity: super::limits::Capacity::default(),
             reason: None,
             context_overflow: false,
             content_filter: false,
@@ -137,6 +138,7 @@ impl SimUpstream {
             first,
             rest: Box::pin(rest),
             ttfb: full.latency,
+            capacity: super::limits::Capacity::default(),
         }
     }
 
