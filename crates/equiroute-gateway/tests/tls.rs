@@ -167,8 +167,11 @@ async fn presented(addr: SocketAddr, ca: &Ca) -> CertificateDer<'static> {
     stream.get_ref().1.peer_certificates().unwrap()[0].clone()
 }
 
-fn chat_request(uri: &str) -> http::Request<Full<Bytes>> {
-    let body = r#"{"model":"chat","messages":[{"role":"user","content":"hello over tls"}]}"#;
+/// A chat completion, streamed or not.
+fn chat_request(uri: &str, stream: bool) -> http::Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"model":"chat","stream":{stream},"messages":[{{"role":"user","content":"hello over tls"}}]}}"#
+    );
     http::Request::post(uri)
         .header("host", "localhost")
         .header("content-type", "application/json")
@@ -287,7 +290,7 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
         .await
         .unwrap();
     assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
-    let (status, body) = http1(stream, chat_request("/v1/chat/completions")).await;
+    let (status, body) = http1(stream, chat_request("/v1/chat/completions", false)).await;
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["object"], "chat.completion", "{answer}");
@@ -296,7 +299,8 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
         "{answer}"
     );
 
-    // HTTP/2: offered first, chosen; two requests at once on the one connection.
+    // HTTP/2: offered first, chosen; two requests at once on the one connection, one of
+    // them streamed.
     let stream = connect(gw.addr, client(Some(&ca.der), &[b"h2", b"http/1.1"]))
         .await
         .unwrap();
@@ -306,9 +310,12 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
             .await
             .unwrap();
     tokio::spawn(conn);
-    let ask = |mut sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>| async move {
+    let ask = |mut sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>, stream: bool| async move {
         let response = sender
-            .send_request(chat_request("https://localhost/v1/chat/completions"))
+            .send_request(chat_request(
+                "https://localhost/v1/chat/completions",
+                stream,
+            ))
             .await
             .unwrap();
         assert_eq!(response.version(), http::Version::HTTP_2);
@@ -324,13 +331,25 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
             String::from_utf8_lossy(&body).into_owned(),
         )
     };
-    let (one, two) = tokio::join!(ask(sender.clone()), ask(sender.clone()));
-    for (status, provider, body) in [one, two] {
-        assert_eq!(status, 200, "{body}");
+    let (whole, streamed) = tokio::join!(ask(sender.clone(), false), ask(sender.clone(), true));
+    for (status, provider, body) in [&whole, &streamed] {
+        assert_eq!(*status, 200, "{body}");
         assert_eq!(provider.as_deref(), Some("a"));
-        let answer: Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(answer["object"], "chat.completion", "{answer}");
     }
+    let answer: Value = serde_json::from_str(&whole.2).unwrap();
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    let (text, _) = common::streamed_text(&streamed.2);
+    let events = streamed
+        .2
+        .lines()
+        .filter(|l| l.starts_with("data: "))
+        .count();
+    assert!(!text.is_empty() && events >= 3, "{}", streamed.2);
+    assert!(
+        streamed.2.trim_end().ends_with("data: [DONE]"),
+        "{}",
+        streamed.2
+    );
     assert_eq!(
         common::calls(mock.addr, "m").await,
         3,
@@ -438,7 +457,7 @@ async fn a_replaced_certificate_serves_new_connections_and_a_bad_one_is_refused(
     let stream = connect(gw.addr, client(Some(&ca.der), &[b"http/1.1"]))
         .await
         .unwrap();
-    let (status, body) = http1(stream, chat_request("/v1/chat/completions")).await;
+    let (status, body) = http1(stream, chat_request("/v1/chat/completions", false)).await;
     assert_eq!(status, 200, "{body}");
 }
 
