@@ -350,9 +350,20 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
         "{}",
         streamed.2
     );
+    // A body of 300 KB, over four times the stream's flow-control window: it all arrives.
+    let big = serde_json::json!({
+        "model": "chat",
+        "messages": [{"role": "user", "content": "x".repeat(300_000)}],
+    });
+    let req = http::Request::post("https://localhost/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(big.to_string())))
+        .unwrap();
+    let response = sender.clone().send_request(req).await.unwrap();
+    assert_eq!(response.status(), 200);
     assert_eq!(
         common::calls(mock.addr, "m").await,
-        3,
+        4,
         "every request reached the mock"
     );
 }

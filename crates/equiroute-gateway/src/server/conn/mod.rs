@@ -35,7 +35,8 @@
 //!
 //! With `[server.tls]` every connection is first a TLS handshake ([`tls`]), within the header
 //! timeout; ALPN then picks HTTP/2 or HTTP/1.1. An HTTP/2 connection carries at most
-//! [`H2_MAX_STREAMS`] requests at once (each body counted as above), and its idle timeout runs
+//! [`H2_MAX_STREAMS`] requests at once (each body counted as above, and at most 64 KiB of
+//! bodies unread, its flow-control window), and its idle timeout runs
 //! whenever no request is in flight (its frames between requests do not start a head's
 //! timer). A refused connection of an HTTPS listener is closed without an answer: writing a
 //! refusal would take the handshake the refusal is there to save.
@@ -82,8 +83,14 @@ use tls::Tls;
 pub const H2_MAX_STREAMS: u32 = 16;
 
 /// Most bytes of a response an HTTP/2 stream buffers for a client that reads slowly
-/// (hyper's default is ~400 KB per stream).
-const H2_SEND_BUFFER_BYTES: usize = 64 << 10;
+/// (hyper's default is ~400 KB per stream): 256 KiB over a connection's 16 streams.
+const H2_SEND_BUFFER_BYTES: usize = 16 << 10;
+
+/// HTTP/2's flow-control windows, of the connection and of each stream: the most bytes of
+/// request bodies a client may send before the gateway reads them (hyper's default is 1 MiB
+/// per stream; these are the protocol's own defaults), so a connection holds at most this
+/// much unread, like an HTTP/1.1 connection's read buffer.
+const H2_WINDOW_BYTES: u32 = 65_535;
 
 /// How long a refused connection is kept to deliver its refusal and read what the client sent
 /// meanwhile (closing with unread bytes would reset the connection and lose the answer).
@@ -627,6 +634,8 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     )
                     .max_concurrent_streams(H2_MAX_STREAMS)
                     .max_send_buf_size(H2_SEND_BUFFER_BYTES)
+                    .initial_connection_window_size(H2_WINDOW_BYTES)
+                    .initial_stream_window_size(H2_WINDOW_BYTES)
                     .serve_connection(io, handler);
                 tokio::pin!(conn);
                 watch
