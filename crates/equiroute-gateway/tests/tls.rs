@@ -105,12 +105,13 @@ fn install(dir: &Path, leaf: &Leaf) {
 }
 
 /// A chat interface on an OpenAI-compatible mock at `mock`, served over HTTPS with the pair
-/// in `dir`, with a short header timeout (it bounds the handshake).
+/// in `dir`, with a short header timeout (it bounds the handshake) and idle timeout.
 fn https_config(dir: &Path, mock: SocketAddr) -> String {
     format!(
         r#"
 [server]
 header_read_timeout_ms = 500
+idle_timeout_ms = 1500
 
 [server.tls]
 cert_file = "{}"
@@ -306,10 +307,15 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
         .unwrap();
     assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        // Pinging every 200 ms, idle or not: frames between requests.
+        hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_millis(200))
+            .keep_alive_while_idle(true)
+            .handshake(TokioIo::new(stream))
             .await
             .unwrap();
-    tokio::spawn(conn);
+    let connection = tokio::spawn(conn);
     let ask = |mut sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>, stream: bool| async move {
         let response = sender
             .send_request(chat_request(
@@ -361,10 +367,22 @@ async fn chat_completions_over_https_with_http1_and_with_http2_chosen_by_alpn() 
         .unwrap();
     let response = sender.clone().send_request(req).await.unwrap();
     assert_eq!(response.status(), 200);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.starts_with(b"{"), "{body:?}");
     assert_eq!(
         common::calls(mock.addr, "m").await,
         4,
         "every request reached the mock"
+    );
+    // Idle, the connection is closed after idle_timeout_ms (1.5 s), not the header timeout
+    // (0.5 s): the client's pings between requests start no request head.
+    let idle = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(closed.is_ok(), "the idle HTTP/2 connection was not closed");
+    assert!(
+        idle.elapsed() >= Duration::from_millis(1200),
+        "closed after {:?}",
+        idle.elapsed()
     );
 }
 
