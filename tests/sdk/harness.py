@@ -7,11 +7,11 @@ import subprocess
 
 
 def start(args, env):
-    """Starts `args` (an `equiroute` subcommand that prints its address first); returns the
-    process and its `host:port`."""
+    """Starts `args` (an `equiroute` subcommand that prints its address first, http:// or
+    https://); returns the process and its `host:port`."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
-    match = re.search(r"http://([0-9.]+:[0-9]+)", line)
+    match = re.search(r"https?://([0-9.]+:[0-9]+)", line)
     assert match, f"no address in {line!r}"
     return proc, match.group(1)
 

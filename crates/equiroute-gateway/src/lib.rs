@@ -57,6 +57,8 @@ pub struct Prepared {
     store: Option<(Arc<store::Store>, std::time::Duration)>,
     syncer: Option<shared::Syncer>,
     audit_writer: Option<tokio::task::JoinHandle<()>>,
+    /// HTTPS's certificate and key (`[server.tls]`); none: plain HTTP.
+    tls: Option<Arc<server::conn::tls::TlsFiles>>,
 }
 
 /// Builds the state of a gateway for `config`.
@@ -115,6 +117,12 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
             .sum::<usize>(),
         "gateway ready"
     );
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|t| server::conn::tls::TlsFiles::open(t, &state.metrics))
+        .transpose()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let state = Arc::new(state);
     let cutoff = server::drain::Cutoff::new();
     let app = server::drain::layer(
@@ -130,6 +138,7 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
         store,
         syncer,
         audit_writer,
+        tls,
     })
 }
 
@@ -138,6 +147,15 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
 const CUTOFF_DELIVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Prepared {
+    /// The HTTPS certificate and key, when `[server.tls]` is set: [`TlsFiles::reload`]
+    /// re-reads them (the SIGHUP handler's job; they are also re-read when they change).
+    ///
+    /// [`TlsFiles::reload`]: server::conn::tls::TlsFiles::reload
+    #[must_use]
+    pub fn tls_files(&self) -> Option<Arc<server::conn::tls::TlsFiles>> {
+        self.tls.clone()
+    }
+
     /// Serves on `listener` and on each of `more` (listening sockets bound to the same
     /// address with `SO_REUSEPORT`, so the kernel spreads connections over them, each served
     /// by a single-threaded runtime on a thread of its own) until `shutdown` resolves, then
@@ -183,6 +201,7 @@ impl Prepared {
             store,
             syncer,
             audit_writer,
+            tls,
         } = self;
         // Periodic snapshots, off the request path.
         let saver = store
@@ -196,9 +215,10 @@ impl Prepared {
         // Every loop drains when `shutdown` resolves.
         let slots = server::conn::ConnectionSlots::counted(&limits, &state.metrics);
         let (stop_loops, loops_rx) = tokio::sync::watch::channel(false);
-        let (loops, ended) = spawn_loops(&app, &slots, more, &loops_rx)?;
+        let acceptor = server::conn::tls::Tls::start(tls, &state, &loops_rx)?;
+        let (loops, ended) = spawn_loops(&app, &slots, acceptor.as_ref(), more, &loops_rx)?;
         let drained = {
-            let main = server::conn::serve(listener, app, slots, loops_rx);
+            let main = server::conn::serve(listener, app, slots, loops_rx, acceptor);
             // Every loop, this one and the threads', has closed its last connection.
             let main = async move {
                 main.await;
@@ -247,11 +267,9 @@ impl Prepared {
             joined.map_err(|_| std::io::Error::other("an event loop thread panicked"))??;
         }
         if let Some(task) = saver {
-            task.abort();
-            let _ = task.await;
+            end(task).await;
         }
-        summaries.abort();
-        let _ = summaries.await;
+        end(summaries).await;
         state.logs.flush(true);
         let _ = stop_sync.send(true);
         if let Some(task) = sync_task {
@@ -284,21 +302,29 @@ impl Prepared {
     }
 }
 
+/// Ends a background task and waits for it to go.
+async fn end(task: tokio::task::JoinHandle<()>) {
+    task.abort();
+    let _ = task.await;
+}
+
 /// A loop thread's handle.
 type LoopThread = std::thread::JoinHandle<std::io::Result<()>>;
 
-/// Starts a thread with a single-threaded runtime serving `app` on each socket, until `stop`
+/// Starts a thread with a single-threaded runtime serving `app` (over `tls` when set) on each
+/// socket, until `stop`
 /// turns true. Returns the threads, and for each a receiver that resolves when it ends.
 fn spawn_loops(
     app: &axum::Router,
     slots: &Arc<server::conn::ConnectionSlots>,
+    tls: Option<&Arc<server::conn::tls::Tls>>,
     sockets: Vec<std::net::TcpListener>,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<(Vec<LoopThread>, Vec<tokio::sync::oneshot::Receiver<()>>)> {
     let mut loops = Vec::with_capacity(sockets.len());
     let mut ended = Vec::with_capacity(sockets.len());
     for (n, socket) in sockets.into_iter().enumerate() {
-        let (app, slots, stop) = (app.clone(), slots.clone(), stop.clone());
+        let (app, slots, stop, tls) = (app.clone(), slots.clone(), stop.clone(), tls.cloned());
         // Dropped when the thread ends, however it ends.
         let (end, ends) = tokio::sync::oneshot::channel::<()>();
         ended.push(ends);
@@ -312,7 +338,7 @@ fn spawn_loops(
                 rt.block_on(async move {
                     socket.set_nonblocking(true)?;
                     let listener = tokio::net::TcpListener::from_std(socket)?;
-                    server::conn::serve(listener, app, slots, stop).await;
+                    server::conn::serve(listener, app, slots, stop, tls).await;
                     Ok(())
                 })
             })?;

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::redis::RedisServer;
 use equiroute_core::policies::Observation;
 use equiroute_core::{
     AttemptOutcome, AttemptStatus, Millis, ProviderFailure, SlicePath, Timestamp,
@@ -14,151 +15,7 @@ use equiroute_gateway::server::state::AppState;
 use equiroute_gateway::shared::Syncer;
 use serde_json::Value;
 use std::fmt::Write as _;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// A `redis-server` of the test's own, with an append-only file that is fsynced on every
-/// write, so that a SIGKILL loses nothing and a restart on the same directory has it all.
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-    binary: PathBuf,
-}
-
-fn redis_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("REDIS_SERVER") {
-        return Some(PathBuf::from(p));
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("redis-server"))
-            .find(|p| p.is_file())
-    })
-}
-
-impl RedisServer {
-    /// A fresh server, or `None` (with a message) when `redis-server` is not installed.
-    fn start(name: &str) -> Option<RedisServer> {
-        let Some(binary) = redis_binary() else {
-            eprintln!(
-                "skipping {name}: redis-server not found on PATH (install it, e.g. `apt-get install redis-server`, or set REDIS_SERVER)"
-            );
-            return None;
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir =
-            std::env::temp_dir().join(format!("equiroute-redis-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut server = RedisServer {
-            child: None,
-            port,
-            dir,
-            binary,
-        };
-        server.spawn();
-        Some(server)
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new(&self.binary)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
-                use std::io::{Read, Write};
-                let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-                let mut buf = [0u8; 64];
-                if s.write_all(b"PING\r\n").is_ok()
-                    && s.read(&mut buf)
-                        .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
-                {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server did not answer on port {}", self.port);
-    }
-
-    /// SIGKILL, by PID.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Sends one inline command (e.g. `FLUSHALL`) and returns the first line of the reply.
-    fn command(&self, command: &str) -> String {
-        use std::io::{BufRead, BufReader, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(format!("{command}\r\n").as_bytes()).unwrap();
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).unwrap();
-        line.trim_end().to_owned()
-    }
-
-    /// Sends one inline command and returns its reply's strings: a bulk string's value, or
-    /// an array's bulk strings (for `HGET`, `HKEYS`).
-    fn strings(&self, command: &str) -> Vec<String> {
-        use std::io::{BufRead, BufReader, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(format!("{command}\r\n").as_bytes()).unwrap();
-        let mut reader = BufReader::new(s);
-        let mut line = || {
-            let mut l = String::new();
-            reader.read_line(&mut l).unwrap();
-            l.trim_end().to_owned()
-        };
-        let head = line();
-        let bulks = match head.chars().next() {
-            Some('*') => head[1..].parse::<usize>().unwrap_or(0),
-            Some('$') if head != "$-1" => return vec![line()],
-            _ => return Vec::new(),
-        };
-        (0..bulks)
-            .map(|_| {
-                let _length = line();
-                line()
-            })
-            .collect()
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn config(url: Option<&str>, namespace: &str) -> String {
     let state = url.map_or(String::new(), |u| {

@@ -122,11 +122,12 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
             .map_or("chat", |i| i.name.as_str());
         // Before the banner: a signal sent as soon as it is read is a stop, not a kill.
         let (first, second) = stop_signals()?;
-        tracing::info!(%addr, event_loops = loops, config = %file, "listening");
-        println!("equiroute listening on http://{addr} ({} interfaces from {file})", config.interfaces.len());
+        let scheme = if config.tls.is_some() { "https" } else { "http" };
+        tracing::info!(%addr, event_loops = loops, config = %file, tls = config.tls.is_some(), "listening");
+        println!("equiroute listening on {scheme}://{addr} ({} interfaces from {file})", config.interfaces.len());
         println!("{learning}");
         println!(
-            "try: curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
+            "try: curl -s {scheme}://{addr}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{chat}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         );
         gateway.serve_until(listener, more, first, second).await?;
         tracing::info!("stopped");

@@ -8,7 +8,7 @@ use super::server::{
     connection_limits, listen_address, log_format, server_keys, shutdown_grace, RawServer,
 };
 use super::types::{AuditConfig, ConnectionLimits, GatewayConfig};
-use super::{state, telemetry};
+use super::{state, telemetry, tls};
 use equiroute_core::Millis;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -160,6 +160,7 @@ fn load_raw(
             "define at least one [interfaces.NAME] table".into(),
         ));
     }
+    let tls = validated(raw.server.tls.take(), tls::validate, &err, &mut problems);
     let state = validated(raw.state, |r| state::validate(r, env), &err, &mut problems);
     let telemetry = validated(raw.telemetry, telemetry::validate, &err, &mut problems);
     let mut warnings = Vec::new();
@@ -182,6 +183,7 @@ fn load_raw(
             log_format,
             connections,
             shutdown_grace,
+            tls,
             audit: raw.audit,
             state,
             telemetry,

@@ -6,7 +6,7 @@
 //! One file per job, each using only the ones listed before it: `defaults` (defaults and
 //! bounds), `secrets` (secrets read from the environment), `problems` (how problems are
 //! reported), `checks` (names, task classes, refused policies), the sections' own files
-//! (`keys`, `state`, `telemetry`, `rollout`, `first_byte`), `types` (the validated
+//! (`keys`, `state`, `telemetry`, `rollout`, `first_byte`, `tls`), `types` (the validated
 //! configuration), then the raw tables with their checks: `server`, `providers` (and the
 //! judge), `interfaces`, and `loader` (the `load` function) on top.
 
@@ -23,6 +23,7 @@ mod secrets;
 mod server;
 mod state;
 mod telemetry;
+pub mod tls;
 mod types;
 
 pub use defaults::{
@@ -37,6 +38,7 @@ pub use rollout::{GuardConfig, RolloutConfig};
 pub use secrets::{AwsCredentials, Secret};
 pub use state::{default_state_file, RedisStateConfig, StateConfig, StoreConfig};
 pub use telemetry::TelemetryConfig;
+pub use tls::TlsConfig;
 pub use types::{
     AuditConfig, AuditFeatures, AzureAuth, ConnectionLimits, GatewayConfig, InterfaceConfig,
     InterfaceKind, JudgeConfig, LogFormat, ProviderConfig, ProviderKind, SimSpec,

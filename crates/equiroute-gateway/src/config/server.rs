@@ -60,6 +60,8 @@ pub(super) struct RawServer {
     pub(super) log_format: Option<String>,
     /// Longest drain after a stop signal before the streams still open are ended.
     pub(super) shutdown_grace_ms: Option<f64>,
+    /// HTTPS: the certificate chain and key (`[server.tls]`); none: plain HTTP.
+    pub(super) tls: Option<super::tls::RawTls>,
 }
 
 /// `server.shutdown_grace_ms`, or the problem with it as (field, fix).

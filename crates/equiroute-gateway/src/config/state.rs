@@ -38,6 +38,9 @@ pub(super) struct RawState {
     compact_bytes: Option<u64>,
     max_unpushed: Option<usize>,
     claim_timeout_ms: Option<f64>,
+    username: Option<String>,
+    password_env: Option<String>,
+    tls_ca_file: Option<PathBuf>,
 }
 
 /// Where learning state lives, validated.
@@ -52,8 +55,15 @@ pub enum StateConfig {
 /// `[state] backend = "redis"`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedisStateConfig {
-    /// `redis://host:port[/db]`, possibly with a password: never printed.
+    /// `redis://host:port[/db]` or `rediss://` (TLS), possibly with a password: never printed.
     pub url: Secret,
+    /// The ACL user name (`AUTH user password`), when not in the URL.
+    pub username: Option<String>,
+    /// The password, read from the variable `password_env` names, when not in the URL.
+    pub password: Option<Secret>,
+    /// The CA certificate (PEM) a `rediss://` server's certificate is checked against, for a
+    /// private CA; none: the system's trusted roots.
+    pub tls_ca_file: Option<PathBuf>,
     /// Prefix of every key, so that several deployments can share one Redis.
     pub namespace: String,
     /// How often each instance pushes its observations and pulls the others'.
@@ -126,6 +136,9 @@ fn file(raw: RawState, bad: &mut dyn FnMut(&str, String)) -> Option<StateConfig>
         raw.claim_timeout_ms.is_some(),
         bad,
     );
+    misplaced("file", "username", raw.username.is_some(), bad);
+    misplaced("file", "password_env", raw.password_env.is_some(), bad);
+    misplaced("file", "tls_ca_file", raw.tls_ca_file.is_some(), bad);
     let interval = raw.snapshot_interval_s.unwrap_or(5.0);
     if !(interval.is_finite() && interval > 0.0) {
         bad(
@@ -159,46 +172,15 @@ fn redis(
         raw.snapshot_interval_s.is_some(),
         bad,
     );
-    let from_env = raw.url_env.is_some();
-    let url = match (raw.url, raw.url_env) {
-        (Some(_), Some(_)) => {
-            bad("url", "give url or url_env, not both".into());
-            None
-        }
-        (Some(url), None) => {
-            if has_password(&url) {
-                bad("url", "contains a password: put the URL in an environment variable and name it in state.url_env".into());
-                None
-            } else {
-                Some(url)
-            }
-        }
-        (None, Some(name)) => {
-            let unset = "export it with a redis:// URL";
-            match super::secrets::env_secret(&name, "REDIS_URL", unset, env) {
-                Ok(url) => Some(url.0),
-                Err(fix) => {
-                    bad("url_env", fix);
-                    None
-                }
-            }
-        }
-        (None, None) => {
-            bad(
-                "url",
-                "the redis backend needs an address: add url = \"redis://127.0.0.1:6379\" (or url_env naming a variable that holds it)".into(),
-            );
-            None
-        }
-    };
-    if let Some(u) = &url {
-        if !u.starts_with("redis://") {
-            bad(
-                if from_env { "url_env" } else { "url" },
-                "must be a redis:// URL, e.g. redis://127.0.0.1:6379/0".into(),
-            );
-        }
-    }
+    let url = redis_url(raw.url, raw.url_env, env, bad);
+    let (username, password, tls_ca_file) = credentials(
+        url.as_deref(),
+        raw.username,
+        raw.password_env,
+        raw.tls_ca_file,
+        env,
+        bad,
+    );
     let namespace = raw.namespace.unwrap_or_else(|| "equiroute".to_owned());
     if namespace.is_empty()
         || !namespace
@@ -235,6 +217,9 @@ fn redis(
     url.map(|url| {
         StateConfig::Redis(RedisStateConfig {
             url: Secret(url),
+            username,
+            password,
+            tls_ca_file,
             namespace,
             sync_interval: Duration::from_secs_f64(sync_ms / 1000.0),
             compact_every,
@@ -243,6 +228,111 @@ fn redis(
             claim_timeout: Duration::from_secs_f64(claim_ms / 1000.0),
         })
     })
+}
+
+/// The URL of `url` or of the variable `url_env` names: one of the two, without a password
+/// written in the file, `redis://` or `rediss://`.
+fn redis_url(
+    url: Option<String>,
+    url_env: Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+    bad: &mut dyn FnMut(&str, String),
+) -> Option<String> {
+    let from_env = url_env.is_some();
+    let url = match (url, url_env) {
+        (Some(_), Some(_)) => {
+            bad("url", "give url or url_env, not both".into());
+            None
+        }
+        (Some(url), None) => {
+            if has_password(&url) {
+                bad("url", "contains a password: put the URL in an environment variable and name it in state.url_env".into());
+                None
+            } else {
+                Some(url)
+            }
+        }
+        (None, Some(name)) => {
+            let unset = "export it with a redis:// or rediss:// URL";
+            match super::secrets::env_secret(&name, "REDIS_URL", unset, env) {
+                Ok(url) => Some(url.0),
+                Err(fix) => {
+                    bad("url_env", fix);
+                    None
+                }
+            }
+        }
+        (None, None) => {
+            bad(
+                "url",
+                "the redis backend needs an address: add url = \"redis://127.0.0.1:6379\" (or url_env naming a variable that holds it)".into(),
+            );
+            None
+        }
+    };
+    if let Some(u) = &url {
+        if !u.starts_with("redis://") && !u.starts_with("rediss://") {
+            bad(
+                if from_env { "url_env" } else { "url" },
+                "must be a redis:// URL, e.g. redis://127.0.0.1:6379/0, or rediss:// for TLS"
+                    .into(),
+            );
+        }
+    }
+    url
+}
+
+/// `username`, `password_env` (read) and `tls_ca_file` (checked to hold a certificate), for
+/// `url` (a password is in the URL or in `password_env`, not both; a CA file needs TLS).
+fn credentials(
+    url: Option<&str>,
+    username: Option<String>,
+    password_env: Option<String>,
+    tls_ca_file: Option<PathBuf>,
+    env: &dyn Fn(&str) -> Option<String>,
+    bad: &mut dyn FnMut(&str, String),
+) -> (Option<String>, Option<Secret>, Option<PathBuf>) {
+    if username
+        .as_deref()
+        .is_some_and(|u| u.is_empty() || u.chars().any(|c| c.is_whitespace() || c.is_control()))
+    {
+        bad(
+            "username",
+            "must be an ACL user name without spaces, e.g. \"equiroute\"".into(),
+        );
+    }
+    let password = password_env.and_then(|name| {
+        if url.is_some_and(has_password) {
+            bad(
+                "password_env",
+                "the URL holds a password already: give it in one place".into(),
+            );
+            return None;
+        }
+        let unset = "export it with the Redis user's password";
+        super::secrets::env_secret(&name, "EQUIROUTE_REDIS_PASSWORD", unset, env)
+            .map_err(|fix| bad("password_env", fix))
+            .ok()
+    });
+    if username.is_some() && password.is_none() && !url.is_some_and(has_password) {
+        bad(
+            "username",
+            "a user needs its password: add password_env = \"EQUIROUTE_REDIS_PASSWORD\" naming a variable that holds it".into(),
+        );
+    }
+    let tls_ca_file = tls_ca_file.filter(|path| {
+        if !url.is_some_and(|u| u.starts_with("rediss://")) {
+            bad(
+                "tls_ca_file",
+                "is used with a rediss:// URL only (TLS): use rediss://, or remove it".into(),
+            );
+            return false;
+        }
+        super::tls::read_ca(path)
+            .map_err(|fix| bad("tls_ca_file", fix))
+            .is_ok()
+    });
+    (username, password, tls_ca_file)
 }
 
 /// `compact_every` and `compact_bytes`, checked: the log is compacted after whichever of the
@@ -392,6 +482,60 @@ mod tests {
         );
         assert_eq!(path(&[("XDG_STATE_HOME", ""), ("HOME", "")]), None);
         assert_eq!(path(&[]), None);
+    }
+
+    #[test]
+    fn rediss_urls_take_a_user_and_a_password_from_the_environment() {
+        let env = |k: &str| (k == "PW").then(|| "s3cret-value".to_owned());
+        let text = "backend = \"redis\"\nurl = \"rediss://cache.example.com:6380/0\"\nusername = \"equiroute\"\npassword_env = \"PW\"";
+        let Ok(StateConfig::Redis(r)) = parse(text, &env) else {
+            panic!("rediss config refused");
+        };
+        assert_eq!(r.username.as_deref(), Some("equiroute"));
+        assert_eq!(r.password, Some(Secret("s3cret-value".into())));
+        assert_eq!(r.tls_ca_file, None);
+        // A user without a password, a password given twice, a CA file without TLS.
+        let cases = [
+            (
+                "url = \"rediss://h:1\"\nusername = \"u\"",
+                "state.username",
+                "password_env",
+            ),
+            (
+                "url_env = \"U\"\npassword_env = \"PW\"",
+                "state.password_env",
+                "one place",
+            ),
+            (
+                "url = \"redis://h:1\"\ntls_ca_file = \"ca.pem\"",
+                "state.tls_ca_file",
+                "rediss://",
+            ),
+            (
+                "url = \"rediss://h:1\"\ntls_ca_file = \"/no/such/ca.pem\"",
+                "state.tls_ca_file",
+                "does not exist",
+            ),
+            (
+                "url = \"rediss://h:1\"\npassword_env = \"UNSET\"",
+                "state.password_env",
+                "UNSET",
+            ),
+            ("url = \"http://h:1\"", "state.url", "rediss://"),
+        ];
+        let env = |k: &str| match k {
+            "PW" => Some("s3cret-value".to_owned()),
+            "U" => Some("rediss://:other-secret@h:1".to_owned()),
+            _ => None,
+        };
+        for (lines, field, fix) in cases {
+            let e = parse(&format!("backend = \"redis\"\n{lines}"), &env).unwrap_err();
+            assert_eq!(e[0].0, field, "{lines}");
+            assert!(e[0].1.contains(fix), "{lines}: {}", e[0].1);
+            assert!(!e[0].1.contains("s3cret-value") && !e[0].1.contains("other-secret"));
+        }
+        let e = parse("path = \"s.redb\"\npassword_env = \"PW\"", &env).unwrap_err();
+        assert_eq!(e[0].0, "state.password_env");
     }
 
     #[test]

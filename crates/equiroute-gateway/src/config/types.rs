@@ -10,6 +10,7 @@ use super::rollout::RolloutConfig;
 use super::secrets::{AwsCredentials, Secret};
 use super::state::{self, StateConfig};
 use super::telemetry::TelemetryConfig;
+use super::tls::TlsConfig;
 use equiroute_core::breaker::BreakerConfig;
 use equiroute_core::executor::ExecutionLimits;
 use equiroute_core::latency::LatencySpec;
@@ -308,6 +309,8 @@ pub struct GatewayConfig {
     /// After a stop signal, how long in-flight requests may finish before the rest are ended
     /// (a stream with an error event) and the snapshot saved (`server.shutdown_grace_ms`).
     pub shutdown_grace: Duration,
+    /// HTTPS on `listen` (`[server.tls]`); none: plain HTTP.
+    pub tls: Option<TlsConfig>,
     pub audit: Option<AuditConfig>,
     /// Where learning state lives; none: in memory only.
     pub state: Option<StateConfig>,
@@ -351,6 +354,7 @@ impl GatewayConfig {
         if let Some(StateConfig::Redis(r)) = &self.state {
             out.push(&r.url.0);
             out.extend(state::url_password(&r.url.0));
+            out.extend(r.password.as_ref().map(|p| p.0.as_str()));
         }
         out
     }

@@ -41,11 +41,14 @@ pub enum Repeated {
     /// The live policy detected a shift in a provider's quality scores (scores are the
     /// clients': alternating good and bad ones sets shifts off at will).
     QualityShift,
+    /// A TLS handshake failed (a client of the HTTPS port that speaks plain HTTP, does not
+    /// trust the certificate, or stays silent).
+    TlsHandshakeFailed,
 }
 
 impl Repeated {
     /// Every kind, in the order of their windows.
-    pub const ALL: [Repeated; 8] = [
+    pub const ALL: [Repeated; 9] = [
         Repeated::FeedbackRejected,
         Repeated::NoEligibleProvider,
         Repeated::ProviderRejected,
@@ -54,6 +57,7 @@ impl Repeated {
         Repeated::LastResort,
         Repeated::JudgeFailed,
         Repeated::QualityShift,
+        Repeated::TlsHandshakeFailed,
     ];
 
     /// The `kind` label in `/metrics`.
@@ -68,6 +72,7 @@ impl Repeated {
             Repeated::LastResort => "last_resort",
             Repeated::JudgeFailed => "judge_failed",
             Repeated::QualityShift => "quality_shift",
+            Repeated::TlsHandshakeFailed => "tls_handshake_failed",
         }
     }
 
@@ -82,6 +87,7 @@ impl Repeated {
             Repeated::LastResort => "last-resort probes (every breaker open)",
             Repeated::JudgeFailed => "judge failures",
             Repeated::QualityShift => "quality shifts",
+            Repeated::TlsHandshakeFailed => "failed TLS handshakes",
         }
     }
 

@@ -139,6 +139,10 @@ pub enum SharedError {
     Mismatch { namespace: String, reason: String },
     #[error("Redis state backend: {0}")]
     Redis(String),
+    /// Redis refused the user name and password: a gateway does not start so (a wrong
+    /// password does not mend itself, unlike an outage).
+    #[error("Redis state backend: Redis refused the credentials ({0}). Fix: check state.username and the password (the variable state.password_env names, or the user information of the URL)")]
+    Auth(String),
     /// `--reset-state` while instances of the namespace run: they would write their
     /// learning back within a sync.
     #[error("state.namespace `{namespace}`: {count} instance(s) of this namespace are running and would write their learning back into Redis at their next sync, so nothing was deleted. Fix: stop every instance of the namespace, then start one with `--reset-state`; an instance stopped without a clean exit counts as running for {forgotten_s} s after its last sync")]
@@ -203,12 +207,24 @@ pub(super) fn redis_err(e: &dyn std::fmt::Display) -> SharedError {
     SharedError::Redis(e.to_string())
 }
 
+/// A command's error: [`SharedError::Auth`] when Redis refused the credentials (or wants
+/// some), else [`SharedError::Redis`]. Redis's messages never repeat the password.
+fn command_err(e: &redis::RedisError) -> SharedError {
+    let refused = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("WRONGPASS" | "NOAUTH"));
+    if refused {
+        SharedError::Auth(e.to_string())
+    } else {
+        redis_err(e)
+    }
+}
+
 pub(super) async fn timed<T>(
     f: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, SharedError> {
     match tokio::time::timeout(COMMAND_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(redis_err(&e)),
+        Ok(Err(e)) => Err(command_err(&e)),
         Err(_) => Err(SharedError::Redis(format!(
             "no answer within {} s",
             COMMAND_TIMEOUT.as_secs()
@@ -216,10 +232,38 @@ pub(super) async fn timed<T>(
     }
 }
 
-/// The client of `cfg`'s URL (the error never shows the URL: it may hold a password).
+/// The client of `cfg`'s URL, with its user, password and CA file (the error never shows
+/// the URL: it may hold a password).
 pub(super) fn client(cfg: &RedisStateConfig) -> Result<redis::Client, SharedError> {
-    redis::Client::open(cfg.url.0.as_str())
-        .map_err(|_| SharedError::Redis("state.url is not a valid redis:// URL".into()))
+    use redis::IntoConnectionInfo;
+    let invalid =
+        || SharedError::Redis("state.url is not a valid redis:// or rediss:// URL".into());
+    let info = cfg
+        .url
+        .0
+        .as_str()
+        .into_connection_info()
+        .map_err(|_| invalid())?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &cfg.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &cfg.password {
+        settings = settings.set_password(&password.0);
+    }
+    let info = info.set_redis_settings(settings);
+    match &cfg.tls_ca_file {
+        None => redis::Client::open(info).map_err(|_| invalid()),
+        Some(path) => {
+            let root_cert = crate::config::tls::read_ca(path)
+                .map_err(|fix| SharedError::Redis(format!("state.tls_ca_file: {fix}")))?;
+            let certificates = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(root_cert),
+            };
+            redis::Client::build_with_tls(info, certificates).map_err(|e| redis_err(&e))
+        }
+    }
 }
 
 /// Deletes every key of the namespace (for `serve --reset-state`), unless an instance of

@@ -369,3 +369,5 @@ pub fn streamed_text(body: &str) -> (String, Vec<Value>) {
     }
     (text, markers)
 }
+
+pub mod redis;

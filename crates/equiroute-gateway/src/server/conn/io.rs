@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -120,10 +119,10 @@ impl Activity {
     }
 }
 
-/// The socket, telling its connection's [`Activity`] when bytes arrive, and failing a write
-/// that has waited `send_timeout` for a client that does not read.
-pub(super) struct WatchedIo<'a> {
-    pub(super) io: &'a mut TcpStream,
+/// The socket (or the TLS stream over it), telling its connection's [`Activity`] when bytes
+/// arrive, and failing a write that has waited `send_timeout` for a client that does not read.
+pub(super) struct WatchedIo<'a, S> {
+    pub(super) io: &'a mut S,
     pub(super) activity: Arc<Activity>,
     pub(super) send_timeout: Duration,
     /// Runs while writes wait (the socket is full); reset by any progress.
@@ -133,9 +132,13 @@ pub(super) struct WatchedIo<'a> {
     /// The answer being written in place of hyper's empty one to a request it could not
     /// parse ([`protocol_error`]), and the length of hyper's, reported written once it is.
     pub(super) replacing: Option<(Bytes, usize)>,
+    /// HTTP/1.1: bytes after an idle spell start a request's head, and hyper's own answers
+    /// to unparsable requests are replaced. HTTP/2's frames between requests (window
+    /// updates, pings) start nothing: its requests are counted when hyper hands them over.
+    pub(super) http1: bool,
 }
 
-impl WatchedIo<'_> {
+impl<S> WatchedIo<'_, S> {
     /// Tracks a write's result: progress resets the send timer; a wait starts it (the timer
     /// wakes the connection when it runs out, so the next poll fails the write).
     pub(super) fn watch_write<T>(
@@ -161,7 +164,7 @@ impl WatchedIo<'_> {
     }
 }
 
-impl AsyncRead for WatchedIo<'_> {
+impl<S: AsyncRead + Unpin> AsyncRead for WatchedIo<'_, S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -170,14 +173,14 @@ impl AsyncRead for WatchedIo<'_> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut *this.io).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        if this.http1 && buf.filled().len() > before {
             this.activity.bytes_read();
         }
         polled
     }
 }
 
-impl WatchedIo<'_> {
+impl<S: AsyncWrite + Unpin> WatchedIo<'_, S> {
     /// Writes `buf`, or, when it is hyper's own empty answer to a request it could not parse
     /// (written with no request in flight), the OpenAI-shaped answer in its place.
     pub(super) fn write_or_replace(
@@ -185,7 +188,7 @@ impl WatchedIo<'_> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if self.replacing.is_none() && self.activity.reading_head() {
+        if self.http1 && self.replacing.is_none() && self.activity.reading_head() {
             if let Some(error) = protocol_error(buf, self.max_header_bytes) {
                 self.replacing = Some((raw_answer(&error, ""), buf.len()));
             }
@@ -214,7 +217,7 @@ impl WatchedIo<'_> {
     }
 }
 
-impl AsyncWrite for WatchedIo<'_> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedIo<'_, S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -228,7 +231,7 @@ impl AsyncWrite for WatchedIo<'_> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        if this.activity.reading_head() {
+        if this.http1 && this.activity.reading_head() {
             // Perhaps hyper's own answer: its head is one buffer.
             let first = bufs
                 .iter()

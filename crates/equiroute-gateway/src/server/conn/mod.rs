@@ -33,6 +33,14 @@
 //! without progress: the connection closes, and with it the response (a relayed stream
 //! ends, which cancels its upstream call).
 //!
+//! With `[server.tls]` every connection is first a TLS handshake ([`tls`]), within the header
+//! timeout; ALPN then picks HTTP/2 or HTTP/1.1. An HTTP/2 connection carries at most
+//! [`H2_MAX_STREAMS`] requests at once (each body counted as above, and at most 64 KiB of
+//! bodies unread, its flow-control window), and its idle timeout runs
+//! whenever no request is in flight (its frames between requests do not start a head's
+//! timer). A refused connection of an HTTPS listener is closed without an answer: writing a
+//! refusal would take the handshake the refusal is there to save.
+//!
 //! Hyper's own `header_read_timeout` is not used: it also runs while a keep-alive connection
 //! waits for its next request, so it would close idle connections at the header timeout
 //! instead of the idle one.
@@ -45,8 +53,8 @@ use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::Router;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::metrics::counter::Counter as Tally;
 use std::collections::{BTreeMap, HashMap};
@@ -57,17 +65,32 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 mod body;
 mod io;
+pub mod tls;
 
 pub(super) use body::HeldBody;
 use body::{ArrivingBody, ArrivingBytes, InFlight};
 use io::{Activity, WatchedIo};
+use tls::Tls;
+
+/// Most requests in flight at once on one HTTP/2 connection (its concurrent streams).
+pub const H2_MAX_STREAMS: u32 = 16;
+
+/// Most bytes of a response an HTTP/2 stream buffers for a client that reads slowly
+/// (hyper's default is ~400 KB per stream): 256 KiB over a connection's 16 streams.
+const H2_SEND_BUFFER_BYTES: usize = 16 << 10;
+
+/// HTTP/2's flow-control windows, of the connection and of each stream: the most bytes of
+/// request bodies a client may send before the gateway reads them (hyper's default is 1 MiB
+/// per stream; these are the protocol's own defaults), so a connection holds at most this
+/// much unread, like an HTTP/1.1 connection's read buffer.
+const H2_WINDOW_BYTES: u32 = 65_535;
 
 /// How long a refused connection is kept to deliver its refusal and read what the client sent
 /// meanwhile (closing with unread bytes would reset the connection and lose the answer).
@@ -409,6 +432,7 @@ pub async fn serve(
     app: Router,
     slots: Arc<ConnectionSlots>,
     mut stop: watch::Receiver<bool>,
+    tls: Option<Arc<Tls>>,
 ) {
     let app = TowerToHyperService::new(app);
     // Each connection holds a sender; `recv` answers `None` once they are all dropped.
@@ -432,8 +456,16 @@ pub async fn serve(
         match slots.admit(ClientAddress::of(peer.ip())) {
             Ok(seat) => {
                 let held = (seat, open.clone());
-                tokio::spawn(connection(stream, app.clone(), stop.clone(), held));
+                let (app, stop) = (app.clone(), stop.clone());
+                match &tls {
+                    None => tokio::spawn(connection(stream, app, stop, held, Protocol::Http1)),
+                    Some(tls) => {
+                        tokio::spawn(secured(stream, peer.ip(), tls.clone(), app, stop, held))
+                    }
+                };
             }
+            // Closed unanswered: the answer would need the handshake the refusal saves.
+            Err(refusal) if tls.is_some() => drop(count_refusal(&slots, refusal)),
             Err(refusal) => refuse(stream, &slots, refusal),
         }
     }
@@ -451,9 +483,9 @@ fn is_client_error(e: &std::io::Error) -> bool {
     )
 }
 
-/// Answers a connection over a limit with its raw refusal and closes it, unserved.
-fn refuse(stream: TcpStream, slots: &Arc<ConnectionSlots>, refusal: Refusal) {
-    let answer = match refusal {
+/// Counts a refusal; its raw answer.
+fn count_refusal(slots: &ConnectionSlots, refusal: Refusal) -> Bytes {
+    match refusal {
         Refusal::AddressFull => {
             slots.refused.too_many_connections.inc();
             slots.address_full.clone()
@@ -462,7 +494,12 @@ fn refuse(stream: TcpStream, slots: &Arc<ConnectionSlots>, refusal: Refusal) {
             slots.refused.overloaded.inc();
             slots.full.clone()
         }
-    };
+    }
+}
+
+/// Answers a connection over a limit with its raw refusal and closes it, unserved.
+fn refuse(stream: TcpStream, slots: &Arc<ConnectionSlots>, refusal: Refusal) {
+    let answer = count_refusal(slots, refusal);
     let Some(slot) = Slot::take(slots) else {
         // The answer fits a fresh socket's send buffer: written without waiting, or not at all.
         let _ = stream.try_write(&answer);
@@ -482,7 +519,7 @@ fn refuse(stream: TcpStream, slots: &Arc<ConnectionSlots>, refusal: Refusal) {
 /// `LINGER_MAX_BYTES`. Closed with unread bytes (a body refused unread, a head over the
 /// limit), the socket would be reset, and a reset can erase the answer before the client has
 /// read it.
-async fn linger(mut stream: TcpStream, _slot: Slot) {
+async fn linger<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, _slot: Slot) {
     let drain = async {
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
@@ -508,13 +545,48 @@ enum Ended {
     Cut,
 }
 
-/// Serves one connection until it closes, a limit runs out, it is shed for a newcomer, or
-/// `stop` (then the request in flight finishes first).
-async fn connection(
-    mut stream: TcpStream,
+/// The protocol a connection speaks: HTTP/1.1, or HTTP/2 when a TLS client chose it (ALPN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// Serves one connection of an HTTPS listener: its handshake (within the header timeout,
+/// cut short by a shed or a stop), then [`connection`] in the protocol the client chose.
+async fn secured(
+    stream: TcpStream,
+    peer: IpAddr,
+    tls: Arc<Tls>,
     app: TowerToHyperService<Router>,
     mut stop: watch::Receiver<bool>,
     held: (Seat, mpsc::Sender<()>),
+) {
+    let limit = held.0.slots.limits.header_read_timeout;
+    let shed = held.0.shed.clone();
+    let stream = tokio::select! {
+        stream = tls.handshake(stream, peer, limit) => stream,
+        () = shed.notified() => None,
+        _ = stop.wait_for(|stop| *stop) => None,
+    };
+    // A failed handshake gives its seat back here.
+    let Some(stream) = stream else { return };
+    let protocol = if stream.get_ref().1.alpn_protocol() == Some(&b"h2"[..]) {
+        Protocol::Http2
+    } else {
+        Protocol::Http1
+    };
+    connection(stream, app, stop, held, protocol).await;
+}
+
+/// Serves one connection until it closes, a limit runs out, it is shed for a newcomer, or
+/// `stop` (then the requests in flight finish first).
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    app: TowerToHyperService<Router>,
+    mut stop: watch::Receiver<bool>,
+    held: (Seat, mpsc::Sender<()>),
+    protocol: Protocol,
 ) {
     let slots = held.0.slots.clone();
     let limits = slots.limits;
@@ -528,6 +600,7 @@ async fn connection(
             stalled: None,
             max_header_bytes: limits.max_header_bytes,
             replacing: None,
+            http1: protocol == Protocol::Http1,
         });
         let handler = Handler {
             app,
@@ -535,34 +608,80 @@ async fn connection(
             slots: slots.clone(),
             share: held.0.share.clone(),
         };
-        let conn = http1::Builder::new()
-            .header_read_timeout(None)
-            // The head's limit (a 431 beyond) also bounds the read buffer, whatever the client
-            // sends; hyper's own default is ~400 KB per connection.
-            .max_header_size(limits.max_header_bytes)
-            .max_buf_size(limits.max_header_bytes.max(MIN_MAX_HEADER_BYTES))
-            .serve_connection(io, handler);
-        tokio::pin!(conn);
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                _ = conn.as_mut() => break Ended::Served,
-                () = activity.expired(&limits) => break Ended::Cut,
-                // Its seat went to a newcomer: closed at once, whatever it was doing.
-                () = shed.notified() => break Ended::Cut,
-                _ = stop.wait_for(|stop| *stop), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
+        let watch = Watch {
+            activity: &activity,
+            limits: &limits,
+            shed: &shed,
+        };
+        match protocol {
+            Protocol::Http1 => {
+                let conn = http1::Builder::new()
+                    .header_read_timeout(None)
+                    // The head's limit (a 431 beyond) also bounds the read buffer, whatever the
+                    // client sends; hyper's own default is ~400 KB per connection.
+                    .max_header_size(limits.max_header_bytes)
+                    .max_buf_size(limits.max_header_bytes.max(MIN_MAX_HEADER_BYTES))
+                    .serve_connection(io, handler);
+                tokio::pin!(conn);
+                watch
+                    .drive(conn, http1::Connection::graceful_shutdown, &mut stop)
+                    .await
+            }
+            Protocol::Http2 => {
+                let conn = http2::Builder::new(TokioExecutor::new())
+                    .max_header_list_size(
+                        u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX),
+                    )
+                    .max_concurrent_streams(H2_MAX_STREAMS)
+                    .max_send_buf_size(H2_SEND_BUFFER_BYTES)
+                    .initial_connection_window_size(H2_WINDOW_BYTES)
+                    .initial_stream_window_size(H2_WINDOW_BYTES)
+                    .serve_connection(io, handler);
+                tokio::pin!(conn);
+                watch
+                    .drive(conn, http2::Connection::graceful_shutdown, &mut stop)
+                    .await
             }
         }
-        // Hyper's connection (its buffers, the request in flight) is dropped here.
+        // Hyper's connection (its buffers, the requests in flight) is dropped here.
     };
     // The seat first, so that a client that sees the close can connect again, and the drain
     // does not wait for a linger.
     drop(held);
     if let (Ended::Served, Some(slot)) = (ended, Slot::take(&slots)) {
         linger(stream, slot).await;
+    }
+}
+
+/// What ends a served connection besides itself: its timeouts, a shed.
+struct Watch<'a> {
+    activity: &'a Activity,
+    limits: &'a ConnectionLimits,
+    shed: &'a Notify,
+}
+
+impl Watch<'_> {
+    /// Runs hyper's connection `conn` until it ends or is cut; on `stop`, `graceful` asks it
+    /// to finish its requests in flight and close.
+    async fn drive<C: Future>(
+        &self,
+        mut conn: Pin<&mut C>,
+        graceful: impl Fn(Pin<&mut C>),
+        stop: &mut watch::Receiver<bool>,
+    ) -> Ended {
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                _ = conn.as_mut() => break Ended::Served,
+                () = self.activity.expired(self.limits) => break Ended::Cut,
+                // Its seat went to a newcomer: closed at once, whatever it was doing.
+                () = self.shed.notified() => break Ended::Cut,
+                _ = stop.wait_for(|stop| *stop), if !draining => {
+                    draining = true;
+                    graceful(conn.as_mut());
+                }
+            }
+        }
     }
 }
 

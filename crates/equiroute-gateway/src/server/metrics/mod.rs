@@ -190,6 +190,15 @@ const FEEDBACK_OUTCOMES: [Name; 8] = [
 /// The outcomes of `equiroute_state_snapshots_total` (`saved`, then `WriteFailure::label`).
 const SNAPSHOT_OUTCOMES: [Name; 4] = ["saved", "no_space", "io_error", "failed"];
 
+/// The reasons of `equiroute_tls_handshake_failures_total`: no handshake within the header
+/// timeout, bytes that are not TLS (plain HTTP to the HTTPS port), the client refused the
+/// certificate (it does not trust its CA, or the name or dates are wrong), anything else.
+pub const TLS_HANDSHAKE_FAILURES: [Name; 4] =
+    ["timeout", "not_tls", "certificate_rejected", "other"];
+
+/// The outcomes of `equiroute_tls_reloads_total`.
+const TLS_RELOADS: [Name; 2] = ["ok", "refused"];
+
 /// Upper bounds (µs) of the decision-time and router-time histogram buckets (fine around the
 /// 10 µs target, so that its p99 can be read off).
 const DECISION_BUCKETS_US: [f64; 16] = [
@@ -264,6 +273,8 @@ pub struct Metrics {
     log_events: Family<KindLabel, Counter>,
     log_suppressed: Family<KindLabel, Counter>,
     refusals: Family<RefusalLabel, Counter>,
+    tls_handshake_failures: Family<RefusalLabel, Counter>,
+    tls_reloads: Family<FeedbackLabel, Counter>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -345,6 +356,8 @@ impl Default for Metrics {
             log_events: Family::default(),
             log_suppressed: Family::default(),
             refusals: Family::default(),
+            tls_handshake_failures: Family::default(),
+            tls_reloads: Family::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -470,6 +483,18 @@ impl Metrics {
             "Connections and requests turned away by a fair-share or memory limit, by reason (too_many_connections, overloaded, shed, too_many_buffered_bytes, buffered_bytes_full, too_many_requests_in_flight)",
             self.refusals.clone(),
         );
+        register(
+            r,
+            "equiroute_tls_handshake_failures_total",
+            "TLS handshakes of the HTTPS listener that failed, by reason (timeout, not_tls, certificate_rejected, other)",
+            self.tls_handshake_failures.clone(),
+        );
+        register(
+            r,
+            "equiroute_tls_reloads_total",
+            "Reloads of the HTTPS certificate and key, by outcome (ok; refused: the old pair keeps serving)",
+            self.tls_reloads.clone(),
+        );
     }
 
     /// The histograms without a provider label, in the exposition's order.
@@ -593,6 +618,14 @@ impl Metrics {
         if matches!(cfg.state, Some(StateConfig::File(_))) {
             for outcome in SNAPSHOT_OUTCOMES {
                 at_zero(&self.snapshots, &FeedbackLabel { outcome });
+            }
+        }
+        if cfg.tls.is_some() {
+            for reason in TLS_HANDSHAKE_FAILURES {
+                at_zero(&self.tls_handshake_failures, &RefusalLabel { reason });
+            }
+            for outcome in TLS_RELOADS {
+                at_zero(&self.tls_reloads, &FeedbackLabel { outcome });
             }
         }
     }
@@ -756,6 +789,24 @@ impl Metrics {
     pub fn refusals(&self, reason: &'static str) -> Counter {
         self.refusals
             .get_or_create(&RefusalLabel { reason })
+            .clone()
+    }
+
+    /// The counter of failed TLS handshakes for `reason` (one of [`TLS_HANDSHAKE_FAILURES`]).
+    #[must_use]
+    pub fn tls_handshake_failures(&self, reason: &'static str) -> Counter {
+        self.tls_handshake_failures
+            .get_or_create(&RefusalLabel { reason })
+            .clone()
+    }
+
+    /// The counter of reloads of the HTTPS certificate and key: `ok` (swapped in) or
+    /// `refused` (the old pair kept).
+    #[must_use]
+    pub fn tls_reloads(&self, ok: bool) -> Counter {
+        let outcome = if ok { "ok" } else { "refused" };
+        self.tls_reloads
+            .get_or_create(&FeedbackLabel { outcome })
             .clone()
     }
 

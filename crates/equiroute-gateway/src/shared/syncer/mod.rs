@@ -435,7 +435,7 @@ impl Syncer {
     /// Redis is unreachable or answered with an error.
     pub async fn sync_once(&mut self, state: &dyn SyncTarget) -> Result<SyncReport, SharedError> {
         let result = self.sync_inner(state).await;
-        if matches!(result, Err(SharedError::Redis(_))) {
+        if matches!(result, Err(SharedError::Redis(_) | SharedError::Auth(_))) {
             self.conn = None;
             if let Some(shared) = state.shared() {
                 shared.claims.publish(None);
