@@ -19,6 +19,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::collections::HashSet;
@@ -187,6 +188,9 @@ const FEEDBACK_OUTCOMES: [Name; 8] = [
     "judge_unmatched",
 ];
 
+/// The outcomes of `equiroute_config_reloads_total`.
+const RELOAD_OUTCOMES: [Name; 2] = ["applied", "refused"];
+
 /// The outcomes of `equiroute_state_snapshots_total` (`saved`, then `WriteFailure::label`).
 const SNAPSHOT_OUTCOMES: [Name; 4] = ["saved", "no_space", "io_error", "failed"];
 
@@ -264,6 +268,9 @@ pub struct Metrics {
     log_events: Family<KindLabel, Counter>,
     log_suppressed: Family<KindLabel, Counter>,
     refusals: Family<RefusalLabel, Counter>,
+    config_reloads: Family<FeedbackLabel, Counter>,
+    config_version: Gauge,
+    config_loaded: Gauge<f64, std::sync::atomic::AtomicU64>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -345,6 +352,9 @@ impl Default for Metrics {
             log_events: Family::default(),
             log_suppressed: Family::default(),
             refusals: Family::default(),
+            config_reloads: Family::default(),
+            config_version: Gauge::default(),
+            config_loaded: Gauge::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -470,6 +480,24 @@ impl Metrics {
             "Connections and requests turned away by a fair-share or memory limit, by reason (too_many_connections, overloaded, shed, too_many_buffered_bytes, buffered_bytes_full, too_many_requests_in_flight)",
             self.refusals.clone(),
         );
+        register(
+            r,
+            "equiroute_config_reloads_total",
+            "Configuration reloads (SIGHUP, POST /v1/admin/reload): applied, or refused (invalid, or a setting that needs a restart)",
+            self.config_reloads.clone(),
+        );
+        register(
+            r,
+            "equiroute_config_version",
+            "The version of the configuration served: 1 at start, one more at each applied reload",
+            self.config_version.clone(),
+        );
+        register(
+            r,
+            "equiroute_config_loaded_timestamp_seconds",
+            "When the configuration served was loaded (Unix time, seconds)",
+            self.config_loaded.clone(),
+        );
     }
 
     /// The histograms without a provider label, in the exposition's order.
@@ -589,6 +617,9 @@ impl Metrics {
         }
         for outcome in FEEDBACK_OUTCOMES {
             at_zero(&self.feedback, &FeedbackLabel { outcome });
+        }
+        for outcome in RELOAD_OUTCOMES {
+            at_zero(&self.config_reloads, &FeedbackLabel { outcome });
         }
         if matches!(cfg.state, Some(StateConfig::File(_))) {
             for outcome in SNAPSHOT_OUTCOMES {
@@ -781,6 +812,19 @@ impl Metrics {
     pub fn feedback(&self, outcome: &'static str) {
         let labels = FeedbackLabel { outcome };
         self.feedback.get_or_create(&labels).inc();
+    }
+
+    /// Records a reload of the configuration: `applied` or `refused`.
+    pub fn config_reload(&self, outcome: &'static str) {
+        let labels = FeedbackLabel { outcome };
+        self.config_reloads.get_or_create(&labels).inc();
+    }
+
+    /// Sets the version of the configuration served and when it was loaded (Unix ms).
+    pub fn config_loaded(&self, version: u64, loaded_unix_ms: f64) {
+        self.config_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+        self.config_loaded.set(loaded_unix_ms / 1000.0);
     }
 
     /// Records a snapshot of the learning state to its file: `saved`, or why it failed

@@ -1,0 +1,345 @@
+//! Reloading the configuration without a restart (issue 46, bar 2), on a real gateway on a
+//! loopback port reading its configuration from a file: a valid change applies while a
+//! streamed and an unstreamed request started before it finish on the configuration they
+//! started with; an invalid file, or a change that needs a restart, is refused and the running
+//! configuration keeps serving; the learnt state of an interface or a provider the reload did
+//! not change is identical before and after.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{http, metric, mock, streamed_text};
+use equiroute_gateway::config::ConfigSource;
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A gateway serving the configuration in the file at `path`, which it reads again on a
+/// reload; stopped when dropped.
+struct FromFile {
+    addr: SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start_from(path: &Path) -> FromFile {
+    let source = ConfigSource::file(path);
+    let cfg = source.read().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let prepared = equiroute_gateway::prepare(&cfg)
+        .await
+        .unwrap()
+        .with_source(source);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(prepared.serve(listener, Vec::new(), async {
+        let _ = stopped.await;
+    }));
+    FromFile { addr, _stop: stop }
+}
+
+/// A file of this test's own (removed first if a previous run left it).
+fn config_file(name: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "equiroute-reload-{name}-{}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn reload(addr: SocketAddr) -> (u16, Value) {
+    let reply = http(addr, "POST", "/v1/admin/reload", &[], "").await;
+    (reply.status, reply.json())
+}
+
+async fn chat(addr: SocketAddr, model: &str) -> common::Reply {
+    let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hello"}}]}}"#);
+    http(addr, "POST", "/v1/chat/completions", &[], &body).await
+}
+
+async fn scraped(addr: SocketAddr) -> String {
+    http(addr, "GET", "/metrics", &[], "").await.body
+}
+
+/// An OpenAI-compatible provider `id` on the mock at `at`, answering as `model`.
+fn openai(interface: &str, id: &str, model: &str, at: SocketAddr, price: f64) -> String {
+    format!(
+        "[[interfaces.{interface}.providers]]\nid = \"{id}\"\nkind = \"openai\"\nmodel = \"{model}\"\nbase_url = \"http://{at}/v1\"\nprice = {{ per_million_input_tokens = {price}, per_million_output_tokens = {price} }}\n"
+    )
+}
+
+/// Bar 2: a valid change (a provider added, a price changed) applies without dropping a
+/// streamed or an unstreamed request in flight: both finish, on the provider they started
+/// on, after the reload answered.
+#[tokio::test]
+async fn a_valid_change_applies_while_requests_in_flight_finish_on_their_configuration() {
+    // The slow model answers after about 1.5 s, and streams with 300 ms between chunks.
+    let upstream = mock(
+        "[models.slow]\nlatency = { p50_ms = 1500, p95_ms = 1600 }\nchunk_gap_ms = 300\n\
+         [models.fast]\nlatency = { p50_ms = 1, p95_ms = 2 }\n",
+    )
+    .await;
+    let head = "[interfaces.chat]\nkind = \"chat\"\npolicy = { name = \"static\", candidate = \"a\" }\ndeadline_ms = 20000\n";
+    let before = format!("{head}{}", openai("chat", "a", "slow", upstream.addr, 1.0));
+    let path = config_file("valid", &before);
+    let gw = start_from(&path).await;
+    assert_eq!(chat(gw.addr, "chat/b").await.status, 404, "no `b` yet");
+
+    let unstreamed = tokio::spawn(chat(gw.addr, "chat"));
+    let stream_body =
+        r#"{"model":"chat","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
+    let streamed = tokio::spawn(http(
+        gw.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        stream_body,
+    ));
+    // Both are in flight once the mock has them (it answers 1.5 s later).
+    let until = Instant::now() + Duration::from_secs(10);
+    while common::calls(upstream.addr, "slow").await < 2 {
+        assert!(Instant::now() < until, "the mock never got both requests");
+        tokio::task::yield_now().await;
+    }
+
+    // `a`'s price changes and `b` joins.
+    let after = format!(
+        "{head}{}{}",
+        openai("chat", "a", "slow", upstream.addr, 2.0),
+        openai("chat", "b", "fast", upstream.addr, 1.0)
+    );
+    std::fs::write(&path, after).unwrap();
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        !unstreamed.is_finished() && !streamed.is_finished(),
+        "the reload was meant to happen while both were in flight"
+    );
+    assert_eq!(body["status"], "applied");
+    assert_eq!(body["version"], 2);
+    assert_eq!(body["added"], serde_json::json!([]));
+    assert_eq!(body["changed"][0]["interface"], "chat");
+    assert_eq!(
+        body["changed"][0]["providers_added"],
+        serde_json::json!(["b"])
+    );
+    assert_eq!(
+        body["changed"][0]["providers_removed"],
+        serde_json::json!([])
+    );
+
+    // The requests in flight finish, whole, on `a`.
+    let unstreamed = unstreamed.await.unwrap();
+    assert_eq!(unstreamed.routed().0, 200, "{}", unstreamed.body);
+    assert_eq!(unstreamed.header("x-equiroute-provider"), Some("a"));
+    let streamed = streamed.await.unwrap();
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert_eq!(streamed.header("x-equiroute-provider"), Some("a"));
+    let (text, markers) = streamed_text(&streamed.body);
+    assert_eq!(text, "mock streamed answer", "{}", streamed.body);
+    assert!(markers.is_empty(), "{markers:?}");
+    assert!(streamed.body.contains("data: [DONE]"), "{}", streamed.body);
+
+    // The new configuration serves: `b` can be pinned, and the interface lists it.
+    let pinned = chat(gw.addr, "chat/b").await;
+    assert_eq!(pinned.routed().0, 200, "{}", pinned.body);
+    assert_eq!(pinned.header("x-equiroute-provider"), Some("b"));
+    let listed = http(gw.addr, "GET", "/v1/interfaces", &[], "").await.json();
+    let prices: Vec<f64> = listed["interfaces"][0]["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["price"]["per_million_input_tokens"].as_f64().unwrap())
+        .collect();
+    assert_eq!(prices, [2.0, 1.0], "{listed}");
+
+    let text = scraped(gw.addr).await;
+    assert_eq!(
+        metric(&text, "equiroute_config_reloads_total{outcome=\"applied\"}"),
+        1
+    );
+    assert_eq!(
+        metric(&text, "equiroute_config_reloads_total{outcome=\"refused\"}"),
+        0
+    );
+    assert_eq!(metric(&text, "equiroute_config_version"), 2);
+    // `b`'s series exist from the reload on.
+    assert!(
+        text.contains("equiroute_attempts_total{interface=\"chat\",provider=\"b\",status=\"ok\"}"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Bar 2: an invalid file is refused with the error (its field and fix), the running
+/// configuration keeps serving, and the refusal is counted; so is a change that needs a
+/// restart, which names the setting.
+#[tokio::test]
+async fn an_invalid_file_is_refused_and_the_running_configuration_keeps_serving() {
+    let upstream = mock("").await;
+    let good = format!(
+        "[interfaces.chat]\nkind = \"chat\"\n{}",
+        openai("chat", "a", "m", upstream.addr, 1.0)
+    );
+    let path = config_file("invalid", &good);
+    let gw = start_from(&path).await;
+    assert_eq!(chat(gw.addr, "chat").await.status, 200);
+
+    // A typo in a provider's field.
+    std::fs::write(&path, good.replace("base_url", "base_ulr")).unwrap();
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_configuration", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("base_ulr"), "{message}");
+    assert!(
+        message.contains("running configuration is kept"),
+        "{message}"
+    );
+
+    // Still served, by the old configuration.
+    let answer = chat(gw.addr, "chat").await;
+    assert_eq!(answer.routed().0, 200, "{}", answer.body);
+    assert_eq!(answer.header("x-equiroute-provider"), Some("a"));
+
+    // A setting the running gateway set up at start.
+    std::fs::write(&path, format!("[server]\nmax_body_bytes = 4096\n{good}")).unwrap();
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "restart_needed", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("restart needed for server.max_body_bytes"),
+        "{message}"
+    );
+
+    let text = scraped(gw.addr).await;
+    assert_eq!(
+        metric(&text, "equiroute_config_reloads_total{outcome=\"refused\"}"),
+        2
+    );
+    assert_eq!(
+        metric(&text, "equiroute_config_reloads_total{outcome=\"applied\"}"),
+        0
+    );
+    assert_eq!(metric(&text, "equiroute_config_version"), 1);
+    let dashboard = http(gw.addr, "GET", "/dashboard/data", &[], "")
+        .await
+        .json();
+    assert_eq!(dashboard["config"]["version"], 1, "{dashboard}");
+
+    // Fixed, it applies.
+    std::fs::write(&path, &good).unwrap();
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(
+        (status, &body["unchanged"]),
+        (200, &serde_json::json!(["chat"]))
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A gateway given its configuration in memory has no file to read again.
+#[tokio::test]
+async fn a_gateway_without_a_file_refuses_to_reload() {
+    let gw = common::start(
+        "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n",
+        &[],
+    )
+    .await;
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "reload_unavailable");
+}
+
+/// The learnt statistics, and the breakers, of interface `name` (`?full=true`).
+async fn learnt(addr: SocketAddr, name: &str) -> (Value, Vec<Value>) {
+    let state = http(
+        addr,
+        "GET",
+        &format!("/v1/interfaces/{name}/state?full=true"),
+        &[],
+        "",
+    )
+    .await
+    .json();
+    // By id: the ranking's order may change with the time.
+    let mut breakers: Vec<Value> = state["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| serde_json::json!({"id": c["id"], "breaker": c["breaker"]}))
+        .collect();
+    breakers.sort_by_key(|b| b["id"].to_string());
+    (state["learning_state"].clone(), breakers)
+}
+
+fn sim(interface: &str, id: &str, price: f64) -> String {
+    format!(
+        "[[interfaces.{interface}.providers]]\nid = \"{id}\"\nkind = \"sim\"\nsim = {{ latency = {{ p50_ms = 2, p95_ms = 4 }} }}\nprice = {{ per_million_input_tokens = {price}, per_million_output_tokens = {price} }}\n"
+    )
+}
+
+/// Bar 2: the learnt state of an interface the reload did not change, and of an interface
+/// whose providers stayed the same while one's price changed, is identical before and after.
+#[tokio::test]
+async fn the_learnt_state_of_what_did_not_change_is_identical_after_a_reload() {
+    let chat = format!(
+        "[interfaces.chat]\nkind = \"chat\"\npolicy = {{ name = \"lqm-ts\" }}\n{}{}",
+        sim("chat", "a", 1.0),
+        sim("chat", "b", 2.0)
+    );
+    let other = |providers: &str| format!("[interfaces.other]\nkind = \"chat\"\n{providers}");
+    let path = config_file(
+        "learnt",
+        &format!("{chat}{}", other(&sim("other", "x", 1.0))),
+    );
+    let gw = start_from(&path).await;
+    for _ in 0..30 {
+        assert_eq!(chat_request(gw.addr, "chat").await, 200);
+    }
+    for _ in 0..5 {
+        assert_eq!(chat_request(gw.addr, "other").await, 200);
+    }
+    let before = learnt(gw.addr, "chat").await;
+    assert_ne!(
+        before.0["quality"]["heads"]["tries"],
+        serde_json::json!([0, 0]),
+        "it learnt something: {}",
+        before.0
+    );
+
+    // Another interface changes (a provider added): `chat` keeps its runtime.
+    let other_grown = other(&format!(
+        "{}{}",
+        sim("other", "x", 1.0),
+        sim("other", "y", 1.0)
+    ));
+    std::fs::write(&path, format!("{chat}{other_grown}")).unwrap();
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["unchanged"], serde_json::json!(["chat"]));
+    assert_eq!(body["changed"][0]["interface"], "other");
+    assert_eq!(body["changed"][0]["learnt"], "by_provider");
+    assert_eq!(learnt(gw.addr, "chat").await, before);
+
+    // `b`'s price changes: `chat` is rebuilt with everything it learnt.
+    let repriced = format!(
+        "[interfaces.chat]\nkind = \"chat\"\npolicy = {{ name = \"lqm-ts\" }}\n{}{}",
+        sim("chat", "a", 1.0),
+        sim("chat", "b", 3.0)
+    );
+    std::fs::write(&path, format!("{repriced}{other_grown}")).unwrap();
+    let (status, body) = reload(gw.addr).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["changed"][0]["interface"], "chat", "{body}");
+    assert_eq!(body["changed"][0]["learnt"], "all", "{body}");
+    assert_eq!(body["version"], 3);
+    assert_eq!(learnt(gw.addr, "chat").await, before);
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn chat_request(addr: SocketAddr, model: &str) -> u16 {
+    chat(addr, model).await.status
+}
