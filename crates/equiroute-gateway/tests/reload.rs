@@ -104,11 +104,11 @@ async fn a_valid_change_applies_while_requests_in_flight_finish_on_their_configu
         tokio::task::yield_now().await;
     }
 
-    // `a`'s price changes and `b` joins.
+    // `b` joins, first; `a`'s price changes, and the policy learns quality.
     let after = format!(
-        "{head}{}{}",
-        openai("chat", "a", "slow", upstream.addr, 2.0),
-        openai("chat", "b", "fast", upstream.addr, 1.0)
+        "[interfaces.chat]\nkind = \"chat\"\npolicy = {{ name = \"lqm-ts\" }}\ndeadline_ms = 20000\n{}{}",
+        openai("chat", "b", "fast", upstream.addr, 1.0),
+        openai("chat", "a", "slow", upstream.addr, 2.0)
     );
     std::fs::write(&path, after).unwrap();
     let (status, body) = reload(gw.addr).await;
@@ -129,6 +129,7 @@ async fn a_valid_change_applies_while_requests_in_flight_finish_on_their_configu
         body["changed"][0]["providers_removed"],
         serde_json::json!([])
     );
+    assert_eq!(body["changed"][0]["learnt"], "by_provider");
 
     // The requests in flight finish, whole, on `a`.
     let unstreamed = unstreamed.await.unwrap();
@@ -153,7 +154,15 @@ async fn a_valid_change_applies_while_requests_in_flight_finish_on_their_configu
         .iter()
         .map(|p| p["price"]["per_million_input_tokens"].as_f64().unwrap())
         .collect();
-    assert_eq!(prices, [2.0, 1.0], "{listed}");
+    assert_eq!(prices, [1.0, 2.0], "{listed}");
+
+    // The request that finished on the old runtime is scored on `a`, now the second provider.
+    let id = unstreamed.header("x-equiroute-request-id").unwrap();
+    let score = format!(r#"{{"request_id":"{id}","quality":0.9}}"#);
+    let scored = http(gw.addr, "POST", "/v1/feedback", &[], &score).await;
+    assert_eq!(scored.status, 200, "{}", scored.body);
+    let scores = quality_observations(gw.addr, "chat").await;
+    assert_eq!((scores["a"], scores["b"]), (1, 0), "{scores:?}");
 
     let text = scraped(gw.addr).await;
     assert_eq!(
@@ -253,6 +262,31 @@ async fn a_gateway_without_a_file_refuses_to_reload() {
     assert_eq!(body["error"]["code"], "reload_unavailable");
 }
 
+/// How many quality scores each provider of interface `name` has learnt from.
+async fn quality_observations(
+    addr: SocketAddr,
+    name: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    let state = http(
+        addr,
+        "GET",
+        &format!("/v1/interfaces/{name}/state"),
+        &[],
+        "",
+    )
+    .await
+    .json();
+    state["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let n = c["estimates"]["quality_observations"].as_u64().unwrap();
+            (c["id"].as_str().unwrap().to_owned(), n)
+        })
+        .collect()
+}
+
 /// The learnt statistics, and the breakers, of interface `name` (`?full=true`).
 async fn learnt(addr: SocketAddr, name: &str) -> (Value, Vec<Value>) {
     let state = http(
@@ -336,10 +370,97 @@ async fn the_learnt_state_of_what_did_not_change_is_identical_after_a_reload() {
     assert_eq!(body["changed"][0]["interface"], "chat", "{body}");
     assert_eq!(body["changed"][0]["learnt"], "all", "{body}");
     assert_eq!(body["version"], 3);
-    assert_eq!(learnt(gw.addr, "chat").await, before);
+    let after = learnt(gw.addr, "chat").await;
+    let mut differ = Vec::new();
+    diff("", &before.0, &after.0, &mut differ);
+    assert!(differ.is_empty(), "{differ:?}");
+    assert_eq!(after, before);
     let _ = std::fs::remove_file(&path);
 }
 
 async fn chat_request(addr: SocketAddr, model: &str) -> u16 {
     chat(addr, model).await.status
+}
+
+/// With Redis, the namespace records the interfaces' shape: a reload that changes it is
+/// refused (the instances would no longer share one state), one that keeps it applies, with
+/// the interface's learning kept.
+#[test]
+fn with_redis_a_reload_keeps_the_namespaces_shape_or_is_refused() {
+    use equiroute_gateway::server::reload::{apply, ReloadError};
+    let load = |text: &str| {
+        let text = format!("[state]\nbackend = \"redis\"\nurl_env = \"REDIS_URL\"\n{text}");
+        equiroute_gateway::config::load(&text, "test.toml", &|_| {
+            Some("redis://127.0.0.1:1".to_owned())
+        })
+        .unwrap()
+    };
+    let chat = |policy: &str, price: f64| {
+        format!(
+            "[interfaces.chat]\nkind = \"chat\"\npolicy = {{ name = \"{policy}\" }}\n{}{}",
+            sim("chat", "a", 1.0),
+            sim("chat", "b", price)
+        )
+    };
+    // Never connected: the shape check needs no Redis.
+    let state =
+        equiroute_gateway::server::state::AppState::new(&load(&chat("lqm-ts", 1.0)), 1).unwrap();
+    for (next, why) in [
+        (
+            chat("lqm", 1.0),
+            "interface `chat`: its policy would change",
+        ),
+        (
+            format!(
+                "{}{}",
+                chat("lqm-ts", 1.0),
+                "[interfaces.more]\nkind = \"chat\"\n"
+            ) + &sim("more", "m", 1.0),
+            "the interfaces would change",
+        ),
+    ] {
+        match apply(&state, load(&next)) {
+            Err(e @ ReloadError::SharedShape(_)) => {
+                assert!(e.to_string().contains(why), "{e}");
+                assert!(e.to_string().starts_with("restart needed"), "{e}");
+            }
+            other => panic!("{why}: {other:?}"),
+        }
+    }
+    // Another namespace: the syncer was set up at start.
+    let mut other_namespace = load(&chat("lqm-ts", 1.0));
+    if let Some(equiroute_gateway::config::StateConfig::Redis(r)) = &mut other_namespace.state {
+        r.namespace = "elsewhere".to_owned();
+    }
+    match apply(&state, other_namespace) {
+        Err(ReloadError::RestartNeeded(what)) => assert_eq!(what, ["[state]"]),
+        other => panic!("{other:?}"),
+    }
+    // A price keeps the shape: applied, everything learnt kept.
+    let done = apply(&state, load(&chat("lqm-ts", 2.0))).unwrap();
+    assert_eq!(done.version, 2);
+    assert_eq!(done.changed[0].learnt, "all");
+}
+
+/// The paths at which `a` and `b` differ, with both values.
+fn diff(at: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                diff(
+                    &format!("{at}.{k}"),
+                    &x[k.as_str()],
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                diff(&format!("{at}[{i}]"), p, q, out);
+            }
+        }
+        _ if a != b => out.push(format!("{at}: {a} vs {b}")),
+        _ => {}
+    }
 }

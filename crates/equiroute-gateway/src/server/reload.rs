@@ -8,7 +8,8 @@
 //! - unchanged (its whole table equal): its runtime as it is (policy, breakers, history);
 //! - changed, with the same providers (ids, in order) and a policy that takes the old one's
 //!   state (the same kind): a new runtime holding the old one's policy statistics, side
-//!   policies (shadow, rollout) and breakers, as a restart with the state file would;
+//!   policies (shadow, rollout) and breakers, as a restart with the state file would (a live
+//!   policy built from the same table is copied exactly);
 //! - changed otherwise: a new runtime, its policy from priors; the breakers and first-byte
 //!   times of the providers it keeps (by id) are carried over;
 //! - added: from priors; removed: dropped.
@@ -206,8 +207,8 @@ pub fn apply(state: &AppState, next: GatewayConfig) -> Result<Reloaded, ReloadEr
                 report.unchanged.push(cfg.name.clone());
                 old.clone()
             }
-            (Some(_), Some(old)) => {
-                let (new, changed) = rebuild(state, cfg, old, &wiring)?;
+            (Some(before), Some(old)) => {
+                let (new, changed) = rebuild(state, before, cfg, old, &wiring)?;
                 report.changed.push(changed);
                 replaced.push((old.clone(), new.clone()));
                 new
@@ -252,9 +253,11 @@ fn fresh(
     })
 }
 
-/// The new runtime of the changed interface `cfg`, with what it keeps of `old`'s learning.
+/// The new runtime of the changed interface `cfg` (`before` the reload), with what it keeps
+/// of `old`'s learning.
 fn rebuild(
     state: &AppState,
+    before: &InterfaceConfig,
     cfg: &InterfaceConfig,
     old: &Arc<InterfaceRuntime>,
     wiring: &crate::upstream::http::Wiring,
@@ -262,6 +265,19 @@ fn rebuild(
     let saved = InterfaceSnapshot::of(state, old).ok_or(ReloadError::Poisoned)?;
     let mut new = fresh(cfg, wiring)?;
     let learnt = if saved.restore(&cfg.name, &new).is_ok() {
+        // A live policy built from the same table is the old one, copied exactly (a merge
+        // into priors may round a mean by an ulp).
+        let same_policy = before.policy == cfg.policy
+            && before.exploration_floor == cfg.exploration_floor
+            && before.feature_dim == cfg.feature_dim
+            && before.rollout == cfg.rollout;
+        if same_policy {
+            let copy = state
+                .policy_mut(old)
+                .map_err(|_| ReloadError::Poisoned)?
+                .clone_box();
+            *new.policy.write().map_err(|_| ReloadError::Poisoned)? = copy;
+        }
         "all"
     } else {
         // Another set of providers or another policy: what the restore left is dropped.
