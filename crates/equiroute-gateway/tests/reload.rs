@@ -262,6 +262,26 @@ async fn a_gateway_without_a_file_refuses_to_reload() {
     assert_eq!(body["error"]["code"], "reload_unavailable");
 }
 
+/// With keys configured, the route takes the admin keys only, as the state routes do.
+#[tokio::test]
+async fn the_reload_route_takes_the_admin_keys() {
+    let gw = common::start(
+        "[server]\napi_keys_env = [\"CLIENT\"]\nadmin_keys_env = [\"ADMIN\"]\n[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n",
+        &[("CLIENT", "client-key"), ("ADMIN", "admin-key")],
+    )
+    .await;
+    for (key, status) in [
+        (None, 401),
+        (Some("Bearer client-key"), 401),
+        // Past the key check: this gateway has no file to read.
+        (Some("Bearer admin-key"), 409),
+    ] {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("authorization", k)).into_iter().collect();
+        let reply = http(gw.addr, "POST", "/v1/admin/reload", &headers, "").await;
+        assert_eq!(reply.status, status, "{key:?}: {}", reply.body);
+    }
+}
+
 /// How many quality scores each provider of interface `name` has learnt from.
 async fn quality_observations(
     addr: SocketAddr,
