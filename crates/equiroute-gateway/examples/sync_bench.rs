@@ -55,7 +55,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 /// One request's learning step: rank, record the attempt, and (every other request) a
 /// quality score, as the request and feedback paths do.
 fn request(app: &AppState, k: usize) -> Duration {
-    let iface = &app.interfaces["chat"];
+    let iface = &app.interface("chat").unwrap();
     let features = iface
         .featurizer
         .featurize(&format!("question number {k} about topic {}", k % 37));

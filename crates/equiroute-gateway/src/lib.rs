@@ -142,6 +142,46 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
     })
 }
 
+impl Prepared {
+    /// Lets this gateway reload its configuration from `source` (`SIGHUP` through
+    /// [`Prepared::reloader`], `POST /v1/admin/reload`); without one, a reload is refused.
+    #[must_use]
+    pub fn with_source(self, source: config::ConfigSource) -> Prepared {
+        let _ = self.state.source.set(source);
+        self
+    }
+
+    /// A handle that reloads the configuration of this gateway while it serves.
+    #[must_use]
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            state: Arc::downgrade(&self.state),
+        }
+    }
+}
+
+/// Reloads a serving gateway's configuration ([`server::reload::reload`]): what the binary's
+/// `SIGHUP` handler calls. It does not keep the gateway's state alive: once the gateway has
+/// stopped, a reload is refused.
+#[derive(Clone, Debug)]
+pub struct Reloader {
+    state: std::sync::Weak<server::state::AppState>,
+}
+
+impl Reloader {
+    /// Reads the configuration again and applies it; logged and counted.
+    ///
+    /// # Errors
+    /// Why it was refused; the running configuration keeps serving.
+    pub async fn reload(&self) -> Result<server::reload::Reloaded, server::reload::ReloadError> {
+        let state = self
+            .state
+            .upgrade()
+            .ok_or(server::reload::ReloadError::Stopped)?;
+        server::reload::reload(&state).await
+    }
+}
+
 /// After the grace period, how long the error events that end the streams still open get to
 /// reach their clients before the gateway stops waiting for their connections.
 const CUTOFF_DELIVERY: std::time::Duration = std::time::Duration::from_secs(1);

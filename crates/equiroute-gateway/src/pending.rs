@@ -401,6 +401,25 @@ impl PendingStore {
         self.evicted
     }
 
+    /// Moves the contexts of `interface` to its new runtime after a reload: each one's
+    /// candidate becomes `to(candidate)`; one whose provider is gone (`None`) is marked used,
+    /// so that its score is answered as a duplicate and teaches nothing.
+    pub fn retarget(&mut self, interface: &str, to: &dyn Fn(usize) -> Option<usize>) {
+        let Some(at) = self.interfaces.iter().position(|n| &**n == interface) else {
+            return;
+        };
+        for i in 0..self.len {
+            let slot = &mut self.slots[(self.head + i) % self.cap];
+            if usize::from(slot.interface) != at {
+                continue;
+            }
+            match to(slot.candidate) {
+                Some(j) => slot.candidate = j,
+                None => slot.consumed = true,
+            }
+        }
+    }
+
     /// Drops, from the oldest, the contexts answered more than `horizon` ms before `now`.
     pub fn prune(&mut self, now: Timestamp, horizon: f64) {
         while self.len > 0 && now.0 - self.slots[self.head].at.0 > horizon {
@@ -522,5 +541,42 @@ mod tests {
         }
         assert!(q.get("elsewhere-1").is_some_and(|e| e.consumed));
         assert!(q.get("elsewhere-2").is_some_and(|e| !e.consumed));
+    }
+
+    #[test]
+    fn a_reload_moves_an_interfaces_contexts_to_its_new_indices() {
+        let mut p = PendingStore::new(8);
+        for (id, candidate) in [("r0", 0), ("r1", 1), ("r2", 2)] {
+            p.insert(
+                id,
+                &PendingFeedback {
+                    candidate,
+                    ..ctx(1.0)
+                },
+            );
+        }
+        let other = PendingFeedback {
+            interface: "search".into(),
+            candidate: 1,
+            ..ctx(1.0)
+        };
+        p.insert("s1", &other);
+        // Providers [a, b, c] become [c, a]: `b` is gone.
+        p.retarget("chat", &|i| [Some(1), None, Some(0)][i]);
+        let at = |p: &PendingStore, id: &str| p.get(id).map(|e| (e.candidate, e.consumed));
+        assert_eq!(at(&p, "r0"), Some((1, false)));
+        assert_eq!(
+            at(&p, "r1"),
+            Some((1, true)),
+            "used: its score teaches nothing"
+        );
+        assert_eq!(at(&p, "r2"), Some((0, false)));
+        assert_eq!(
+            at(&p, "s1"),
+            Some((1, false)),
+            "another interface's, untouched"
+        );
+        p.retarget("gone", &|_| None);
+        assert_eq!(at(&p, "r0"), Some((1, false)));
     }
 }

@@ -25,9 +25,8 @@
 //! occurred"); [`Store::save`] then drops the database and opens the file again at the next
 //! save, so snapshots resume once the cause is gone.
 
+use crate::server::learnt::InterfaceSnapshot;
 use crate::server::state::{AppState, PendingFeedback};
-use equiroute_core::breaker::Breaker;
-use equiroute_core::policies::PolicyState;
 use redb::backends::FileBackend;
 use redb::{Builder, Database, DatabaseError, ReadableDatabase, StorageBackend, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -106,17 +105,6 @@ impl StoreError {
             _ => WriteFailure::Other,
         }
     }
-}
-
-/// One interface's saved learning state.
-#[derive(Debug, Serialize, Deserialize)]
-struct InterfaceSnapshot {
-    candidates: Vec<String>,
-    policy: PolicyState,
-    breakers: Vec<Breaker>,
-    /// The shadow's and the rollout's state (absent in snapshots written before them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    arms: Option<crate::server::arms::ArmsSnapshot>,
 }
 
 /// Everything saved.
@@ -452,35 +440,10 @@ fn imported(json: &serde_json::Value, path: &str, state: &AppState) -> Result<Ve
 /// Loads `snap` into `state` (built from the current configuration), or says why this
 /// configuration cannot take it.
 fn apply(snap: &Snapshot, state: &AppState) -> Result<(), String> {
+    let interfaces = state.interfaces();
     for (name, saved) in &snap.interfaces {
-        let Some(iface) = state.interfaces.get(name) else {
-            continue;
-        };
-        let ids: Vec<String> = iface.candidates.iter().map(|c| c.id.0.clone()).collect();
-        if ids != saved.candidates {
-            return Err(format!(
-                "interface `{name}` had providers {:?} and now has {ids:?}",
-                saved.candidates
-            ));
-        }
-        let mut policy = iface
-            .policy
-            .write()
-            .map_err(|_| "policy lock poisoned".to_owned())?;
-        // A promoted rollout makes the live policy the candidate's first.
-        if let Some(arms) = &saved.arms {
-            iface
-                .arms
-                .restore(name, arms, &mut policy)
-                .map_err(|e| format!("interface `{name}`: {e}"))?;
-        }
-        policy
-            .merge_state(&saved.policy)
-            .map_err(|e| format!("interface `{name}`: {e}"))?;
-        if let Ok(mut b) = iface.breakers.lock() {
-            if b.len() == saved.breakers.len() {
-                b.clone_from(&saved.breakers);
-            }
+        if let Some(iface) = interfaces.get(name) {
+            saved.restore(name, iface)?;
         }
     }
     if let Ok(mut pending) = state.pending.lock() {
@@ -580,20 +543,10 @@ impl Outage {
 
 fn snapshot(state: &AppState) -> Snapshot {
     let mut interfaces = BTreeMap::new();
-    for (name, iface) in &state.interfaces {
-        let Ok(policy) = state.policy_mut(iface).map(|p| p.export_state()) else {
-            continue;
-        };
-        let breakers = iface.breakers.lock().map(|b| b.clone()).unwrap_or_default();
-        interfaces.insert(
-            name.clone(),
-            InterfaceSnapshot {
-                candidates: iface.candidates.iter().map(|c| c.id.0.clone()).collect(),
-                policy,
-                breakers,
-                arms: iface.arms.export().ok().flatten(),
-            },
-        );
+    for (name, iface) in state.interfaces().iter() {
+        if let Some(saved) = InterfaceSnapshot::of(state, iface) {
+            interfaces.insert(name.clone(), saved);
+        }
     }
     let pending = state
         .pending

@@ -215,7 +215,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
         .expect("redis backend")
         .render_metrics(&mut exposition);
     // One live decision, finished, in the shadow's window: its value gauges appear.
-    let iface = &state.interfaces["chat"];
+    let iface = &state.interface("chat").unwrap();
     let features = iface.featurizer.featurize("a question");
     let ctx = equiroute_core::policies::RankContext::new(&iface.candidates, &[0], &features);
     let (_, routed) = equiroute_gateway::server::arms::rank(iface, &ctx, None, u64::MAX, 0)
@@ -227,7 +227,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
         equiroute_core::executor::RequestStatus::Succeeded { candidate: 0 },
         0.0,
     );
-    equiroute_gateway::server::arms::render_metrics(&state.interfaces, &mut exposition);
+    equiroute_gateway::server::arms::render_metrics(&**state.interfaces(), &mut exposition);
     let exposed = families(&exposition);
     assert_eq!(
         exposed,

@@ -120,8 +120,9 @@ fn assert_close(a: &Value, b: &Value, path: &str) {
 }
 
 fn live_state(app: &AppState) -> Value {
-    let iface = &app.interfaces["chat"];
-    serde_json::to_value(iface.policy.read().unwrap().export_state()).unwrap()
+    let iface = app.interface("chat").unwrap();
+    let state = iface.policy.read().unwrap().export_state();
+    serde_json::to_value(state).unwrap()
 }
 
 /// Two instances of `text` (ids 1 and 2), each with its syncer started.
@@ -133,7 +134,7 @@ async fn two_instances(text: &str) -> (AppState, AppState, Syncer, Syncer) {
 }
 
 fn feed(app: &AppState, obs: &[Observation]) {
-    let iface = app.interfaces["chat"].clone();
+    let iface = app.interfaces()["chat"].clone();
     for o in obs {
         app.observe(&iface, o.clone()).unwrap();
     }
@@ -153,7 +154,7 @@ fn route_to_candidate(app: &AppState, o: Observation) -> bool {
     else {
         return false;
     };
-    let iface = app.interfaces["chat"].clone();
+    let iface = app.interfaces()["chat"].clone();
     let arm = equiroute_gateway::server::arms::Arm::Candidate;
     app.record_routed_attempt(&iface, arm, candidate, &features, slice, &outcome, deadline)
         .unwrap();
@@ -325,7 +326,7 @@ async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instance
     let b = app(&text, 22);
     let mut sa = Syncer::start(&redis_cfg(&text), &a).await.unwrap();
     let mut sb = Syncer::start(&redis_cfg(&text), &b).await.unwrap();
-    let iface_a = a.interfaces["chat"].clone();
+    let iface_a = a.interfaces()["chat"].clone();
     // A provider answers 429 with Retry-After: 30 s on instance A.
     let mut limited = AttemptOutcome::with_status(
         5.0,
@@ -353,7 +354,7 @@ async fn breaker_openings_pending_contexts_and_feedback_reach_the_other_instance
     sa.sync_once(&a).await.unwrap();
     sb.sync_once(&b).await.unwrap();
     // B's breaker is open until the same time, without B ever calling the provider.
-    let b_state = b.interfaces["chat"].breakers.lock().unwrap()[1].state;
+    let b_state = b.interfaces()["chat"].breakers.lock().unwrap()[1].state;
     assert_eq!(
         b_state,
         equiroute_core::breaker::BreakerState::Open { until: open_until }
@@ -987,8 +988,10 @@ fn compacting(text: &str) -> String {
 }
 
 fn shadow_state(app: &AppState) -> Value {
-    let shadow = app.interfaces["chat"].arms.shadow.as_ref().unwrap();
-    serde_json::to_value(shadow.policy.write().unwrap().export_state()).unwrap()
+    let chat = app.interface("chat").unwrap();
+    let shadow = chat.arms.shadow.as_ref().unwrap();
+    let state = shadow.policy.write().unwrap().export_state();
+    serde_json::to_value(state).unwrap()
 }
 
 #[tokio::test]
@@ -1102,8 +1105,10 @@ async fn a_snapshot_without_shadow_state_still_loads_and_the_shadow_learns_after
 }
 
 fn rollout_state(app: &AppState) -> Value {
-    let rollout = app.interfaces["chat"].arms.rollout.as_ref().unwrap();
-    serde_json::to_value(rollout.policy.write().unwrap().export_state()).unwrap()
+    let chat = app.interface("chat").unwrap();
+    let rollout = chat.arms.rollout.as_ref().unwrap();
+    let state = rollout.policy.write().unwrap().export_state();
+    serde_json::to_value(state).unwrap()
 }
 
 #[tokio::test]
@@ -1119,7 +1124,7 @@ async fn a_rollouts_candidate_learns_every_instances_canary_requests_and_the_liv
     let (a, b, mut sa, mut sb) = two_instances(&text).await;
     let empty = (rollout_state(&b), live_state(&b));
     // Attempts of requests the candidate routed on A, and the live arm's on B.
-    let iface = a.interfaces["chat"].clone();
+    let iface = a.interfaces()["chat"].clone();
     let mut canary = 0;
     for o in workload(2000) {
         if !route_to_candidate(&a, o) {
@@ -1209,7 +1214,7 @@ fn with_canary(text: &str) -> String {
 }
 
 fn rollout_report(app: &AppState) -> Value {
-    app.interfaces["chat"]
+    app.interfaces()["chat"]
         .arms
         .rollout
         .as_ref()
@@ -1220,7 +1225,7 @@ fn rollout_report(app: &AppState) -> Value {
 /// The value of the `/metrics` sample starting with `key` (labels included).
 fn arms_metric(app: &AppState, key: &str) -> f64 {
     let mut out = String::new();
-    equiroute_gateway::server::arms::render_metrics(&app.interfaces, &mut out);
+    equiroute_gateway::server::arms::render_metrics(&**app.interfaces(), &mut out);
     out.lines()
         .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
         .unwrap_or_else(|| panic!("no `{key}` in:\n{out}"))
@@ -1237,7 +1242,7 @@ const ROLLBACKS_RECEIVED: &str =
 fn roll_back(app: &AppState) {
     use equiroute_core::executor::RequestStatus;
     use equiroute_gateway::server::arms::{Arm, Routed};
-    let iface = app.interfaces["chat"].clone();
+    let iface = app.interfaces()["chat"].clone();
     let mut n = 0_u64;
     while rollout_report(app)["status"]["state"] == "running" {
         assert!(n < 400, "the guard never fired: {}", rollout_report(app));
@@ -1328,7 +1333,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     let text = with_canary(&compacting(&config(Some(&redis.url()), "promote")));
     let (a, b, mut sa, mut sb) = two_instances(&text).await;
     // A's canary learns from attempts it routed; B's live policy from its own traffic.
-    let iface = a.interfaces["chat"].clone();
+    let iface = a.interfaces()["chat"].clone();
     for o in workload(400) {
         route_to_candidate(&a, o);
     }
@@ -1337,19 +1342,19 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     sb.sync_once(&b).await.unwrap();
     sa.sync_once(&a).await.unwrap();
     assert_close(&rollout_state(&b), &rollout_state(&a), "the candidates");
-    assert_eq!(b.interfaces["chat"].policy_name(), "lqm-ts");
+    assert_eq!(b.interfaces()["chat"].policy_name(), "lqm-ts");
     let candidate = rollout_state(&a);
     assert_ne!(live_state(&a), candidate);
     // The operator promotes on A.
     a.end_rollout_by_operator(&iface, true).unwrap();
-    assert_eq!(a.interfaces["chat"].policy_name(), "lqm");
+    assert_eq!(a.interfaces()["chat"].policy_name(), "lqm");
     assert_close(&live_state(&a), &candidate, "A's live policy");
     sa.sync_once(&a).await.unwrap();
     sb.sync_once(&b).await.unwrap();
     let rb = rollout_report(&b);
     assert_eq!(rb["status"]["state"], "promoted", "{rb}");
     assert_eq!(rb["status"]["decided_by"], "another_instance", "{rb}");
-    assert_eq!(b.interfaces["chat"].policy_name(), "lqm");
+    assert_eq!(b.interfaces()["chat"].policy_name(), "lqm");
     assert_close(
         &live_state(&b),
         &candidate,
@@ -1375,7 +1380,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     let mut sc = Syncer::start(&redis_cfg(&text), &c).await.unwrap();
     sc.sync_once(&c).await.unwrap();
     assert_eq!(rollout_report(&c)["status"]["state"], "promoted");
-    assert_eq!(c.interfaces["chat"].policy_name(), "lqm");
+    assert_eq!(c.interfaces()["chat"].policy_name(), "lqm");
     assert_close(
         &live_state(&c),
         &live_state(&a),
@@ -1393,7 +1398,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     let mut se = Syncer::start(&redis_cfg(&text), &e).await.unwrap();
     assert!(se.sync_once(&e).await.unwrap().loaded_snapshot);
     assert_eq!(rollout_report(&e)["status"]["state"], "promoted");
-    assert_eq!(e.interfaces["chat"].policy_name(), "lqm");
+    assert_eq!(e.interfaces()["chat"].policy_name(), "lqm");
     assert_close(
         &live_state(&e),
         &live_state(&a),
@@ -1410,7 +1415,7 @@ async fn a_promotion_on_one_instance_makes_the_candidate_every_instances_live_po
     );
     // A promotion cannot be undone: a second end is refused with the rollout's state.
     let err = b
-        .end_rollout_by_operator(&b.interfaces["chat"], false)
+        .end_rollout_by_operator(&b.interfaces()["chat"], false)
         .unwrap_err();
     assert!(format!("{err:?}").contains("promoted"), "{err:?}");
 }
@@ -1453,14 +1458,14 @@ async fn after_a_promotion_instances_configured_with_the_promoted_policy_join_th
     // Before any promotion the promoted configuration is another configuration.
     let err = refused_at_start(&promoted, 6).await;
     assert!(err.contains("another configuration"), "{err}");
-    a.end_rollout_by_operator(&a.interfaces["chat"], true)
+    a.end_rollout_by_operator(&a.interfaces()["chat"], true)
         .unwrap();
     assert!(!sa.sync_once(&a).await.unwrap().compacted);
     // F joins from the snapshot taken before the promotion, which the stream then brings.
     let f = app(&promoted, 7);
     let mut sf = Syncer::start(&redis_cfg(&promoted), &f).await.unwrap();
     assert!(sf.sync_once(&f).await.unwrap().loaded_snapshot);
-    assert_eq!(f.interfaces["chat"].policy_name(), "lqm");
+    assert_eq!(f.interfaces()["chat"].policy_name(), "lqm");
     assert_close(&live_state(&f), &live_state(&a), "F's live policy");
     // Everyone's traffic then teaches the same policy: the old configuration with the
     // rollout (A, B) and the new one (F).
@@ -1564,9 +1569,9 @@ async fn when_two_instances_end_a_canary_differently_the_first_end_in_the_stream
     feed(&b, &workload(60));
     // Within one sync interval: A's guard rolls back, B's operator promotes.
     roll_back(&a);
-    b.end_rollout_by_operator(&b.interfaces["chat"], true)
+    b.end_rollout_by_operator(&b.interfaces()["chat"], true)
         .unwrap();
-    assert_eq!(b.interfaces["chat"].policy_name(), "lqm");
+    assert_eq!(b.interfaces()["chat"].policy_name(), "lqm");
     // A's rollback reaches the stream first.
     sa.sync_once(&a).await.unwrap();
     sb.sync_once(&b).await.unwrap();
@@ -1574,7 +1579,7 @@ async fn when_two_instances_end_a_canary_differently_the_first_end_in_the_stream
     for (name, app) in [("A", &a), ("B", &b)] {
         let r = rollout_report(app);
         assert_eq!(r["status"]["state"], "rolled_back", "{name}: {r}");
-        assert_eq!(app.interfaces["chat"].policy_name(), "lqm-ts", "{name}");
+        assert_eq!(app.interfaces()["chat"].policy_name(), "lqm-ts", "{name}");
     }
     assert_eq!(
         rollout_report(&b)["status"]["decided_by"],

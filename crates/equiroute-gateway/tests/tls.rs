@@ -586,7 +586,7 @@ async fn two_gateways_share_learning_through_redis_over_tls_with_a_user_and_pass
     );
     let mut sa = Syncer::start(&shared, &a).await.unwrap();
     let mut sb = Syncer::start(&shared, &b).await.unwrap();
-    let iface = a.interfaces["chat"].clone();
+    let iface = a.interface("chat").unwrap();
     let n = 120;
     for o in attempts(n) {
         a.observe(&iface, o).unwrap();

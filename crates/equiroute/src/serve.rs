@@ -3,8 +3,11 @@
 //! kept in a state file in the user's state directory unless `--in-memory`.
 
 use anyhow::Context;
-use equiroute_gateway::config::{default_state_file, load, LogFormat, StateConfig, DEFAULT_CONFIG};
+use equiroute_gateway::config::{
+    default_state_file, ConfigSource, GatewayConfig, LogFormat, Overrides, StateConfig,
+};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -25,14 +28,35 @@ pub struct Args {
     in_memory: bool,
 }
 
+/// What the command line changes in the configuration (`--in-memory`, the default state file
+/// without `--config`, `--listen`): applied at start and to every reloaded configuration.
+fn overrides(args: &Args) -> anyhow::Result<Overrides> {
+    let listen = args
+        .listen
+        .as_ref()
+        .map(|listen| {
+            listen.parse::<std::net::SocketAddr>().with_context(|| {
+                format!("--listen `{listen}`: write host:port, e.g. 127.0.0.1:8080")
+            })
+        })
+        .transpose()?;
+    let (in_memory, defaulted) = (args.in_memory, args.config.is_none());
+    Ok(Arc::new(move |config: &mut GatewayConfig| {
+        if in_memory {
+            config.state = None;
+        } else if defaulted {
+            config.state = default_state_file(&|name| std::env::var(name).ok());
+        }
+        if let Some(listen) = listen {
+            config.listen = listen;
+        }
+    }))
+}
+
 /// Where learning lives for this run, and why: the start-up line says it.
-fn choose_state(args: &Args, config: &mut equiroute_gateway::config::GatewayConfig) -> String {
+fn choose_state(args: &Args, config: &GatewayConfig) -> String {
     if args.in_memory {
-        config.state = None;
         return "learning: in memory only (--in-memory), forgotten at exit".to_owned();
-    }
-    if args.config.is_none() {
-        config.state = default_state_file(&|name| std::env::var(name).ok());
     }
     match &config.state {
         Some(StateConfig::File(f)) => format!(
@@ -51,18 +75,10 @@ fn choose_state(args: &Args, config: &mut equiroute_gateway::config::GatewayConf
 
 /// Runs the gateway; `log_format` is `--log-format`, which wins over `[server] log_format`.
 pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
-    let (text, file) = match &args.config {
-        Some(path) => (
-            std::fs::read_to_string(path)
-                .with_context(|| format!("--config {}: cannot read it", path.display()))?,
-            path.display().to_string(),
-        ),
-        None => (
-            DEFAULT_CONFIG.to_owned(),
-            "embedded default configuration".to_owned(),
-        ),
-    };
-    let mut config = load(&text, &file, &|name| std::env::var(name).ok())?;
+    // The same source, overrides included, is read again at each reload.
+    let source = ConfigSource::new(args.config.clone(), overrides(args)?);
+    let file = source.shown();
+    let config = source.read().map_err(anyhow::Error::msg)?;
     // The runtime first: the trace export (if any) runs on it, and starts with the logs.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -84,7 +100,7 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
     for w in &config.warnings {
         tracing::warn!(config = %file, "{w}");
     }
-    let learning = choose_state(args, &mut config);
+    let learning = choose_state(args, &config);
     // The default state directory may not exist yet; a configured path's directory must.
     if let (None, Some(StateConfig::File(f))) = (&args.config, &config.state) {
         if let Some(dir) = f.path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -95,11 +111,6 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
                 )
             })?;
         }
-    }
-    if let Some(listen) = &args.listen {
-        config.listen = listen.parse().with_context(|| {
-            format!("--listen `{listen}`: write host:port, e.g. 127.0.0.1:8080")
-        })?;
     }
     // One event loop per thread (`server.worker_threads`, default one per core): the caller's
     // thread runs the first, with the background tasks; each other has a thread of its own.
@@ -114,7 +125,9 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}: is the port free?", config.listen))?;
         let addr = listener.local_addr()?;
         // The state (and its file or Redis) first: the banner says the gateway is ready.
-        let gateway = equiroute_gateway::prepare(&config).await?;
+        let gateway = equiroute_gateway::prepare(&config)
+            .await?
+            .with_source(source);
         let chat = config
             .interfaces
             .iter()
@@ -122,6 +135,7 @@ pub fn run(args: &Args, log_format: Option<LogFormat>) -> anyhow::Result<()> {
             .map_or("chat", |i| i.name.as_str());
         // Before the banner: a signal sent as soon as it is read is a stop, not a kill.
         let (first, second) = stop_signals()?;
+        reload_on_hangup(gateway.reloader(), gateway.tls_files())?;
         let scheme = if config.tls.is_some() { "https" } else { "http" };
         tracing::info!(%addr, event_loops = loops, config = %file, tls = config.tls.is_some(), "listening");
         println!("equiroute listening on {scheme}://{addr} ({} interfaces from {file})", config.interfaces.len());
@@ -195,6 +209,32 @@ async fn reset_state(state: Option<&StateConfig>) -> anyhow::Result<()> {
         }
         None => println!("--reset-state: no [state] section, nothing to delete"),
     }
+    Ok(())
+}
+
+/// Reloads the configuration at each `SIGHUP` (the same file, the same environment and
+/// command line): a bad file is refused and the running configuration kept; the reload logs
+/// and counts itself; then the HTTPS certificate and key, when the listener has them.
+fn reload_on_hangup(
+    reloader: equiroute_gateway::Reloader,
+    tls: Option<std::sync::Arc<equiroute_gateway::server::conn::tls::TlsFiles>>,
+) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangup = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                let _ = reloader.reload().await;
+                // The certificate and key are read again too (logged and counted by `reload`).
+                if let Some(files) = &tls {
+                    let _ = files.reload();
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop((reloader, tls));
     Ok(())
 }
 

@@ -192,6 +192,7 @@ return {
   decisions: document.querySelectorAll('tr[data-decision]').length,
   fallbacks: document.querySelectorAll('tr[data-fallback]').length,
   status: document.getElementById('status').textContent,
+  config: document.getElementById('config').textContent,
 };
 "#;
 
@@ -393,6 +394,13 @@ price = {{ per_call = 0.001 }}
             .unwrap()
             .contains("closed"),
         "{before}"
+    );
+    assert!(
+        before["config"]
+            .as_str()
+            .unwrap()
+            .starts_with("configuration version 1, loaded at "),
+        "the header shows the configuration's version: {before}"
     );
     let shot = browser.screenshot("dashboard-before.png");
 

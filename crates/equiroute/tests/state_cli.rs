@@ -450,14 +450,7 @@ fn serve_default(
 }
 
 fn get(addr: &str, path: &str) -> serde_json::Value {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
+    let out = common::get(addr, path);
     let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {out}"))
 }

@@ -8,7 +8,8 @@
 //! reported), `checks` (names, task classes, refused policies), the sections' own files
 //! (`keys`, `state`, `telemetry`, `rollout`, `first_byte`, `tls`), `types` (the validated
 //! configuration), then the raw tables with their checks: `server`, `providers` (and the
-//! judge), `interfaces`, and `loader` (the `load` function) on top.
+//! judge), `interfaces`, and `loader` (the `load` function) on top; `source` reads the
+//! configuration again for a reload.
 
 mod checks;
 mod defaults;
@@ -21,6 +22,7 @@ mod providers;
 mod rollout;
 mod secrets;
 mod server;
+mod source;
 mod state;
 mod telemetry;
 pub mod tls;
@@ -36,6 +38,7 @@ pub use loader::{load, load_all};
 pub use problems::ConfigError;
 pub use rollout::{GuardConfig, RolloutConfig};
 pub use secrets::{AwsCredentials, Secret};
+pub use source::{ConfigSource, Overrides};
 pub use state::{default_state_file, RedisStateConfig, StateConfig, StoreConfig};
 pub use telemetry::TelemetryConfig;
 pub use tls::TlsConfig;

@@ -246,7 +246,7 @@ pub enum UpstreamConfig {
 }
 
 /// One interface, validated: at least one provider, a built-and-checked policy.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct InterfaceConfig {
     pub name: String,
     pub kind: InterfaceKind,
@@ -360,6 +360,48 @@ impl GatewayConfig {
     }
 }
 
+impl GatewayConfig {
+    /// The settings that differ between this configuration and `next` and that a running
+    /// gateway cannot change (its sockets, threads, keys, limits, logs and state backend are
+    /// set up once, at start): a reload to `next` is refused while this list is not empty.
+    /// Everything under `[interfaces]` can change.
+    #[must_use]
+    pub fn restart_needed(&self, next: &GatewayConfig) -> Vec<&'static str> {
+        let (a, b) = (self, next);
+        [
+            ("server.listen", a.listen == b.listen),
+            ("server.max_body_bytes", a.max_body_bytes == b.max_body_bytes),
+            (
+                "the keys (server.api_keys_env, server.admin_keys_env, [[server.keys]])",
+                a.keys == b.keys,
+            ),
+            (
+                "server.feedback_rate_per_key and feedback_burst_per_key",
+                a.feedback_rate == b.feedback_rate,
+            ),
+            ("server.feedback_ttl_s", a.feedback_ttl == b.feedback_ttl),
+            (
+                "server.max_pending_feedback",
+                a.max_pending_feedback == b.max_pending_feedback,
+            ),
+            ("server.worker_threads", a.worker_threads == b.worker_threads),
+            ("server.log_format", a.log_format == b.log_format),
+            (
+                "the connection limits (server.*_timeout_ms, max_connections*, max_header_bytes, max_buffered_bytes*, max_in_flight_per_key)",
+                a.connections == b.connections,
+            ),
+            ("server.shutdown_grace_ms", a.shutdown_grace == b.shutdown_grace),
+            ("[audit]", a.audit == b.audit),
+            ("[state]", a.state == b.state),
+            ("[telemetry]", a.telemetry == b.telemetry),
+        ]
+        .into_iter()
+        .filter(|(_, same)| !same)
+        .map(|(what, _)| what)
+        .collect()
+    }
+}
+
 /// The limits that keep a client from holding a connection forever, or more than its share
 /// of connections and memory (`[server]`). A client address is an IPv4 address, or the /64
 /// prefix of an IPv6 address (what one host usually holds).
@@ -448,5 +490,22 @@ mod tests {
             assert!(secrets.contains(&value), "{value}: {secrets:?}");
         }
         assert!(secrets.contains(&"redis-pw"), "{secrets:?}");
+    }
+
+    #[test]
+    fn a_reload_needs_a_restart_for_what_is_set_up_at_start_only() {
+        let iface = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 1, p95_ms = 2 } }\n";
+        let cfg = |text: &str| load(text, "x.toml", &crate::config::no_env).unwrap();
+        let running = cfg(iface);
+        // Interfaces may change.
+        let priced = format!("{iface}price = {{ per_call = 0.01 }}\n");
+        assert!(running.restart_needed(&cfg(&priced)).is_empty());
+        let next = cfg(&format!(
+            "[server]\nlisten = \"127.0.0.1:9\"\nshutdown_grace_ms = 5\n[audit]\npath = \"a.log\"\n{iface}"
+        ));
+        assert_eq!(
+            running.restart_needed(&next),
+            ["server.listen", "server.shutdown_grace_ms", "[audit]"]
+        );
     }
 }

@@ -204,13 +204,17 @@ impl<'a> Ledger<'a> {
         );
         audit(state, iface, end);
         state.metrics.request(&iface.name, end.label);
-        if let Some(a) = answer {
+        // A request that ended on a runtime a reload retired keeps its context under the
+        // current runtime's index of its provider (none when the provider is gone).
+        if let Some((a, candidate)) =
+            answer.and_then(|a| state.feedback_target(iface, a.candidate).map(|c| (a, c)))
+        {
             remember(
                 state,
                 request_id,
                 PendingContext {
                     interface: &iface.name,
-                    candidate: a.candidate,
+                    candidate,
                     features: Features::F64(end.features),
                     latency: a.latency,
                     at: a.at,

@@ -50,8 +50,10 @@ async fn page() -> Response {
 /// kept decisions and fallbacks, and why the leader leads.
 async fn data(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let now = state.now();
-    let mut interfaces = Vec::with_capacity(state.interfaces.len());
-    for iface in state.interfaces.values() {
+    // One snapshot of the interfaces for the page (a reload may swap them meanwhile).
+    let served = state.interfaces_full();
+    let mut interfaces = Vec::with_capacity(served.len());
+    for iface in served.values() {
         iface.history.watch(now);
         let Json(summary) = super::introspect::interface_state(
             State(state.clone()),
@@ -77,6 +79,7 @@ async fn data(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiErro
     Ok(Json(json!({
         "now_ms": now.0,
         "audit_dropped": state.audit.as_ref().map(super::audit::AuditLog::dropped),
+        "config": state.config_version(),
         "interfaces": interfaces,
     })))
 }

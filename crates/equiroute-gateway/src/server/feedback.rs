@@ -92,10 +92,10 @@ pub async fn apply_from(
             return Ok(Applied::Duplicate);
         }
     }
-    if let Some(iface) = state.interfaces.get(&entry.interface) {
+    if let Some(iface) = state.interface(&entry.interface) {
         state
             .record_quality(
-                iface,
+                &iface,
                 request_id,
                 &QualityObservation {
                     candidate: entry.candidate,

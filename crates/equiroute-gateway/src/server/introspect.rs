@@ -19,7 +19,7 @@ use std::sync::Arc;
 pub(super) fn model_objects(state: &AppState) -> Vec<Value> {
     let mut out = Vec::new();
     for i in state
-        .interfaces
+        .interfaces()
         .values()
         .filter(|i| i.kind == InterfaceKind::Chat)
     {
@@ -59,7 +59,7 @@ pub(super) async fn get_model(
 
 pub(super) async fn list_interfaces(State(state): State<Arc<AppState>>) -> Json<Value> {
     let list: Vec<Value> = state
-        .interfaces
+        .interfaces()
         .values()
         .map(|i| {
             json!({
@@ -239,7 +239,7 @@ pub(super) async fn interface_state(
     axum::extract::RawQuery(raw): axum::extract::RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     let query = parse_state_query(raw.as_deref())?;
-    let iface = state.interfaces.get(&name).cloned().ok_or_else(|| {
+    let iface = state.interface(&name).ok_or_else(|| {
         ApiError::not_found(
             "interface_not_found",
             format!("no interface `{}`", echo(&name)),
@@ -323,7 +323,7 @@ pub(super) async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 pub(super) async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let mut text = state.metrics.render();
-    arms::render_metrics(&state.interfaces, &mut text);
+    arms::render_metrics(&**state.interfaces(), &mut text);
     if let Some(shared) = &state.shared {
         shared.render_metrics(&mut text);
     }

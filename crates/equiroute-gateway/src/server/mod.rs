@@ -17,8 +17,8 @@
 //!    that matched becomes the request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
 //!    and whose requests it may score; on the traffic routes it holds one of its key's
 //!    `server.max_in_flight_per_key` seats until its answer's last byte (else 429). The traffic routes take client and judge keys,
-//!    `/v1/feedback` those and the admin keys; the state routes (`/v1/interfaces…`) take the
-//!    admin keys when those are configured, else the gateway keys: they are open only when no
+//!    `/v1/feedback` those and the admin keys; the state routes (`/v1/interfaces…`) and
+//!    `POST /v1/admin/reload` take the admin keys when those are configured, else the gateway keys: they are open only when no
 //!    key at all is configured (local use); the dashboard (`/dashboard…`) takes the same keys,
 //!    also as HTTP Basic (see [`dashboard`]);
 //! 3. the routes below.
@@ -46,7 +46,8 @@
 //!
 //! Around them: [`state`] (what the handlers share), [`history`] (the dashboard's recent
 //! traffic), [`introspect`] (state, models, metrics routes), [`feedback`], [`rollouts`],
-//! [`sync`] (the Redis syncer's view of the state).
+//! [`sync`] (the Redis syncer's view of the state), [`reload`] (the configuration read again
+//! and swapped in; [`learnt`]: what an interface's runtime has learnt, as a value).
 
 mod admit;
 pub mod arms;
@@ -64,10 +65,12 @@ mod execute;
 pub mod feedback;
 pub mod history;
 mod introspect;
+pub mod learnt;
 pub mod metrics;
 mod race;
 mod rejections;
 mod relay;
+pub mod reload;
 pub mod repeated;
 mod rollouts;
 pub mod shifts;
@@ -129,6 +132,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
             post(rollouts::promote),
         )
         .route("/v1/interfaces/{name}/rollout/abort", post(rollouts::abort))
+        .route("/v1/admin/reload", post(reload::route))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_admin_key,
@@ -298,13 +302,14 @@ async fn route_chat(
     let (name, pinned) = model
         .split_once('/')
         .map_or((model, None), |(i, p)| (i, Some(p)));
+    // The request's one read of the interfaces: it finishes on the runtime it found here,
+    // whatever a reload swaps in meanwhile.
     let iface = state
-        .interfaces
-        .get(name)
+        .interface(name)
         .filter(|i| i.kind == InterfaceKind::Chat)
         .ok_or_else(|| {
-            let chats: Vec<&str> = state
-                .interfaces
+            let interfaces = state.interfaces();
+            let chats: Vec<&str> = interfaces
                 .values()
                 .filter(|i| i.kind == InterfaceKind::Chat)
                 .map(|i| i.name.as_str())
@@ -332,17 +337,16 @@ async fn route_chat(
             )
         })?),
     };
-    let (deadline, clamped) = deadline_from(headers, iface)?;
-    let meta = meta.for_interface(state, iface);
+    let (deadline, clamped) = deadline_from(headers, &iface)?;
+    let meta = meta.for_interface(state, &iface);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let streamed =
-            execute::execute_stream(state.clone(), iface.clone(), body, pinned, deadline, meta)
-                .await;
+            execute::execute_stream(state.clone(), iface, body, pinned, deadline, meta).await;
         return Ok(with_deadline(streamed, deadline, clamped));
     }
-    let answered = execute::execute(state, iface, &body, pinned, deadline, &meta)
+    let answered = execute::execute(state, &iface, &body, pinned, deadline, &meta)
         .await
-        .inspect(|a| maybe_judge(state, iface, &body, a));
+        .inspect(|a| maybe_judge(state, &iface, &body, a));
     Ok(with_deadline(
         answered.map(|a| routed(&a)),
         deadline,
@@ -361,12 +365,11 @@ async fn tool_call(
     let meta = RequestMeta::of(&headers, &caller)?;
     let body = parse_json(body)?;
     let iface = state
-        .interfaces
-        .get(&name)
+        .interface(&name)
         .filter(|i| i.kind == InterfaceKind::Tool)
         .ok_or_else(|| {
-            let tools: Vec<&str> = state
-                .interfaces
+            let interfaces = state.interfaces();
+            let tools: Vec<&str> = interfaces
                 .values()
                 .filter(|i| i.kind == InterfaceKind::Tool)
                 .map(|i| i.name.as_str())
@@ -380,11 +383,11 @@ async fn tool_call(
                 ),
             )
         })?;
-    let (deadline, clamped) = deadline_from(&headers, iface)?;
-    let meta = meta.for_interface(&state, iface);
-    let answered = execute::execute(&state, iface, &body, None, deadline, &meta)
+    let (deadline, clamped) = deadline_from(&headers, &iface)?;
+    let meta = meta.for_interface(&state, &iface);
+    let answered = execute::execute(&state, &iface, &body, None, deadline, &meta)
         .await
-        .inspect(|a| maybe_judge(&state, iface, &body, a));
+        .inspect(|a| maybe_judge(&state, &iface, &body, a));
     Ok(with_deadline(
         answered.map(|a| routed(&a)),
         deadline,
@@ -476,7 +479,7 @@ async fn feedback(
 
 /// The routes, for the answer to a request that matches none.
 const ROUTES: &str = "POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/tools/{interface}, POST /v1/feedback, \
-GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /v1/interfaces/{name}/shadow, GET /v1/interfaces/{name}/rollout, POST /v1/interfaces/{name}/rollout/promote, POST /v1/interfaces/{name}/rollout/abort, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
+GET /v1/models, GET /v1/interfaces, GET /v1/interfaces/{name}/state, GET /v1/interfaces/{name}/shadow, GET /v1/interfaces/{name}/rollout, POST /v1/interfaces/{name}/rollout/promote, POST /v1/interfaces/{name}/rollout/abort, POST /v1/admin/reload, GET /dashboard, GET /metrics, GET /healthz, GET /readyz";
 
 /// A path the gateway does not serve: an OpenAI-style 404 (SDKs show its message) instead of
 /// an empty body.

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 fn interface(state: &AppState, name: &str) -> Result<Arc<InterfaceRuntime>, ApiError> {
-    state.interfaces.get(name).cloned().ok_or_else(|| {
+    state.interface(name).ok_or_else(|| {
         ApiError::not_found(
             "interface_not_found",
             format!("no interface `{}`", echo(name)),

@@ -1,11 +1,15 @@
 //! Shared state of a running gateway: the interfaces with their policies and breakers, the
 //! contexts of answered requests waiting for quality feedback, and the metrics.
 //!
+//! The interfaces are one snapshot ([`Interfaces`]) behind an `ArcSwap`: a request loads it
+//! once (an atomic load, no lock) and keeps the runtime it started with; a reload
+//! (`server::reload`) swaps in a new snapshot.
+//!
 //! Locks are held only around pure, microsecond-scale core calls (rank, observe, breaker
 //! bookkeeping) and never across an `.await`.
 
 use super::metrics::Metrics;
-use crate::config::{GatewayConfig, InterfaceConfig, InterfaceKind};
+use crate::config::{ConfigSource, GatewayConfig, InterfaceConfig, InterfaceKind};
 pub use crate::pending::{Features, PendingContext, PendingFeedback, PendingStore};
 use crate::upstream::Upstream;
 use equiroute_core::breaker::{Breaker, BreakerConfig};
@@ -14,8 +18,8 @@ use equiroute_core::features::Featurizer;
 use equiroute_core::policies::{Observation, Policy};
 use equiroute_core::{Candidate, Millis, Timestamp};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 /// One interface at run time.
@@ -68,10 +72,18 @@ pub struct InterfaceRuntime {
     pub task_classes: Option<Vec<String>>,
     /// Recent traffic, for the dashboard (fixed size).
     pub history: super::history::History,
+    /// A reload replaced or removed this runtime: the requests still on it finish, and
+    /// what they keep for feedback moves to the interface's current runtime.
+    retired: AtomicBool,
 }
 
 impl InterfaceRuntime {
-    fn new(
+    /// The runtime of the interface `cfg`, from its policy's priors, its upstreams on
+    /// `wiring`'s connection pool.
+    ///
+    /// # Errors
+    /// A policy or featurizer that cannot be built (already checked by config loading).
+    pub fn new(
         cfg: &InterfaceConfig,
         wiring: &crate::upstream::http::Wiring,
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
@@ -128,6 +140,7 @@ impl InterfaceRuntime {
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
             task_classes: cfg.task_classes.clone(),
             history: super::history::History::new(candidates.len()),
+            retired: AtomicBool::new(false),
             candidates,
         })
     }
@@ -136,6 +149,17 @@ impl InterfaceRuntime {
     #[must_use]
     pub fn policy_name(&self) -> &'static str {
         self.arms.live_name()
+    }
+
+    /// Marks this runtime as replaced or removed by a reload.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// Whether a reload replaced or removed this runtime.
+    #[must_use]
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// The index of the candidate called `id`.
@@ -160,10 +184,35 @@ impl super::arms::Interface for InterfaceRuntime {
     }
 }
 
+/// The interfaces by name: the part of the state a reload swaps as a whole.
+pub type Interfaces = BTreeMap<String, Arc<InterfaceRuntime>>;
+
+/// The configuration a gateway serves, and its version.
+#[derive(Debug)]
+pub struct Configured {
+    /// What the interfaces were built from: a reload compares the next configuration with it.
+    pub config: GatewayConfig,
+    /// 1 at start, one more at each applied reload.
+    pub version: u64,
+    /// When it was loaded (wall clock, milliseconds since the Unix epoch).
+    pub loaded_unix_ms: f64,
+}
+
 /// Everything the handlers share.
 #[derive(Debug)]
 pub struct AppState {
-    pub interfaces: BTreeMap<String, Arc<InterfaceRuntime>>,
+    /// Read once per request ([`AppState::interfaces`], [`AppState::interface`]); swapped
+    /// whole by a reload.
+    interfaces: arc_swap::ArcSwap<Interfaces>,
+    /// The connection pool and redactor the upstreams are built with (a reload builds the
+    /// new interfaces' upstreams on the same pool).
+    pub wiring: crate::upstream::http::Wiring,
+    /// The configuration served and its version; held while a reload applies, so reloads
+    /// happen one at a time.
+    pub configured: Mutex<Configured>,
+    /// Where a reload reads the configuration again (set once by whoever started the
+    /// gateway; none: the configuration was given in memory and cannot be reloaded).
+    pub source: OnceLock<ConfigSource>,
     pub pending: Mutex<PendingStore>,
     pub metrics: Metrics,
     /// The configured keys, what each may do, and each one's feedback rate.
@@ -198,12 +247,16 @@ impl AppState {
             client: crate::upstream::client::HttpClient::new(),
             redactor: Arc::new(crate::redact::Redactor::new(cfg.secret_values())),
         };
+        let started_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         let mut interfaces = BTreeMap::new();
         for i in &cfg.interfaces {
             interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
         }
         let metrics = Metrics::default();
         metrics.start_at_zero(cfg);
+        metrics.config_loaded(1, started_unix_ms);
         let keys = super::auth::Keys::new(
             &cfg.keys,
             cfg.feedback_rate,
@@ -211,12 +264,19 @@ impl AppState {
         )
         .counted(metrics.refusals("too_many_requests_in_flight"));
         Ok(AppState {
-            interfaces,
+            interfaces: arc_swap::ArcSwap::from_pointee(interfaces),
+            configured: Mutex::new(Configured {
+                config: cfg.clone(),
+                version: 1,
+                loaded_unix_ms: started_unix_ms,
+            }),
+            source: OnceLock::new(),
             pending: Mutex::new(PendingStore::new(cfg.max_pending_feedback)),
             logs: super::repeated::RepeatedLogs::new(&metrics),
             metrics,
             keys,
-            redactor: wiring.redactor,
+            redactor: wiring.redactor.clone(),
+            wiring,
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
             shared: match &cfg.state {
@@ -226,13 +286,61 @@ impl AppState {
                 _ => None,
             },
             epoch: Instant::now(),
-            started_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+            started_unix_ms,
             requests: AtomicU64::new(0),
             seed,
             full_dump_busy: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The interfaces served now: one atomic load, no lock. A request reads them once and
+    /// keeps what it found (a reload swaps in new ones beside it, never under it); keep the
+    /// guard for a moment, not across an `.await` ([`AppState::interface`] clones one out).
+    pub fn interfaces(&self) -> arc_swap::Guard<Arc<Interfaces>> {
+        self.interfaces.load()
+    }
+
+    /// The interfaces served now, for the caller to keep across an `.await`.
+    #[must_use]
+    pub fn interfaces_full(&self) -> Arc<Interfaces> {
+        self.interfaces.load_full()
+    }
+
+    /// The configuration's version and when it was loaded, as the dashboard shows them:
+    /// `{"version": N, "loaded_unix_ms": T}`.
+    #[must_use]
+    pub fn config_version(&self) -> serde_json::Value {
+        self.configured.lock().map_or(
+            serde_json::Value::Null,
+            |c| serde_json::json!({"version": c.version, "loaded_unix_ms": c.loaded_unix_ms}),
+        )
+    }
+
+    /// The interface called `name` served now, for the caller to keep as long as it needs.
+    #[must_use]
+    pub fn interface(&self, name: &str) -> Option<Arc<InterfaceRuntime>> {
+        self.interfaces.load().get(name).cloned()
+    }
+
+    /// Where a context kept for feedback on `iface`'s candidate `candidate` goes: the same
+    /// index, unless a reload retired `iface` (a request that finished on it after the swap):
+    /// then the same provider's index in the interface's current runtime, `None` when that
+    /// runtime lacks it or takes features of another size.
+    #[must_use]
+    pub fn feedback_target(&self, iface: &InterfaceRuntime, candidate: usize) -> Option<usize> {
+        if !iface.is_retired() {
+            return Some(candidate);
+        }
+        let now = self.interface(&iface.name)?;
+        if now.featurizer.dim() != iface.featurizer.dim() {
+            return None;
+        }
+        now.index_of(&iface.candidates.get(candidate)?.id.0)
+    }
+
+    /// Serves `next` from now on; requests in flight keep the runtimes they hold.
+    pub fn swap_interfaces(&self, next: Interfaces) {
+        self.interfaces.store(Arc::new(next));
     }
 
     /// Wall-clock milliseconds since the Unix epoch: the clock the core sees. Wall time (not
@@ -285,19 +393,18 @@ impl AppState {
     /// Opens a breaker until `until` because another instance opened its own (`pinned`: by
     /// a `Retry-After`).
     pub fn open_breaker(&self, iface: &str, candidate: usize, until: Timestamp, pinned: bool) {
-        let Some(i) = self.interfaces.get(iface) else {
+        let Some(i) = self.interface(iface) else {
             return;
         };
-        if let Ok(mut breakers) = i.breakers.lock() {
-            if let Some(b) = breakers.get_mut(candidate) {
-                if let Some(t) = b.open_until(until, pinned) {
-                    self.metrics.breaker(
-                        &i.name,
-                        &i.candidates[candidate].id.0,
-                        transition_name(t),
-                    );
-                }
-            }
+        let Ok(mut breakers) = i.breakers.lock() else {
+            return;
+        };
+        if let Some(t) = breakers
+            .get_mut(candidate)
+            .and_then(|b| b.open_until(until, pinned))
+        {
+            self.metrics
+                .breaker(&i.name, &i.candidates[candidate].id.0, transition_name(t));
         }
     }
 }
@@ -409,7 +516,8 @@ mod tests {
         let text = "[interfaces.chat]\nkind = \"chat\"\nfeature_dim = 8\npolicy = { name = \"lqm-ts\" }\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n[[interfaces.chat.providers]]\nid = \"b\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n";
         let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
         let app = AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"));
-        let iface = &app.interfaces["chat"];
+        let iface = app.interface("chat").unwrap_or_else(|| panic!("no chat"));
+        let iface = &*iface;
         let features = iface.featurizer.featurize("a question");
         let export = || {
             let p = iface.policy.read().unwrap_or_else(|_| panic!("poisoned"));

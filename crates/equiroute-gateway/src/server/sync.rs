@@ -21,7 +21,7 @@ impl crate::shared::SyncTarget for AppState {
                 .map(|p| p.clone_box())
                 .map_err(|_| crate::shared::SharedError::Redis("policy lock poisoned".into()))
         };
-        self.interfaces
+        self.interfaces()
             .iter()
             .map(|(name, iface)| {
                 let policy = iface.policy.read().map_err(|_| {
@@ -52,17 +52,18 @@ impl crate::shared::SyncTarget for AppState {
     }
 
     fn candidate_count(&self, iface: &str) -> usize {
-        self.interfaces.get(iface).map_or(0, |i| i.candidates.len())
+        self.interface(iface).map_or(0, |i| i.candidates.len())
     }
 
     fn replace_live_policy(&self, iface: &str, rebuild: &mut dyn FnMut() -> Box<dyn Policy>) {
-        let Some(iface) = self.interfaces.get(iface) else {
+        let Some(iface) = self.interface(iface) else {
             return;
         };
-        if let Ok(mut live) = self.policy_mut(iface) {
-            *live = rebuild();
-            super::shifts::discard(live.as_mut());
-        }
+        let Ok(mut live) = self.policy_mut(&iface) else {
+            return;
+        };
+        *live = rebuild();
+        super::shifts::discard(live.as_mut());
     }
 
     fn replace_side_policy(
@@ -71,16 +72,18 @@ impl crate::shared::SyncTarget for AppState {
         iface: &str,
         rebuild: &mut dyn FnMut() -> Box<dyn Policy>,
     ) {
-        let Some(arms) = self.interfaces.get(iface).map(|i| &i.arms) else {
+        let Some(iface) = self.interface(iface) else {
             return;
         };
+        let arms = &iface.arms;
         let policy = match side {
             crate::shared::Side::Shadow => arms.shadow.as_ref().map(|s| &s.policy),
             crate::shared::Side::Rollout => arms.rollout.as_ref().map(|r| &r.policy),
         };
-        if let Some(Ok(mut policy)) = policy.map(super::arms::SidePolicy::write) {
-            *policy = rebuild();
-        }
+        let Some(Ok(mut policy)) = policy.map(super::arms::SidePolicy::write) else {
+            return;
+        };
+        *policy = rebuild();
     }
 
     fn feedback_ttl(&self) -> Millis {
@@ -108,7 +111,7 @@ impl crate::shared::SyncTarget for AppState {
     }
 
     fn end_rollout(&self, iface: &str, end: &crate::shared::RolloutEnd, own: bool) {
-        if let Some(i) = self.interfaces.get(iface) {
+        if let Some(i) = self.interface(iface) {
             i.arms.apply_shared_end(iface, end, own);
         }
     }

@@ -29,6 +29,19 @@ pub fn terminate(child: &mut Child) -> ExitStatus {
     }
 }
 
+/// `GET path`: the whole answer, head and body.
+pub fn get(addr: &str, path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
 pub fn post(addr: &str, path: &str, body: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(s, "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();

@@ -16,13 +16,21 @@ use crate::config::{GatewayConfig, InterfaceKind, StateConfig};
 use equiroute_core::breaker::Transition;
 use equiroute_core::executor::RequestStatus;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::collections::HashSet;
 use std::sync::{LazyLock, RwLock};
+
+mod labels;
+use labels::{
+    AttemptLabels, BreakerLabels, EventLabels, FeedbackLabel, InterfaceLabel, KindLabel,
+    ModeLabels, OutcomeLabels, ProviderLabels, ReasonLabels, RefusalLabel, ShiftLabels,
+    TokenLabels,
+};
 
 /// A label value, interned.
 type Name = &'static str;
@@ -61,90 +69,6 @@ fn intern(names: &RwLock<HashSet<Name>>, cap: usize, s: &str) -> Name {
     let n: Name = Box::leak(s.into());
     set.insert(n);
     n
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct InterfaceLabel {
-    interface: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
-    interface: Name,
-    outcome: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AttemptLabels {
-    interface: Name,
-    provider: Name,
-    status: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EventLabels {
-    interface: Name,
-    event: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReasonLabels {
-    interface: Name,
-    reason: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModeLabels {
-    interface: Name,
-    mode: Name,
-}
-
-/// A breaker transition's labels: provider ids repeat across interfaces, so the interface
-/// is one.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BreakerLabels {
-    interface: Name,
-    provider: Name,
-    to: Name,
-}
-
-/// A quality shift's labels: `direction` is `down` or `up`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ShiftLabels {
-    interface: Name,
-    provider: Name,
-    direction: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProviderLabels {
-    interface: Name,
-    provider: Name,
-}
-
-/// A provider's token counts, by `token_type` (`input` or `output`, the OpenTelemetry
-/// convention's `gen_ai.token.type`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TokenLabels {
-    interface: Name,
-    provider: Name,
-    token_type: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FeedbackLabel {
-    outcome: Name,
-}
-
-/// A kind of repetitive log line (`Repeated::label` in the `repeated` module).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: Name,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RefusalLabel {
-    reason: Name,
 }
 
 /// The outcomes of `equiroute_requests_total` (`outcome_label`, and a request no
@@ -186,6 +110,9 @@ const FEEDBACK_OUTCOMES: [Name; 8] = [
     "judge_skipped",
     "judge_unmatched",
 ];
+
+/// The outcomes of `equiroute_config_reloads_total`.
+const RELOAD_OUTCOMES: [Name; 2] = ["applied", "refused"];
 
 /// The outcomes of `equiroute_state_snapshots_total` (`saved`, then `WriteFailure::label`).
 const SNAPSHOT_OUTCOMES: [Name; 4] = ["saved", "no_space", "io_error", "failed"];
@@ -275,6 +202,9 @@ pub struct Metrics {
     refusals: Family<RefusalLabel, Counter>,
     tls_handshake_failures: Family<RefusalLabel, Counter>,
     tls_reloads: Family<FeedbackLabel, Counter>,
+    config_reloads: Family<FeedbackLabel, Counter>,
+    config_version: Gauge,
+    config_loaded: Gauge<f64, std::sync::atomic::AtomicU64>,
     decision: Histogram,
     router: Histogram,
     request_latency: Histograms<InterfaceLabel>,
@@ -358,6 +288,9 @@ impl Default for Metrics {
             refusals: Family::default(),
             tls_handshake_failures: Family::default(),
             tls_reloads: Family::default(),
+            config_reloads: Family::default(),
+            config_version: Gauge::default(),
+            config_loaded: Gauge::default(),
             decision: Histogram::new(DECISION_BUCKETS_US),
             router: Histogram::new(DECISION_BUCKETS_US),
             request_latency: Family::new_with_constructor(latency_histogram),
@@ -495,6 +428,24 @@ impl Metrics {
             "Reloads of the HTTPS certificate and key, by outcome (ok; refused: the old pair keeps serving)",
             self.tls_reloads.clone(),
         );
+        register(
+            r,
+            "equiroute_config_reloads_total",
+            "Configuration reloads (SIGHUP, POST /v1/admin/reload): applied, or refused (invalid, or a setting that needs a restart)",
+            self.config_reloads.clone(),
+        );
+        register(
+            r,
+            "equiroute_config_version",
+            "The version of the configuration served: 1 at start, one more at each applied reload",
+            self.config_version.clone(),
+        );
+        register(
+            r,
+            "equiroute_config_loaded_timestamp_seconds",
+            "When the configuration served was loaded (Unix time, seconds)",
+            self.config_loaded.clone(),
+        );
     }
 
     /// The histograms without a provider label, in the exposition's order.
@@ -614,6 +565,9 @@ impl Metrics {
         }
         for outcome in FEEDBACK_OUTCOMES {
             at_zero(&self.feedback, &FeedbackLabel { outcome });
+        }
+        for outcome in RELOAD_OUTCOMES {
+            at_zero(&self.config_reloads, &FeedbackLabel { outcome });
         }
         if matches!(cfg.state, Some(StateConfig::File(_))) {
             for outcome in SNAPSHOT_OUTCOMES {
@@ -832,6 +786,19 @@ impl Metrics {
     pub fn feedback(&self, outcome: &'static str) {
         let labels = FeedbackLabel { outcome };
         self.feedback.get_or_create(&labels).inc();
+    }
+
+    /// Records a reload of the configuration: `applied` or `refused`.
+    pub fn config_reload(&self, outcome: &'static str) {
+        let labels = FeedbackLabel { outcome };
+        self.config_reloads.get_or_create(&labels).inc();
+    }
+
+    /// Sets the version of the configuration served and when it was loaded (Unix ms).
+    pub fn config_loaded(&self, version: u64, loaded_unix_ms: f64) {
+        self.config_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+        self.config_loaded.set(loaded_unix_ms / 1000.0);
     }
 
     /// Records a snapshot of the learning state to its file: `saved`, or why it failed
