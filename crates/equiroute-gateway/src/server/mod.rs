@@ -65,6 +65,8 @@ pub mod feedback;
 pub mod history;
 mod introspect;
 pub mod metrics;
+pub mod minutes;
+pub mod ops;
 mod race;
 mod rejections;
 mod relay;

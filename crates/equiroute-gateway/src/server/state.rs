@@ -71,6 +71,7 @@ impl InterfaceRuntime {
     fn new(
         cfg: &InterfaceConfig,
         wiring: &crate::upstream::http::Wiring,
+        keys: &[super::ops::KeyRow],
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
@@ -120,7 +121,7 @@ impl InterfaceRuntime {
             breaker_config: cfg.breaker,
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
             task_classes: cfg.task_classes.clone(),
-            history: super::history::History::new(candidates.len()),
+            history: super::history::History::new(candidates.len(), keys.to_vec()),
             candidates,
         })
     }
@@ -191,9 +192,22 @@ impl AppState {
             client: crate::upstream::client::HttpClient::new(),
             redactor: Arc::new(crate::redact::Redactor::new(cfg.secret_values())),
         };
+        // The keys that send traffic get a row in the operations view (configured: bounded).
+        let key_rows: Vec<super::ops::KeyRow> = cfg
+            .keys
+            .iter()
+            .filter(|k| k.grant.role.sends_traffic())
+            .map(|k| super::ops::KeyRow {
+                label: k.grant.label.clone(),
+                tenant: k.grant.tenant.clone(),
+            })
+            .collect();
         let mut interfaces = BTreeMap::new();
         for i in &cfg.interfaces {
-            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
+            interfaces.insert(
+                i.name.clone(),
+                Arc::new(InterfaceRuntime::new(i, &wiring, &key_rows)?),
+            );
         }
         let metrics = Metrics::default();
         metrics.start_at_zero(cfg);
