@@ -181,6 +181,11 @@ impl History {
         ring.ops_seconds.count(&finished);
         ring.ops_minutes.count(&finished);
         for (i, [input, output]) in self.tokens.iter().enumerate() {
+            // A load first: most requests find nothing to move, and a load is cheaper than a
+            // swap.
+            if input.load(Ordering::Relaxed) == 0 && output.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
             let (input, output) = (
                 input.swap(0, Ordering::Relaxed),
                 output.swap(0, Ordering::Relaxed),
@@ -302,32 +307,40 @@ impl History {
         horizon_ms: u64,
         ids: &[String],
     ) -> Value {
-        let Ok(ring) = self.ring.lock() else {
-            return Value::Null;
-        };
         let seconds = horizon_ms <= ops::SECOND_MS * ops::SECONDS as u64;
-        let bins = if seconds {
-            &ring.ops_seconds
+        let width = if seconds {
+            ops::SECOND_MS
         } else {
-            &ring.ops_minutes
+            ops::MINUTE_MS
         };
-        let span = (horizon_ms
-            / if seconds {
-                ops::SECOND_MS
-            } else {
-                ops::MINUTE_MS
-            })
-        .max(1);
-        let mut view = bins.view(now, since_ms, ids, &self.keys, span as usize);
         let from = now.0 - horizon_ms as f64;
-        view["marks"] = json!(ring
-            .marks
-            .iter()
-            .filter(|m| m.ts_ms >= from)
-            .collect::<Vec<_>>());
         let hour = (3_600_000 / ops::MINUTE_MS) as usize;
-        view["last_hour"] = ring.ops_minutes.totals(now, hour, ids, &self.keys);
-        view["last_day"] = ring.ops_minutes.totals(now, ops::MINUTES, ids, &self.keys);
+        // Under the lock only a copy of the ring (about 1 MB at most) and the small totals:
+        // the series are built after, so the request path never waits for them.
+        let (bins, marks, last_hour, last_day) = {
+            let Ok(ring) = self.ring.lock() else {
+                return Value::Null;
+            };
+            let bins = if seconds {
+                ring.ops_seconds.clone()
+            } else {
+                ring.ops_minutes.clone()
+            };
+            let marks: Vec<Mark> = ring
+                .marks
+                .iter()
+                .filter(|m| m.ts_ms >= from)
+                .cloned()
+                .collect();
+            let last_hour = ring.ops_minutes.totals(now, hour, ids, &self.keys);
+            let last_day = ring.ops_minutes.totals(now, ops::MINUTES, ids, &self.keys);
+            (bins, marks, last_hour, last_day)
+        };
+        let span = (horizon_ms / width).max(1) as usize;
+        let mut view = bins.view(now, since_ms, ids, &self.keys, span);
+        view["marks"] = json!(marks);
+        view["last_hour"] = last_hour;
+        view["last_day"] = last_day;
         view
     }
 

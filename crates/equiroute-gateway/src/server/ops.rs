@@ -213,7 +213,7 @@ pub struct KeyCell {
 }
 
 /// A ring of `len` bins of `bin_ms` each (see the module doc).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Bins {
     bin_ms: u64,
     len: usize,
