@@ -318,7 +318,7 @@ impl Prepared {
         // The last snapshot, after every in-flight request has finished or been ended.
         if let Some((s, _)) = &store {
             let (s, st) = (s.clone(), state.clone());
-            let saved = tokio::task::spawn_blocking(move || s.save(&st))
+            let saved = tokio::task::spawn_blocking(move || s.save_final(&st))
                 .await
                 .map_err(std::io::Error::other)?;
             state.metrics.snapshot(

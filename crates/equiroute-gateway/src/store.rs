@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub const SCHEMA: u32 = 1;
 
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 const KEY: &str = "gateway";
+/// The operations view's minute rings (`server::ops`); one unreadable is left out, never refused.
+const MINUTES_KEY: &str = "operations-minutes";
 
 pub use crate::config::StoreConfig;
 
@@ -122,6 +125,8 @@ pub struct Store {
     db: Mutex<Option<Database>>,
     file: PathBuf,
     path: String,
+    /// The minute the minute rings were last written in: once a minute and at shutdown.
+    minutes_saved: AtomicU64,
 }
 
 /// What [`Store::open_restoring`] found.
@@ -155,6 +160,7 @@ impl Store {
             db: Mutex::new(Some(db)),
             file: path.to_owned(),
             path: shown,
+            minutes_saved: AtomicU64::new(0),
         })
     }
 
@@ -202,7 +208,11 @@ impl Store {
             db: Mutex::new(Some(db)),
             file: path.to_owned(),
             path: shown,
+            minutes_saved: AtomicU64::new(0),
         };
+        if let Ok(Some(bytes)) = store.with_db(|db| read_key(db, &store.path, MINUTES_KEY)) {
+            let _ = crate::server::minutes::restore(state, &bytes);
+        }
         Ok((store, restored))
     }
 
@@ -308,12 +318,24 @@ impl Store {
     /// The write or commit failed, or the file cannot be opened again (the previous snapshot
     /// stays intact).
     pub fn save(&self, state: &AppState) -> Result<(), StoreError> {
+        let minute = (state.now().0.max(0.0) as u64) / crate::server::ops::MINUTE_MS;
+        let due = self.minutes_saved.swap(minute, Ordering::Relaxed) != minute;
+        let minutes = due.then(|| crate::server::minutes::saved(state)).flatten();
         let bytes = serde_json::to_vec(&snapshot(state)).map_err(|e| StoreError::Write {
             path: self.path.clone(),
             reason: e.to_string(),
             cause: WriteFailure::Other,
         })?;
-        self.write_raw(&bytes)
+        self.write(&bytes, minutes.as_deref())
+            .inspect_err(|_| self.minutes_saved.store(u64::MAX, Ordering::Relaxed))
+    }
+
+    /// [`Store::save`] at shutdown: the operations view's minute rings are written too.
+    /// # Errors
+    /// As [`Store::save`].
+    pub fn save_final(&self, state: &AppState) -> Result<(), StoreError> {
+        self.minutes_saved.store(u64::MAX, Ordering::Relaxed);
+        self.save(state)
     }
 
     /// The last snapshot as JSON (for `equiroute state export`), if there is one.
@@ -345,7 +367,7 @@ impl Store {
     }
 
     fn read_raw(&self) -> Result<Option<Vec<u8>>, StoreError> {
-        self.with_db(|db| read_snapshot(db, &self.path))
+        self.with_db(|db| read_key(db, &self.path, KEY))
     }
 
     /// Runs `f` on the database, opened again first if a failed write dropped it.
@@ -381,6 +403,12 @@ impl Store {
     }
 
     fn write_raw(&self, bytes: &[u8]) -> Result<(), StoreError> {
+        self.write(bytes, None)
+    }
+
+    /// Writes the snapshot `bytes`, and the operations view's `minutes` when given, in one
+    /// transaction.
+    fn write(&self, bytes: &[u8], minutes: Option<&[u8]>) -> Result<(), StoreError> {
         let write_err = |e: redb::Error| StoreError::Write {
             path: self.path.clone(),
             cause: match &e {
@@ -397,6 +425,11 @@ impl Store {
             {
                 let mut table = txn.open_table(SNAPSHOTS).map_err(|e| write_err(e.into()))?;
                 table.insert(KEY, bytes).map_err(|e| write_err(e.into()))?;
+                if let Some(m) = minutes {
+                    table
+                        .insert(MINUTES_KEY, m)
+                        .map_err(|e| write_err(e.into()))?;
+                }
             }
             txn.commit().map_err(|e| write_err(e.into()))
         })
@@ -560,8 +593,12 @@ fn snapshot(state: &AppState) -> Snapshot {
     }
 }
 
-/// The snapshot's bytes in `db`, if it has one.
-fn read_snapshot(db: &impl ReadableDatabase, path: &str) -> Result<Option<Vec<u8>>, StoreError> {
+/// The bytes of record `key` (the snapshot's: [`KEY`]) in `db`, if it has one.
+fn read_key(
+    db: &impl ReadableDatabase,
+    path: &str,
+    key: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
     let unusable = |e: &dyn std::fmt::Display| StoreError::Unusable {
         path: path.to_owned(),
         reason: format!("cannot be read as an Equiroute state file ({e})"),
@@ -572,7 +609,7 @@ fn read_snapshot(db: &impl ReadableDatabase, path: &str) -> Result<Option<Vec<u8
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
         Err(e) => return Err(unusable(&e)),
     };
-    let value = table.get(KEY).map_err(|e| unusable(&e))?;
+    let value = table.get(key).map_err(|e| unusable(&e))?;
     Ok(value.map(|v| v.value().to_vec()))
 }
 
@@ -613,7 +650,7 @@ fn check(path: &Path, shown: &str) -> Result<Option<Vec<u8>>, StoreError> {
             .set_check_integrity_on_open(true)
             .create_with_backend(scratch)
             .map_err(|e| open_error(path, shown, e))?;
-        read_snapshot(&db, shown)
+        read_key(&db, shown, KEY)
     })
 }
 

@@ -153,3 +153,100 @@ async fn the_dashboard_takes_the_admin_key_as_bearer_or_basic_and_reports_the_tr
         chat["leader"]
     );
 }
+
+#[tokio::test]
+async fn the_operations_view_counts_per_configured_key_and_tenant_and_refuses_an_unknown_horizon() {
+    let config = r#"
+[server]
+admin_keys_env = ["GW_ADMIN"]
+
+[[server.keys]]
+env = "GW_A"
+name = "team-a"
+tenant = "acme"
+
+[[server.keys]]
+env = "GW_B"
+name = "team-b"
+
+[interfaces.chat]
+kind = "chat"
+policy = { name = "ts-deadline" }
+
+[[interfaces.chat.providers]]
+id = "quick"
+kind = "sim"
+sim = { latency = { p50_ms = 1, p95_ms = 2 } }
+price = { per_call = 0.001 }
+"#;
+    let gw = start(
+        config,
+        &[
+            ("GW_A", "key-a"),
+            ("GW_B", "key-b"),
+            ("GW_ADMIN", "admin-key"),
+        ],
+    )
+    .await;
+    let ask = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+    for (key, times, status) in [("key-a", 3, 200), ("key-b", 2, 200), ("key-x", 2, 401)] {
+        for _ in 0..times {
+            let auth = format!("Bearer {key}");
+            let r = http(
+                gw.addr,
+                "POST",
+                "/v1/chat/completions",
+                &[("authorization", &auth)],
+                ask,
+            )
+            .await;
+            assert_eq!(r.status, status, "{key}");
+        }
+    }
+    let admin = [("authorization", "Bearer admin-key")];
+    let r = http(gw.addr, "GET", "/dashboard/ops?horizon=1h", &admin, "").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["horizon_ms"], 3_600_000);
+    assert_eq!(
+        v["error_classes"],
+        serde_json::json!([
+            "429",
+            "5xx",
+            "timeout",
+            "connection",
+            "4xx",
+            "stream_broken"
+        ])
+    );
+    let chat = &v["interfaces"][0];
+    assert_eq!(chat["bin_ms"], 60_000);
+    assert_eq!(chat["requests"].as_array().unwrap().len(), 60);
+    assert_eq!(
+        chat["total"]["requests"], 5,
+        "an unknown key's requests never ran"
+    );
+    let quick = &chat["providers"]["quick"]["total"];
+    assert_eq!(quick["answered"], 5);
+    assert!(
+        quick["latency_ms"]["p99"].as_f64().unwrap() > 0.0,
+        "{quick}"
+    );
+    assert!((quick["cost_usd"].as_f64().unwrap() - 0.005).abs() < 1e-12);
+    // One row per configured client key (never the admin key), with its tenant.
+    let keys = chat["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0]["key"], "team-a");
+    assert_eq!(keys[0]["tenant"], "acme");
+    assert_eq!(keys[0]["requests"], 3);
+    assert_eq!(keys[1]["key"], "team-b");
+    assert_eq!(keys[1]["requests"], 2);
+    assert_eq!(chat["last_day"]["keys"][1]["requests"], 2);
+    assert!(!r.body.contains("key-a"), "labels, never keys");
+
+    let bad = http(gw.addr, "GET", "/dashboard/ops?horizon=7d", &admin, "").await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "horizon");
+    let open = http(gw.addr, "GET", "/dashboard/ops", &[], "").await;
+    assert_eq!(open.status, 401, "behind the admin keys");
+}

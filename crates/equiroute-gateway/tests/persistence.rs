@@ -358,3 +358,70 @@ fn a_read_only_state_file_is_reported_as_such_and_still_exports() {
         "{text}"
     );
 }
+
+/// The operations view's request count over `horizon` (`5m`, `1h`, `24h`) for interface
+/// `search`, and its last hour's.
+async fn ops_requests(addr: std::net::SocketAddr, horizon: &str) -> (u64, u64) {
+    let v = http(
+        addr,
+        "GET",
+        &format!("/dashboard/ops?horizon={horizon}"),
+        &[],
+        "",
+    )
+    .await
+    .json();
+    let search = &v["interfaces"][0];
+    assert_eq!(search["name"], "search", "{v}");
+    (
+        search["total"]["requests"].as_u64().unwrap(),
+        search["last_hour"]["total"]["requests"].as_u64().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn the_minute_ring_of_the_operations_view_survives_a_restart_and_a_bad_record_starts_it_empty(
+) {
+    let path = temp("ops-minutes");
+    let text = config(&path, &["s1"]);
+    run(&text, |addr| async move {
+        for _ in 0..3 {
+            let r = http(addr, "POST", "/v1/tools/search", &[], r#"{"query":"rust"}"#).await;
+            assert_eq!(r.status, 200);
+        }
+        assert_eq!(ops_requests(addr, "1h").await, (3, 3));
+    })
+    .await
+    .unwrap();
+    run(&text, |addr| async move {
+        // The minute ring was saved with the snapshot; the one-second ring is this process's.
+        assert_eq!(ops_requests(addr, "24h").await, (3, 3));
+        assert_eq!(ops_requests(addr, "5m").await, (0, 3));
+        let r = http(addr, "POST", "/v1/tools/search", &[], r#"{"query":"go"}"#).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(ops_requests(addr, "1h").await, (4, 4));
+    })
+    .await
+    .unwrap();
+    // A record this build cannot read (another version, or damaged) starts the view empty: the
+    // file, and the learning in it, is still taken.
+    for record in [&b"not json"[..], br#"{"version": 99, "interfaces": {}}"#] {
+        {
+            let db = redb::Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn
+                    .open_table(redb::TableDefinition::<&str, &[u8]>::new("snapshots"))
+                    .unwrap();
+                table.insert("operations-minutes", record).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        // A refused file would end the gateway at start: `run` returns the refusal.
+        run(&text, |addr| async move {
+            assert_eq!(ops_requests(addr, "24h").await, (0, 0));
+        })
+        .await
+        .expect("the state file is taken");
+    }
+}

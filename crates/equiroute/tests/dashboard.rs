@@ -243,70 +243,27 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
-fn the_dashboard_renders_in_chromium_and_shows_a_failing_providers_share_fall() {
-    let (Some(chromium), Some(driver)) = (
-        find(&["chromium", "chromium-browser", "google-chrome"]),
-        find(&["chromedriver"]),
-    ) else {
-        eprintln!("SKIPPED the dashboard browser test: chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)");
-        return;
-    };
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("dashboard-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut procs = Procs::default();
-    let mut mock = |name: &'static str, p50: u32| {
-        let profile = dir.join(format!("{name}.toml"));
-        std::fs::write(
-            &profile,
-            format!(
-                "[chat]\nlatency = {{ p50_ms = {p50}, p95_ms = {} }}\n",
-                2 * p50
-            ),
-        )
-        .unwrap();
-        let (child, addr) = start(&[
-            "mock-upstream",
-            "--listen",
-            "127.0.0.1:0",
-            "--profile",
-            profile.to_str().unwrap(),
-        ]);
-        procs.0.push((name, child));
-        addr
-    };
-    let began = Instant::now();
-    let (fast, slow) = (mock("fast", 10), mock("slow", 60));
+/// `equiroute serve` (kept in `procs`) routing interface `chat` with `lqm-ts` between two
+/// OpenAI-style `providers` (`(id, address, price per call)`), with `(deadline, breaker open
+/// period)` in milliseconds (the breaker opens after 3 failures in a row). Returns its address.
+fn serve_two(
+    procs: &mut Procs,
+    dir: &std::path::Path,
+    (deadline_ms, open_ms): (u32, u32),
+    providers: [(&str, &str, f64); 2],
+) -> String {
+    let mut text = format!(
+        "[interfaces.chat]\nkind = \"chat\"\npolicy = {{ name = \"lqm-ts\" }}\ndeadline_ms = {deadline_ms}\nbreaker = {{ consecutive_failures = 3, open_ms = {open_ms} }}\n"
+    );
+    for (id, addr, price) in providers {
+        use std::fmt::Write as _;
+        let _ = write!(
+            text,
+            "\n[[interfaces.chat.providers]]\nid = \"{id}\"\nkind = \"openai\"\nmodel = \"{id}-model\"\nbase_url = \"http://{addr}/v1\"\nprice = {{ per_call = {price} }}\n"
+        );
+    }
     let config = dir.join("gateway.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-[interfaces.chat]
-kind = "chat"
-policy = {{ name = "lqm-ts" }}
-deadline_ms = 1000
-breaker = {{ consecutive_failures = 3, open_ms = 60000 }}
-
-[[interfaces.chat.providers]]
-id = "fast"
-kind = "openai"
-model = "fast-model"
-base_url = "http://{fast}/v1"
-price = {{ per_call = 0.002 }}
-
-[[interfaces.chat.providers]]
-id = "slow"
-kind = "openai"
-model = "slow-model"
-base_url = "http://{slow}/v1"
-price = {{ per_call = 0.001 }}
-"#
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, text).unwrap();
     let (gw, gateway) = start(&[
         "serve",
         "--config",
@@ -315,11 +272,13 @@ price = {{ per_call = 0.001 }}
         "127.0.0.1:0",
     ]);
     procs.0.push(("serve", gw));
-    let stop = Arc::new(AtomicBool::new(false));
-    let drivers = traffic(&gateway, &stop);
+    gateway
+}
 
+/// A headless Chromium session on a chromedriver started on a free port (killed with `procs`).
+fn session(procs: &mut Procs, chromium: &str, driver: &str) -> Browser {
     let port = free_port();
-    let chromedriver = Command::new(&driver)
+    let chromedriver = Command::new(driver)
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -347,10 +306,58 @@ price = {{ per_call = 0.001 }}
     );
     assert_eq!(status, 200, "chromedriver session: {text}");
     let session: Value = serde_json::from_str(&text).unwrap();
-    let browser = Browser {
+    Browser {
         addr: driver_addr,
         session: session["value"]["sessionId"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// The browser's console errors and the page's uncaught exceptions: none expected.
+fn assert_no_console_errors(browser: &Browser) {
+    let logs = browser.call("POST", "/se/log", Some(&json!({"type": "browser"})));
+    let severe: Vec<&Value> = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["level"] == "SEVERE")
+        .collect();
+    assert!(severe.is_empty(), "console errors: {severe:?}");
+    assert_eq!(
+        browser.script("return window.equirouteDashboard.errors;"),
+        json!([])
+    );
+}
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
+fn the_dashboard_renders_in_chromium_and_shows_a_failing_providers_share_fall() {
+    let (Some(chromium), Some(driver)) = (
+        find(&["chromium", "chromium-browser", "google-chrome"]),
+        find(&["chromedriver"]),
+    ) else {
+        eprintln!("SKIPPED the dashboard browser test: chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)");
+        return;
     };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("dashboard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs::default();
+    let began = Instant::now();
+    let mut mock = |name: &'static str, p50: u32| {
+        let profile = format!("latency = {{ p50_ms = {p50}, p95_ms = {} }}", 2 * p50);
+        mock_at(&mut procs, &dir, name, "127.0.0.1:0", &profile)
+    };
+    let (fast, slow) = (mock("fast", 10), mock("slow", 60));
+    let gateway = serve_two(
+        &mut procs,
+        &dir,
+        (1000, 60_000),
+        [("fast", &fast, 0.002), ("slow", &slow, 0.001)],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers = traffic(&gateway, &stop);
+
+    let browser = session(&mut procs, &chromium, &driver);
 
     eprintln!("browser session open after {:?}", began.elapsed());
     browser.call(
@@ -373,7 +380,16 @@ price = {{ per_call = 0.001 }}
     let before = browser.script(PROBE);
     assert_eq!(
         before["charts"],
-        json!(["share", "failures", "latency", "cost"]),
+        json!([
+            "volume",
+            "latency_quantiles",
+            "errors",
+            "quality",
+            "share",
+            "failures",
+            "latency",
+            "cost"
+        ]),
         "{before}"
     );
     for (provider, d) in before["share_paths"]
@@ -428,14 +444,7 @@ price = {{ per_call = 0.001 }}
     stop.store(true, Ordering::Relaxed);
 
     // No console error and no uncaught exception in the page.
-    let logs = browser.call("POST", "/se/log", Some(&json!({"type": "browser"})));
-    let severe: Vec<&Value> = logs
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["level"] == "SEVERE")
-        .collect();
-    assert!(severe.is_empty(), "console errors: {severe:?}");
+    assert_no_console_errors(&browser);
     assert_eq!(after["errors"], json!([]), "{after}");
     let _ = http(
         &browser.addr,
@@ -451,4 +460,205 @@ price = {{ per_call = 0.001 }}
         shot.display(),
         shot_after.display()
     );
+}
+
+/// A mock upstream called `name` listening on `listen` (`127.0.0.1:0`: a free port) with the
+/// `[chat]` profile `profile`, kept in `procs`; returns its address.
+fn mock_at(
+    procs: &mut Procs,
+    dir: &std::path::Path,
+    name: &'static str,
+    listen: &str,
+    profile: &str,
+) -> String {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, format!("[chat]\n{profile}\n")).unwrap();
+    let (child, addr) = start(&[
+        "mock-upstream",
+        "--listen",
+        listen,
+        "--profile",
+        path.to_str().unwrap(),
+    ]);
+    procs.0.push((name, child));
+    addr
+}
+
+/// What the operations view shows, read from its DOM.
+const OPS_PROBE: &str = r#"
+const ops = document.querySelector('.ops[data-ops="chat"]');
+const row = (id) => {
+  const r = document.querySelector(`tr[data-ops-provider="${id}"]`);
+  if (!r) return null;
+  const classes = {};
+  for (const td of r.querySelectorAll('td[data-error-class]')) classes[td.dataset.errorClass] = Number(td.textContent);
+  return { attempts: Number(r.dataset.attempts), errors: Number(r.dataset.errors), classes, quantiles: r.querySelector('[data-quantiles]').textContent };
+};
+const clipped = [...document.querySelectorAll('svg[data-chart] text')].filter((t) => t.getBBox().x < 0).map((t) => t.textContent);
+return {
+  horizon: ops ? ops.dataset.horizon : null,
+  summary: ops ? ops.querySelector('[data-ops-summary]').textContent : null,
+  quantiles: ops ? ops.querySelector('[data-latency-quantiles]').textContent : null,
+  volume: [...document.querySelectorAll('svg[data-chart="volume"] path[data-provider]')].map((p) => [p.dataset.provider, p.getAttribute('d').length]),
+  latency_lines: [...document.querySelectorAll('svg[data-chart="latency_quantiles"] path[data-provider]')].map((p) => p.getAttribute('d').length),
+  flaky: row('flaky'),
+  steady: row('steady'),
+  spend_hour: (document.querySelector('tr[data-spend="all"] [data-spend-hour]') || {}).textContent,
+  spend_day: (document.querySelector('tr[data-spend="all"] [data-spend-day]') || {}).textContent,
+  marks: [...document.querySelectorAll('svg[data-chart] line[data-mark]')].map((l) => [l.dataset.mark, l.dataset.markProvider]),
+  mark_rows: document.querySelectorAll('tr[data-mark-row]').length,
+  clipped,
+  cost_axis: [...document.querySelectorAll('svg[data-chart="cost"] text')].map((t) => t.textContent),
+};
+"#;
+
+/// Saves the page as a PNG where `EQUIROUTE_SCREENSHOT` says (relative to the workspace).
+fn keep_screenshot(taken: &std::path::Path) {
+    let Some(to) = std::env::var_os("EQUIROUTE_SCREENSHOT") else {
+        return;
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let to = root.join(to);
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    std::fs::copy(taken, &to).unwrap();
+    eprintln!("screenshot kept at {}", to.display());
+}
+
+/// The `[chat]` profile of a healthy provider.
+const HEALTHY: &str = "latency = { p50_ms = 15, p95_ms = 40 }";
+/// Degraded: slower, and every call refused (503 or 429).
+const DEGRADED: &str = "latency = { p50_ms = 40, p95_ms = 90 }\nerror_503 = 0.6\nerror_429 = 0.4";
+
+#[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
+fn the_operations_view_shows_a_provider_degrading_and_recovering() {
+    let (Some(chromium), Some(driver)) = (
+        find(&["chromium", "chromium-browser", "google-chrome"]),
+        find(&["chromedriver"]),
+    ) else {
+        eprintln!("SKIPPED the dashboard operations browser test: chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)");
+        return;
+    };
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("dashboard-ops-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut procs = Procs::default();
+    let began = Instant::now();
+    let flaky = mock_at(&mut procs, &dir, "flaky", "127.0.0.1:0", HEALTHY);
+    let steady = mock_at(
+        &mut procs,
+        &dir,
+        "steady",
+        "127.0.0.1:0",
+        "latency = { p50_ms = 200, p95_ms = 400 }",
+    );
+    let gateway = serve_two(
+        &mut procs,
+        &dir,
+        (3000, 3000),
+        [("flaky", &flaky, 0.001), ("steady", &steady, 0.002)],
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers = traffic(&gateway, &stop);
+    let browser = session(&mut procs, &chromium, &driver);
+    browser.call(
+        "POST",
+        "/url",
+        Some(&json!({"url": format!("http://{gateway}/dashboard")})),
+    );
+
+    // 1. Healthy: volume, latency quantiles and spend are drawn; `flaky` (faster, cheaper)
+    //    takes most requests.
+    browser.wait_for(
+        "the operations view with traffic",
+        r#"const r = document.querySelector('tr[data-ops-provider="flaky"]'); const s = document.querySelector('tr[data-ops-provider="steady"]'); const f = document.querySelector('tr[data-provider="flaky"]');
+           return !!r && !!s && Number(r.dataset.attempts) + Number(s.dataset.attempts) >= 40 && !!f && Number(f.dataset.share) > 0.5;"#,
+        Duration::from_secs(60),
+    );
+    eprintln!("operations view drawn after {:?}", began.elapsed());
+
+    // 2. `flaky` degrades: slower, and 503s and 429s; its breaker opens.
+    procs.kill("flaky");
+    mock_at(&mut procs, &dir, "flaky", &flaky, DEGRADED);
+    browser.wait_for(
+        "`flaky`'s 5xx and 429 errors and its breaker opening marked",
+        r#"const r = document.querySelector('tr[data-ops-provider="flaky"]'); if (!r) return false;
+           const c = (k) => Number(r.querySelector(`td[data-error-class="${k}"]`).textContent);
+           return c('5xx') > 0 && c('429') > 0 && !!document.querySelector('svg[data-chart="errors"] line[data-mark="breaker_open"][data-mark-provider="flaky"]');"#,
+        Duration::from_secs(60),
+    );
+    eprintln!("degradation shown after {:?}", began.elapsed());
+
+    // 3. `flaky` recovers: the breaker's test requests pass and it closes, marked too.
+    procs.kill("flaky");
+    mock_at(&mut procs, &dir, "flaky", &flaky, HEALTHY);
+    browser.wait_for(
+        "`flaky`'s breaker closing marked",
+        r#"return !!document.querySelector('svg[data-chart="volume"] line[data-mark="breaker_closed"][data-mark-provider="flaky"]');"#,
+        Duration::from_secs(60),
+    );
+    eprintln!("recovery shown after {:?}", began.elapsed());
+    let seen = browser.script(OPS_PROBE);
+    assert_eq!(seen["horizon"], "5 min", "{seen}");
+    for (provider, d) in seen["volume"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p[0].clone(), p[1].as_u64().unwrap()))
+    {
+        assert!(d > 100, "the volume of {provider} is drawn: {seen}");
+    }
+    assert_eq!(seen["latency_lines"].as_array().unwrap().len(), 3, "{seen}");
+    let quantiles = seen["quantiles"].as_str().unwrap();
+    assert_eq!(
+        quantiles.matches(" ms").count() + quantiles.matches(" s").count(),
+        3,
+        "p50 · p95 · p99 end to end: {seen}"
+    );
+    let flaky_row = &seen["flaky"];
+    assert!(flaky_row["errors"].as_u64().unwrap() > 0, "{seen}");
+    assert_eq!(seen["steady"]["classes"]["5xx"], 0, "{seen}");
+    let spend = seen["spend_hour"].as_str().unwrap();
+    assert!(spend.starts_with('$') && spend != "$0", "{seen}");
+    assert!(seen["mark_rows"].as_u64().unwrap() >= 2, "{seen}");
+    assert_eq!(
+        seen["clipped"],
+        json!([]),
+        "axis labels inside the charts: {seen}"
+    );
+    for label in seen["cost_axis"].as_array().unwrap().iter().take(5) {
+        let label = label.as_str().unwrap();
+        assert!(
+            label.starts_with('$') && label.len() <= 8,
+            "a short cost label: {label}"
+        );
+    }
+    let shot = browser.screenshot("dashboard-ops.png");
+    keep_screenshot(&shot);
+
+    // The longer horizons read the minute ring.
+    browser.script(
+        r#"document.querySelector('#horizon button[data-horizon="1h"]').click(); return true;"#,
+    );
+    browser.wait_for(
+        "the 1 h horizon",
+        r#"const o = document.querySelector('.ops[data-ops="chat"]'); return !!o && o.dataset.horizon === "1 h" && !!document.querySelector('svg[data-chart="volume"] line[data-mark="breaker_open"]');"#,
+        Duration::from_secs(20),
+    );
+    let hour = browser.script(OPS_PROBE);
+    assert!(hour["flaky"]["errors"].as_u64().unwrap() > 0, "{hour}");
+    stop.store(true, Ordering::Relaxed);
+    assert_no_console_errors(&browser);
+    let _ = http(
+        &browser.addr,
+        "DELETE",
+        &format!("/session/{}", browser.session),
+        None,
+    );
+    for d in drivers {
+        d.join().unwrap();
+    }
+    eprintln!("operations screenshot: {}", shot.display());
 }

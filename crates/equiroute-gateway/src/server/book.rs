@@ -3,13 +3,14 @@
 //! (`attempt`, `race`, `relay`, `execute`) and the feedback route call it, never the pieces.
 //!
 //! An attempt's end ([`Ledger::attempt`]):
-//! 1. its span gets the outcome and the usage; the provider's token histograms;
+//! 1. its span gets the outcome and the usage; the provider's token histograms and the
+//!    dashboard's token counts;
 //! 2. `/metrics`: the attempt by status, its cost;
 //! 3. learning: the policy of the arm that routed it (the live policy under its write side,
 //!    or queued in `deferred` when that is busy; a canary's its own; the shadow beside the
 //!    live one), the shared journal (Redis), evicted slices, quality shifts reported;
 //! 4. the provider's breaker: its transitions counted, an opening journaled, a recovery told
-//!    to the policy;
+//!    to the policy, an opening or a recovery marked on the dashboard's time line;
 //! 5. the `debug` line;
 //! 6. the request's [`Execution`], which decides what comes next.
 //!
@@ -22,8 +23,8 @@
 //! 6. `/metrics`: the request by outcome;
 //! 7. an answered request's context is kept for its quality score (and journaled).
 //!
-//! A quality score ([`Ledger::score`]): the arm that routed the request learns it (the
-//! rollout's statistics too), the journal, quality shifts reported.
+//! A quality score ([`Ledger::score`]): the dashboard's operations view, the arm that routed
+//! the request learns it (the rollout's statistics too), the journal, quality shifts reported.
 
 use super::arms::Arm;
 use super::decide::Decided;
@@ -99,6 +100,8 @@ pub(super) struct RequestEnd<'a> {
     pub result: &'a RequestResult,
     /// The request's outcome in `equiroute_requests_total`.
     pub label: &'static str,
+    /// The label of the key that made the request.
+    pub owner: Option<&'a str>,
 }
 
 /// The outcome ledger of one interface (see the module doc for what each end does).
@@ -134,6 +137,9 @@ impl<'a> Ledger<'a> {
             state
                 .metrics
                 .provider_tokens(&iface.name, id, u.input, u.output);
+            iface
+                .history
+                .tokens(end.candidate, u.input.into(), u.output.into());
         }
         let remaining = end.next.and_then(|_| run.remaining(end.started));
         // The router's share counts the learning (as before the ledger): the span and the
@@ -199,8 +205,8 @@ impl<'a> Ledger<'a> {
         iface.history.count(
             state.now(),
             decided.order.first().copied(),
-            &result.attempts,
-            result.status,
+            result,
+            end.owner,
         );
         audit(state, iface, end);
         state.metrics.request(&iface.name, end.label);
@@ -239,6 +245,7 @@ impl<'a> Ledger<'a> {
     /// A poisoned lock.
     pub fn score(&self, request_id: &str, obs: &QualityObservation<'_>) -> Result<(), Poisoned> {
         let (state, iface) = (self.state, self.iface);
+        iface.history.score(obs.now, obs.candidate, obs.quality);
         let (live, ended) = iface
             .arms
             .observe_quality(&iface.name, request_id, obs, state.now().0);
@@ -438,6 +445,18 @@ impl<'a> Ledger<'a> {
         let breaker_state = breakers[index].state;
         let pinned = breakers[index].is_pinned();
         drop(breakers);
+        let opened = matches!(breaker_state, BreakerState::Open { .. }) && breaker_state != before;
+        if opened || recovered {
+            iface.history.mark(super::history::Mark {
+                ts_ms: end.0,
+                provider: id.clone(),
+                kind: if opened {
+                    "breaker_open"
+                } else {
+                    "breaker_closed"
+                },
+            });
+        }
         if recovered {
             // A detected change: the failures from before the recovery no longer count.
             self.observe(Observation::Recovered {
@@ -499,6 +518,14 @@ impl<'a> Ledger<'a> {
         }
         let record = ShiftRecord::of(&iface.name, provider, shift);
         iface.history.shift(&record);
+        iface.history.mark(super::history::Mark {
+            ts_ms: state.now().0,
+            provider: provider.to_owned(),
+            kind: match shift.direction {
+                ShiftDirection::Down => "quality_down",
+                ShiftDirection::Up => "quality_up",
+            },
+        });
         if let Some(audit) = &state.audit {
             audit.quality_shift(record);
         }

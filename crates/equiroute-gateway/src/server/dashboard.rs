@@ -4,6 +4,11 @@
 //! the key as HTTP Basic (any user name, the key as password), because a browser cannot send a
 //! bearer key when it opens a page.
 //!
+//! `GET /dashboard/ops?horizon=5m|1h|24h` is the operations view's data (see [`super::ops`]):
+//! per interface, volume, latency quantiles, errors by class, spend, tokens, quality and the
+//! marked changes over the horizon (5 minutes at one second, 1 or 24 hours at one minute),
+//! with the totals of the last hour and day, per provider and per configured key.
+//!
 //! The traffic series come from each interface's [`History`](super::history::History); the
 //! estimates, breaker states and scores from the state route (`/v1/interfaces/{name}/state`),
 //! not from a second copy of its logic.
@@ -29,6 +34,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/dashboard", get(page))
         .route("/dashboard/data", get(data))
+        .route("/dashboard/ops", get(operations))
         .route_layer(middleware::from_fn_with_state(state, require_admin_key))
 }
 
@@ -78,8 +84,68 @@ async fn data(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiErro
     }
     Ok(Json(json!({
         "now_ms": now.0,
+        "started_ms": state.started_unix_ms(),
         "audit_dropped": state.audit.as_ref().map(super::audit::AuditLog::dropped),
         "config": state.config_version(),
+        "interfaces": interfaces,
+    })))
+}
+
+/// The horizons the operations view offers, as `horizon=` names them.
+const HORIZONS: [(&str, u64); 3] = [("5m", 300_000), ("1h", 3_600_000), ("24h", 86_400_000)];
+
+/// The horizon of `horizon=NAME` in the query (default 5 minutes).
+///
+/// # Errors
+/// 400 naming the parameter and the values it takes.
+fn horizon(query: Option<&str>) -> Result<u64, ApiError> {
+    let given = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("horizon="));
+    let Some(given) = given else {
+        return Ok(HORIZONS[0].1);
+    };
+    HORIZONS
+        .iter()
+        .find(|(name, _)| *name == given)
+        .map(|(_, ms)| *ms)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_horizon",
+                Some("horizon"),
+                format!(
+                    "`horizon` is `{}`: use 5m, 1h or 24h",
+                    super::error::echo(given)
+                ),
+            )
+        })
+}
+
+/// `GET /dashboard/ops`: the operations view of every interface over the horizon.
+async fn operations(
+    State(state): State<Arc<AppState>>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let horizon_ms = horizon(query.as_deref())?;
+    let now = state.now();
+    let interfaces: Vec<Value> = state
+        .interfaces()
+        .values()
+        .map(|iface| {
+            let ids: Vec<String> = iface.candidates.iter().map(|c| c.id.0.clone()).collect();
+            let mut v = iface
+                .history
+                .operations(now, state.started_unix_ms(), horizon_ms, &ids);
+            v["name"] = json!(iface.name);
+            v
+        })
+        .collect();
+    Ok(Json(json!({
+        "now_ms": now.0,
+        "started_ms": state.started_unix_ms(),
+        "horizon_ms": horizon_ms,
+        "error_classes": super::ops::ERROR_CLASSES.map(super::ops::ErrorClass::name),
         "interfaces": interfaces,
     })))
 }
@@ -402,6 +468,17 @@ mod tests {
         )
         .unwrap();
         assert!(why.contains("warm-up"), "{why}");
+    }
+
+    #[test]
+    fn the_horizon_is_one_of_three_and_anything_else_is_refused_by_name() {
+        assert_eq!(horizon(None).unwrap(), 300_000);
+        assert_eq!(horizon(Some("horizon=1h")).unwrap(), 3_600_000);
+        assert_eq!(horizon(Some("x=1&horizon=24h")).unwrap(), 86_400_000);
+        let e = horizon(Some("horizon=7d")).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("horizon"));
+        assert!(e.message.contains("use 5m, 1h or 24h"), "{}", e.message);
     }
 
     #[test]

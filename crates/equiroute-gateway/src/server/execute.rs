@@ -159,6 +159,7 @@ pub(super) async fn execute_unstreamed(
         features: &features,
         result: &result,
         label: failed_label(result.status),
+        owner: meta.owner.as_deref(),
     };
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
@@ -495,6 +496,7 @@ pub(super) async fn execute_streamed(
             features: &features,
             result: &result,
             label: failed_label(result.status),
+            owner: meta.owner.as_deref(),
         },
         None,
     );

@@ -1,10 +1,14 @@
 //! The recent traffic of one interface, kept for the dashboard: a [`History`] of fixed size,
 //! allocated at start: a ring of [`BINS`] one-second bins of counts per provider, the last
-//! [`DECISIONS`] decisions, the last [`FALLBACKS`] fallbacks and the last [`SHIFTS`] quality
-//! shifts. The ledger (`super::book`) counts into it; the dashboard reads it.
+//! [`DECISIONS`] decisions, the last [`FALLBACKS`] fallbacks, the last [`SHIFTS`] quality
+//! shifts and the last [`MARKS`] changes marked on the operations view's time line (breakers
+//! opening and closing, quality shifts); and the operations view's rings ([`super::ops`]),
+//! counted under the same lock. The ledger (`super::book`) counts into it; the dashboard reads
+//! it.
 
 use super::audit::AuditRecord;
-use equiroute_core::executor::{AttemptRecord, RequestStatus};
+use super::ops::{self, KeyRow};
+use equiroute_core::executor::{AttemptRecord, RequestResult, RequestStatus};
 use equiroute_core::{AttemptStatus, Timestamp};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -21,6 +25,8 @@ pub const DECISIONS: usize = 20;
 pub const FALLBACKS: usize = 20;
 /// Quality shifts kept, per interface ([`super::shifts`]).
 pub const SHIFTS: usize = 10;
+/// Changes kept for the operations view's time line, per interface.
+pub const MARKS: usize = 50;
 /// After a poll of the data route, every request's decision is kept for this long; with nobody
 /// watching only the counts (and the fallbacks) are, so an unwatched dashboard costs the
 /// request path no allocation.
@@ -66,6 +72,19 @@ pub(super) struct Ring {
     pub(super) decisions: VecDeque<Value>,
     pub(super) fallbacks: VecDeque<Value>,
     pub(super) shifts: VecDeque<Value>,
+    /// The operations view: five minutes at one second, 24 hours at one minute.
+    pub(super) ops_seconds: ops::Bins,
+    pub(super) ops_minutes: ops::Bins,
+    pub(super) marks: VecDeque<Mark>,
+}
+
+/// A change marked on the operations view's time line.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Mark {
+    pub ts_ms: f64,
+    pub provider: String,
+    /// `breaker_open`, `breaker_closed`, `quality_down` or `quality_up`.
+    pub kind: &'static str,
 }
 
 impl Ring {
@@ -91,6 +110,11 @@ pub struct History {
     pub(super) ring: Mutex<Ring>,
     /// Until when (ms since the Unix epoch, as bits of an `f64`) decisions are kept in full.
     pub(super) watched_until: AtomicU64,
+    /// The configured keys with a row in the operations view (at most [`ops::MAX_KEYS`]).
+    pub(super) keys: Vec<KeyRow>,
+    /// Tokens reported by each provider's attempts since the last request was counted
+    /// (input, output): added without the lock, moved into the rings by [`History::count`].
+    tokens: Vec<[AtomicU64; 2]>,
 }
 
 /// Whether a request moved to another provider after a failed attempt (a retry of the same
@@ -100,9 +124,12 @@ pub(super) fn fell_back(attempts: &[AttemptRecord]) -> bool {
 }
 
 impl History {
-    /// An empty history for an interface of `providers` providers.
+    /// An empty history for an interface of `providers` providers, with a row for each of
+    /// `keys` (the first [`ops::MAX_KEYS`]).
     #[must_use]
-    pub fn new(providers: usize) -> History {
+    pub fn new(providers: usize, mut keys: Vec<KeyRow>) -> History {
+        keys.truncate(ops::MAX_KEYS);
+        let k = keys.len();
         History {
             ring: Mutex::new(Ring {
                 heads: vec![Head::default(); BINS],
@@ -111,22 +138,63 @@ impl History {
                 decisions: VecDeque::with_capacity(DECISIONS),
                 fallbacks: VecDeque::with_capacity(FALLBACKS),
                 shifts: VecDeque::with_capacity(SHIFTS),
+                ops_seconds: ops::Bins::new(ops::SECOND_MS, ops::SECONDS, providers, k),
+                ops_minutes: ops::Bins::new(ops::MINUTE_MS, ops::MINUTES, providers, k),
+                marks: VecDeque::with_capacity(MARKS),
             }),
             watched_until: AtomicU64::new(0f64.to_bits()),
+            keys,
+            tokens: (0..providers).map(|_| Default::default()).collect(),
         }
     }
 
-    /// Counts one finished request, ended at `at`, whose first choice was `first`.
+    /// Adds the tokens a provider reported for one attempt (counted into the rings with the
+    /// next request, without a lock here).
+    pub fn tokens(&self, candidate: usize, input: u64, output: u64) {
+        if let Some([i, o]) = self.tokens.get(candidate) {
+            i.fetch_add(input, Ordering::Relaxed);
+            o.fetch_add(output, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts one finished request, ended at `at`, whose first choice was `first`, made with
+    /// the key labelled `owner` (counted in its row when it has one).
     pub fn count(
         &self,
         at: Timestamp,
         first: Option<usize>,
-        attempts: &[AttemptRecord],
-        status: RequestStatus,
+        result: &RequestResult,
+        owner: Option<&str>,
     ) {
+        let (attempts, status) = (&result.attempts[..], result.status);
+        let key = owner.and_then(|o| self.keys.iter().position(|k| *k.label == *o));
         let Ok(mut ring) = self.ring.lock() else {
             return;
         };
+        let finished = ops::Finished {
+            at,
+            attempts,
+            status,
+            latency_ms: result.latency.0,
+            key,
+        };
+        ring.ops_seconds.count(&finished);
+        ring.ops_minutes.count(&finished);
+        for (i, [input, output]) in self.tokens.iter().enumerate() {
+            // A load first: most requests find nothing to move, and a load is cheaper than a
+            // swap.
+            if input.load(Ordering::Relaxed) == 0 && output.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let (input, output) = (
+                input.swap(0, Ordering::Relaxed),
+                output.swap(0, Ordering::Relaxed),
+            );
+            if input + output > 0 {
+                ring.ops_seconds.tokens(at, i, input, output);
+                ring.ops_minutes.tokens(at, i, input, output);
+            }
+        }
         let slot = ring.bin(at);
         let p = ring.providers;
         let cost: f64 = attempts.iter().map(|a| a.outcome.cost.0).sum();
@@ -206,6 +274,91 @@ impl History {
             ring.shifts.pop_front();
         }
         ring.shifts.push_back(value);
+    }
+
+    /// Counts a quality score of `candidate`'s answer, received at `at`.
+    pub fn score(&self, at: Timestamp, candidate: usize, quality: f64) {
+        let Ok(mut ring) = self.ring.lock() else {
+            return;
+        };
+        ring.ops_seconds.score(at, candidate, quality);
+        ring.ops_minutes.score(at, candidate, quality);
+    }
+
+    /// Marks a change on the operations view's time line (the last [`MARKS`]).
+    pub fn mark(&self, mark: Mark) {
+        let Ok(mut ring) = self.ring.lock() else {
+            return;
+        };
+        if ring.marks.len() == MARKS {
+            ring.marks.pop_front();
+        }
+        ring.marks.push_back(mark);
+    }
+
+    /// The operations view up to `now` (see [`super::ops`]): the ring of `horizon_ms`
+    /// (at most five minutes: the one-second ring, else the one-minute ring) cut to the
+    /// horizon, the totals of the last hour and day, and the marks in the horizon. A bin
+    /// before `since_ms` with nothing counted is no data, not zero.
+    pub(super) fn operations(
+        &self,
+        now: Timestamp,
+        since_ms: f64,
+        horizon_ms: u64,
+        ids: &[String],
+    ) -> Value {
+        let seconds = horizon_ms <= ops::SECOND_MS * ops::SECONDS as u64;
+        let width = if seconds {
+            ops::SECOND_MS
+        } else {
+            ops::MINUTE_MS
+        };
+        let from = now.0 - horizon_ms as f64;
+        let hour = (3_600_000 / ops::MINUTE_MS) as usize;
+        // Under the lock only a copy of the ring (about 1 MB at most) and the small totals:
+        // the series are built after, so the request path never waits for them.
+        let (bins, marks, last_hour, last_day) = {
+            let Ok(ring) = self.ring.lock() else {
+                return Value::Null;
+            };
+            let bins = if seconds {
+                ring.ops_seconds.clone()
+            } else {
+                ring.ops_minutes.clone()
+            };
+            let marks: Vec<Mark> = ring
+                .marks
+                .iter()
+                .filter(|m| m.ts_ms >= from)
+                .cloned()
+                .collect();
+            let last_hour = ring.ops_minutes.totals(now, hour, ids, &self.keys);
+            let last_day = ring.ops_minutes.totals(now, ops::MINUTES, ids, &self.keys);
+            (bins, marks, last_hour, last_day)
+        };
+        let span = (horizon_ms / width).max(1) as usize;
+        let mut view = bins.view(now, since_ms, ids, &self.keys, span);
+        view["marks"] = json!(marks);
+        view["last_hour"] = last_hour;
+        view["last_day"] = last_day;
+        view
+    }
+
+    /// The minute ring, for the state file.
+    pub(crate) fn save_minutes(
+        &self,
+        now: Timestamp,
+        ids: &[String],
+    ) -> Option<ops::SavedInterface> {
+        let ring = self.ring.lock().ok()?;
+        Some(ring.ops_minutes.save(now, ids, &self.keys))
+    }
+
+    /// Takes a saved minute ring (see [`ops::Bins::restore`]); returns the bins taken.
+    pub(crate) fn restore_minutes(&self, saved: &ops::SavedInterface, ids: &[String]) -> usize {
+        self.ring.lock().map_or(0, |mut ring| {
+            ring.ops_minutes.restore(saved, ids, &self.keys)
+        })
     }
 
     /// Marks the dashboard as watched at `now`.
@@ -304,30 +457,45 @@ mod tests {
         }
     }
 
+    fn done(attempts: Vec<AttemptRecord>, status: RequestStatus) -> RequestResult {
+        RequestResult {
+            status,
+            attempts,
+            latency: Millis(100.0),
+            cost: Usd(0.0),
+        }
+    }
+
     #[test]
     fn a_fallback_is_counted_in_its_second_and_old_seconds_fall_out_of_the_ring() {
-        let h = History::new(2);
+        let h = History::new(2, Vec::new());
         let failed = AttemptStatus::ProviderError(ProviderFailure::Server);
         let t = Timestamp(1_000_000.0);
         // a fails, b answers: a fallback, first choice a.
         h.count(
             t,
             Some(0),
-            &[
-                attempt(0, failed, None),
-                attempt(1, AttemptStatus::Ok, None),
-            ],
-            RequestStatus::Succeeded { candidate: 1 },
+            &done(
+                vec![
+                    attempt(0, failed, None),
+                    attempt(1, AttemptStatus::Ok, None),
+                ],
+                RequestStatus::Succeeded { candidate: 1 },
+            ),
+            None,
         );
         // a retried once on itself: not a fallback.
         h.count(
             Timestamp(t.0 + 500.0),
             Some(0),
-            &[
-                attempt(0, failed, None),
-                attempt(0, AttemptStatus::Ok, Some(RetryReason::ServerError)),
-            ],
-            RequestStatus::Succeeded { candidate: 0 },
+            &done(
+                vec![
+                    attempt(0, failed, None),
+                    attempt(0, AttemptStatus::Ok, Some(RetryReason::ServerError)),
+                ],
+                RequestStatus::Succeeded { candidate: 0 },
+            ),
+            None,
         );
         let ids = ["a".to_owned(), "b".to_owned()];
         let v = h.view(Timestamp(t.0 + 900.0), &ids);
@@ -345,17 +513,23 @@ mod tests {
         h.count(
             Timestamp(t.0 + 600.0),
             Some(1),
-            &[
-                attempt(1, rejected, None),
-                attempt(0, AttemptStatus::Ok, None),
-            ],
-            RequestStatus::Succeeded { candidate: 0 },
+            &done(
+                vec![
+                    attempt(1, rejected, None),
+                    attempt(0, AttemptStatus::Ok, None),
+                ],
+                RequestStatus::Succeeded { candidate: 0 },
+            ),
+            None,
         );
         h.count(
             Timestamp(t.0 + 700.0),
             Some(1),
-            &[attempt(1, rejected, None), attempt(0, rejected, None)],
-            RequestStatus::ClientError { candidate: 0 },
+            &done(
+                vec![attempt(1, rejected, None), attempt(0, rejected, None)],
+                RequestStatus::ClientError { candidate: 0 },
+            ),
+            None,
         );
         let v = h.view(Timestamp(t.0 + 900.0), &ids);
         assert_eq!(v["series"]["providers"]["b"]["failures"][BINS - 1], 1);
@@ -374,8 +548,11 @@ mod tests {
         h.count(
             Timestamp(t.0 + 1000.0 * BINS as f64),
             Some(1),
-            &[attempt(1, AttemptStatus::Ok, None)],
-            RequestStatus::Succeeded { candidate: 1 },
+            &done(
+                vec![attempt(1, AttemptStatus::Ok, None)],
+                RequestStatus::Succeeded { candidate: 1 },
+            ),
+            None,
         );
         let reused = h.view(Timestamp(t.0 + 1000.0 * BINS as f64), &ids);
         assert_eq!(reused["series"]["requests"][BINS - 1], 1);
@@ -384,7 +561,7 @@ mod tests {
 
     #[test]
     fn decisions_are_kept_only_while_watched_and_fallbacks_always_both_bounded() {
-        let h = History::new(2);
+        let h = History::new(2, Vec::new());
         let t = Timestamp(5_000.0);
         let ok = [attempt(0, AttemptStatus::Ok, None)];
         let fallback = [

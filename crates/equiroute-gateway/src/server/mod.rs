@@ -67,6 +67,8 @@ pub mod history;
 mod introspect;
 pub mod learnt;
 pub mod metrics;
+pub mod minutes;
+pub mod ops;
 mod race;
 mod rejections;
 mod relay;

@@ -235,6 +235,7 @@ impl Relay {
                 features: &self.features,
                 result: &result,
                 label,
+                owner: self.owner.as_deref(),
             },
             answer,
         );

@@ -215,7 +215,7 @@ pub fn apply(state: &AppState, next: GatewayConfig) -> Result<Reloaded, ReloadEr
             }
             _ => {
                 report.added.push(cfg.name.clone());
-                Arc::new(fresh(cfg, &wiring)?)
+                Arc::new(fresh(cfg, &wiring, &state.key_rows)?)
             }
         };
         built.insert(cfg.name.clone(), runtime);
@@ -246,8 +246,9 @@ pub fn apply(state: &AppState, next: GatewayConfig) -> Result<Reloaded, ReloadEr
 fn fresh(
     cfg: &InterfaceConfig,
     wiring: &crate::upstream::http::Wiring,
+    keys: &[super::ops::KeyRow],
 ) -> Result<InterfaceRuntime, ReloadError> {
-    InterfaceRuntime::new(cfg, wiring).map_err(|e| ReloadError::Build {
+    InterfaceRuntime::new(cfg, wiring, keys).map_err(|e| ReloadError::Build {
         interface: cfg.name.clone(),
         reason: e.to_string(),
     })
@@ -263,7 +264,7 @@ fn rebuild(
     wiring: &crate::upstream::http::Wiring,
 ) -> Result<(Arc<InterfaceRuntime>, Changed), ReloadError> {
     let saved = InterfaceSnapshot::of(state, old).ok_or(ReloadError::Poisoned)?;
-    let mut new = fresh(cfg, wiring)?;
+    let mut new = fresh(cfg, wiring, &state.key_rows)?;
     let learnt = if saved.restore(&cfg.name, &new).is_ok() {
         // A live policy built from the same table is the old one, copied exactly (a merge
         // into priors may round a mean by an ulp).
@@ -281,11 +282,12 @@ fn rebuild(
         "all"
     } else {
         // Another set of providers or another policy: what the restore left is dropped.
-        new = fresh(cfg, wiring)?;
+        new = fresh(cfg, wiring, &state.key_rows)?;
         carry_breakers(old, &new);
         "by_provider"
     };
     carry_first_bytes(old, &new);
+    carry_minutes(state, old, &new);
     let ids = |i: &InterfaceRuntime| -> Vec<String> {
         i.candidates.iter().map(|c| c.id.0.clone()).collect()
     };
@@ -340,6 +342,17 @@ fn carry_breakers(old: &InterfaceRuntime, new: &InterfaceRuntime) {
 fn carry_first_bytes(old: &InterfaceRuntime, new: &InterfaceRuntime) {
     carry_by_id(old, new, |i| &i.first_bytes);
     carry_by_id(old, new, |i| &i.answer_times);
+}
+
+/// The operations view's minute ring of the providers `new` keeps, copied from `old` (the
+/// 24-hour view goes on across the reload).
+fn carry_minutes(state: &AppState, old: &InterfaceRuntime, new: &InterfaceRuntime) {
+    let ids = |i: &InterfaceRuntime| -> Vec<String> {
+        i.candidates.iter().map(|c| c.id.0.clone()).collect()
+    };
+    if let Some(ring) = old.history.save_minutes(state.now(), &ids(old)) {
+        let _ = new.history.restore_minutes(&ring, &ids(new));
+    }
 }
 
 /// Moves the contexts kept for feedback on `old` to `new`'s indices: a provider `new` lacks,

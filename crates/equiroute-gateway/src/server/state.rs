@@ -86,6 +86,7 @@ impl InterfaceRuntime {
     pub fn new(
         cfg: &InterfaceConfig,
         wiring: &crate::upstream::http::Wiring,
+        keys: &[super::ops::KeyRow],
     ) -> Result<InterfaceRuntime, equiroute_core::ConfigError> {
         let candidates: Vec<Candidate> =
             cfg.providers.iter().map(|p| p.candidate.clone()).collect();
@@ -139,7 +140,7 @@ impl InterfaceRuntime {
             breaker_config: cfg.breaker,
             first_choices: candidates.iter().map(|_| AtomicU64::new(0)).collect(),
             task_classes: cfg.task_classes.clone(),
-            history: super::history::History::new(candidates.len()),
+            history: super::history::History::new(candidates.len(), keys.to_vec()),
             retired: AtomicBool::new(false),
             candidates,
         })
@@ -207,6 +208,8 @@ pub struct AppState {
     /// The connection pool and redactor the upstreams are built with (a reload builds the
     /// new interfaces' upstreams on the same pool).
     pub wiring: crate::upstream::http::Wiring,
+    /// The keys that get a row in the operations view (keys need a restart to change).
+    pub key_rows: Vec<super::ops::KeyRow>,
     /// The configuration served and its version; held while a reload applies, so reloads
     /// happen one at a time.
     pub configured: Mutex<Configured>,
@@ -250,9 +253,22 @@ impl AppState {
         let started_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        // The keys that send traffic get a row in the operations view (configured: bounded).
+        let key_rows: Vec<super::ops::KeyRow> = cfg
+            .keys
+            .iter()
+            .filter(|k| k.grant.role.sends_traffic())
+            .map(|k| super::ops::KeyRow {
+                label: k.grant.label.clone(),
+                tenant: k.grant.tenant.clone(),
+            })
+            .collect();
         let mut interfaces = BTreeMap::new();
         for i in &cfg.interfaces {
-            interfaces.insert(i.name.clone(), Arc::new(InterfaceRuntime::new(i, &wiring)?));
+            interfaces.insert(
+                i.name.clone(),
+                Arc::new(InterfaceRuntime::new(i, &wiring, &key_rows)?),
+            );
         }
         let metrics = Metrics::default();
         metrics.start_at_zero(cfg);
@@ -277,6 +293,7 @@ impl AppState {
             keys,
             redactor: wiring.redactor.clone(),
             wiring,
+            key_rows,
             audit: None,
             feedback_ttl: cfg.feedback_ttl,
             shared: match &cfg.state {
