@@ -216,7 +216,8 @@ price = { per_call = 0.001 }
             "timeout",
             "connection",
             "4xx",
-            "stream_broken"
+            "stream_broken",
+            "content_filter"
         ])
     );
     let chat = &v["interfaces"][0];
@@ -249,4 +250,22 @@ price = { per_call = 0.001 }
     assert_eq!(bad.json()["error"]["param"], "horizon");
     let open = http(gw.addr, "GET", "/dashboard/ops", &[], "").await;
     assert_eq!(open.status, 401, "behind the admin keys");
+}
+
+#[tokio::test]
+async fn the_operations_view_tells_a_content_filter_refusal_from_other_rejections() {
+    let filtering = common::mock("[models.a]\nfault = \"content_filter\"\n").await;
+    let config = format!(
+        "[interfaces.chat]\nkind = \"chat\"\n\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://{}/v1\"\n",
+        filtering.addr
+    );
+    let gw = start(&config, &[]).await;
+    let ask = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+    let r = http(gw.addr, "POST", "/v1/chat/completions", &[], ask).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "content_filter");
+    let v = http(gw.addr, "GET", "/dashboard/ops", &[], "").await.json();
+    let errors = &v["interfaces"][0]["providers"]["a"]["total"]["errors"];
+    assert_eq!(errors["content_filter"], 1, "{errors}");
+    assert_eq!(errors["4xx"], 0, "{errors}");
 }

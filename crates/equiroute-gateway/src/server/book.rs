@@ -102,6 +102,8 @@ pub(super) struct RequestEnd<'a> {
     pub label: &'static str,
     /// The label of the key that made the request.
     pub owner: Option<&'a str>,
+    /// It ended on a provider's content filter refusal.
+    pub content_filter: bool,
 }
 
 /// The outcome ledger of one interface (see the module doc for what each end does).
@@ -206,7 +208,7 @@ impl<'a> Ledger<'a> {
             state.now(),
             decided.order.first().copied(),
             result,
-            end.owner,
+            (end.owner, end.content_filter),
         );
         audit(state, iface, end);
         state.metrics.request(&iface.name, end.label);

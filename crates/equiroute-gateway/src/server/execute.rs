@@ -160,6 +160,7 @@ pub(super) async fn execute_unstreamed(
         result: &result,
         label: failed_label(result.status),
         owner: meta.owner.as_deref(),
+        content_filter: last.as_ref().is_some_and(|r| r.content_filter),
     };
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
@@ -497,6 +498,7 @@ pub(super) async fn execute_streamed(
             result: &result,
             label: failed_label(result.status),
             owner: meta.owner.as_deref(),
+            content_filter: last.as_ref().is_some_and(|r| r.content_filter),
         },
         None,
     );

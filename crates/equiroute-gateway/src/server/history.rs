@@ -164,7 +164,7 @@ impl History {
         at: Timestamp,
         first: Option<usize>,
         result: &RequestResult,
-        owner: Option<&str>,
+        (owner, content_filter): (Option<&str>, bool),
     ) {
         let (attempts, status) = (&result.attempts[..], result.status);
         let key = owner.and_then(|o| self.keys.iter().position(|k| *k.label == *o));
@@ -177,6 +177,7 @@ impl History {
             status,
             latency_ms: result.latency.0,
             key,
+            content_filter,
         };
         ring.ops_seconds.count(&finished);
         ring.ops_minutes.count(&finished);
@@ -482,7 +483,7 @@ mod tests {
                 ],
                 RequestStatus::Succeeded { candidate: 1 },
             ),
-            None,
+            (None, false),
         );
         // a retried once on itself: not a fallback.
         h.count(
@@ -495,7 +496,7 @@ mod tests {
                 ],
                 RequestStatus::Succeeded { candidate: 0 },
             ),
-            None,
+            (None, false),
         );
         let ids = ["a".to_owned(), "b".to_owned()];
         let v = h.view(Timestamp(t.0 + 900.0), &ids);
@@ -520,7 +521,7 @@ mod tests {
                 ],
                 RequestStatus::Succeeded { candidate: 0 },
             ),
-            None,
+            (None, false),
         );
         h.count(
             Timestamp(t.0 + 700.0),
@@ -529,7 +530,7 @@ mod tests {
                 vec![attempt(1, rejected, None), attempt(0, rejected, None)],
                 RequestStatus::ClientError { candidate: 0 },
             ),
-            None,
+            (None, false),
         );
         let v = h.view(Timestamp(t.0 + 900.0), &ids);
         assert_eq!(v["series"]["providers"]["b"]["failures"][BINS - 1], 1);
@@ -552,7 +553,7 @@ mod tests {
                 vec![attempt(1, AttemptStatus::Ok, None)],
                 RequestStatus::Succeeded { candidate: 1 },
             ),
-            None,
+            (None, false),
         );
         let reused = h.view(Timestamp(t.0 + 1000.0 * BINS as f64), &ids);
         assert_eq!(reused["series"]["requests"][BINS - 1], 1);

@@ -35,7 +35,7 @@ pub const LATENCY_MAX_MS: f64 = 120_000.0;
 /// Keys with a row of their own (the first configured, in configuration order).
 pub const MAX_KEYS: usize = 64;
 /// Version of the saved minute ring ([`Saved`]).
-pub const SAVED_VERSION: u32 = 1;
+pub const SAVED_VERSION: u32 = 2;
 
 /// Why an attempt failed, as the operations view counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,20 +47,23 @@ pub enum ErrorClass {
     Timeout,
     /// Refused, reset, TLS or DNS.
     Connection,
-    /// A 4xx rejection of the request (content filter refusals included).
+    /// A 4xx rejection of the request.
     Client,
     /// A stream that broke after it started.
     StreamBroken,
+    /// The provider's content filter refused the request (the refusal that ended it).
+    ContentFilter,
 }
 
 /// The classes, in the order of [`Cell::errors`].
-pub const ERROR_CLASSES: [ErrorClass; 6] = [
+pub const ERROR_CLASSES: [ErrorClass; 7] = [
     ErrorClass::RateLimited,
     ErrorClass::Server,
     ErrorClass::Timeout,
     ErrorClass::Connection,
     ErrorClass::Client,
     ErrorClass::StreamBroken,
+    ErrorClass::ContentFilter,
 ];
 
 impl ErrorClass {
@@ -90,6 +93,7 @@ impl ErrorClass {
             ErrorClass::Connection => "connection",
             ErrorClass::Client => "4xx",
             ErrorClass::StreamBroken => "stream_broken",
+            ErrorClass::ContentFilter => "content_filter",
         }
     }
 
@@ -182,7 +186,7 @@ pub struct Cell {
     pub attempts: u32,
     pub answered: u32,
     /// By [`ERROR_CLASSES`].
-    pub errors: [u32; 6],
+    pub errors: [u32; ERROR_CLASSES.len()],
     /// Of the answered attempts.
     pub latency: Latencies,
     pub cost_usd: f64,
@@ -236,6 +240,8 @@ pub struct Finished<'a> {
     pub latency_ms: f64,
     /// The index of the key that made it, if it has a row.
     pub key: Option<usize>,
+    /// It ended on a content filter's refusal (its last attempt's).
+    pub content_filter: bool,
 }
 
 impl Bins {
@@ -282,7 +288,8 @@ impl Bins {
         head.latency.add(r.latency_ms);
         head.cost_usd += cost;
         let p = self.providers;
-        for a in r.attempts {
+        for (i, a) in r.attempts.iter().enumerate() {
+            let refused = r.content_filter && i + 1 == r.attempts.len();
             let Some(c) = self.cells[slot * p..(slot + 1) * p].get_mut(a.candidate) else {
                 continue;
             };
@@ -292,7 +299,11 @@ impl Bins {
                 c.answered += 1;
                 c.latency.add(a.outcome.latency.0);
             }
-            if let Some(class) = ErrorClass::of(a.outcome.status) {
+            let class = match ErrorClass::of(a.outcome.status) {
+                Some(ErrorClass::Client) if refused => Some(ErrorClass::ContentFilter),
+                class => class,
+            };
+            if let Some(class) = class {
                 c.errors[class.index()] += 1;
             }
         }

@@ -236,6 +236,8 @@ impl Relay {
                 result: &result,
                 label,
                 owner: self.owner.as_deref(),
+                // A stream's refusal comes before it is relayed, never after.
+                content_filter: false,
             },
             answer,
         );

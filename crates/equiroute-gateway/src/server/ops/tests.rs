@@ -82,6 +82,7 @@ fn attempts_are_counted_by_error_class_per_provider_and_requests_per_key() {
             status: RequestStatus::Succeeded { candidate: 1 },
             latency_ms: 120.0,
             key: Some(i % 2),
+            content_filter: false,
         });
     }
     let attempts = [attempt(0, AttemptStatus::Cancelled, 5.0)];
@@ -91,6 +92,17 @@ fn attempts_are_counted_by_error_class_per_provider_and_requests_per_key() {
         status: RequestStatus::Exhausted,
         latency_ms: 5.0,
         key: None,
+        content_filter: false,
+    });
+    // A request refused by `a`'s content filter: its rejection counts as that class, not 4xx.
+    let attempts = [attempt(0, AttemptStatus::ClientError, 8.0)];
+    bins.count(&Finished {
+        at: t,
+        attempts: &attempts,
+        status: RequestStatus::ClientError { candidate: 0 },
+        latency_ms: 8.0,
+        key: None,
+        content_filter: true,
     });
     bins.tokens(t, 1, 30, 7);
     bins.score(t, 1, 0.75);
@@ -101,7 +113,7 @@ fn attempts_are_counted_by_error_class_per_provider_and_requests_per_key() {
     for class in ERROR_CLASSES {
         assert_eq!(a["errors"][class.name()][last], 1, "{}", class.name());
     }
-    assert_eq!(a["attempts"][last], 7);
+    assert_eq!(a["attempts"][last], 8);
     assert_eq!(a["answered"][last], 0);
     assert_eq!(a["p50"][last], Value::Null, "no answer, no latency");
     let b = &v["providers"]["b"];
@@ -112,9 +124,12 @@ fn attempts_are_counted_by_error_class_per_provider_and_requests_per_key() {
     assert_eq!(b["total"]["tokens_in"], 30);
     assert_eq!(b["total"]["tokens_out"], 7);
     assert_eq!(b["total"]["cost_usd"], 1.5, "six attempts at $0.25");
-    assert_eq!(v["requests"][last], 7);
-    assert_eq!(v["failed"][last], 1);
-    assert_eq!(v["total"]["requests"], 7);
+    assert_eq!(v["requests"][last], 8);
+    assert_eq!(
+        v["failed"][last], 2,
+        "the cancelled and the refused request"
+    );
+    assert_eq!(v["total"]["requests"], 8);
     assert_eq!(v["keys"][0]["key"], "team-a");
     assert_eq!(v["keys"][0]["tenant"], "acme");
     assert_eq!(v["keys"][0]["requests"], 3);
@@ -138,6 +153,7 @@ fn the_time_before_start_is_no_data_and_an_idle_minute_after_it_is_zero() {
         status: RequestStatus::Succeeded { candidate: 0 },
         latency_ms: 10.0,
         key: None,
+        content_filter: false,
     });
     let v = bins.view(now, started, &ids(), &[], 10);
     let requests = v["requests"].as_array().unwrap();
@@ -162,6 +178,7 @@ fn a_saved_minute_ring_is_restored_for_the_same_providers_only_and_keys_by_label
             status: RequestStatus::Succeeded { candidate: 1 },
             latency_ms: 40.0,
             key: Some(1),
+            content_filter: false,
         });
     }
     let now = Timestamp(t.0 + 2.0 * 60_000.0);
