@@ -165,30 +165,21 @@ pub(super) fn outcome_of(
     candidate: &equiroute_core::Candidate,
     estimate: TokenEstimate,
 ) -> AttemptOutcome {
+    // The provider's reported usage when it sent one, else the request's estimate.
+    let tokens = usage_of(reply).unwrap_or(estimate);
     AttemptOutcome {
         latency: reply.latency,
         status: reply.status,
-        // Billed unless the provider refused before doing any work; by the provider's reported
-        // usage when it sent one, else by the request's estimate.
+        // Billed unless the provider refused before doing any work.
         cost: match reply.status {
             AttemptStatus::ProviderError(
                 ProviderFailure::RateLimited | ProviderFailure::Connection,
             )
             | AttemptStatus::ClientError => Usd(0.0),
-            _ => candidate.price.cost(
-                reply
-                    .body
-                    .as_ref()
-                    .and_then(crate::upstream::answer::ProviderJson::usage)
-                    .unwrap_or(estimate),
-            ),
+            _ => candidate.price.cost(tokens),
         },
         time_to_first_byte: None,
-        retry_after: rest_of(
-            reply.retry_after,
-            &reply.capacity,
-            usage_of(reply).unwrap_or(estimate),
-        ),
+        retry_after: rest_of(reply.retry_after, &reply.capacity, tokens),
     }
 }
 
@@ -202,10 +193,7 @@ fn rest_of(
     tokens: TokenEstimate,
 ) -> Option<Millis> {
     let exhausted = capacity.exhausted_for(u64::from(tokens.input) + u64::from(tokens.output));
-    match (retry_after, exhausted) {
-        (Some(a), Some(b)) => Some(Millis(a.0.max(b.0))),
-        (a, b) => a.or(b),
-    }
+    crate::upstream::limits::later(retry_after, exhausted)
 }
 
 /// A streamed attempt once it ended before anything was sent, or is ready to be relayed.
@@ -447,11 +435,12 @@ pub(super) fn wait_limit(
                 _ => cfg.limit(&stats[candidate], now, max),
             }
         }
-        (Awaited::Answer, Unlearnt::Fallback { left }) => {
+        // Without a deadline the answer limit is the timeout: no lock to take.
+        (Awaited::Answer, Unlearnt::Fallback { left: Some(left) }) => {
             let stats = iface.answer_times.lock().map_err(|_| poisoned())?;
-            cfg.answer_limit(&stats[candidate], now, max, left)
+            cfg.answer_limit(&stats[candidate], now, max, Some(left))
         }
-        (Awaited::Answer, Unlearnt::LastCandidate) => max,
+        (Awaited::Answer, Unlearnt::Fallback { left: None } | Unlearnt::LastCandidate) => max,
     }))
 }
 

@@ -286,7 +286,7 @@ fn rebuild(
         carry_breakers(old, &new);
         "by_provider"
     };
-    carry_first_bytes(old, &new);
+    carry_latency_times(old, &new);
     carry_minutes(state, old, &new);
     let ids = |i: &InterfaceRuntime| -> Vec<String> {
         i.candidates.iter().map(|c| c.id.0.clone()).collect()
@@ -339,7 +339,7 @@ fn carry_breakers(old: &InterfaceRuntime, new: &InterfaceRuntime) {
 }
 
 /// The first-byte and answer times of the providers `new` keeps, copied from `old`.
-fn carry_first_bytes(old: &InterfaceRuntime, new: &InterfaceRuntime) {
+fn carry_latency_times(old: &InterfaceRuntime, new: &InterfaceRuntime) {
     carry_by_id(old, new, |i| &i.first_bytes);
     carry_by_id(old, new, |i| &i.answer_times);
 }

@@ -87,11 +87,16 @@ impl Capacity {
             .tokens
             .filter(|l| l.remaining < tokens.max(1))
             .map(|l| l.reset.unwrap_or(UNSAID_RESET));
-        let wait = match (requests, tokens) {
-            (Some(a), Some(b)) => Some(Millis(a.0.max(b.0))),
-            (a, b) => a.or(b),
-        };
-        wait.filter(|w| w.0 > 0.0)
+        later(requests, tokens).filter(|w| w.0 > 0.0)
+    }
+}
+
+/// The longer of two waits, either of which may be unsaid.
+#[must_use]
+pub fn later(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Millis(a.0.max(b.0))),
+        (a, b) => a.or(b),
     }
 }
 
