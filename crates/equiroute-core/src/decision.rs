@@ -159,6 +159,10 @@ pub struct Candidate {
     pub tenants: Option<Vec<String>>,
     /// Spending cap for this candidate over the caller's accounting period.
     pub spend_cap: Option<Usd>,
+    /// The operator's preference: among candidates that tie on evidence and price, the
+    /// higher goes first (0 by default).
+    #[serde(default)]
+    pub preference: i32,
 }
 
 impl Candidate {
@@ -175,6 +179,7 @@ impl Candidate {
             labels: BTreeMap::new(),
             tenants: None,
             spend_cap: None,
+            preference: 0,
         }
     }
 

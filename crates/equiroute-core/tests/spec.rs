@@ -448,6 +448,42 @@ fn lqm_ts_lets_cost_order_only_estimates_that_tie_and_explores_before_saving() {
     assert!(near_but_not_first > 0, "the band was exercised");
 }
 
+#[test]
+fn lqm_ts_breaks_a_tie_of_quality_and_price_by_the_declared_preference() {
+    // Two candidates of one price whose quality and latency are the same: without a
+    // preference the risk draws order them; with one, the preferred goes first every time.
+    let mut cands = vec![
+        Candidate::new("c0", "p0", "m").with_price(Price::per_call(0.002)),
+        Candidate::new("c1", "p1", "m").with_price(Price::per_call(0.002)),
+    ];
+    let f = Featurizer::new(16).unwrap();
+    let qs = queries();
+    let mut p = LqmTs::new(2, 16, LqmTsConfig::default());
+    for t in 0..300 {
+        let x = f.featurize(&qs[t % qs.len()]);
+        answered(&mut p, 0, &x, 500.0, 0.80, t as f64);
+        answered(&mut p, 1, &x, 500.0, 0.80, t as f64);
+    }
+    let firsts = |cands: &[Candidate]| {
+        let mut counts = [0; 2];
+        for (n, q) in qs.iter().enumerate() {
+            let x = f.featurize(q);
+            let mut ctx = RankContext::new(cands, &[0, 1], &x);
+            // With a deadline each ranking draws each candidate's risk of missing it.
+            ctx.deadline = Some(Millis(600.0));
+            counts[p.rank(&ctx, &mut rng(n as u64)).order[0].index] += 1;
+        }
+        counts
+    };
+    let plain = firsts(&cands);
+    assert!(plain[0] > 0 && plain[1] > 0, "no preference: {plain:?}");
+    cands[1].preference = 1;
+    assert_eq!(firsts(&cands), [0, qs.len()]);
+    // Price comes before preference.
+    cands[0].price = Price::per_call(0.001);
+    assert_eq!(firsts(&cands), [qs.len(), 0]);
+}
+
 /// A simulated provider pool: the outcome of trying candidate `i`.
 type World = dyn Fn(usize, &mut ChaCha8Rng) -> AttemptOutcome;
 

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! The candidates whose *estimate* `V̄` is within `quality_tolerance` (default 2%) of the best
-//! estimate form the *top group*, ranked by expected cost (then by `V`): among answers that
+//! estimate form the *top group*, ranked by expected cost (then by the operator's `preference`, then by `V`): among answers that
 //! are as good and as likely to arrive in time, the cheapest goes first. Optimism does not
 //! buy a place in it — a cheap, little-tried candidate whose wide confidence interval reaches
 //! the best would otherwise win on price every time, which is exploring at the user's expense.
@@ -252,6 +252,8 @@ struct Keyed {
     /// ts-deadline's `g` (with the budget: its `risk-budget` score).
     g: f64,
     cost: f64,
+    /// The candidate's declared preference (`Candidate::preference`).
+    preference: i32,
     /// `q − bonus`: the quality estimate with its latency discount, without the risk.
     quality: f64,
     /// The latency discount of `q` (what it makes of a quality of 1).
@@ -333,6 +335,7 @@ impl LqmTs {
                 },
                 g: risk.score,
                 cost: risk.breakdown.cost_usd.unwrap_or(0.0),
+                preference: ctx.candidates[ctx.eligible[pos]].preference,
                 quality: q.score - bonus,
                 discount,
                 pos,
@@ -380,6 +383,7 @@ impl LqmTs {
                 Tier::Top if learnt && !budget => a
                     .cost
                     .total_cmp(&b.cost)
+                    .then(b.preference.cmp(&a.preference))
                     .then(b.optimistic.total_cmp(&a.optimistic)),
                 Tier::Exploring | Tier::Rest => b.optimistic.total_cmp(&a.optimistic),
                 // Before quality feedback, with a budget (in budget by cost, then by
