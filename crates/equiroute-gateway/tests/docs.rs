@@ -191,6 +191,7 @@ fn the_documented_metrics_are_the_exposed_metrics() {
     m.hedge_reason("chat", "priced");
     m.stream_continuation("chat", "prefix");
     m.breaker("chat", "a", "open");
+    m.capacity_skip("chat", "a", "rpm");
     m.task_class_unlisted("chat");
     m.task_class_too_long("chat");
     m.slices_evicted("chat", 1);

@@ -43,7 +43,7 @@ pub use state::{default_state_file, RedisStateConfig, StateConfig, StoreConfig};
 pub use telemetry::TelemetryConfig;
 pub use tls::TlsConfig;
 pub use types::{
-    AuditConfig, AuditFeatures, AzureAuth, ConnectionLimits, GatewayConfig, InterfaceConfig,
+    AuditConfig, AuditFeatures, AzureAuth, Caps, ConnectionLimits, GatewayConfig, InterfaceConfig,
     InterfaceKind, JudgeConfig, LogFormat, ProviderConfig, ProviderKind, SimSpec,
     UnsupportedParams, UpstreamConfig,
 };

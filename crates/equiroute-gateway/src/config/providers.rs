@@ -7,7 +7,7 @@ use super::defaults::{anthropic_defaults, AZURE_DEFAULT_API_VERSION, DEFAULT_JUD
 use super::keys;
 use super::secrets::{env_secret, AwsCredentials, Secret};
 use super::types::{
-    AzureAuth, JudgeConfig, ProviderConfig, ProviderKind, SimSpec, UnsupportedParams,
+    AzureAuth, Caps, JudgeConfig, ProviderConfig, ProviderKind, SimSpec, UnsupportedParams,
     UpstreamConfig,
 };
 use equiroute_core::{Candidate, CandidateId, Capabilities, Price, ServiceTier};
@@ -51,6 +51,15 @@ pub(super) struct RawProvider {
     /// What the provider does with request members its API cannot express (default: the
     /// interface's).
     unsupported_params: Option<UnsupportedParams>,
+    /// Most requests the provider's key takes in any 60 s (shared through Redis).
+    rpm: Option<u64>,
+    /// Most tokens (input and output, as the answers report them) in any 60 s.
+    tpm: Option<u64>,
+    /// Most requests in flight to the provider at once (per gateway instance).
+    max_concurrency: Option<u64>,
+    /// Among providers that tie on evidence and price, the higher goes first.
+    #[serde(default)]
+    preference: i32,
 }
 
 /// Capabilities as the configuration declares them: those left out take the kind's default.
@@ -259,6 +268,12 @@ fn load_provider(
         ));
     }
     candidate.tenants = p.tenants;
+    candidate.preference = p.preference;
+    let caps = Caps {
+        rpm: at_least_one("rpm", p.rpm)?,
+        tpm: at_least_one("tpm", p.tpm)?,
+        max_concurrency: at_least_one("max_concurrency", p.max_concurrency)?,
+    };
     Ok(ProviderConfig {
         candidate,
         upstream,
@@ -268,7 +283,22 @@ fn load_provider(
             .unwrap_or(p.kind == ProviderKind::Anthropic),
         // Set by the interface's loading: the provider's own, else the interface's.
         unsupported_params: UnsupportedParams::default(),
+        caps,
     })
+}
+
+/// A declared cap: a whole number of at least 1 (leave it out for none).
+fn at_least_one(
+    field: &'static str,
+    cap: Option<u64>,
+) -> Result<Option<u64>, (&'static str, String)> {
+    match cap {
+        Some(0) => Err((
+            field,
+            "must be at least 1 (leave it out for no cap)".to_owned(),
+        )),
+        cap => Ok(cap),
+    }
 }
 
 /// The upstream of a provider that speaks its host's own API (Anthropic, Azure, Gemini).
@@ -519,6 +549,43 @@ mod tests {
             2,
             "warnings never drop a provider"
         );
+    }
+
+    #[test]
+    fn capacity_caps_and_preference_are_read_and_a_zero_cap_names_its_field() {
+        let text = |fields: &str| {
+            format!(
+                "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"openai\"\nbase_url = \"http://x/v1\"\n{fields}\n"
+            )
+        };
+        let cfg = load(
+            &text("rpm = 500\ntpm = 200000\nmax_concurrency = 8\npreference = -2"),
+            "x.toml",
+            &no_env,
+        )
+        .unwrap();
+        let p = &cfg.interfaces[0].providers[0];
+        assert_eq!(
+            p.caps,
+            Caps {
+                rpm: Some(500),
+                tpm: Some(200_000),
+                max_concurrency: Some(8),
+            }
+        );
+        assert_eq!(p.candidate.preference, -2);
+        let plain = load(&text(""), "x.toml", &no_env).unwrap();
+        assert!(!plain.interfaces[0].providers[0].caps.any());
+        assert_eq!(plain.interfaces[0].providers[0].candidate.preference, 0);
+        for field in ["rpm", "tpm", "max_concurrency"] {
+            let e = load(&text(&format!("{field} = 0")), "x.toml", &no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("providers[0].{field}")) && e.contains("at least 1"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

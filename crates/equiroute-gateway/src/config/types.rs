@@ -200,6 +200,26 @@ pub struct ProviderConfig {
     /// What it does with request members its API cannot express (the provider's setting,
     /// else the interface's, else `drop`).
     pub unsupported_params: UnsupportedParams,
+    /// The capacity the operator declares for the provider's key (`rpm`, `tpm`,
+    /// `max_concurrency`): never exceeded by this gateway (see `server::capacity`).
+    pub caps: Caps,
+}
+
+/// A provider's declared capacity: requests and tokens in any 60 s, requests in flight.
+/// `None`: no such cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caps {
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+    pub max_concurrency: Option<u64>,
+}
+
+impl Caps {
+    /// Whether any cap is declared.
+    #[must_use]
+    pub fn any(&self) -> bool {
+        self.rpm.is_some() || self.tpm.is_some() || self.max_concurrency.is_some()
+    }
 }
 
 /// How to reach a provider.

@@ -4,11 +4,13 @@
 //! (`stream`). Its end is booked by the ledger (`book`).
 
 use super::book::{AttemptEnd, Booking};
+use super::capacity::{Limit, Permit, Skips};
 use super::error::poisoned;
 use super::error::ApiError;
 use super::repeated::Repeated;
 use super::state::{AppState, InterfaceRuntime};
 use super::stream::{hold, Held};
+use crate::shared::SharedTake;
 use crate::upstream::limits::Capacity;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use bytes::Bytes;
@@ -26,13 +28,23 @@ pub(super) async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core
     state.now()
 }
 
-/// Asks the candidate's breaker whether an attempt may go now (half-open probes are bounded).
-pub(super) fn admit(
+/// Whether an attempt on `candidate` may go now: its capacity ([`super::capacity`]: a
+/// provider with none left is skipped, not sent a request it would refuse), then its breaker
+/// (half-open probes are bounded). `Some`: the attempt's permit, to hold until it ends.
+/// A skip for want of capacity is noted in `skips`.
+pub(super) async fn admit(
     state: &AppState,
     iface: &InterfaceRuntime,
-    candidate: usize,
-    now: equiroute_core::Timestamp,
-) -> Result<bool, ApiError> {
+    (candidate, now): (usize, equiroute_core::Timestamp),
+    skips: &mut Skips,
+) -> Result<Option<Permit>, ApiError> {
+    let permit = match take_capacity(state, iface, candidate, now).await {
+        Ok(permit) => permit,
+        Err(wait) => {
+            skips.note(wait);
+            return Ok(None);
+        }
+    };
     let mut breakers = iface.breakers.lock().map_err(|_| poisoned())?;
     let (admission, transition) = breakers[candidate].admit(now, &iface.breaker_config);
     if let Some(t) = transition {
@@ -42,7 +54,87 @@ pub(super) fn admit(
             super::metrics::transition_name(t),
         );
     }
-    Ok(!matches!(admission, Admission::Rejected { .. }))
+    Ok((!matches!(admission, Admission::Rejected { .. })).then_some(permit))
+}
+
+/// The candidate's capacity for one request at `now`: counted in Redis when the instances
+/// share state (else, or when Redis does not answer, by this instance alone). `None`: a limit
+/// is used up (with when it frees, if known); counted by limit, and the execution goes on to
+/// the next candidate.
+async fn take_capacity(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    now: equiroute_core::Timestamp,
+) -> Result<Permit, Option<Millis>> {
+    let capacity = &iface.capacity[candidate];
+    let taken = match capacity.enter() {
+        Ok(permit) if capacity.counted() => {
+            let shared = match &state.shared {
+                Some(shared) => {
+                    let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+                    let caps = capacity.caps;
+                    shared
+                        .take_quota(&key, caps.rpm.unwrap_or(0), caps.tpm.unwrap_or(0))
+                        .await
+                }
+                None => SharedTake::Unavailable,
+            };
+            match shared {
+                SharedTake::Taken => capacity.take(now.0, true).map(|()| permit),
+                SharedTake::Refused(code, wait) => Err((Limit::of_script(code), wait)),
+                SharedTake::Unavailable => capacity.take(now.0, false).map(|()| permit),
+            }
+        }
+        other => other,
+    };
+    taken.map_err(|(limit, wait)| {
+        let provider = &iface.candidates[candidate].id.0;
+        state
+            .metrics
+            .capacity_skip(&iface.name, provider, limit.as_str());
+        tracing::debug!(provider = %provider, limit = limit.as_str(), wait_ms = wait.map(|w| w.0), "no capacity left: skipped");
+        wait
+    })
+}
+
+/// What an answer's rate-limit headers (`said`) tell the provider's capacity: the count of
+/// requests left until their reset, from now on counted down by every request sent (here,
+/// and in Redis when the instances share state).
+pub(super) fn heard_capacity(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    said: &Capacity,
+) {
+    if said.requests.is_none() {
+        return;
+    }
+    if let Some((remaining, reset)) = iface.capacity[candidate].announce(state.now().0, said) {
+        if let Some(shared) = &state.shared {
+            let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+            shared.announce_quota(&key, remaining, reset);
+        }
+    }
+}
+
+/// Counts the tokens an attempt used against its provider's `tpm` (when declared).
+pub(super) fn spent_capacity(
+    state: &AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+    tokens: TokenEstimate,
+) {
+    let capacity = &iface.capacity[candidate];
+    if capacity.caps.tpm.is_none() {
+        return;
+    }
+    let tokens = u64::from(tokens.input) + u64::from(tokens.output);
+    capacity.spent(state.now().0, tokens);
+    if let Some(shared) = &state.shared {
+        let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+        shared.spend_quota(key, tokens);
+    }
 }
 
 /// Makes one unstreamed attempt and books it ([`super::book`]).
@@ -135,6 +227,15 @@ pub(super) fn book_reply(
     router: &mut Duration,
 ) -> Result<(usize, AttemptOutcome, UpstreamReply), ApiError> {
     learn_answer_time(state, iface, next, &reply)?;
+    heard_capacity(state, iface, next.candidate, &reply.capacity);
+    if reply.status == AttemptStatus::Ok {
+        spent_capacity(
+            state,
+            iface,
+            next.candidate,
+            usage_of(&reply).unwrap_or(ctx.tokens),
+        );
+    }
     let outcome = outcome_of(&reply, &iface.candidates[next.candidate], ctx.tokens);
     *router += state.ledger(iface).attempt(
         ctx,
@@ -205,6 +306,8 @@ pub(super) struct Opened {
     pub(super) started: equiroute_core::Timestamp,
     pub(super) clock: Instant,
     pub(super) result: OpenResult,
+    /// Its place in its provider's capacity: the relay keeps it until the stream ends.
+    pub(super) permit: Permit,
 }
 
 impl Opened {
@@ -239,7 +342,7 @@ pub(super) fn open_attempt<'a>(
     next: NextAttempt,
     now: equiroute_core::Timestamp,
     tokens: TokenEstimate,
-    unlearnt: Unlearnt,
+    (unlearnt, permit): (Unlearnt, Permit),
 ) -> Result<Opening<'a>, ApiError> {
     let limit = wait_limit(
         iface,
@@ -284,6 +387,7 @@ pub(super) fn open_attempt<'a>(
                 capacity,
             } => {
                 tracing::debug!(provider = %candidate.id, attempt = next.number, ttfb_ms = ttfb.0, "stream started");
+                heard_capacity(state, iface, next.candidate, &capacity);
                 match hold(iface.stream_hold, iface.stream_idle, first, rest).await {
                     Held::Commit { first, rest } => OpenResult::Ready {
                         first,
@@ -316,6 +420,7 @@ pub(super) fn open_attempt<'a>(
             started: now,
             clock,
             result,
+            permit,
         }
     };
     Ok(Opening {

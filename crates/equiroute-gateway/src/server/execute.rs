@@ -94,12 +94,14 @@ pub(super) async fn execute_unstreamed(
     let (mut last, mut answer) = (None, None);
     let mut refusals = ContextRefusals::default();
     let mut rejections = super::rejections::Rejections::default();
+    let mut skips = super::capacity::Skips::default();
     while let Some(next) = run.next_attempt(state.now()) {
         let now = pause(state, next).await;
-        if !admit(state, iface, next.candidate, now)? {
+        // Held until the attempt (or the race) is booked.
+        let Some(_permit) = admit(state, iface, (next.candidate, now), &mut skips).await? else {
             run.skip();
             continue;
-        }
+        };
         if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
@@ -198,6 +200,9 @@ pub(super) async fn execute_unstreamed(
         }
         (status, _) => {
             ledger.request(request_end, None);
+            if let Some(refused) = skips.refusal(result.attempts.len()) {
+                return Err(refused.for_request(&request_id, 0));
+            }
             Err(failure(
                 state,
                 iface,
@@ -388,18 +393,28 @@ pub(super) async fn execute_streamed(
     let mut rejections = super::rejections::Rejections::default();
     let mut refusals = ContextRefusals::default();
     let mut router = Duration::ZERO;
+    let mut skips = super::capacity::Skips::default();
     while let Some(next) = run.next_attempt(state.now()) {
         let now = pause(&state, next).await;
-        if !admit(&state, &iface, next.candidate, now)? {
+        let Some(permit) = admit(&state, &iface, (next.candidate, now), &mut skips).await? else {
             run.skip();
             continue;
-        }
+        };
         if next.number > 0 && next.retry.is_none() {
             state.metrics.fallback(&iface.name);
         }
         let unlearnt = Unlearnt::of(&run, &next, now);
-        let open = |next: NextAttempt, now| {
-            open_attempt(&state, &iface, &body, n, next, now, tokens, unlearnt)
+        let open = |next: NextAttempt, now, permit| {
+            open_attempt(
+                &state,
+                &iface,
+                &body,
+                n,
+                next,
+                now,
+                tokens,
+                (unlearnt, permit),
+            )
         };
         let ctx = Booking::of(&features, &decided, tokens);
         // The first attempt with a hedge planned beside it races to its first byte.
@@ -409,7 +424,7 @@ pub(super) async fn execute_streamed(
                 &iface,
                 &mut run,
                 (next, hedge),
-                now,
+                (now, permit),
                 &open,
                 &mut decided.first_byte_limits,
                 &ctx,
@@ -417,7 +432,7 @@ pub(super) async fn execute_streamed(
             )
             .await?
         } else {
-            let opening = open(next, now)?;
+            let opening = open(next, now, permit)?;
             decided
                 .first_byte_limits
                 .push((next.candidate, now, opening.limit.map(|l| l.0)));
@@ -431,6 +446,7 @@ pub(super) async fn execute_streamed(
                     // The relay keeps the attempt's span open until the stream ends, and
                     // records the outcome and usage on it then.
                     let relay = Relay {
+                        permit: opened.permit,
                         span: opened.span,
                         tokens,
                         state: state.clone(),
@@ -502,6 +518,9 @@ pub(super) async fn execute_streamed(
         },
         None,
     );
+    if let Some(refused) = skips.refusal(result.attempts.len()) {
+        return Err(refused.for_request(&request_id, 0));
+    }
     Err(failure(
         &state,
         &iface,

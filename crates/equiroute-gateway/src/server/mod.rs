@@ -55,6 +55,7 @@ mod attempt;
 pub mod audit;
 pub mod auth;
 pub mod book;
+pub mod capacity;
 mod clients;
 pub mod conn;
 pub mod dashboard;

@@ -9,6 +9,7 @@
 
 use super::attempt::{admit, Opened, Opening};
 use super::book::{AttemptEnd, Booking};
+use super::capacity::Permit;
 use super::error::ApiError;
 use super::state::{AppState, InterfaceRuntime};
 use crate::upstream::{ClientBody, UpstreamReply};
@@ -51,11 +52,13 @@ pub(super) async fn race(
     if let Some(reply) = early {
         return Ok(vec![book_reply(run, router, first, now, reply, &a_span)?]);
     }
+    // The hedge's permit is held until the race is booked.
     let Some(Hedged {
         hedge_now,
         hedge_started,
         first_started,
-    }) = start_hedge(state, iface, run, &hedge, now)?
+        permit: _hedge_permit,
+    }) = start_hedge(state, iface, run, &hedge, now).await?
     else {
         let reply = a.await;
         return Ok(vec![book_reply(run, router, first, now, reply, &a_span)?]);
@@ -119,12 +122,14 @@ struct Hedged {
     hedge_now: Timestamp,
     hedge_started: Instant,
     first_started: Instant,
+    /// The hedge's place in its provider's capacity.
+    permit: Permit,
 }
 
 /// Starts `hedge` beside the first attempt (started at `now`) once its delay is over, if the
 /// budget has a hedge and the breaker admits its target: spends the hedge, tells the
 /// execution, and counts it with the part of the rule that set its delay. `None`: no hedge.
-fn start_hedge(
+async fn start_hedge(
     state: &AppState,
     iface: &InterfaceRuntime,
     run: &mut Execution,
@@ -132,9 +137,14 @@ fn start_hedge(
     now: Timestamp,
 ) -> Result<Option<Hedged>, ApiError> {
     let hedge_now = state.now();
-    if !(has_hedge(iface)? && admit(state, iface, hedge.candidate, hedge_now)?) {
+    if !has_hedge(iface)? {
         return Ok(None);
     }
+    // A hedge skipped for want of capacity leaves the first attempt to go on alone.
+    let mut skips = super::capacity::Skips::default();
+    let Some(permit) = admit(state, iface, (hedge.candidate, hedge_now), &mut skips).await? else {
+        return Ok(None);
+    };
     spend_hedge(iface)?;
     run.start_hedge(hedge);
     state.metrics.hedge(&iface.name, "started");
@@ -151,6 +161,7 @@ fn start_hedge(
         hedge_now,
         hedge_started,
         first_started,
+        permit,
     }))
 }
 
@@ -182,8 +193,8 @@ pub(super) async fn race_streams<'a>(
     iface: &InterfaceRuntime,
     run: &mut Execution,
     (first, hedge): (NextAttempt, NextAttempt),
-    now: Timestamp,
-    open: &(dyn Fn(NextAttempt, Timestamp) -> Result<Opening<'a>, ApiError> + Sync),
+    (now, permit): (Timestamp, Permit),
+    open: &(dyn Fn(NextAttempt, Timestamp, Permit) -> Result<Opening<'a>, ApiError> + Sync),
     limits: &mut Vec<super::decide::FirstByteLimitRecord>,
     ctx: &Booking<'_>,
     router: &mut Duration,
@@ -192,7 +203,7 @@ pub(super) async fn race_streams<'a>(
         limit,
         opened: mut a,
         span: a_span,
-    } = open(first, now)?;
+    } = open(first, now, permit)?;
     limits.push((first.candidate, now, limit.map(|l| l.0)));
     let wait = Duration::from_secs_f64(hedge.wait.0 / 1000.0);
     let early = tokio::select! {
@@ -206,7 +217,8 @@ pub(super) async fn race_streams<'a>(
         hedge_now,
         hedge_started,
         first_started,
-    }) = start_hedge(state, iface, run, &hedge, now)?
+        permit,
+    }) = start_hedge(state, iface, run, &hedge, now).await?
     else {
         return Ok(vec![a.await]);
     };
@@ -214,7 +226,7 @@ pub(super) async fn race_streams<'a>(
         limit,
         opened: mut b,
         span: b_span,
-    } = open(hedge, hedge_now)?;
+    } = open(hedge, hedge_now, permit)?;
     if !b_span.is_disabled() {
         b_span.record("equiroute.hedge", true);
     }

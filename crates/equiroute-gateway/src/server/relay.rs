@@ -4,8 +4,8 @@
 //! event. The relayed attempts and the request's end are booked by the ledger (`book`).
 
 use super::attempt::{
-    admit, learn_first_byte, outcome_of, pause, streamed, usage_of, wait_limit, Awaited, Began,
-    Unlearnt,
+    admit, heard_capacity, learn_first_byte, outcome_of, pause, spent_capacity, streamed, usage_of,
+    wait_limit, Awaited, Began, Unlearnt,
 };
 use super::book::{Answer, AttemptEnd, Booking, RequestEnd};
 use super::decide::Decided;
@@ -26,6 +26,8 @@ use tracing::Instrument;
 /// stream that breaks is continued on the next candidate when the interface says so
 /// (`stream_resume`): the relay is then on the continuing attempt.
 pub(super) struct Relay {
+    /// The relayed attempt's place in its provider's capacity, held until its stream ends.
+    pub(super) permit: super::capacity::Permit,
     /// The relayed attempt's span (`attempt`), ended when its stream ends.
     pub(super) span: tracing::Span,
     pub(super) tokens: TokenEstimate,
@@ -265,7 +267,9 @@ impl Relay {
         } else {
             tracing::debug!(provider = %c.id, outcome = status.as_str(), latency_ms = latency.0, "stream ended");
         }
-        let outcome = streamed(c, usage.unwrap_or(self.tokens), status, latency, self.began);
+        let used = usage.unwrap_or(self.tokens);
+        spent_capacity(&self.state, &self.iface, self.candidate, used);
+        let outcome = streamed(c, used, status, latency, self.began);
         let ctx = Booking::of(&self.features, &self.decided, self.tokens);
         let _ = self.state.ledger(&self.iface).attempt(
             &ctx,
@@ -318,10 +322,13 @@ impl Relay {
         loop {
             let next = self.run.next_attempt(state.now())?;
             let now = pause(&state, next).await;
-            if !admit(&state, &iface, next.candidate, now).ok()? {
+            // The stream is committed: a continuation that finds no capacity ends as broken.
+            let mut skips = super::capacity::Skips::default();
+            let admitted = admit(&state, &iface, (next.candidate, now), &mut skips).await;
+            let Some(permit) = admitted.ok()? else {
                 self.run.skip();
                 continue;
-            }
+            };
             let candidate = &iface.candidates[next.candidate];
             let Some(mode) = continuation_mode(
                 iface.stream_resume.mode,
@@ -370,6 +377,7 @@ impl Relay {
                     ttfb,
                     capacity,
                 } => {
+                    heard_capacity(&state, &iface, next.candidate, &capacity);
                     let name = mode.name();
                     tracing::info!(request_id = %self.request_id, provider = %candidate.id, mode = name, "continuing a broken stream");
                     state.metrics.stream_continuation(&iface.name, name);
@@ -377,6 +385,7 @@ impl Relay {
                         .continuations
                         .push((next.number as usize, name));
                     self.candidate = next.candidate;
+                    self.permit = permit;
                     self.span = span;
                     self.began = Began { ttfb, capacity };
                     self.attempt_started = now;

@@ -287,6 +287,7 @@ fn rebuild(
         "by_provider"
     };
     carry_latency_times(old, &new);
+    carry_capacity(old, &mut new);
     carry_minutes(state, old, &new);
     let ids = |i: &InterfaceRuntime| -> Vec<String> {
         i.candidates.iter().map(|c| c.id.0.clone()).collect()
@@ -342,6 +343,23 @@ fn carry_breakers(old: &InterfaceRuntime, new: &InterfaceRuntime) {
 fn carry_latency_times(old: &InterfaceRuntime, new: &InterfaceRuntime) {
     carry_by_id(old, new, |i| &i.first_bytes);
     carry_by_id(old, new, |i| &i.answer_times);
+}
+
+/// The capacity of the providers `new` keeps: the same counts (what the last 60 s used, what
+/// the headers said is left, the requests in flight) when the provider's caps are unchanged,
+/// else the counts carried to the new caps (the requests in flight then count on the old
+/// ones until they end).
+fn carry_capacity(old: &InterfaceRuntime, new: &mut InterfaceRuntime) {
+    for (i, at) in same_provider(old, new).into_iter().enumerate() {
+        if let Some(o) = at {
+            let before = &old.capacity[o];
+            new.capacity[i] = if before.caps == new.capacity[i].caps {
+                before.clone()
+            } else {
+                before.carried(new.capacity[i].caps)
+            };
+        }
+    }
 }
 
 /// The operations view's minute ring of the providers `new` keeps, copied from `old` (the

@@ -50,6 +50,9 @@ pub struct InterfaceRuntime {
     /// Each candidate's answer times (unstreamed attempts answered), for the limit of an
     /// unstreamed attempt with another candidate left (`FirstByteLimit::answer_limit`).
     pub answer_times: Mutex<Vec<equiroute_core::estimators::nig::LogLatencyStats>>,
+    /// Each candidate's capacity: declared caps, what its headers said is left, requests in
+    /// flight (see [`super::capacity`]).
+    pub capacity: Vec<Arc<super::capacity::ProviderCapacity>>,
     /// The LLM-as-judge, when configured.
     pub judge: Option<Arc<crate::feedback::judge::Judge>>,
     /// Ranks take the read side (they run in parallel); observations the write side. The
@@ -128,6 +131,11 @@ impl InterfaceRuntime {
                 equiroute_core::estimators::nig::LogLatencyStats::default();
                 candidates.len()
             ]),
+            capacity: cfg
+                .providers
+                .iter()
+                .map(|p| super::capacity::ProviderCapacity::new(p.caps))
+                .collect(),
             judge: cfg
                 .judge
                 .as_ref()

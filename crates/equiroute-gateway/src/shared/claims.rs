@@ -56,10 +56,19 @@ impl Claims {
         }
     }
 
+    /// The connection, when the sync task has one (also the shared capacity counts').
+    pub(super) fn connection(&self) -> Option<MultiplexedConnection> {
+        self.conn.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// How long a request waits on Redis.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Claims the feedback of `request_id` for `window` (the feedback TTL).
     pub async fn claim(&self, request_id: &str, window: Millis) -> Claim {
-        let conn = self.conn.lock().ok().and_then(|c| c.clone());
-        let outcome = match conn {
+        let outcome = match self.connection() {
             None => Claim::Unavailable,
             Some(mut conn) => {
                 let mut set = redis::cmd("SET");

@@ -35,6 +35,8 @@ pub struct SharedHandle {
     pub journal: Journal,
     pub status: SyncStatus,
     pub claims: Claims,
+    /// Prefix of the providers' shared capacity counts (`{ns}:cap:`).
+    pub(super) quotas: String,
 }
 
 impl SharedHandle {
@@ -45,6 +47,7 @@ impl SharedHandle {
             journal: Journal::new(cfg.max_unpushed),
             status: SyncStatus::default(),
             claims: Claims::new(Keys::new(&cfg.namespace).claims, cfg.claim_timeout),
+            quotas: Keys::new(&cfg.namespace).quotas,
         }
     }
 

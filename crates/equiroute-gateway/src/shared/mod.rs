@@ -77,7 +77,8 @@
 //!
 //! # Where it lives
 //!
-//! `journal` (what travels, and the journal), `claims` (the feedback claims), `namespace` (keys,
+//! `journal` (what travels, and the journal), `claims` (the feedback claims), `quotas` (the
+//! providers' capacity counted across instances, `server::capacity`), `namespace` (keys,
 //! Lua scripts, errors, [`reset`]), `handle` (what the rest of the gateway holds), and `syncer`
 //! (the background task; `push`, `apply` and `snapshot` are its steps, `seen` the scored ids).
 
@@ -85,10 +86,12 @@ mod claims;
 mod handle;
 mod journal;
 mod namespace;
+mod quotas;
 mod syncer;
 
 pub use claims::{Claim, Claims};
 pub use handle::{SharedHandle, SyncStatus};
 pub use journal::{Event, Journal, RolloutEnd, RolloutOutcome};
 pub use namespace::{reset, SharedError, StreamId, RECOVER_SCRIPT};
+pub use quotas::SharedTake;
 pub use syncer::{Side, SyncReport, SyncTarget, SyncedInterface, Syncer};

@@ -184,6 +184,8 @@ pub(super) struct Keys {
     pub(super) promoted: String,
     /// Prefix of the feedback claims (`{ns}:fb:` and the request id).
     pub(super) claims: String,
+    /// Prefix of the providers' capacity counts (`{ns}:cap:`, interface and provider).
+    pub(super) quotas: String,
     /// The live instances (a sorted set: instance id, until when in Redis's milliseconds).
     pub(super) live: String,
 }
@@ -198,6 +200,7 @@ impl Keys {
             epoch: format!("{{{ns}}}:epoch"),
             promoted: format!("{{{ns}}}:promoted"),
             claims: format!("{{{ns}}}:fb:"),
+            quotas: format!("{{{ns}}}:cap:"),
             live: format!("{{{ns}}}:live"),
         }
     }

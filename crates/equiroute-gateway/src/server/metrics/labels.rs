@@ -49,6 +49,15 @@ pub(super) struct BreakerLabels {
     pub(super) to: Name,
 }
 
+/// A provider skipped for want of capacity, by the `limit` used up (`max_concurrency`,
+/// `rpm`, `tpm`, `announced`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct LimitLabels {
+    pub(super) interface: Name,
+    pub(super) provider: Name,
+    pub(super) limit: Name,
+}
+
 /// A quality shift's labels: `direction` is `down` or `up`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ShiftLabels {

@@ -28,8 +28,8 @@ use std::sync::{LazyLock, RwLock};
 mod labels;
 use labels::{
     AttemptLabels, BreakerLabels, EventLabels, FeedbackLabel, InterfaceLabel, KindLabel,
-    ModeLabels, OutcomeLabels, ProviderLabels, ReasonLabels, RefusalLabel, ShiftLabels,
-    TokenLabels,
+    LimitLabels, ModeLabels, OutcomeLabels, ProviderLabels, ReasonLabels, RefusalLabel,
+    ShiftLabels, TokenLabels,
 };
 
 /// A label value, interned.
@@ -191,6 +191,7 @@ pub struct Metrics {
     hedge_reasons: Family<ReasonLabels, Counter>,
     stream_continuations: Family<ModeLabels, Counter>,
     breaker: Family<BreakerLabels, Counter>,
+    capacity_skips: Family<LimitLabels, Counter>,
     task_class_unlisted: Family<InterfaceLabel, Counter>,
     task_class_too_long: Family<InterfaceLabel, Counter>,
     slices_evicted: Family<InterfaceLabel, Counter>,
@@ -277,6 +278,7 @@ impl Default for Metrics {
             hedge_reasons: Family::default(),
             stream_continuations: Family::default(),
             breaker: Family::default(),
+            capacity_skips: Family::default(),
             task_class_unlisted: Family::default(),
             task_class_too_long: Family::default(),
             slices_evicted: Family::default(),
@@ -357,6 +359,12 @@ impl Metrics {
             "equiroute_breaker_transitions_total",
             "Circuit breaker transitions by interface and provider",
             self.breaker.clone(),
+        );
+        register(
+            r,
+            "equiroute_capacity_skips_total",
+            "Attempts not sent because the provider had no capacity left, by the limit used up",
+            self.capacity_skips.clone(),
         );
         register(
             r,
@@ -560,7 +568,21 @@ impl Metrics {
                 }
             }
             for p in &i.providers {
-                self.provider_at_zero(interface, name(&p.candidate.id.0));
+                let provider = name(&p.candidate.id.0);
+                self.provider_at_zero(interface, provider);
+                let declared = [
+                    ("max_concurrency", p.caps.max_concurrency),
+                    ("rpm", p.caps.rpm),
+                    ("tpm", p.caps.tpm),
+                ];
+                for (limit, _) in declared.into_iter().filter(|(_, cap)| cap.is_some()) {
+                    let labels = LimitLabels {
+                        interface,
+                        provider,
+                        limit,
+                    };
+                    at_zero(&self.capacity_skips, &labels);
+                }
             }
         }
         for outcome in FEEDBACK_OUTCOMES {
@@ -708,6 +730,16 @@ impl Metrics {
             to: transition,
         };
         self.breaker.get_or_create(&labels).inc();
+    }
+
+    /// An attempt on `provider` was not sent: its `limit` was used up.
+    pub fn capacity_skip(&self, interface: &str, provider: &str, limit: &'static str) {
+        let labels = LimitLabels {
+            interface: name(interface),
+            provider: name(provider),
+            limit,
+        };
+        self.capacity_skips.get_or_create(&labels).inc();
     }
 
     /// A request's task class was not on its interface's `task_classes` list (the class
