@@ -662,7 +662,9 @@ fn simulate(
         if let Some(b) = budget.as_mut() {
             b.earn();
         }
-        let mut run = Execution::new(order, t, deadline, limits).with_hedge(plan);
+        let mut run = Execution::new(order, t, deadline, limits)
+            .with_hedge(plan)
+            .with_interchangeable(ranking.interchangeable);
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
             // A retry's pause passes before the attempt.
