@@ -426,6 +426,26 @@ impl Breaker {
     }
 }
 
+/// Moves the first candidate of `order` after its head whose breaker (`breakers[i]`) is due a
+/// re-test at `now` ([`Breaker::retest_due`]) to the front: a provider that failed is tried
+/// again whatever its rank, the others staying its fallbacks. Whether one moved.
+pub fn promote_retest(
+    order: &mut Vec<usize>,
+    breakers: &[Breaker],
+    now: Timestamp,
+    cfg: &BreakerConfig,
+) -> bool {
+    let due = order
+        .iter()
+        .skip(1)
+        .position(|&i| breakers.get(i).is_some_and(|b| b.retest_due(now, cfg)));
+    if let Some(p) = due {
+        let i = order.remove(p + 1);
+        order.insert(0, i);
+    }
+    due.is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +483,28 @@ mod tests {
             Some(Transition::Closed)
         );
         assert_eq!(b.peek(later, &cfg), Admission::Allowed);
+    }
+
+    /// The first provider after the head whose breaker is due a re-test goes first, the others
+    /// keeping their order; none due, none moved.
+    #[test]
+    fn a_provider_due_a_retest_is_moved_first() {
+        let cfg = BreakerConfig::default();
+        let mut breakers = vec![Breaker::default(); 4];
+        for i in [1, 3] {
+            assert_eq!(breakers[i].admit(t(0.0), &cfg).0, Admission::Allowed);
+            breakers[i].record(t(100.0), BreakerOutcome::Failure, &cfg);
+        }
+        let mut order = vec![0, 2, 3, 1];
+        assert!(!promote_retest(&mut order, &breakers, t(4_999.0), &cfg));
+        assert_eq!(order, [0, 2, 3, 1]);
+        assert!(promote_retest(&mut order, &breakers, t(5_000.0), &cfg));
+        assert_eq!(order, [3, 0, 2, 1]);
+        // A head that is due is tried anyway, so the next due one goes first and the head
+        // is its fallback: both re-tested.
+        let mut order = vec![1, 0, 3];
+        assert!(promote_retest(&mut order, &breakers, t(5_000.0), &cfg));
+        assert_eq!(order, [3, 1, 0]);
     }
 
     /// A provider that failed is due a re-test `open_ms` (5 s) after it was last tried while

@@ -269,6 +269,18 @@ pub struct AttemptOutcome {
 }
 
 impl AttemptOutcome {
+    /// Whether this is a provider resting rather than failing: an unbilled rate limit that
+    /// says when to come back (`Retry-After`). Its breaker keeps the provider out until then
+    /// and a fallback answers the request, so the policies' failure rates leave it out: it
+    /// cost its latency, not a bad outcome. A rate limit without `Retry-After`, or a billed
+    /// one, still counts as a failure.
+    #[must_use]
+    pub fn is_rest(&self) -> bool {
+        self.status == AttemptStatus::ProviderError(ProviderFailure::RateLimited)
+            && self.retry_after.is_some()
+            && self.cost.0 == 0.0
+    }
+
     /// A successful attempt with the given latency and no cost.
     #[must_use]
     pub fn ok(latency_ms: f64) -> AttemptOutcome {

@@ -23,7 +23,11 @@
 //! will pass retries the same candidate after a pause ([`NextAttempt::wait`]) instead of
 //! falling over, when the deadline leaves at least as long for the retry as the pause takes:
 //! - a `Retry-After` of at most [`ExecutionLimits::max_retry_after_wait`] on the candidate
-//!   the policy ranked best (falling over would mean a worse candidate) waits it out;
+//!   the policy ranked best (falling over would mean a worse candidate) waits it out, unless
+//!   the policy holds the next candidate as good ([`Execution::with_interchangeable`]): then
+//!   the request falls over to it (the wait would cost latency; behind a rate limit that
+//!   admits less than the traffic it would buy no capacity either, docs/policies.md
+//!   "Capacity");
 //! - a 5xx without `Retry-After` waits [`ExecutionLimits::server_error_retry`] times a
 //!   jitter factor in [1 − j, 1 + j) with j = [`ExecutionLimits::server_error_jitter`] (the
 //!   random draw is passed in: [`Execution::with_jitter`]), on the candidate's first 5xx of
@@ -63,7 +67,8 @@ pub struct ExecutionLimits {
     /// Do not start an attempt with less than this left of the deadline.
     pub min_attempt_budget: Millis,
     /// Longest `Retry-After` waited out on the best-ranked candidate before retrying it
-    /// once (0: never wait, fall over).
+    /// once, unless the ranking holds the next candidate as good
+    /// ([`Execution::with_interchangeable`]) (0: never wait, fall over).
     pub max_retry_after_wait: Millis,
     /// Mean pause before the one retry of a candidate after a 5xx (`None`: no retry).
     pub server_error_retry: Option<Millis>,
@@ -218,6 +223,9 @@ pub struct Execution {
     hedge_started: bool,
     /// Attempts started beside another and not recorded yet (0 without a hedge).
     in_flight: u32,
+    /// The first this many candidates of `order` are as good as one another (the policy's
+    /// [`crate::policies::Ranking::interchangeable`]).
+    interchangeable: usize,
 }
 
 impl Execution {
@@ -244,7 +252,18 @@ impl Execution {
             hedged: None,
             hedge_started: false,
             in_flight: 0,
+            interchangeable: 0,
         }
+    }
+
+    /// Says that the first `n` candidates of the order are as good as one another (the
+    /// ranking's [`crate::policies::Ranking::interchangeable`]): a `Retry-After` on the
+    /// first is then not waited out while the next of them can be tried; the request falls
+    /// over to it (see the module doc).
+    #[must_use]
+    pub fn with_interchangeable(mut self, n: usize) -> Execution {
+        self.interchangeable = n;
+        self
     }
 
     /// Lets the first attempt be hedged after `plan.delay` (from [`crate::hedge::hedge_plan`];
@@ -273,7 +292,7 @@ impl Execution {
         if !first.is_first() || self.hedge_started || self.ended.is_some() {
             return None;
         }
-        if self.attempts.len() + 2 > self.limits.max_attempts as usize {
+        if self.counted_attempts() + 2 > self.limits.max_attempts as usize {
             return None;
         }
         let candidate = *self.order.get(self.next + 1)?;
@@ -333,7 +352,7 @@ impl Execution {
             ),
             None => (usize::MAX, Millis(0.0), None),
         };
-        if self.attempts.len() >= self.limits.max_attempts as usize
+        if self.counted_attempts() >= self.limits.max_attempts as usize
             || (retry.is_none() && self.next >= self.order.len())
         {
             self.ended = Some(RequestStatus::Exhausted);
@@ -377,13 +396,24 @@ impl Execution {
         } else {
             self.next + 1
         };
-        after < self.order.len() && self.attempts.len() + 1 < self.limits.max_attempts as usize
+        after < self.order.len() && self.counted_attempts() + 1 < self.limits.max_attempts as usize
     }
 
     /// Attempts recorded so far.
     #[must_use]
     pub fn attempts(&self) -> usize {
         self.attempts.len()
+    }
+
+    /// Attempts recorded so far that count against `max_attempts`: all but rests (an
+    /// unbilled 429 with `Retry-After`, [`AttemptOutcome::is_rest`]), which took the provider
+    /// no work and the request only their latency, so that a provider at its capacity does
+    /// not use up the request's fallbacks.
+    fn counted_attempts(&self) -> usize {
+        self.attempts
+            .iter()
+            .filter(|a| !a.outcome.is_rest())
+            .count()
     }
 
     /// Continues with `order` instead of the rest of the ranking, and resumes a request that
@@ -475,7 +505,11 @@ impl Execution {
         let (wait, reason) = match (failure, outcome.retry_after) {
             (ProviderFailure::RateLimited | ProviderFailure::Server, Some(after)) => {
                 let best = self.order.first() == Some(&candidate);
-                if !best || after.0 > self.limits.max_retry_after_wait.0 {
+                // The next candidate is as good: the wait would cost latency and, behind a
+                // rate limit under more traffic than it admits, buy no capacity.
+                let as_good_next = self.next < self.interchangeable.min(self.order.len())
+                    && self.counted_attempts() < self.limits.max_attempts as usize;
+                if !best || as_good_next || after.0 > self.limits.max_retry_after_wait.0 {
                     return None;
                 }
                 (after, RetryReason::RetryAfter)
@@ -534,6 +568,69 @@ mod tests {
             cost: Usd(cost),
             ..AttemptOutcome::with_status(latency, status)
         }
+    }
+
+    #[test]
+    fn a_retry_after_falls_over_to_a_candidate_the_policy_holds_as_good() {
+        let rest = || failed(40.0, ProviderFailure::RateLimited, Some(300.0));
+        // The same 300 ms Retry-After on the best candidate: waited out when the next one is
+        // worse (or nothing is said), fallen over when the ranking says it is as good.
+        for (interchangeable, next) in [(0, 2), (1, 2), (2, 1)] {
+            let mut run = Execution::new(
+                vec![2, 1, 0],
+                Timestamp(0.0),
+                Some(Millis(5000.0)),
+                ExecutionLimits::default(),
+            )
+            .with_interchangeable(interchangeable);
+            let a = run.next_attempt(Timestamp(0.0)).unwrap();
+            run.record(a.candidate, rest(), Timestamp(0.0));
+            let b = run.next_attempt(Timestamp(40.0)).unwrap();
+            assert_eq!(b.candidate, next, "{interchangeable} interchangeable");
+            let waited = if next == 2 { 300.0 } else { 0.0 };
+            assert!(
+                (b.wait.0 - waited).abs() < 1e-9,
+                "{interchangeable}: {:?}",
+                b.wait
+            );
+        }
+    }
+
+    #[test]
+    fn rests_do_not_use_up_the_attempts() {
+        // Two attempts allowed; two providers at capacity refuse with Retry-After (on the
+        // second of the ranking: no wait), then the third answers.
+        let limits = ExecutionLimits {
+            max_attempts: 2,
+            ..ExecutionLimits::default()
+        };
+        let mut run =
+            Execution::new(vec![0, 1, 2, 3], Timestamp(0.0), None, limits).with_interchangeable(4);
+        let rest = failed(30.0, ProviderFailure::RateLimited, Some(2000.0));
+        let mut now = Timestamp(0.0);
+        for expected in [0, 1] {
+            let a = run.next_attempt(now).unwrap();
+            assert_eq!(a.candidate, expected);
+            run.record(a.candidate, rest, now);
+            now = now.plus(rest.latency);
+        }
+        // A 5xx counts: one attempt of the two is left after it, none after a second.
+        let c = run.next_attempt(now).unwrap();
+        assert_eq!((c.candidate, c.number), (2, 2));
+        let server = AttemptOutcome {
+            cost: Usd(0.01),
+            ..failed(100.0, ProviderFailure::Server, None)
+        };
+        run.record(2, server, now);
+        now = now.plus(server.latency);
+        // Its 5xx retry (50 ms ± jitter) is the second counted attempt.
+        let d = run.next_attempt(now).unwrap();
+        assert_eq!(d.candidate, 2);
+        run.record(2, server, now.plus(d.wait));
+        assert!(run.next_attempt(now.plus(Millis(1000.0))).is_none());
+        let result = run.finish(now.plus(Millis(1000.0)));
+        assert_eq!(result.status, RequestStatus::Exhausted);
+        assert_eq!(result.attempts.len(), 4);
     }
 
     #[test]

@@ -930,6 +930,26 @@ fn simple_baselines_do_what_they_say() {
     );
 }
 
+/// The oracle puts the cheaper of equal values first (a provider behind a rate limit
+/// whenever it has capacity, listed first or not), and value before price.
+#[test]
+fn the_oracle_breaks_ties_of_value_by_price() {
+    let mut cands = candidates(3);
+    for (c, usd) in cands.iter_mut().zip([0.004, 0.001, 0.002]) {
+        c.price = Price::per_call(usd);
+    }
+    let oracle = Oracle;
+    let x = [0.0; 8];
+    let order = |truth: &[f64]| {
+        let mut ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+        ctx.oracle_values = Some(truth);
+        oracle.rank(&ctx, &mut rng(0)).indices().collect::<Vec<_>>()
+    };
+    assert_eq!(order(&[0.8, 0.8, 0.8]), vec![1, 2, 0]);
+    assert_eq!(order(&[0.8, 0.0, 0.8]), vec![2, 0, 1]);
+    assert_eq!(order(&[0.9, 0.8, 0.8]), vec![0, 1, 2]);
+}
+
 #[test]
 fn sw_ucb_tries_everything_then_prefers_the_best_recent_mean() {
     let cands = candidates(2);
@@ -1603,4 +1623,48 @@ fn ts_deadline_marks_a_latency_it_has_not_seen_as_the_prior() {
         now: Timestamp(10.0),
     });
     assert_eq!(unseen(&ts), [(0, true), (1, false)]);
+}
+
+/// Two providers whose scores are the same (0.7 or 0.9 at random), one four times dearer: once
+/// both are well measured `lqm-ts` puts the cheap one first on every query and says the dear
+/// one is as good (`Ranking::interchangeable`, so a `Retry-After` on the cheap one falls over
+/// rather than waits). With the dear one's answers scoring 0.5 it is not: 1.
+#[test]
+fn lqm_ts_holds_a_dearer_equal_provider_as_good_and_a_worse_one_not() {
+    let mut cands = candidates(2);
+    cands[0].price = Price::per_call(0.001);
+    cands[1].price = Price::per_call(0.004);
+    let f = Featurizer::new(16).unwrap();
+    let qs = queries();
+    for (dear_high, dear_low, want) in [(0.9, 0.7, 2), (0.5, 0.5, 1)] {
+        let mut p = LqmTs::new(2, 16, LqmTsConfig::default());
+        let mut draws = rng(99);
+        for t in 0..1200 {
+            let x = f.featurize(&qs[t % qs.len()]);
+            // High or low at random, whatever the query.
+            let high = draws.random::<bool>();
+            let u = match (t % 2, high) {
+                (0, true) => 0.9,
+                (0, false) => 0.7,
+                (_, true) => dear_high,
+                (_, false) => dear_low,
+            };
+            answered(&mut p, t % 2, &x, 300.0, u, t as f64 * 10.0);
+        }
+        for (t, q) in qs.iter().enumerate() {
+            let x = f.featurize(q);
+            let mut ctx = RankContext::new(&cands, &[0, 1], &x);
+            ctx.now = Timestamp(12_000.0);
+            let r = p.rank(&ctx, &mut rng(t as u64));
+            assert_eq!(
+                r.order[0].index, 0,
+                "{q}: dear scoring {dear_high}/{dear_low}: {:?}",
+                r.order
+            );
+            assert_eq!(
+                r.interchangeable, want,
+                "{q}: dear scoring {dear_high}/{dear_low}"
+            );
+        }
+    }
 }

@@ -78,6 +78,7 @@ impl Policy for MeanThompson {
                 })
                 .collect(),
             propensity: None,
+            ..Ranking::default()
         };
         r.order.sort_by(|a, b| b.score.total_cmp(&a.score));
         r

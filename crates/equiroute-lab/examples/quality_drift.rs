@@ -21,26 +21,12 @@
 
 use equiroute_lab::report::Summary;
 use equiroute_lab::runner::{run_policy, RunResult};
-use equiroute_lab::scenario::{all_builtin, named, EventKind, ScenarioSpec};
+use equiroute_lab::scenario::{all_builtin, named, parse_set, EventKind, ScenarioSpec};
 use equiroute_lab::world::World;
 
 /// The `lqm-ts` configuration of `spec` with `sets` applied.
 fn run_lqm_ts(spec: &ScenarioSpec, sets: &[(String, serde_json::Value)], seed: u64) -> RunResult {
-    let cfg = spec.policy("lqm-ts").unwrap();
-    let mut json = serde_json::to_value(&cfg).unwrap();
-    for (path, value) in sets {
-        let mut at = &mut json;
-        let parts: Vec<&str> = path.split('.').collect();
-        for p in &parts[..parts.len() - 1] {
-            at = at
-                .get_mut(*p)
-                .unwrap_or_else(|| panic!("no field `{p}` in `{path}`"));
-        }
-        let last = parts[parts.len() - 1];
-        assert!(at.get(last).is_some(), "no field `{last}` in `{path}`");
-        at[last] = value.clone();
-    }
-    let cfg: equiroute_core::policies::PolicyConfig = serde_json::from_value(json).unwrap();
+    let cfg = spec.policy_with("lqm-ts", sets).unwrap();
     let world = World::new(spec);
     let policy = cfg
         .build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor("lqm-ts"))
@@ -64,15 +50,8 @@ fn main() {
     let seeds: u64 = args.get(1).map_or(10, |s| s.parse().expect("SEEDS"));
     let first: u64 = args.get(2).map_or(1, |s| s.parse().expect("FIRST"));
     let scenarios = scenarios(args.get(3).map_or("drops", String::as_str));
-    let sets: Vec<(String, serde_json::Value)> = args
-        .iter()
-        .skip(4)
-        .map(|a| {
-            let (k, v) = a.split_once('=').expect("FIELD=VALUE");
-            let v = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::from(v));
-            (k.to_owned(), v)
-        })
-        .collect();
+    let sets: Vec<(String, serde_json::Value)> =
+        args.iter().skip(4).map(|a| parse_set(a).unwrap()).collect();
     println!(
         "lqm-ts, seeds {first}..={}{}",
         first + seeds - 1,

@@ -5,7 +5,7 @@ use crate::calibration::Calibration;
 use crate::scenario::ScenarioSpec;
 use crate::traffic::{LoggedAttempt, LoggedFeedback, LoggedRound, TrafficLog};
 use crate::world::World;
-use equiroute_core::breaker::{Admission, Breaker, BreakerConfig};
+use equiroute_core::breaker::{promote_retest, Admission, Breaker, BreakerConfig};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
 use equiroute_core::features::Featurizer;
@@ -597,7 +597,10 @@ fn simulate(
             ctx.oracle_values = Some(&values);
         }
         let ranking = policy.rank(&ctx, &mut policy_rng);
-        let order: Vec<usize> = ranking.indices().collect();
+        let mut order: Vec<usize> = ranking.indices().collect();
+        // A provider that failed is re-tested whatever its rank, as the gateway does; the
+        // ranking's claim about its first then no longer holds.
+        let retest = !is_oracle && promote_retest(&mut order, &breakers, t, &breaker_cfg);
         let Some(&first) = order.first() else {
             // Refused (no eligible provider): no answer, at once and at no cost.
             firsts.push(None);
@@ -622,7 +625,10 @@ fn simulate(
         round_counts[bin] += 1;
         regret_over_time[bin] = regret;
         let mut logged = record.as_mut().map(|(_, draws)| {
-            let (propensity, propensity_exact) = if let Some(p) = ranking.propensity {
+            let (propensity, propensity_exact) = if retest {
+                // The breaker's rule, not the policy, chose it: surely.
+                (1.0, false)
+            } else if let Some(p) = ranking.propensity {
                 (p.probability, !p.is_deterministic())
             } else {
                 let fc = policy.first_choice_distribution(&ctx, &mut propensity_rng, *draws);
@@ -662,7 +668,9 @@ fn simulate(
         if let Some(b) = budget.as_mut() {
             b.earn();
         }
-        let mut run = Execution::new(order, t, deadline, limits).with_hedge(plan);
+        let mut run = Execution::new(order, t, deadline, limits)
+            .with_hedge(plan)
+            .with_interchangeable(if retest { 0 } else { ranking.interchangeable });
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
             // A retry's pause passes before the attempt.

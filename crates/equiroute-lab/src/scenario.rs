@@ -203,6 +203,13 @@ pub struct TokenBucketSpec {
     /// Whether a refusal carries `Retry-After` (the time until the next token).
     #[serde(default = "yes")]
     pub retry_after: bool,
+    /// Whether answers announce the capacity left, as OpenAI's and Anthropic's rate-limit
+    /// headers do: an answer that leaves the bucket with less than one token when it ends
+    /// carries the time until the next one (`retry_after` on the answer, which rests the
+    /// provider until then, as the gateway does with the headers). Off by default: the
+    /// bucket says nothing until it refuses a call.
+    #[serde(default)]
+    pub announce: bool,
 }
 
 fn yes() -> bool {
@@ -645,6 +652,39 @@ impl ScenarioSpec {
             .map(|d| equiroute_core::Millis(d.ms))
     }
 
+    /// [`Self::policy`] with some parameters changed: each `(path, value)` sets the field at
+    /// the dotted `path` of the configuration's JSON form (`risk.level_beta`,
+    /// `lqm.head.gate`) to `value`, as the laboratory's examples take `FIELD=VALUE`
+    /// arguments.
+    ///
+    /// # Errors
+    /// An unknown label, a path that names no field (named), or a value the field cannot
+    /// take.
+    pub fn policy_with(
+        &self,
+        label: &str,
+        sets: &[(String, serde_json::Value)],
+    ) -> Result<PolicyConfig, String> {
+        let cfg = self.policy(label).map_err(|e| e.to_string())?;
+        let mut json = serde_json::to_value(&cfg).map_err(|e| e.to_string())?;
+        for (path, value) in sets {
+            let (parents, last) = path.rsplit_once('.').unwrap_or(("", path));
+            let mut at = &mut json;
+            for part in parents.split('.').filter(|p| !p.is_empty()) {
+                at = at
+                    .get_mut(part)
+                    .ok_or_else(|| format!("`{label}` has no field `{part}` in `{path}`"))?;
+            }
+            // A field left out of the JSON form (at its default) is added; a misspelt one
+            // is refused when the configuration is read back.
+            let table = at
+                .as_object_mut()
+                .ok_or_else(|| format!("`{label}`: `{parents}` in `{path}` is not a table"))?;
+            table.insert(last.to_owned(), value.clone());
+        }
+        serde_json::from_value(json).map_err(|e| format!("`{label}`: {e}"))
+    }
+
     /// The exploration floor of a variant label (none for plain policy names).
     #[must_use]
     pub fn floor(&self, label: &str) -> ExplorationFloorConfig {
@@ -676,6 +716,19 @@ impl ScenarioSpec {
         }
         Ok(cfg)
     }
+}
+
+/// A `FIELD=VALUE` argument for [`ScenarioSpec::policy_with`]: the value read as JSON, or
+/// as a string when it is not JSON (`objective.kind=risk-budget`).
+///
+/// # Errors
+/// No `=` in the argument.
+pub fn parse_set(arg: &str) -> Result<(String, serde_json::Value), String> {
+    let (path, value) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("`{arg}`: expected FIELD=VALUE"))?;
+    let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::from(value));
+    Ok((path.to_owned(), value))
 }
 
 /// The built-in scenarios, as (name, TOML text).
@@ -753,6 +806,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
     (
         "quality-drop-minority",
         include_str!("../scenarios/quality-drop-minority.toml"),
+    ),
+    (
+        "capacity-headers",
+        include_str!("../scenarios/capacity-headers.toml"),
+    ),
+    (
+        "capacity-retry-after",
+        include_str!("../scenarios/capacity-retry-after.toml"),
     ),
 ];
 

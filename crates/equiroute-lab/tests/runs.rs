@@ -59,14 +59,13 @@ fn the_static_policy_sends_everything_to_one_provider() {
     assert!(r.share[0] > 0.99, "{:?}", r.share);
 }
 
-#[test]
-fn a_token_bucket_refuses_calls_beyond_its_rate_with_retry_after() {
-    use equiroute_core::{AttemptStatus, ProviderFailure};
-    use equiroute_lab::scenario::ScenarioSpec;
-    use equiroute_lab::world::World;
+/// A world of one provider `a` (10–20 ms answers) behind `token_bucket = { bucket }`, and
+/// the outcome stream of seed 1.
+fn bucket_world(bucket: &str) -> (equiroute_lab::world::World, rand_chacha::ChaCha8Rng) {
     use rand::SeedableRng;
-    let spec = ScenarioSpec::from_toml(
-        r#"
+    let spec = equiroute_lab::scenario::ScenarioSpec::from_toml(
+        &format!(
+            r#"
 name = "bucket"
 description = "one rate-limited provider"
 rounds = 10
@@ -77,14 +76,23 @@ policies = ["static"]
 [[providers]]
 id = "a"
 quality = [0.5]
-latency = { p50_ms = 10, p95_ms = 20 }
-token_bucket = { rate_per_s = 1.0, burst = 2.0 }
-"#,
+latency = {{ p50_ms = 10, p95_ms = 20 }}
+token_bucket = {{ {bucket} }}
+"#
+        ),
         "bucket.toml",
     )
     .unwrap();
-    let mut world = World::new(&spec);
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    (
+        equiroute_lab::world::World::new(&spec),
+        rand_chacha::ChaCha8Rng::seed_from_u64(1),
+    )
+}
+
+#[test]
+fn a_token_bucket_refuses_calls_beyond_its_rate_with_retry_after() {
+    use equiroute_core::{AttemptStatus, ProviderFailure};
+    let (mut world, mut rng) = bucket_world("rate_per_s = 1.0, burst = 2.0");
     // Two tokens at t = 0, then empty: the third call is refused until a token refills (1 s).
     assert_eq!(
         world.attempt(0, 0, 0.0, None, &mut rng).status,
@@ -99,7 +107,8 @@ token_bucket = { rate_per_s = 1.0, burst = 2.0 }
         refused.status,
         AttemptStatus::ProviderError(ProviderFailure::RateLimited)
     );
-    assert!((refused.retry_after.unwrap().0 - 1000.0).abs() < 1e-9);
+    // Counted from the refusal's arrival: it ends with the next token, at 1000 ms.
+    assert!((refused.latency.0 + refused.retry_after.unwrap().0 - 1000.0).abs() < 1e-9);
     assert!(refused.cost.0.abs() < 1e-15, "a 429 is not billed");
     assert!(
         world.true_value(0, 0, 500.0, 0, None) == 0.0,
@@ -109,6 +118,34 @@ token_bucket = { rate_per_s = 1.0, burst = 2.0 }
         world.attempt(0, 0, 1000.0, None, &mut rng).status,
         AttemptStatus::Ok
     );
+}
+
+#[test]
+fn an_announcing_bucket_rests_its_provider_from_the_answer_that_empties_it() {
+    use equiroute_core::AttemptStatus;
+    let (mut world, mut rng) = bucket_world("rate_per_s = 1.0, burst = 2.0, announce = true");
+    // Two tokens at t = 0: the first answer leaves one (and a bit by its end), so it says
+    // nothing; the second leaves none, and the next token comes at 1000 ms: its answer, ending
+    // at its latency L, rests the provider for 1000 − L ms, until that token.
+    let first = world.attempt(0, 0, 0.0, None, &mut rng);
+    assert_eq!((first.status, first.retry_after), (AttemptStatus::Ok, None));
+    let second = world.attempt(0, 0, 0.0, None, &mut rng);
+    assert_eq!(second.status, AttemptStatus::Ok);
+    let rest = second
+        .retry_after
+        .expect("the emptying answer announces a rest");
+    assert!(
+        (second.latency.0 + rest.0 - 1000.0).abs() < 1e-9,
+        "ends at {} + rests {}",
+        second.latency.0,
+        rest.0
+    );
+    // Without `announce` (the default) the same answers say nothing.
+    let (mut world, mut rng) = bucket_world("rate_per_s = 1.0, burst = 2.0");
+    for _ in 0..2 {
+        let o = world.attempt(0, 0, 0.0, None, &mut rng);
+        assert_eq!((o.status, o.retry_after), (AttemptStatus::Ok, None));
+    }
 }
 
 /// The JSON's `per_seed` carries each seed's share of first choices and request-failure rate

@@ -399,3 +399,31 @@ fn a_quality_drop_ramps_down_linearly_when_it_has_a_ramp() {
         }
     }
 }
+
+#[test]
+fn a_policy_takes_field_value_changes_and_refuses_unknown_fields() {
+    use equiroute_core::policies::PolicyConfig;
+    use equiroute_lab::scenario::parse_set;
+    let s = ScenarioSpec::from_toml(MINIMAL, "tiny.toml").unwrap();
+    let sets = [
+        parse_set("quality_tolerance=0.05").unwrap(),
+        // Left out of the JSON form at its default (0), and set all the same.
+        parse_set("lqm.head.gate_retry=2").unwrap(),
+    ];
+    let PolicyConfig::LqmTs(c) = s.policy_with("lqm-ts", &sets).unwrap() else {
+        panic!("not lqm-ts")
+    };
+    assert!((c.quality_tolerance - 0.05).abs() < 1e-12);
+    assert!((c.lqm.head.gate_retry - 2.0).abs() < 1e-12);
+    // The scenario's L_ref (its deadline) is kept.
+    assert!((c.lqm.l_ref_ms - 1000.0).abs() < 1e-12);
+    let typo = s
+        .policy_with("lqm-ts", &[parse_set("lqm.head.gate_rety=2").unwrap()])
+        .unwrap_err();
+    assert!(typo.contains("gate_rety"), "{typo}");
+    let missing = s
+        .policy_with("lqm-ts", &[parse_set("lqm.nope.x=1").unwrap()])
+        .unwrap_err();
+    assert!(missing.contains("no field `nope`"), "{missing}");
+    assert!(parse_set("no-equals-sign").is_err());
+}

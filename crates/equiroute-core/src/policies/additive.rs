@@ -106,6 +106,7 @@ impl Policy for Additive {
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         super::heads::warmup_first(&mut r, &self.heads, &self.cfg.head);

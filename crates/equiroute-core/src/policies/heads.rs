@@ -221,19 +221,94 @@ impl HeadsState {
         }
     }
 
+    /// The candidates in `eligible` as good as the leader (the highest mean score) for the
+    /// query `x`, as far as the scores show: their mean score's interval (`gate_tie_z`
+    /// standard errors) no wider than `2·tolerance` times the leader's mean and reaching
+    /// `(1 − tolerance)` times it, and, while the gate is open, their estimate for `x` within
+    /// `gate_tie_z` standard errors of the leader's (`s·sqrt(w_i² + w_lead²)`, `s` the
+    /// scores' deviation, `w` the heads' widths): the query tells them apart no better than
+    /// noise. Unlike [`Self::tied`], a candidate with few scores (a wide interval) is not
+    /// among them, nor one the query clearly separates. The leader is included; empty with
+    /// the knob off or when that is the leader alone.
+    pub(crate) fn equivalent(&self, eligible: &[usize], x: &[f64], tolerance: f64) -> Vec<usize> {
+        let Some((z, bounds)) = self.tie_bounds(eligible) else {
+            return Vec::new();
+        };
+        let Some(&(lead, (lead_lo, lead_hi))) = bounds
+            .iter()
+            .max_by(|a, b| (a.1 .0 + a.1 .1).total_cmp(&(b.1 .0 + b.1 .1)))
+        else {
+            return Vec::new();
+        };
+        let lead_mean = f64::midpoint(lead_lo, lead_hi);
+        let mut equivalent: Vec<usize> = bounds
+            .iter()
+            .filter(|(_, (lo, hi))| {
+                hi - lo <= 2.0 * tolerance * lead_mean && *hi >= (1.0 - tolerance) * lead_mean
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        if !self.gate_closed() && equivalent.len() > 1 {
+            let contextual = self.contextual_estimates(&equivalent, x);
+            let at = |i: usize| equivalent.iter().position(|&e| e == i);
+            if let Some(l) = at(lead) {
+                let (u_lead, w_lead) = contextual[l];
+                let keep: Vec<usize> = equivalent
+                    .iter()
+                    .zip(&contextual)
+                    .filter(|(&i, (u, w))| {
+                        let sd = self.score_sd(i).max(self.score_sd(lead));
+                        (u - u_lead).abs() <= z * sd * (w * w + w_lead * w_lead).sqrt()
+                    })
+                    .map(|(&i, _)| i)
+                    .collect();
+                equivalent = keep;
+            }
+        }
+        if equivalent.len() < 2 {
+            Vec::new()
+        } else {
+            equivalent
+        }
+    }
+
+    /// The deviation of candidate `i`'s scores, floored at [`EXIT_SD_FLOOR`] (the floor
+    /// before two scores).
+    fn score_sd(&self, i: usize) -> f64 {
+        self.moments
+            .get(i)
+            .map_or(EXIT_SD_FLOOR, |&[n, sum, sum_sq]| {
+                if n < 2.0 {
+                    return EXIT_SD_FLOOR;
+                }
+                let mean = sum / n;
+                (((sum_sq - sum * mean) / (n - 1.0)).max(0.0))
+                    .sqrt()
+                    .max(EXIT_SD_FLOOR)
+            })
+    }
+
+    /// `gate_tie_z` and the mean-score interval of each candidate in `eligible` that has
+    /// one ([`Self::score_bounds`]); `None` with the knob off.
+    fn tie_bounds(&self, eligible: &[usize]) -> Option<(f64, Vec<ScoreBounds>)> {
+        let z = self.heads.first().map_or(0.0, |h| h.config().gate_tie_z);
+        (z > 0.0).then(|| {
+            let bounds = eligible
+                .iter()
+                .filter_map(|&i| self.score_bounds(i, z).map(|b| (i, b)))
+                .collect();
+            (z, bounds)
+        })
+    }
+
     /// The closed gate's near-ties ([`LinUcbConfig::gate_tie_z`]): the candidates in
     /// `eligible` whose mean-score interval reaches the lower end of the leader's (the one
     /// with the highest mean), the leader included; empty when that is the leader alone,
     /// the knob is off, or the moments are not kept.
     fn tied(&self, eligible: &[usize]) -> Vec<usize> {
-        let z = self.heads.first().map_or(0.0, |h| h.config().gate_tie_z);
-        if z <= 0.0 {
+        let Some((_, bounds)) = self.tie_bounds(eligible) else {
             return Vec::new();
-        }
-        let bounds: Vec<(usize, (f64, f64))> = eligible
-            .iter()
-            .filter_map(|&i| self.score_bounds(i, z).map(|b| (i, b)))
-            .collect();
+        };
         // The leader has the highest mean, the middle of its interval.
         let Some(lead_low) = bounds
             .iter()
@@ -448,6 +523,9 @@ fn sparse_limit(k: usize) -> usize {
 /// or three equal scores must not make a candidate look certain).
 const EXIT_SD_FLOOR: f64 = 0.1;
 
+/// A candidate and its mean score's interval `(low, high)` ([`HeadsState::score_bounds`]).
+type ScoreBounds = (usize, (f64, f64));
+
 /// Moves candidates with fewer than `warmup` quality scores to the front (fewest scores
 /// first, or fewest attempts with [`WarmupOrder::Attempts`]; otherwise in ranked order):
 /// every candidate is tried a few times before the estimates decide. Without it, an
@@ -557,6 +635,7 @@ impl Policy for LinUcbPolicy {
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         warmup_first(&mut r, &self.heads, &self.cfg.head);
@@ -642,6 +721,39 @@ mod tests {
         // Where it was tried, its head's width has shrunk: it stays behind there.
         let tried = heads.estimates(&[0, 1], &x_of(0));
         assert!(score(tried[0]) < score(tried[1]), "{tried:?}");
+    }
+
+    /// `equivalent` with a 2% tolerance, every query of one type (the gate stays closed).
+    /// Candidates 0 and 1 score 0.7 and 0.9 in turn (mean 0.8, deviation 0.1): after 400
+    /// scores each their interval is `0.8 ± 2·0.1/20 = ±0.01`, narrower than the tolerance's
+    /// `2·0.02·0.8 = 0.032`, and reaches `0.98·0.8 = 0.784`. Candidate 2 has the same scores
+    /// but only 10 (`±0.063`: too wide to say), candidate 3 400 scores of 0.6 and 0.8 (its
+    /// interval's top, 0.71, is short of 0.784).
+    #[test]
+    fn equivalent_candidates_are_the_well_measured_ones_within_the_tolerance() {
+        let x = [1.0, 0.0, 0.0, 0.0];
+        let cfg = LinUcbConfig {
+            gate: true,
+            gate_tie_z: 2.0,
+            warmup_exit_z: 3.0,
+            ..LinUcbConfig::default()
+        };
+        let mut heads = HeadsState::new(4, 4, cfg);
+        for n in 0..400 {
+            let t = crate::Timestamp(f64::from(n));
+            let high = n % 2 == 0;
+            heads.learn(0, &x, if high { 0.9 } else { 0.7 }, t);
+            heads.learn(1, &x, if high { 0.7 } else { 0.9 }, t);
+            if n < 10 {
+                heads.learn(2, &x, if high { 0.9 } else { 0.7 }, t);
+            }
+            heads.learn(3, &x, if high { 0.8 } else { 0.6 }, t);
+        }
+        assert!(!heads.context_helps());
+        assert_eq!(heads.equivalent(&[0, 1, 2, 3], &x, 0.02), vec![0, 1]);
+        // Alone, the leader has no equivalent; without a tolerance, nobody has.
+        assert!(heads.equivalent(&[0, 3], &x, 0.02).is_empty());
+        assert!(heads.equivalent(&[0, 1], &x, 0.0).is_empty());
     }
 
     /// The count-based guard (`gate_retry`), where the head's width cannot help: every query

@@ -243,6 +243,7 @@ impl Policy for Lqm {
         let mut r = Ranking {
             order: self.state.score(&self.cfg, ctx, LatencyTerm::Renewal),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         super::heads::warmup_first(&mut r, &self.state.heads, &self.cfg.head);

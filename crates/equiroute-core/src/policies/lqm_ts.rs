@@ -251,6 +251,8 @@ struct Keyed {
     estimate: f64,
     /// ts-deadline's `g` (with the budget: its `risk-budget` score).
     g: f64,
+    /// `1 − P̃(bad)`, this request's draw.
+    good: f64,
     cost: f64,
     /// The candidate's declared preference (`Candidate::preference`).
     preference: i32,
@@ -334,6 +336,7 @@ impl LqmTs {
                     (q.score - bonus) * good
                 },
                 g: risk.score,
+                good,
                 cost: risk.breakdown.cost_usd.unwrap_or(0.0),
                 preference: ctx.candidates[ctx.eligible[pos]].preference,
                 quality: q.score - bonus,
@@ -348,36 +351,12 @@ impl LqmTs {
                 risk.score = optimistic;
             }
         }
-        if learnt {
-            let open = |k: &&Keyed| k.tier != Tier::Guarded;
-            let best = keyed
-                .iter()
-                .filter(open)
-                .map(|k| k.estimate)
-                .fold(f64::NEG_INFINITY, f64::max);
-            let bar = best - self.cfg.quality_tolerance * best.abs();
-            let leader = keyed
-                .iter()
-                .filter(open)
-                .max_by(|a, b| a.optimistic.total_cmp(&b.optimistic))
-                .map(|k| k.pos);
-            // With a budget, candidates whose quality the scores cannot yet tell from the
-            // leader's are in the group too: the budget, not the query's noise, decides.
-            let tied = if budget {
-                self.quality.heads.tied_while_closed(ctx.eligible)
-            } else {
-                Vec::new()
-            };
-            for k in keyed.iter_mut().filter(|k| k.tier != Tier::Guarded) {
-                k.tier = if k.estimate >= bar || tied.contains(&ctx.eligible[k.pos]) {
-                    Tier::Top
-                } else if Some(k.pos) == leader {
-                    Tier::Exploring
-                } else {
-                    Tier::Rest
-                };
-            }
-        }
+        // The top group's bar: estimates within the tolerance of the best one.
+        let bar = if learnt {
+            self.place_in_tiers(&mut keyed, ctx, budget)
+        } else {
+            f64::INFINITY
+        };
         keyed.sort_by(|a, b| {
             a.tier.cmp(&b.tier).then_with(|| match a.tier {
                 Tier::Top if learnt && !budget => a
@@ -395,25 +374,97 @@ impl LqmTs {
                 }
             })
         });
+        // The top group at the head of the ranking is as good as its first, and so is a
+        // candidate after it whose optimistic value reaches the group's bar: the scores
+        // cannot tell it from the group (the default objective; with a budget the group's
+        // members differ in risk).
+        let mut top = if learnt && !budget && keyed.first().is_some_and(|k| k.tier == Tier::Top) {
+            keyed
+                .iter()
+                .take_while(|k| {
+                    k.tier == Tier::Top || (k.tier != Tier::Guarded && k.optimistic >= bar)
+                })
+                .count()
+        } else {
+            0
+        };
         if learnt {
             if let Some(at) = self.retest_pick(&keyed, ctx, rng) {
                 let k = keyed.remove(at);
                 order[k.pos].breakdown.retest = true;
                 keyed.insert(0, k);
+                top = 0;
             }
         }
         let mut ranking = Ranking {
             order: keyed.iter().map(|k| order[k.pos]).collect(),
             propensity: None,
+            ..Ranking::default()
         };
         if learnt {
             super::heads::warmup_first(&mut ranking, &self.quality.heads, &self.cfg.lqm.head);
+        }
+        // A re-test or a warm-up moved first is no member of the group it leads.
+        if ranking.order.first().is_some_and(|c| !c.breakdown.warmup) {
+            ranking.interchangeable = top;
         }
         ranking
     }
 }
 
 impl LqmTs {
+    /// Places the candidates that are not guarded in the top group, the exploring leader or
+    /// the rest, once quality is learnt (see the module doc); returns the top group's bar.
+    fn place_in_tiers(&self, keyed: &mut [Keyed], ctx: &RankContext<'_>, budget: bool) -> f64 {
+        let open = |k: &&Keyed| k.tier != Tier::Guarded;
+        let best = keyed
+            .iter()
+            .filter(open)
+            .map(|k| k.estimate)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let bar = best - self.cfg.quality_tolerance * best.abs();
+        let leader = keyed
+            .iter()
+            .filter(open)
+            .max_by(|a, b| a.optimistic.total_cmp(&b.optimistic))
+            .map(|k| k.pos);
+        // With a budget, candidates whose quality the scores cannot yet tell from the
+        // leader's are in the group too: the budget, not the query's noise, decides.
+        let tied = if budget {
+            self.quality.heads.tied_while_closed(ctx.eligible)
+        } else {
+            Vec::new()
+        };
+        // Without a budget, candidates whose scores show their quality within the
+        // tolerance of the leader's are judged with the best quality among them, on
+        // their own risk and latency: the query's noise does not split them, the price
+        // does (a cheap provider is not left for a dearer equal one).
+        let equivalent = if budget {
+            Vec::new()
+        } else {
+            self.quality
+                .heads
+                .equivalent(ctx.eligible, ctx.features, self.cfg.quality_tolerance)
+        };
+        let equivalent_quality = keyed
+            .iter()
+            .filter(|k| equivalent.contains(&ctx.eligible[k.pos]) && k.discount > 0.0)
+            .map(|k| k.quality / k.discount)
+            .fold(f64::NEG_INFINITY, f64::max);
+        for k in keyed.iter_mut().filter(|k| k.tier != Tier::Guarded) {
+            let as_equivalent = equivalent.contains(&ctx.eligible[k.pos])
+                && equivalent_quality * k.discount * k.good >= bar;
+            k.tier = if k.estimate >= bar || tied.contains(&ctx.eligible[k.pos]) || as_equivalent {
+                Tier::Top
+            } else if Some(k.pos) == leader {
+                Tier::Exploring
+            } else {
+                Tier::Rest
+            };
+        }
+        bar
+    }
+
     /// The re-test rule: the place in `keyed` (ranked, the first excepted) of a candidate to
     /// move first, if any. A candidate that lost a quality level in a detected drop, and whose
     /// quality at that level would be in the top group's tolerance (`level × its latency

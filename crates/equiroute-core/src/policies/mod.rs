@@ -180,6 +180,13 @@ pub struct Ranking {
     /// policy says (1 and deterministic for deterministic policies, 1/K and exact for uniform
     /// random; Thompson policies estimate it by re-sampling when `propensity_samples > 0`).
     pub propensity: Option<Propensity>,
+    /// How many candidates at the head of `order` the policy holds as good as one another
+    /// for this request, so that falling over from the first to the next of them loses
+    /// nothing but the price difference (`lqm-ts`'s top group once quality is learnt; 0:
+    /// no such claim, the default). The executor falls over to them rather than wait out a
+    /// `Retry-After` ([`crate::executor::Execution::with_interchangeable`]).
+    #[serde(skip)]
+    pub interchangeable: usize,
 }
 
 /// The probability with which a ranking's first choice was picked, and how it is known: what

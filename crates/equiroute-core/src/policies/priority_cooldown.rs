@@ -122,6 +122,7 @@ impl Policy for PriorityCooldown {
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         r

@@ -343,6 +343,11 @@ pub struct RiskModel {
     latency: SliceMap,
     /// Slices evicted since [`RiskModel::take_evictions`] last read the count.
     evicted: u64,
+    /// Per candidate: its last attempt was a rest ([`AttemptOutcome::is_rest`]). Kept in
+    /// this process only (a rest is a matter of seconds).
+    ///
+    /// [`AttemptOutcome::is_rest`]: crate::decision::AttemptOutcome::is_rest
+    rested: Vec<bool>,
 }
 
 impl RiskModel {
@@ -355,6 +360,7 @@ impl RiskModel {
             levels: vec![Level::default(); k],
             latency: SliceMap::default(),
             evicted: 0,
+            rested: vec![false; k],
         }
     }
 
@@ -748,9 +754,25 @@ impl RiskModel {
     /// Learns from one attempt: provider failures and successes feed the failure EWMA
     /// (client errors and cancellations do not); completed latencies feed every slice level;
     /// timeouts and cancellations are censored and imputed (see [`LogLatencyStats`]).
+    ///
+    /// A rest ([`crate::decision::AttemptOutcome::is_rest`]: an unbilled 429 with
+    /// `Retry-After`) is not a failure: the breaker keeps the provider out until then and a
+    /// fallback answers. A rest right after a rest is one: the provider refused again once
+    /// the time it gave was up, so its `Retry-After` does not describe its capacity (a
+    /// provider limiting most calls whatever the rate) and the policy must see it fail.
     pub fn observe(&mut self, obs: &AttemptObservation<'_>) {
         let i = obs.candidate;
         let status = obs.outcome.status;
+        if !matches!(
+            status,
+            AttemptStatus::ClientError | AttemptStatus::Cancelled
+        ) {
+            let rest = obs.outcome.is_rest();
+            let after_rest = self.rested.get_mut(i).map(|r| std::mem::replace(r, rest));
+            if rest && after_rest == Some(false) {
+                return;
+            }
+        }
         match status {
             AttemptStatus::ClientError => return,
             AttemptStatus::Cancelled => {}
@@ -970,6 +992,59 @@ mod tests {
             ok(&mut m, 1500.0, f64::from(t) * 100.0);
         }
         m
+    }
+
+    #[test]
+    fn a_rest_is_not_a_failure_but_a_rest_right_after_a_rest_is() {
+        use crate::decision::ProviderFailure;
+        let observe = |m: &mut RiskModel, outcome: AttemptOutcome, now_ms: f64| {
+            m.observe(&AttemptObservation {
+                candidate: 0,
+                features: &[],
+                slice: SlicePath::root(),
+                deadline: None,
+                outcome: &outcome,
+                now: Timestamp(now_ms),
+            });
+        };
+        let limited = |retry_after: Option<f64>| AttemptOutcome {
+            retry_after: retry_after.map(Millis),
+            ..AttemptOutcome::with_status(
+                40.0,
+                AttemptStatus::ProviderError(ProviderFailure::RateLimited),
+            )
+        };
+        let mut m = RiskModel::new(1, RiskConfig::default());
+        let mut t = 0.0;
+        // A provider at its capacity: an answer, then a 429 saying when the next call fits.
+        for _ in 0..20 {
+            ok(&mut m, 300.0, t);
+            observe(&mut m, limited(Some(500.0)), t + 100.0);
+            t += 1000.0;
+        }
+        let rested = m.failure_rate(0, Timestamp(t));
+        assert!(rested < 0.05, "20 answers and 20 rests: {rested}");
+        // The same 429s without Retry-After are failures: about half the calls.
+        let mut plain = RiskModel::new(1, RiskConfig::default());
+        let mut t2 = 0.0;
+        for _ in 0..20 {
+            ok(&mut plain, 300.0, t2);
+            observe(&mut plain, limited(None), t2 + 100.0);
+            t2 += 1000.0;
+        }
+        let failing = plain.failure_rate(0, Timestamp(t2));
+        assert!(failing > 0.4, "20 answers and 20 plain 429s: {failing}");
+        // Refused again once its Retry-After is up: its capacity is not what it says, and
+        // every refusal after the first of a run counts.
+        for _ in 0..20 {
+            observe(&mut m, limited(Some(500.0)), t);
+            t += 600.0;
+        }
+        let refusing = m.failure_rate(0, Timestamp(t));
+        assert!(
+            refusing > 0.4,
+            "20 refusals in a row after answers: {refusing}"
+        );
     }
 
     #[test]

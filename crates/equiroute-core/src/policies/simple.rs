@@ -59,6 +59,7 @@ impl Policy for RoundRobin {
         Ranking {
             order: in_order((0..n).map(|p| ctx.eligible[(start + p) % n.max(1)]), n),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         }
     }
     fn first_choice_distribution(
@@ -105,6 +106,7 @@ impl Policy for RandomOrder {
         Ranking {
             order: in_order(idx, n),
             propensity: (n > 0).then(|| Propensity::exact(1.0 / n as f64)),
+            ..Ranking::default()
         }
     }
     fn first_choice_distribution(
@@ -167,6 +169,7 @@ impl Policy for Static {
         Ranking {
             order: in_order(first.chain(rest), ctx.eligible.len()),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         }
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}
@@ -243,6 +246,7 @@ impl Policy for LeastLatency {
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         r
@@ -300,6 +304,7 @@ impl Policy for LeastBusy {
                 })
                 .collect(),
             propensity: (ties > 0).then(|| Propensity::exact(1.0 / ties as f64)),
+            ..Ranking::default()
         }
     }
     fn first_choice_distribution(
@@ -401,6 +406,7 @@ impl Policy for Cheapest {
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         r
@@ -435,8 +441,8 @@ impl Policy for Cheapest {
 }
 
 /// Ranks by the true expected value of each candidate for this request, which only the
-/// laboratory knows ([`RankContext::oracle_values`]). Without values it keeps
-/// configuration order with score 0.
+/// laboratory knows ([`RankContext::oracle_values`]), the cheaper first among equal values.
+/// Without values it ranks by price with score 0.
 #[derive(Clone, Debug, Default)]
 pub struct Oracle;
 
@@ -461,14 +467,23 @@ impl Policy for Oracle {
                         score: v,
                         breakdown: ScoreBreakdown {
                             quality: Some(v),
+                            cost_usd: Some(ctx.expected_cost(i)),
                             ..ScoreBreakdown::default()
                         },
                     }
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
-        r.sort();
+        // Equal values: the cheaper first (a capacity-limited cheap provider whenever it has
+        // capacity), then configuration order.
+        let cost = |c: &ScoredCandidate| c.breakdown.cost_usd.unwrap_or(0.0);
+        r.order.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then(cost(a).total_cmp(&cost(b)))
+        });
         r
     }
     fn observe_attempt(&mut self, _obs: &AttemptObservation<'_>) {}

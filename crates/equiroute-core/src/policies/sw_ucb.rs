@@ -157,6 +157,7 @@ impl Policy for SwUcb {
                 })
                 .collect(),
             propensity: Some(Propensity::DETERMINISTIC),
+            ..Ranking::default()
         };
         r.sort();
         r

@@ -7,6 +7,11 @@
 //! configured [`CostObjective`] orders them (default: good outcomes per unit of spend,
 //! `(1 − P(bad)) / (1 + cost/C_ref)`). Candidates whose point-estimate `P(bad)` exceeds the
 //! exploration guard are not sampled and go last.
+//!
+//! The candidates are taken as equivalent (quality does not enter): the ranking says every
+//! candidate before the guarded ones is as good as the first
+//! ([`Ranking::interchangeable`]), so a `Retry-After` on the first falls over to the next
+//! rather than being waited out.
 
 use super::risk::{cost_factor, cost_reference, CostObjective, RiskConfig, RiskModel};
 use super::{
@@ -139,8 +144,12 @@ impl Policy for TsDeadline {
         let mut r = Ranking {
             order: sample_scores(&self.risk, self.cfg.objective, ctx, rng),
             propensity: None,
+            ..Ranking::default()
         };
         r.sort();
+        // Quality is not this policy's to judge: it takes its candidates as equivalent, so
+        // every one not held back by the exploration guard is as good as the first.
+        r.interchangeable = r.order.iter().take_while(|c| !c.breakdown.guarded).count();
         if self.cfg.propensity_samples > 0 {
             if let Some(first) = r.order.first().map(|s| s.index) {
                 let hits = (0..self.cfg.propensity_samples)

@@ -340,7 +340,9 @@ impl World {
                     false,
                 );
                 if bucket.retry_after {
-                    o.retry_after = Some(Millis((1.0 - tokens) / bucket.rate_per_s * 1000.0));
+                    // Counted from the refusal's arrival, as a client reads it.
+                    let next_token = (1.0 - tokens) / bucket.rate_per_s * 1000.0;
+                    o.retry_after = Some(Millis((next_token - o.latency.0).max(0.0)));
                 }
                 return o;
             }
@@ -373,6 +375,14 @@ impl World {
         }
         let mut o = AttemptOutcome::ok(latency);
         o.cost = price;
+        if let Some(bucket) = p.spec.token_bucket.filter(|b| b.announce) {
+            // What the headers say at the answer's end: with less than one token left then,
+            // the time until the next one (calls made meanwhile are not known yet).
+            let left = p.tokens_at(now_ms + latency);
+            if left < 1.0 {
+                o.retry_after = Some(Millis((1.0 - left) / bucket.rate_per_s * 1000.0));
+            }
+        }
         o
     }
 
