@@ -96,8 +96,15 @@ pub(super) fn begin(
     }
     // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
+    // A re-tested first choice is the breaker's, not one the ranking holds as good as the next.
+    let interchangeable = if decided.retest {
+        0
+    } else {
+        decided.ranking.interchangeable
+    };
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
         .with_jitter(jitter)
+        .with_interchangeable(interchangeable)
         .with_hedge(
             decided
                 .hedge
@@ -146,23 +153,20 @@ pub(super) struct Decided {
 }
 
 /// Moves the first provider of `order` whose breaker says it is due a re-test to the front
-/// (see `equiroute_core::breaker`): a provider that failed is tried again whatever its rank,
-/// the others staying its fallbacks. Whether one moved.
+/// ([`equiroute_core::breaker::promote_retest`]): a provider that failed is tried again
+/// whatever its rank, the others staying its fallbacks. Whether one moved.
 pub(super) fn promote_retest(
     iface: &InterfaceRuntime,
     order: &mut Vec<usize>,
     now: equiroute_core::Timestamp,
 ) -> Result<bool, ApiError> {
     let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
-    let due = order
-        .iter()
-        .skip(1)
-        .position(|&i| breakers[i].retest_due(now, &iface.breaker_config));
-    if let Some(p) = due {
-        let i = order.remove(p + 1);
-        order.insert(0, i);
-    }
-    Ok(due.is_some())
+    Ok(equiroute_core::breaker::promote_retest(
+        order,
+        &breakers,
+        now,
+        &iface.breaker_config,
+    ))
 }
 
 /// Moves the eligible providers whose API cannot express `body` to the exclusions: the request
