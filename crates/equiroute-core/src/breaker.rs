@@ -446,6 +446,27 @@ pub fn promote_retest(
     due.is_some()
 }
 
+/// The order of `ranking` with the first provider due a re-test moved to the front
+/// ([`promote_retest`]), and whether one moved. Then the ranking's claim that its head is as
+/// good as what follows ([`Ranking::interchangeable`]) no longer holds, the first being the
+/// breaker's choice, not the policy's: it is dropped here, for the gateway and the laboratory
+/// alike.
+///
+/// [`Ranking::interchangeable`]: crate::policies::Ranking::interchangeable
+pub fn retested_order(
+    ranking: &mut crate::policies::Ranking,
+    breakers: &[Breaker],
+    now: Timestamp,
+    cfg: &BreakerConfig,
+) -> (Vec<usize>, bool) {
+    let mut order: Vec<usize> = ranking.indices().collect();
+    let retest = promote_retest(&mut order, breakers, now, cfg);
+    if retest {
+        ranking.interchangeable = 0;
+    }
+    (order, retest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

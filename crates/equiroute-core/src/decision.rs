@@ -144,6 +144,14 @@ pub struct TokenEstimate {
     pub output: u32,
 }
 
+impl TokenEstimate {
+    /// Input and output tokens together.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        u64::from(self.input) + u64::from(self.output)
+    }
+}
+
 /// One concrete upstream: provider × model × service tier.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {

@@ -5,7 +5,7 @@ use crate::calibration::Calibration;
 use crate::scenario::ScenarioSpec;
 use crate::traffic::{LoggedAttempt, LoggedFeedback, LoggedRound, TrafficLog};
 use crate::world::World;
-use equiroute_core::breaker::{promote_retest, Admission, Breaker, BreakerConfig};
+use equiroute_core::breaker::{retested_order, Admission, Breaker, BreakerConfig};
 use equiroute_core::eligibility::{check_eligibility, EligibilityInput};
 use equiroute_core::executor::{Execution, ExecutionLimits, RequestStatus};
 use equiroute_core::features::Featurizer;
@@ -596,11 +596,14 @@ fn simulate(
         if is_oracle {
             ctx.oracle_values = Some(&values);
         }
-        let ranking = policy.rank(&ctx, &mut policy_rng);
-        let mut order: Vec<usize> = ranking.indices().collect();
-        // A provider that failed is re-tested whatever its rank, as the gateway does; the
-        // ranking's claim about its first then no longer holds.
-        let retest = !is_oracle && promote_retest(&mut order, &breakers, t, &breaker_cfg);
+        let mut ranking = policy.rank(&ctx, &mut policy_rng);
+        // A provider that failed is re-tested whatever its rank, as the gateway does (the
+        // oracle aside).
+        let (order, retest) = if is_oracle {
+            (ranking.indices().collect(), false)
+        } else {
+            retested_order(&mut ranking, &breakers, t, &breaker_cfg)
+        };
         let Some(&first) = order.first() else {
             // Refused (no eligible provider): no answer, at once and at no cost.
             firsts.push(None);
@@ -670,7 +673,7 @@ fn simulate(
         }
         let mut run = Execution::new(order, t, deadline, limits)
             .with_hedge(plan)
-            .with_interchangeable(if retest { 0 } else { ranking.interchangeable });
+            .with_interchangeable(ranking.interchangeable);
         let mut clock = t;
         while let Some(next) = run.next_attempt(clock) {
             // A retry's pause passes before the attempt.

@@ -162,14 +162,21 @@ impl HeadsState {
     /// `(mean − z·s/√n, mean + z·s/√n)` of candidate `i`'s scores, `s` the sample deviation
     /// floored at [`EXIT_SD_FLOOR`]; `None` before two scores.
     fn score_bounds(&self, i: usize, z: f64) -> Option<(f64, f64)> {
+        let (n, mean, sd) = self.score_moments(i)?;
+        let half = z * sd / n.sqrt();
+        Some((mean - half, mean + half))
+    }
+
+    /// The count, mean and deviation (floored at [`EXIT_SD_FLOOR`]) of candidate `i`'s
+    /// scores; `None` before two scores.
+    fn score_moments(&self, i: usize) -> Option<(f64, f64, f64)> {
         let [n, sum, sum_sq] = *self.moments.get(i)?;
         if n < 2.0 {
             return None;
         }
         let mean = sum / n;
         let var = ((sum_sq - sum * mean) / (n - 1.0)).max(0.0);
-        let half = z * var.sqrt().max(EXIT_SD_FLOOR) / n.sqrt();
-        Some((mean - half, mean + half))
+        Some((n, mean, var.sqrt().max(EXIT_SD_FLOOR)))
     }
 
     /// `(û, width)` of each candidate in `eligible`, in that order: the head's
@@ -275,17 +282,7 @@ impl HeadsState {
     /// The deviation of candidate `i`'s scores, floored at [`EXIT_SD_FLOOR`] (the floor
     /// before two scores).
     fn score_sd(&self, i: usize) -> f64 {
-        self.moments
-            .get(i)
-            .map_or(EXIT_SD_FLOOR, |&[n, sum, sum_sq]| {
-                if n < 2.0 {
-                    return EXIT_SD_FLOOR;
-                }
-                let mean = sum / n;
-                (((sum_sq - sum * mean) / (n - 1.0)).max(0.0))
-                    .sqrt()
-                    .max(EXIT_SD_FLOOR)
-            })
+        self.score_moments(i).map_or(EXIT_SD_FLOOR, |(_, _, sd)| sd)
     }
 
     /// `gate_tie_z` and the mean-score interval of each candidate in `eligible` that has

@@ -4,13 +4,13 @@
 //! (`stream`). Its end is booked by the ledger (`book`).
 
 use super::book::{AttemptEnd, Booking};
-use super::capacity::{Limit, Permit, Skips};
+use super::capacity::{Permit, Skips};
 use super::error::poisoned;
 use super::error::ApiError;
 use super::repeated::Repeated;
 use super::state::{AppState, InterfaceRuntime};
 use super::stream::{hold, Held};
-use crate::shared::SharedTake;
+use crate::shared::{SharedHandle, SharedTake};
 use crate::upstream::limits::Capacity;
 use crate::upstream::{ChunkStream, ClientBody, StreamStart, UpstreamReply, UpstreamRequest};
 use bytes::Bytes;
@@ -70,9 +70,8 @@ async fn take_capacity(
     let capacity = &iface.capacity[candidate];
     let taken = match capacity.enter() {
         Ok(permit) if capacity.counted() => {
-            let shared = match &state.shared {
-                Some(shared) => {
-                    let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+            let shared = match shared_counts(state, iface, candidate) {
+                Some((shared, key)) => {
                     let caps = capacity.caps;
                     shared
                         .take_quota(&key, caps.rpm.unwrap_or(0), caps.tpm.unwrap_or(0))
@@ -82,7 +81,7 @@ async fn take_capacity(
             };
             match shared {
                 SharedTake::Taken => capacity.take(now.0, true).map(|()| permit),
-                SharedTake::Refused(code, wait) => Err((Limit::of_script(code), wait)),
+                SharedTake::Refused(limit, wait) => Err((limit, wait)),
                 SharedTake::Unavailable => capacity.take(now.0, false).map(|()| permit),
             }
         }
@@ -111,11 +110,22 @@ pub(super) fn heard_capacity(
         return;
     }
     if let Some((remaining, reset)) = iface.capacity[candidate].announce(state.now().0, said) {
-        if let Some(shared) = &state.shared {
-            let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+        if let Some((shared, key)) = shared_counts(state, iface, candidate) {
             shared.announce_quota(&key, remaining, reset);
         }
     }
+}
+
+/// The shared state and the key of `candidate`'s counts in Redis, when the instances share
+/// state (`shared/quotas.rs`).
+fn shared_counts<'a>(
+    state: &'a AppState,
+    iface: &InterfaceRuntime,
+    candidate: usize,
+) -> Option<(&'a SharedHandle, String)> {
+    let shared = state.shared.as_ref()?;
+    let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+    Some((shared, key))
 }
 
 /// Counts the tokens an attempt used against its provider's `tpm` (when declared).
@@ -129,10 +139,9 @@ pub(super) fn spent_capacity(
     if capacity.caps.tpm.is_none() {
         return;
     }
-    let tokens = u64::from(tokens.input) + u64::from(tokens.output);
+    let tokens = tokens.total();
     capacity.spent(state.now().0, tokens);
-    if let Some(shared) = &state.shared {
-        let key = shared.quota_key(&iface.name, &iface.candidates[candidate].id.0);
+    if let Some((shared, key)) = shared_counts(state, iface, candidate) {
         shared.spend_quota(key, tokens);
     }
 }
@@ -293,7 +302,7 @@ fn rest_of(
     capacity: &Capacity,
     tokens: TokenEstimate,
 ) -> Option<Millis> {
-    let exhausted = capacity.exhausted_for(u64::from(tokens.input) + u64::from(tokens.output));
+    let exhausted = capacity.exhausted_for(tokens.total());
     crate::upstream::limits::later(retry_after, exhausted)
 }
 

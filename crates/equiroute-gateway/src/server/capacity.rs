@@ -13,7 +13,7 @@
 //! flight are counted per instance.
 
 use crate::config::Caps;
-use crate::upstream::limits::Capacity;
+use crate::upstream::limits::{Capacity, Limit};
 use equiroute_core::Millis;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,50 +23,6 @@ const WINDOW_S: u64 = 60;
 /// Seconds counted: a request in second `s` counts until second `s + 60` is over, so two
 /// requests it keeps apart are at least 60 s apart whatever their place in their seconds.
 const SLOTS: usize = WINDOW_S as usize + 1;
-
-/// The limit that left a provider without capacity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Limit {
-    /// `max_concurrency`: as many requests in flight as declared.
-    Concurrency,
-    /// `rpm`: as many requests in the last 60 s as declared.
-    Requests,
-    /// `tpm`: as many tokens in the last 60 s as declared.
-    Tokens,
-    /// The provider's headers said no request is left until their reset.
-    Announced,
-}
-
-impl Limit {
-    /// Its label in `equiroute_capacity_skips_total`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Limit::Concurrency => "max_concurrency",
-            Limit::Requests => "rpm",
-            Limit::Tokens => "tpm",
-            Limit::Announced => "announced",
-        }
-    }
-
-    /// The label of a refusal from the shared counts' script.
-    #[must_use]
-    pub fn of_script(code: i64) -> Limit {
-        match code {
-            1 => Limit::Requests,
-            2 => Limit::Tokens,
-            _ => Limit::Announced,
-        }
-    }
-
-    /// Every label, for the series that start at zero.
-    pub const ALL: [Limit; 4] = [
-        Limit::Concurrency,
-        Limit::Requests,
-        Limit::Tokens,
-        Limit::Announced,
-    ];
-}
 
 /// The providers a request skipped for want of capacity: when it could make no attempt at
 /// all, it is refused with 429 `capacity_exhausted` and a `Retry-After` of the soonest time a
@@ -83,10 +39,7 @@ impl Skips {
     /// Notes a skip whose limit frees in `wait` (when known).
     pub fn note(&mut self, wait: Option<Millis>) {
         self.any = true;
-        self.soonest = match (self.soonest, wait) {
-            (Some(a), Some(b)) => Some(Millis(a.0.min(b.0))),
-            (a, b) => a.or(b),
-        };
+        self.soonest = crate::upstream::limits::sooner(self.soonest, wait);
     }
 
     /// The refusal of a request that made `attempts` attempts, if it made none for want of
@@ -166,7 +119,7 @@ struct Announced {
     until_ms: f64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Counts {
     requests: Ring,
     tokens: Ring,
@@ -213,16 +166,16 @@ impl ProviderCapacity {
     /// A capacity with other caps and these counts (a reload that changed the caps).
     #[must_use]
     pub fn carried(&self, caps: Caps) -> Arc<ProviderCapacity> {
-        let c = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         Arc::new(ProviderCapacity {
             caps,
             in_flight: AtomicU64::new(0),
             announces: AtomicBool::new(self.announces.load(Ordering::Relaxed)),
-            counts: Mutex::new(Counts {
-                requests: c.requests.clone(),
-                tokens: c.tokens.clone(),
-                announced: c.announced,
-            }),
+            counts: Mutex::new(counts),
         })
     }
 

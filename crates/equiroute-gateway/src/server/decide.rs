@@ -96,15 +96,9 @@ pub(super) fn begin(
     }
     // Where a 5xx retry's pause falls in its jitter range, from the request's seed.
     let jitter = (state.seed_for(n).rotate_left(29) >> 11) as f64 / (1u64 << 53) as f64;
-    // A re-tested first choice is the breaker's, not one the ranking holds as good as the next.
-    let interchangeable = if decided.retest {
-        0
-    } else {
-        decided.ranking.interchangeable
-    };
     let run = Execution::new(decided.order.clone(), t0, deadline, iface.limits)
         .with_jitter(jitter)
-        .with_interchangeable(interchangeable)
+        .with_interchangeable(decided.ranking.interchangeable)
         .with_hedge(
             decided
                 .hedge
@@ -139,7 +133,7 @@ pub(super) struct Decided {
     /// Every usable provider's breaker was open: the first is probed as a last resort.
     pub(super) last_resort: bool,
     /// The first in `order` was moved there, ahead of the policy's choice, for a re-test its
-    /// breaker asked for ([`promote_retest`]).
+    /// breaker asked for ([`retested_order`]).
     pub(super) retest: bool,
     /// Each streamed attempt's first-byte limit in ms (streamed requests only).
     pub(super) first_byte_limits: Vec<FirstByteLimitRecord>,
@@ -152,17 +146,18 @@ pub(super) struct Decided {
     pub(super) dropped: Vec<Dropped>,
 }
 
-/// Moves the first provider of `order` whose breaker says it is due a re-test to the front
-/// ([`equiroute_core::breaker::promote_retest`]): a provider that failed is tried again
-/// whatever its rank, the others staying its fallbacks. Whether one moved.
-pub(super) fn promote_retest(
+/// The ranking's order with the first provider whose breaker says it is due a re-test moved
+/// to the front ([`equiroute_core::breaker::retested_order`], which also drops the ranking's
+/// claim that its head is interchangeable): a provider that failed is tried again whatever
+/// its rank, the others staying its fallbacks. Whether one moved.
+pub(super) fn retested_order(
     iface: &InterfaceRuntime,
-    order: &mut Vec<usize>,
+    ranking: &mut equiroute_core::policies::Ranking,
     now: equiroute_core::Timestamp,
-) -> Result<bool, ApiError> {
+) -> Result<(Vec<usize>, bool), ApiError> {
     let breakers = iface.breakers.lock().map_err(|_| poisoned())?;
-    Ok(equiroute_core::breaker::promote_retest(
-        order,
+    Ok(equiroute_core::breaker::retested_order(
+        ranking,
         &breakers,
         now,
         &iface.breaker_config,
@@ -315,7 +310,7 @@ pub(super) fn decide(
             now,
         ));
     }
-    let (ranking, routed, hedge) = {
+    let (mut ranking, routed, hedge) = {
         let mut ctx = RankContext::new(&iface.candidates, &eligible.eligible, features);
         ctx.deadline = deadline;
         ctx.tokens = tokens;
@@ -339,8 +334,7 @@ pub(super) fn decide(
     state
         .metrics
         .decision_time(started.elapsed().as_secs_f64() * 1e6);
-    let mut order: Vec<usize> = ranking.indices().collect();
-    let retest = promote_retest(iface, &mut order, now)?;
+    let (order, retest) = retested_order(iface, &mut ranking, now)?;
     if let Some(&first) = order.first() {
         iface.first_choices[first].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }

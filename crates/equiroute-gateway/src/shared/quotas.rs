@@ -7,6 +7,7 @@
 //! most `claim_timeout_ms`, on the feedback claims' connection.
 
 use super::handle::SharedHandle;
+use crate::upstream::limits::Limit;
 use equiroute_core::Millis;
 
 /// Checks the windows and the announced count, and counts the request when they admit it.
@@ -64,8 +65,8 @@ static SPEND: std::sync::LazyLock<redis::Script> =
 pub enum SharedTake {
     /// Admitted and counted.
     Taken,
-    /// The limit (1 `rpm`, 2 `tpm`, 3 announced) is used up, for about this long.
-    Refused(i64, Option<Millis>),
+    /// The limit is used up, for about this long.
+    Refused(Limit, Option<Millis>),
     /// Redis did not answer in time (or is not connected): the instance counts alone.
     Unavailable,
 }
@@ -91,7 +92,12 @@ impl SharedHandle {
         .await
         {
             Ok(Ok((0, _))) => SharedTake::Taken,
-            Ok(Ok((limit, wait))) => {
+            Ok(Ok((code, wait))) => {
+                let limit = match code {
+                    1 => Limit::Requests,
+                    2 => Limit::Tokens,
+                    _ => Limit::Announced,
+                };
                 SharedTake::Refused(limit, (wait > 0).then_some(Millis(wait as f64)))
             }
             Ok(Err(e)) => {

@@ -91,11 +91,61 @@ impl Capacity {
     }
 }
 
+/// The limit that left a provider without capacity (`server::capacity`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// `max_concurrency`: as many requests in flight as declared.
+    Concurrency,
+    /// `rpm`: as many requests in the last 60 s as declared.
+    Requests,
+    /// `tpm`: as many tokens in the last 60 s as declared.
+    Tokens,
+    /// The provider's headers said no request is left until their reset.
+    Announced,
+}
+
+impl Limit {
+    /// Its label in `equiroute_capacity_skips_total`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Concurrency => "max_concurrency",
+            Limit::Requests => "rpm",
+            Limit::Tokens => "tpm",
+            Limit::Announced => "announced",
+        }
+    }
+}
+
+/// The declared caps among `caps`' limits (`max_concurrency`, `rpm`, `tpm`), in that order.
+#[must_use]
+pub fn declared(caps: &crate::config::Caps) -> Vec<Limit> {
+    [
+        (Limit::Concurrency, caps.max_concurrency),
+        (Limit::Requests, caps.rpm),
+        (Limit::Tokens, caps.tpm),
+    ]
+    .into_iter()
+    .filter_map(|(limit, cap)| cap.map(|_| limit))
+    .collect()
+}
+
 /// The longer of two waits, either of which may be unsaid.
 #[must_use]
 pub fn later(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    either(a, b, f64::max)
+}
+
+/// The shorter of two waits, either of which may be unsaid.
+#[must_use]
+pub fn sooner(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    either(a, b, f64::min)
+}
+
+/// `pick` of two waits when both are said, else the one that is.
+fn either(a: Option<Millis>, b: Option<Millis>, pick: fn(f64, f64) -> f64) -> Option<Millis> {
     match (a, b) {
-        (Some(a), Some(b)) => Some(Millis(a.0.max(b.0))),
+        (Some(a), Some(b)) => Some(Millis(pick(a.0, b.0))),
         (a, b) => a.or(b),
     }
 }

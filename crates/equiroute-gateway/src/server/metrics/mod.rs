@@ -570,16 +570,11 @@ impl Metrics {
             for p in &i.providers {
                 let provider = name(&p.candidate.id.0);
                 self.provider_at_zero(interface, provider);
-                let declared = [
-                    ("max_concurrency", p.caps.max_concurrency),
-                    ("rpm", p.caps.rpm),
-                    ("tpm", p.caps.tpm),
-                ];
-                for (limit, _) in declared.into_iter().filter(|(_, cap)| cap.is_some()) {
+                for limit in crate::upstream::limits::declared(&p.caps) {
                     let labels = LimitLabels {
                         interface,
                         provider,
-                        limit,
+                        limit: limit.as_str(),
                     };
                     at_zero(&self.capacity_skips, &labels);
                 }
