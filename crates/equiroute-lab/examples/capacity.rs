@@ -21,9 +21,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
-use equiroute_lab::runner::{run, run_policy, RunResult};
+use equiroute_lab::runner::{run, run_with, RunResult};
 use equiroute_lab::scenario::{all_builtin, named, parse_set, ScenarioSpec};
-use equiroute_lab::world::World;
 
 /// The bar: cost within 10 % of the oracle's, mean latency at most 1.1× the unlimited
 /// provider's, at most 0.5 % of the requests without an answer.
@@ -65,16 +64,8 @@ fn run_label(
     sets: &[(String, serde_json::Value)],
     seed: u64,
 ) -> RunResult {
-    if label != "lqm-ts" || sets.is_empty() {
-        return run(spec, label, seed, spec.rounds).unwrap();
-    }
-    let world = World::new(spec);
-    let policy = spec
-        .policy_with(label, sets)
-        .unwrap()
-        .build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label))
-        .unwrap();
-    run_policy(spec, label, policy, seed, spec.rounds).unwrap()
+    let sets = if label == "lqm-ts" { sets } else { &[] };
+    run_with(spec, label, sets, seed, spec.rounds).unwrap()
 }
 
 fn spread(label: &str, xs: impl Iterator<Item = f64> + Clone) -> String {

@@ -20,18 +20,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 use equiroute_lab::report::Summary;
-use equiroute_lab::runner::{run_policy, RunResult};
+use equiroute_lab::runner::{run_with, RunResult};
 use equiroute_lab::scenario::{all_builtin, named, parse_set, EventKind, ScenarioSpec};
-use equiroute_lab::world::World;
 
-/// The `lqm-ts` configuration of `spec` with `sets` applied.
+/// `lqm-ts` through `spec` with `seed`, `sets` applied.
 fn run_lqm_ts(spec: &ScenarioSpec, sets: &[(String, serde_json::Value)], seed: u64) -> RunResult {
-    let cfg = spec.policy_with("lqm-ts", sets).unwrap();
-    let world = World::new(spec);
-    let policy = cfg
-        .build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor("lqm-ts"))
-        .unwrap();
-    run_policy(spec, "lqm-ts", policy, seed, spec.rounds).unwrap()
+    run_with(spec, "lqm-ts", sets, seed, spec.rounds).unwrap()
 }
 
 fn has_drop(spec: &ScenarioSpec) -> bool {

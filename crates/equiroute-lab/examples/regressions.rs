@@ -1,13 +1,15 @@
 //! Before and after a change: every built-in scenario's runs of some policies, per seed, as a
 //! table to keep, and the paired comparison of two such tables.
 //!
-//! `cargo run -p equiroute-lab --example regressions -- run SEEDS FIRST POLICIES > after.tsv`
+//! `cargo run -p equiroute-lab --example regressions -- run SEEDS FIRST POLICIES [FIELD=VALUE ...] > after.tsv`
 //! `cargo run -p equiroute-lab --example regressions -- diff before.tsv after.tsv`
 //!
 //! `run` prints one line per built-in scenario, policy (comma-separated names or variant
 //! labels; a scenario runs those of them it can build) and seed: gold quality, regret,
 //! deadline misses, cost per request and requests without an answer. Build it at each commit
-//! (the file can be copied onto an older one) and keep the tables.
+//! (the file can be copied onto an older one) and keep the tables. `FIELD=VALUE` changes an
+//! `lqm-ts` parameter by its dotted path, the value read as JSON (`retest=0.1`), as in the
+//! `capacity` and `quality_drift` examples: a variant is measured without a rebuild.
 //!
 //! `diff` pairs the two tables by scenario, policy and seed, and prints per scenario and
 //! policy the mean of each measure before and after and the mean paired difference with its
@@ -16,8 +18,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
-use equiroute_lab::runner::run;
-use equiroute_lab::scenario::all_builtin;
+use equiroute_lab::runner::run_with;
+use equiroute_lab::scenario::{all_builtin, parse_set};
 use std::collections::BTreeMap;
 
 /// The measures, with whether a larger value is better.
@@ -29,7 +31,7 @@ const MEASURES: [(&str, bool); 5] = [
     ("failures", false),
 ];
 
-fn run_table(seeds: u64, first: u64, policies: &str) {
+fn run_table(seeds: u64, first: u64, policies: &str, sets: &[(String, serde_json::Value)]) {
     println!("scenario\tpolicy\tseed\tquality\tregret\tmisses\tcost\tfailures");
     for spec in all_builtin().unwrap() {
         for label in policies.split(',') {
@@ -37,7 +39,9 @@ fn run_table(seeds: u64, first: u64, policies: &str) {
                 continue;
             }
             for seed in first..first + seeds {
-                let r = run(&spec, label, seed, spec.rounds).unwrap();
+                // The changes are lqm-ts's parameters: the other policies run as they are.
+                let sets = if label == "lqm-ts" { sets } else { &[] };
+                let r = run_with(&spec, label, sets, seed, spec.rounds).unwrap();
                 println!(
                     "{}\t{label}\t{seed}\t{}\t{}\t{}\t{}\t{}",
                     spec.name,
@@ -115,6 +119,11 @@ fn main() {
             args.get(2).map_or(5, |s| s.parse().expect("SEEDS")),
             args.get(3).map_or(1, |s| s.parse().expect("FIRST")),
             args.get(4).map_or("lqm-ts,ts-deadline", String::as_str),
+            &args
+                .iter()
+                .skip(5)
+                .map(|a| parse_set(a).unwrap())
+                .collect::<Vec<_>>(),
         ),
         Some("diff") => diff(&args[2], &args[3]),
         _ => panic!("run SEEDS FIRST POLICIES | diff BEFORE AFTER"),

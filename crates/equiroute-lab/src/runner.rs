@@ -264,6 +264,8 @@ pub enum RunError {
         policy: String,
         source: equiroute_core::ConfigError,
     },
+    #[error("scenario {scenario}: {message}")]
+    Settings { scenario: String, message: String },
 }
 
 /// A quality score on its way to the router.
@@ -302,6 +304,40 @@ pub fn run(
     let policy = spec
         .policy(label)
         .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
+        .map_err(|source| RunError::Policy {
+            scenario: spec.name.clone(),
+            policy: label.to_owned(),
+            source,
+        })?;
+    simulate(spec, label, policy, world, seed, rounds, Extras::default())
+}
+
+/// [`run`] with some of the policy's parameters changed ([`ScenarioSpec::policy_with`]: each
+/// `(path, value)` sets a field of the configuration's JSON form), as the laboratory's
+/// examples take `FIELD=VALUE` arguments; with no `sets` it is [`run`].
+///
+/// # Errors
+/// A path that names no field or a value the field cannot take, or the policy cannot be
+/// built for this scenario.
+pub fn run_with(
+    spec: &ScenarioSpec,
+    label: &str,
+    sets: &[(String, serde_json::Value)],
+    seed: u64,
+    rounds: usize,
+) -> Result<RunResult, RunError> {
+    if sets.is_empty() {
+        return run(spec, label, seed, rounds);
+    }
+    let cfg = spec
+        .policy_with(label, sets)
+        .map_err(|message| RunError::Settings {
+            scenario: spec.name.clone(),
+            message,
+        })?;
+    let world = World::new(spec);
+    let policy = cfg
+        .build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label))
         .map_err(|source| RunError::Policy {
             scenario: spec.name.clone(),
             policy: label.to_owned(),
