@@ -9,6 +9,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 
 usage() {
     cat <<EOF
@@ -47,25 +49,12 @@ if [ "${#BINS[@]}" -ne 2 ]; then
     usage >&2
     exit 2
 fi
-for b in "${BINS[@]}"; do
-    [ -x "$b" ] || { echo "not an executable: $b (build one with: cargo build --release -p equiroute)" >&2; exit 2; }
-done
-for v in ROUNDS SECONDS_PER_POINT CONCURRENCY WORDS; do
-    [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
-done
-OHA="${OHA_BIN:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}"
-[ -x "$OHA" ] || { echo "oha not found: cargo install oha --locked --version 1.16.0" >&2; exit 2; }
+check_binaries "${BINS[@]}"
+check_positive ROUNDS SECONDS_PER_POINT CONCURRENCY WORDS
+find_oha
 BASE="${BENCH_PORT_BASE:-19100}"
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]:-}"; do
-        [ -n "$p" ] && kill "$p" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+start_work
 
 python3 - "$WORDS" >"$WORK/body.json" <<'PY'
 import json, sys
@@ -74,19 +63,8 @@ sentence = "Which of these retrieval providers answers questions about Rust life
 text = "hello" if words == 1 else " ".join((sentence * (words // len(sentence) + 1))[:words])
 print(json.dumps({"model": "chat", "messages": [{"role": "user", "content": text}]}))
 PY
-sed -e "s|@LISTEN@|127.0.0.1:$BASE|" -e "s|@UPSTREAM_1@|127.0.0.1:$((BASE + 1))|" \
-    -e "s|@UPSTREAM_2@|127.0.0.1:$((BASE + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((BASE + 3))|" \
-    "$HERE/equiroute.toml" >"$WORK/equiroute.toml"
+write_config "$BASE" "$WORK/equiroute.toml"
 URL="http://127.0.0.1:$BASE/v1/chat/completions"
-
-wait_port() {
-    for _ in $(seq 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "nothing listens on 127.0.0.1:$1 after 5 s" >&2
-    return 1
-}
 
 cpu_ticks() { # PID: its user + system CPU time so far, in clock ticks (/proc/PID/stat)
     awk '{print $14 + $15}' "/proc/$1/stat"

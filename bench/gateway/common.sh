@@ -1,0 +1,59 @@
+# What pair.sh and instructions.sh share (sourced, not run): the checks of their arguments,
+# the load generator, the scratch directory and the processes stopped on exit, the gateway's
+# configuration on loopback ports and the wait for a port.
+
+# Every argument an executable equiroute binary, else a message naming the fix, and exit 2.
+check_binaries() {
+    for b in "$@"; do
+        [ -x "$b" ] || { echo "not an executable: $b (build one with: cargo build --release -p equiroute)" >&2; exit 2; }
+    done
+}
+
+# Every named variable a positive integer, else a message naming it, and exit 2.
+check_positive() {
+    for v in "$@"; do
+        [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive integer, got '${!v}'" >&2; exit 2; }
+    done
+}
+
+# Sets OHA to the load generator: OHA_BIN, else oha on PATH, else ~/.cargo/bin/oha.
+find_oha() {
+    OHA="${OHA_BIN:-$(command -v oha || echo "$HOME/.cargo/bin/oha")}"
+    [ -x "$OHA" ] || { echo "oha not found: cargo install oha --locked --version 1.16.0" >&2; exit 2; }
+}
+
+# Sets WORK to a new scratch directory and PIDS to an empty list; on exit every process in
+# PIDS is stopped and WORK removed.
+start_work() {
+    WORK=$(mktemp -d)
+    PIDS=()
+    trap stop_work EXIT
+}
+
+stop_work() {
+    for p in "${PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+
+# Writes to FILE this directory's equiroute.toml listening on 127.0.0.1:BASE, its three
+# providers on the next three ports.
+write_config() { # BASE FILE
+    local base=$1
+    sed -e "s|@LISTEN@|127.0.0.1:$base|" -e "s|@UPSTREAM_1@|127.0.0.1:$((base + 1))|" \
+        -e "s|@UPSTREAM_2@|127.0.0.1:$((base + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((base + 3))|" \
+        "$HERE/equiroute.toml" >"$2"
+}
+
+# Returns once something listens on 127.0.0.1:PORT; fails after TRIES tries 0.05 s apart
+# (default 100: 5 s).
+wait_port() { # PORT [TRIES]
+    local tries=${2:-100}
+    for _ in $(seq "$tries"); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "nothing listens on 127.0.0.1:$1 after $((tries / 20)) s" >&2
+    return 1
+}
