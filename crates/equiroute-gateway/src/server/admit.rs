@@ -11,7 +11,7 @@ use crate::config::InterfaceKind;
 use crate::upstream::ClientBody;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use equiroute_core::Millis;
@@ -36,8 +36,10 @@ pub fn request_profile(
         .get("tools")
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty());
+    // `get` twice rather than `pointer`, which allocates each step of its path.
     req.json_mode = body
-        .pointer("/response_format/type")
+        .get("response_format")
+        .and_then(|f| f.get("type"))
         .and_then(Value::as_str)
         .is_some_and(|t| t.starts_with("json"));
     req.streaming = body.get("stream").and_then(Value::as_bool) == Some(true);
@@ -224,12 +226,18 @@ pub struct RequestMeta {
 /// stream that broke after content is never restarted (see `docs/faults.md`).
 pub const RESTART_HEADER: &str = "x-equiroute-stream-restart";
 
+// The request headers read by name, made once: a name given as text is parsed again at every
+// lookup.
+const RESTART: HeaderName = HeaderName::from_static(RESTART_HEADER);
+const SESSION: HeaderName = HeaderName::from_static(arms::SESSION_HEADER);
+const DEADLINE: HeaderName = HeaderName::from_static("x-equiroute-deadline-ms");
+
 /// Whether the request asks for restart events.
 ///
 /// # Errors
 /// The header with another value than `events` (400 naming it and the fix).
 pub(super) fn restart_events_of(headers: &HeaderMap) -> Result<bool, ApiError> {
-    let Some(value) = headers.get(RESTART_HEADER) else {
+    let Some(value) = headers.get(RESTART) else {
         return Ok(false);
     };
     match value.to_str().map(str::trim) {
@@ -255,7 +263,7 @@ impl RequestMeta {
             task_class: auth::task_class_of(headers, caller)?,
             owner: caller.owner(),
             session: headers
-                .get(arms::SESSION_HEADER)
+                .get(SESSION)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
@@ -302,7 +310,7 @@ pub(super) fn deadline_from(
     headers: &HeaderMap,
     iface: &InterfaceRuntime,
 ) -> Result<(Option<Millis>, bool), ApiError> {
-    let Some(v) = headers.get("x-equiroute-deadline-ms") else {
+    let Some(v) = headers.get(DEADLINE) else {
         return Ok((iface.deadline, false));
     };
     // Less than an attempt's least time (1 ms) could never be met: the caller's mistake,

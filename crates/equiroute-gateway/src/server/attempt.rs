@@ -405,7 +405,7 @@ pub(super) fn open_attempt<'a>(
                     },
                     Held::Broken(reason) => {
                         if state.logs.allow(Repeated::StreamBroken) {
-                            tracing::warn!(provider = %candidate.id, error = %reason, "stream broke while held; falling back");
+                            tracing::warn!(interface = %iface.name, provider = %candidate.id, error = %reason, "stream broke while held; falling back");
                         }
                         let broken = AttemptStatus::ProviderError(ProviderFailure::StreamBroken);
                         let latency = state.now().since(now);

@@ -17,7 +17,7 @@
 
 use super::error::{echo, ApiError};
 use crate::config::{FeedbackRate, KeyConfig, KeyGrant, KeyRole};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use prometheus_client::metrics::counter::Counter;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,6 +27,9 @@ use std::time::Instant;
 pub const TENANT_HEADER: &str = "x-equiroute-tenant";
 /// The task class header.
 pub const TASK_CLASS_HEADER: &str = "x-equiroute-task-class";
+// Both read by name, made once: a name given as text is parsed again at every lookup.
+const TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
+const TASK_CLASS: HeaderName = HeaderName::from_static(TASK_CLASS_HEADER);
 
 /// Who made a request.
 #[derive(Clone, Debug)]
@@ -319,7 +322,7 @@ pub fn tenant_of(headers: &HeaderMap, caller: &Caller) -> Result<Option<String>,
             ),
         )
     };
-    let mut values = headers.get_all(TENANT_HEADER).iter();
+    let mut values = headers.get_all(TENANT).iter();
     let claimed = match (values.next(), values.next()) {
         (None, _) => None,
         (Some(_), Some(_)) => return Err(invalid("is sent more than once")),
@@ -363,7 +366,7 @@ pub fn tenant_of(headers: &HeaderMap, caller: &Caller) -> Result<Option<String>,
 /// 403 `task_class_not_allowed`.
 pub fn task_class_of(headers: &HeaderMap, caller: &Caller) -> Result<Option<String>, ApiError> {
     let class = headers
-        .get(TASK_CLASS_HEADER)
+        .get(TASK_CLASS)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty());

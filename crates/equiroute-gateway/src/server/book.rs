@@ -132,13 +132,12 @@ impl<'a> Ledger<'a> {
         run: &mut Execution,
         end: AttemptEnd<'_>,
     ) -> Result<Duration, Poisoned> {
-        let (state, iface) = (self.state, self.iface);
+        let iface = self.iface;
         super::spans::record_attempt(end.span, iface, end.candidate, &end.outcome, end.usage);
         if let Some(u) = end.usage {
-            let id = &iface.candidates[end.candidate].id.0;
-            state
-                .metrics
-                .provider_tokens(&iface.name, id, u.input, u.output);
+            iface
+                .meters
+                .provider_tokens(end.candidate, u.input, u.output);
             iface
                 .history
                 .tokens(end.candidate, u.input.into(), u.output.into());
@@ -180,13 +179,9 @@ impl<'a> Ledger<'a> {
             result,
             ..
         } = end;
-        state.metrics.request_latency(&iface.name, result.latency.0);
-        state.metrics.request_cost(&iface.name, result.cost.0);
+        iface.meters.request_end(result.latency.0, result.cost.0);
         if let RequestStatus::Succeeded { candidate } = result.status {
-            let provider = &iface.candidates[candidate].id.0;
-            state
-                .metrics
-                .provider_latency(&iface.name, provider, result.latency.0);
+            iface.meters.provider_latency(candidate, result.latency.0);
         }
         super::spans::finish_request(
             iface,
@@ -211,7 +206,7 @@ impl<'a> Ledger<'a> {
             (end.owner, end.content_filter),
         );
         audit(state, iface, end);
-        state.metrics.request(&iface.name, end.label);
+        iface.meters.request(&state.metrics, end.label);
         // A request that ended on a runtime a reload retired keeps its context under the
         // current runtime's index of its provider (none when the provider is gone).
         if let Some((a, candidate)) =
@@ -339,11 +334,12 @@ impl<'a> Ledger<'a> {
     ) -> Result<(), Poisoned> {
         let (state, iface) = (self.state, self.iface);
         let end = state.now();
-        let id = &iface.candidates[index].id.0;
-        state
-            .metrics
-            .attempt(&iface.name, id, outcome.status.as_str());
-        state.metrics.provider_cost(&iface.name, id, outcome.cost.0);
+        iface.meters.attempt(
+            &state.metrics,
+            index,
+            outcome.status.as_str(),
+            outcome.cost.0,
+        );
         let obs = AttemptObservation {
             candidate: index,
             features,

@@ -103,7 +103,7 @@ pub(super) async fn execute_unstreamed(
             continue;
         };
         if next.number > 0 && next.retry.is_none() {
-            state.metrics.fallback(&iface.name);
+            iface.meters.fallback();
         }
         let seed = state.seed_for(n) ^ u64::from(next.number).wrapping_mul(0x94d0_49bb_1331_11eb);
         let ctx = Booking::of(&features, &decided, tokens);
@@ -401,7 +401,7 @@ pub(super) async fn execute_streamed(
             continue;
         };
         if next.number > 0 && next.retry.is_none() {
-            state.metrics.fallback(&iface.name);
+            iface.meters.fallback();
         }
         let unlearnt = Unlearnt::of(&run, &next, now);
         let open = |next: NextAttempt, now, permit| {

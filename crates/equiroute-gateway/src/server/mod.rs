@@ -87,7 +87,7 @@ mod unservable;
 use crate::config::InterfaceKind;
 use crate::upstream::ClientBody;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -271,15 +271,16 @@ fn dropped_header(h: &mut HeaderMap, dropped: crate::upstream::dialect::Dropped)
 /// `x-equiroute-request-id`, `x-equiroute-provider` (when one answered) and
 /// `x-equiroute-attempts`.
 fn routing_headers(h: &mut HeaderMap, request_id: &str, provider: Option<&str>, attempts: usize) {
-    for (name, value) in [
-        ("x-equiroute-request-id", Some(request_id)),
-        ("x-equiroute-provider", provider),
-    ] {
+    // Names made once: a name given as text is parsed again at every insert.
+    const REQUEST_ID: HeaderName = HeaderName::from_static("x-equiroute-request-id");
+    const PROVIDER: HeaderName = HeaderName::from_static("x-equiroute-provider");
+    const ATTEMPTS: HeaderName = HeaderName::from_static("x-equiroute-attempts");
+    for (name, value) in [(REQUEST_ID, Some(request_id)), (PROVIDER, provider)] {
         if let Some(v) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
             h.insert(name, v);
         }
     }
-    h.insert("x-equiroute-attempts", HeaderValue::from(attempts));
+    h.insert(ATTEMPTS, HeaderValue::from(attempts));
 }
 
 /// `POST /v1/chat/completions`: `model` names an interface, or `interface/provider` to pin one.

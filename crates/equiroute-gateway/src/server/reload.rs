@@ -215,7 +215,7 @@ pub fn apply(state: &AppState, next: GatewayConfig) -> Result<Reloaded, ReloadEr
             }
             _ => {
                 report.added.push(cfg.name.clone());
-                Arc::new(fresh(cfg, &wiring, &state.key_rows)?)
+                Arc::new(fresh(cfg, &wiring, &state.key_rows, &state.metrics)?)
             }
         };
         built.insert(cfg.name.clone(), runtime);
@@ -247,8 +247,9 @@ fn fresh(
     cfg: &InterfaceConfig,
     wiring: &crate::upstream::http::Wiring,
     keys: &[super::ops::KeyRow],
+    metrics: &super::metrics::Metrics,
 ) -> Result<InterfaceRuntime, ReloadError> {
-    InterfaceRuntime::new(cfg, wiring, keys).map_err(|e| ReloadError::Build {
+    InterfaceRuntime::new(cfg, wiring, keys, metrics).map_err(|e| ReloadError::Build {
         interface: cfg.name.clone(),
         reason: e.to_string(),
     })
@@ -264,7 +265,7 @@ fn rebuild(
     wiring: &crate::upstream::http::Wiring,
 ) -> Result<(Arc<InterfaceRuntime>, Changed), ReloadError> {
     let saved = InterfaceSnapshot::of(state, old).ok_or(ReloadError::Poisoned)?;
-    let mut new = fresh(cfg, wiring, &state.key_rows)?;
+    let mut new = fresh(cfg, wiring, &state.key_rows, &state.metrics)?;
     let learnt = if saved.restore(&cfg.name, &new).is_ok() {
         // A live policy built from the same table is the old one, copied exactly (a merge
         // into priors may round a mean by an ulp).
@@ -282,7 +283,7 @@ fn rebuild(
         "all"
     } else {
         // Another set of providers or another policy: what the restore left is dropped.
-        new = fresh(cfg, wiring, &state.key_rows)?;
+        new = fresh(cfg, wiring, &state.key_rows, &state.metrics)?;
         carry_breakers(old, &new);
         "by_provider"
     };

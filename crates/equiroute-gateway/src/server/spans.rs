@@ -1,11 +1,14 @@
-//! The spans of a request: `request` (info) around it, and as its children one `decision`
-//! (debug) and one `attempt` (debug) per upstream attempt. Field names follow OpenTelemetry's
+//! The spans of a request: `request` around it, and as its children one `decision` and one
+//! `attempt` per upstream attempt, all debug. Field names follow OpenTelemetry's
 //! semantic conventions for generative AI (`gen_ai.*`); the routing decision is under
 //! `equiroute.*`. docs/operations.md lists them.
 //!
-//! The debug spans are disabled (free: no field is evaluated) unless `RUST_LOG` asks for
-//! debug or `[telemetry]` exports traces; the strings of a decision are built only when its
-//! span is enabled. No field carries a prompt, an answer or a key.
+//! They are disabled (free: no field is evaluated) unless `RUST_LOG` asks for debug or
+//! `[telemetry]` exports traces (at `info` a request span would be built and its fields
+//! formatted by the logs for every request, although no line of a request that goes well is
+//! written at `info`, and its error lines name their `request_id` themselves); the strings of
+//! a decision are built only when its span is enabled. No field carries a prompt, an answer or
+//! a key.
 
 use super::state::InterfaceRuntime;
 use crate::config::InterfaceKind;
@@ -24,7 +27,7 @@ fn operation(iface: &InterfaceRuntime) -> &'static str {
 
 /// The span around one request's handling; its id is recorded once it is numbered.
 pub(super) fn request(iface: &InterfaceRuntime) -> tracing::Span {
-    tracing::info_span!(
+    tracing::debug_span!(
         "request",
         request_id = Empty,
         interface = %iface.name,
@@ -220,5 +223,36 @@ pub(super) fn record_attempt(
     if let Some(u) = usage {
         span.record("gen_ai.usage.input_tokens", i64::from(u.input));
         span.record("gen_ai.usage.output_tokens", i64::from(u.output));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::state::AppState;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::Layer as _;
+
+    /// The logs' subscriber at `level` (`equiroute`'s, without an exporter), and whether a
+    /// request's span is enabled under it.
+    fn request_span_enabled(level: &str) -> bool {
+        let text = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n";
+        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
+        let state = AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"));
+        let iface = state.interface("chat").unwrap_or_else(|| panic!("no chat"));
+        let logs = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_filter(tracing_subscriber::EnvFilter::new(level));
+        let subscriber = tracing_subscriber::registry().with(logs);
+        tracing::subscriber::with_default(subscriber, || !super::request(&iface).is_disabled())
+    }
+
+    #[test]
+    fn a_request_span_is_built_only_where_the_logs_take_debug() {
+        // At the default level no span is built per request (issue 45: a span without an
+        // exporter costs nothing); at debug it carries the request's lines.
+        assert!(!request_span_enabled("info"));
+        assert!(!request_span_enabled("warn"));
+        assert!(request_span_enabled("debug"));
+        assert!(request_span_enabled("info,equiroute_gateway=debug"));
     }
 }

@@ -560,8 +560,11 @@ struct Head {
 }
 
 fn aws_error_type_of(headers: &http::HeaderMap) -> Option<String> {
+    // A name made once: a name given as text is parsed again at every lookup, and this one
+    // is looked up in every answer.
+    const AWS_ERROR_TYPE: http::HeaderName = http::HeaderName::from_static("x-amzn-errortype");
     headers
-        .get("x-amzn-errortype")
+        .get(AWS_ERROR_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
 }
@@ -575,7 +578,7 @@ fn unix_ms() -> f64 {
 
 fn retry_after_of(headers: &http::HeaderMap) -> Option<Millis> {
     headers
-        .get("retry-after")
+        .get(http::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|s| Millis(s * 1000.0))

@@ -8,7 +8,7 @@
 //! instance reads the same headers, and a rest is shared through Redis like a `Retry-After`.
 
 use equiroute_core::Millis;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// One limit: what is left of it, and how long until it is replenished (when said).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -28,12 +28,31 @@ pub struct Capacity {
 /// send the remaining counts alone).
 const UNSAID_RESET: Millis = Millis(1000.0);
 
+// Each limit's remaining count and reset, as header names made once (a name given as text is
+// parsed again at every lookup, and these are looked up in every answer).
+const OPENAI_REQUESTS: [HeaderName; 2] = [
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+const OPENAI_TOKENS: [HeaderName; 2] = [
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
+const ANTHROPIC_REQUESTS: [HeaderName; 2] = [
+    HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
+    HeaderName::from_static("anthropic-ratelimit-requests-reset"),
+];
+const ANTHROPIC_TOKENS: [HeaderName; 2] = [
+    HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
+    HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
+];
+
 impl Capacity {
     /// Reads `headers`; `now_unix_ms` turns Anthropic's reset times into waits.
     #[must_use]
     pub fn of(headers: &HeaderMap, now_unix_ms: f64) -> Capacity {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let left = |remaining: &str, reset: &str, at_time: bool| {
+        let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+        let left = |[remaining, reset]: &[HeaderName; 2], at_time: bool| {
             let remaining = text(remaining)?.trim().parse::<u64>().ok()?;
             let reset = text(reset).and_then(|r| {
                 if at_time {
@@ -45,31 +64,15 @@ impl Capacity {
             Some(Left { remaining, reset })
         };
         let openai = Capacity {
-            requests: left(
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-                false,
-            ),
-            tokens: left(
-                "x-ratelimit-remaining-tokens",
-                "x-ratelimit-reset-tokens",
-                false,
-            ),
+            requests: left(&OPENAI_REQUESTS, false),
+            tokens: left(&OPENAI_TOKENS, false),
         };
         if openai != Capacity::default() {
             return openai;
         }
         Capacity {
-            requests: left(
-                "anthropic-ratelimit-requests-remaining",
-                "anthropic-ratelimit-requests-reset",
-                true,
-            ),
-            tokens: left(
-                "anthropic-ratelimit-tokens-remaining",
-                "anthropic-ratelimit-tokens-reset",
-                true,
-            ),
+            requests: left(&ANTHROPIC_REQUESTS, true),
+            tokens: left(&ANTHROPIC_TOKENS, true),
         }
     }
 

@@ -26,11 +26,13 @@ use std::collections::HashSet;
 use std::sync::{LazyLock, RwLock};
 
 mod labels;
+mod meters;
 use labels::{
     AttemptLabels, BreakerLabels, EventLabels, FeedbackLabel, InterfaceLabel, KindLabel,
     LimitLabels, ModeLabels, OutcomeLabels, ProviderLabels, ReasonLabels, RefusalLabel,
     ShiftLabels, TokenLabels,
 };
+pub use meters::Meters;
 
 /// A label value, interned.
 type Name = &'static str;
@@ -669,10 +671,6 @@ impl Metrics {
         self.attempts.get_or_create(&labels).inc();
     }
 
-    pub fn fallback(&self, interface: &str) {
-        self.fallbacks.get_or_create(&iface(interface)).inc();
-    }
-
     /// A request that found every provider shut out by breakers that failures opened, and
     /// probed one as a last resort.
     pub fn last_resort(&self, interface: &str) {
@@ -848,23 +846,9 @@ impl Metrics {
         self.router.observe(micros);
     }
 
-    /// Records one request's end-to-end latency on `interface`, in ms.
-    pub fn request_latency(&self, interface: &str, ms: f64) {
-        self.request_latency
-            .get_or_create(&iface(interface))
-            .observe(ms);
-    }
-
     /// Records a streamed attempt's time to its first byte on `interface`, in ms.
     pub fn first_byte(&self, interface: &str, ms: f64) {
         self.first_byte.get_or_create(&iface(interface)).observe(ms);
-    }
-
-    /// Records what a finished request on `interface` cost, every attempt included, in USD.
-    pub fn request_cost(&self, interface: &str, usd: f64) {
-        self.request_cost
-            .get_or_create(&iface(interface))
-            .observe(usd);
     }
 
     /// Records the time from an answer on `interface` to its accepted quality score, in s.
@@ -872,36 +856,6 @@ impl Metrics {
         self.feedback_delay
             .get_or_create(&iface(interface))
             .observe(seconds);
-    }
-
-    /// Records the end-to-end latency of a request `provider` answered on `interface`, in ms.
-    pub fn provider_latency(&self, interface: &str, provider: &str, ms: f64) {
-        self.provider_latency
-            .get_or_create(&by_provider(interface, provider))
-            .observe(ms);
-    }
-
-    /// Records what one attempt on `provider` cost, in USD.
-    pub fn provider_cost(&self, interface: &str, provider: &str, usd: f64) {
-        self.provider_cost
-            .get_or_create(&by_provider(interface, provider))
-            .observe(usd);
-    }
-
-    /// Records the tokens one attempt on `provider` used, as the provider reported them
-    /// (attempts without a reported usage are not counted: an estimate is no measurement).
-    pub fn provider_tokens(&self, interface: &str, provider: &str, input: u32, output: u32) {
-        let (interface, provider) = (name(interface), name(provider));
-        for (token_type, n) in [("input", input), ("output", output)] {
-            let labels = TokenLabels {
-                interface,
-                provider,
-                token_type,
-            };
-            self.provider_tokens
-                .get_or_create(&labels)
-                .observe(f64::from(n));
-        }
     }
 
     /// The Prometheus text exposition (version 0.0.4).

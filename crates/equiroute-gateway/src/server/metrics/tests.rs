@@ -55,8 +55,9 @@ fn histograms_render_cumulative_buckets_sum_and_count() {
     for us in [0.5, 2.5, 2.5, 7.0, 20_000.0] {
         m.router_time(us);
     }
-    m.request_latency("chat", 30.0);
-    m.request_latency("chat", 9.0);
+    let meters = m.meters("chat", []);
+    meters.request_end(30.0, 0.002);
+    meters.request_end(9.0, 0.0);
     let text = m.render();
     let line = |prefix: &str| value(&text, prefix);
     assert_eq!(line(r#"equiroute_router_microseconds_bucket{le="1"}"#), "1");
@@ -80,14 +81,23 @@ fn histograms_render_cumulative_buckets_sum_and_count() {
         line(r#"equiroute_request_latency_ms_sum{interface="chat"}"#),
         "39.0"
     );
+    assert_eq!(
+        line(r#"equiroute_request_cost_usd_bucket{interface="chat",le="0.003"}"#),
+        "2"
+    );
+    assert_eq!(
+        line(r#"equiroute_request_cost_usd_bucket{interface="chat",le="0.001"}"#),
+        "1"
+    );
 }
 
 #[test]
 fn tokens_are_counted_by_provider_and_token_type() {
     let m = Metrics::default();
-    m.provider_tokens("chat", "a", 120, 7);
-    m.provider_tokens("chat", "a", 2_000, 40);
-    m.provider_tokens("chat", "b", 5, 1);
+    let meters = m.meters("chat", ["a", "b"]);
+    meters.provider_tokens(0, 120, 7);
+    meters.provider_tokens(0, 2_000, 40);
+    meters.provider_tokens(1, 5, 1);
     let text = m.render();
     let line = |prefix: &str| value(&text, prefix);
     let a_in = r#"interface="chat",provider="a",token_type="input""#;
@@ -122,18 +132,26 @@ fn tokens_are_counted_by_provider_and_token_type() {
 #[test]
 fn counts_from_many_threads_add_up() {
     let m = Metrics::default();
+    // An interface's meters and the family lookups write the same series.
+    let meters = m.meters("chat", ["a"]);
     let threads = 19;
     std::thread::scope(|scope| {
         for t in 0..threads {
-            let m = &m;
+            let (m, meters) = (&m, &meters);
             scope.spawn(move || {
-                for _ in 0..100 {
-                    m.request("chat", "ok");
+                for i in 0..100 {
+                    if i % 2 == 0 {
+                        m.request("chat", "ok");
+                    } else {
+                        meters.request(m, "ok");
+                    }
                     m.router_time(4.0);
-                    m.request_latency("chat", 30.0);
+                    meters.request_end(30.0, 0.0);
+                    meters.attempt(m, 0, "ok", 0.0);
                 }
                 if t == 0 {
-                    m.request("chat", "failed");
+                    meters.request(m, "failed");
+                    m.attempt("chat", "a", "timeout");
                 }
             });
         }
@@ -166,6 +184,19 @@ fn counts_from_many_threads_add_up() {
     assert_eq!(
         text.matches("equiroute_request_latency_ms_count").count(),
         1
+    );
+    assert_eq!(
+        line(r#"equiroute_attempts_total{interface="chat",provider="a",status="ok"}"#),
+        n.to_string()
+    );
+    assert_eq!(
+        line(r#"equiroute_attempts_total{interface="chat",provider="a",status="timeout"}"#),
+        "1"
+    );
+    assert_eq!(
+        text.matches("equiroute_requests_total{").count(),
+        5,
+        "{text}"
     );
 }
 
