@@ -54,11 +54,7 @@ BIN=${BINS[0]}
 start_work
 echo '{"model": "chat", "messages": [{"role": "user", "content": "hello"}]}' >"$WORK/body.json"
 write_config "$BASE" "$WORK/equiroute.toml"
-for i in 1 2 3; do
-    "$BIN" mock-upstream --listen "127.0.0.1:$((BASE + i))" --profile "$HERE/mock-20ms.toml" \
-        >"$WORK/mock$i.log" 2>&1 &
-    PIDS+=($!)
-done
+start_mocks "$BIN" mock-20ms.toml
 "$BIN" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
 PIDS+=($!)
 for i in 0 1 2 3; do wait_port $((BASE + i)); done

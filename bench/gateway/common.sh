@@ -1,6 +1,6 @@
-# What pair.sh and instructions.sh share (sourced, not run): the checks of their arguments,
-# the load generator, the scratch directory and the processes stopped on exit, the gateway's
-# configuration on loopback ports and the wait for a port.
+# What pair.sh, instructions.sh and added.sh share (sourced, not run): the checks of their
+# arguments, the load generator, the scratch directory and the processes stopped on exit, the
+# gateway's configuration on loopback ports, the mocks and the wait for a port.
 
 # Every argument an executable equiroute binary, else a message naming the fix, and exit 2.
 check_binaries() {
@@ -44,6 +44,16 @@ write_config() { # BASE FILE
     sed -e "s|@LISTEN@|127.0.0.1:$base|" -e "s|@UPSTREAM_1@|127.0.0.1:$((base + 1))|" \
         -e "s|@UPSTREAM_2@|127.0.0.1:$((base + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((base + 3))|" \
         "$HERE/equiroute.toml" >"$2"
+}
+
+# Starts BIN's three mocks with PROFILE (a file in this directory) on the three ports after
+# BASE, their output in WORK/mockN.log, their PIDs added to PIDS.
+start_mocks() { # BIN PROFILE
+    for i in 1 2 3; do
+        "$1" mock-upstream --listen "127.0.0.1:$((BASE + i))" --profile "$HERE/$2" \
+            >"$WORK/mock$i.log" 2>&1 &
+        PIDS+=($!)
+    done
 }
 
 # Returns once something listens on 127.0.0.1:PORT; fails after TRIES tries 0.05 s apart

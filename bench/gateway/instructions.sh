@@ -64,11 +64,7 @@ echo '{"model": "chat", "messages": [{"role": "user", "content": "hello"}]}' >"$
 write_config "$BASE" "$WORK/equiroute.toml"
 URL="http://127.0.0.1:$BASE/v1/chat/completions"
 
-for i in 1 2 3; do
-    "${BINS[0]}" mock-upstream --listen "127.0.0.1:$((BASE + i))" --profile "$HERE/mock-0ms.toml" \
-        >"$WORK/mock$i.log" 2>&1 &
-    PIDS+=($!)
-done
+start_mocks "${BINS[0]}" mock-0ms.toml
 for i in 1 2 3; do wait_port $((BASE + i)); done
 
 load() { # N, then oha's other arguments

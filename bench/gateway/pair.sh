@@ -76,11 +76,7 @@ scrape() {
 
 point() { # BIN LABEL
     PIDS=()
-    for i in 1 2 3; do
-        "$1" mock-upstream --listen "127.0.0.1:$((BASE + i))" --profile "$HERE/mock-0ms.toml" \
-            >"$WORK/mock$i.log" 2>&1 &
-        PIDS+=($!)
-    done
+    start_mocks "$1" mock-0ms.toml
     "$1" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
     PIDS+=($!)
     for i in 0 1 2 3; do wait_port $((BASE + i)); done

@@ -300,16 +300,7 @@ pub fn run(
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
-    let world = World::new(spec);
-    let policy = spec
-        .policy(label)
-        .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
-        .map_err(|source| RunError::Policy {
-            scenario: spec.name.clone(),
-            policy: label.to_owned(),
-            source,
-        })?;
-    simulate(spec, label, policy, world, seed, rounds, Extras::default())
+    run_with(spec, label, &[], seed, rounds)
 }
 
 /// [`run`] with some of the policy's parameters changed ([`ScenarioSpec::policy_with`]: each
@@ -326,24 +317,37 @@ pub fn run_with(
     seed: u64,
     rounds: usize,
 ) -> Result<RunResult, RunError> {
-    if sets.is_empty() {
-        return run(spec, label, seed, rounds);
-    }
-    let cfg = spec
-        .policy_with(label, sets)
-        .map_err(|message| RunError::Settings {
-            scenario: spec.name.clone(),
-            message,
-        })?;
+    let (world, policy) = built(spec, label, sets)?;
+    simulate(spec, label, policy, world, seed, rounds, Extras::default())
+}
+
+/// The world of `spec` and the policy `label` built for it, with its exploration floor and
+/// `sets` applied ([`run_with`]).
+fn built(
+    spec: &ScenarioSpec,
+    label: &str,
+    sets: &[(String, serde_json::Value)],
+) -> Result<(World, Box<dyn equiroute_core::policies::Policy>), RunError> {
+    let unbuilt = |source| RunError::Policy {
+        scenario: spec.name.clone(),
+        policy: label.to_owned(),
+        source,
+    };
+    // Without changes the configuration is the scenario's own, not a JSON round trip of it.
+    let cfg = if sets.is_empty() {
+        spec.policy(label).map_err(unbuilt)?
+    } else {
+        spec.policy_with(label, sets)
+            .map_err(|message| RunError::Settings {
+                scenario: spec.name.clone(),
+                message,
+            })?
+    };
     let world = World::new(spec);
     let policy = cfg
         .build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label))
-        .map_err(|source| RunError::Policy {
-            scenario: spec.name.clone(),
-            policy: label.to_owned(),
-            source,
-        })?;
-    simulate(spec, label, policy, world, seed, rounds, Extras::default())
+        .map_err(unbuilt)?;
+    Ok((world, policy))
 }
 
 /// [`run`] with hedged requests: the first attempt gets a hedge on the next candidate after
@@ -424,15 +428,7 @@ pub fn run_logged(
     rounds: usize,
     propensity_draws: u32,
 ) -> Result<(RunResult, TrafficLog), RunError> {
-    let world = World::new(spec);
-    let policy = spec
-        .policy(label)
-        .and_then(|c| c.build_with_floor(&world.candidates(), spec.feature_dim, &spec.floor(label)))
-        .map_err(|source| RunError::Policy {
-            scenario: spec.name.clone(),
-            policy: label.to_owned(),
-            source,
-        })?;
+    let (world, policy) = built(spec, label, &[])?;
     let mut log = TrafficLog {
         candidates: world.candidates(),
         tokens: spec.tokens,

@@ -207,10 +207,10 @@ pub(super) fn no_eligible(
 ) -> ApiError {
     let ids = |i: usize| iface.candidates[i].id.to_string();
     if let Some(e) = super::unservable::answer(&iface.name, &ids, excluded, body, tokens) {
-        state.metrics.request(&iface.name, "client_error");
+        iface.meters.request(&state.metrics, "client_error");
         return e;
     }
-    state.metrics.request(&iface.name, "no_eligible_provider");
+    iface.meters.request(&state.metrics, "no_eligible_provider");
     let reasons: Vec<String> = excluded
         .iter()
         // A reason may quote the client's tenant header: cut like any echoed input.

@@ -228,16 +228,13 @@ pub(super) fn record_attempt(
 
 #[cfg(test)]
 mod tests {
-    use super::super::state::AppState;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::Layer as _;
 
     /// The logs' subscriber at `level` (`equiroute`'s, without an exporter), and whether a
     /// request's span is enabled under it.
     fn request_span_enabled(level: &str) -> bool {
-        let text = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n";
-        let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
-        let state = AppState::new(&cfg, 1).unwrap_or_else(|e| panic!("{e}"));
+        let state = super::super::state::tests::app_seeded(1);
         let iface = state.interface("chat").unwrap_or_else(|| panic!("no chat"));
         let logs = tracing_subscriber::fmt::layer()
             .with_writer(std::io::sink)

@@ -489,7 +489,7 @@ fn request_id(id: u128) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use equiroute_core::{AttemptOutcome, SlicePath};
 
@@ -506,8 +506,8 @@ mod tests {
         }
     }
 
-    /// A gateway of one simulated provider, seeded with `seed`.
-    fn app_seeded(seed: u64) -> AppState {
+    /// A gateway of one simulated provider, seeded with `seed` (the server's unit tests').
+    pub(in crate::server) fn app_seeded(seed: u64) -> AppState {
         let text = "[interfaces.chat]\nkind = \"chat\"\n[[interfaces.chat.providers]]\nid = \"a\"\nkind = \"sim\"\nsim = { latency = { p50_ms = 5, p95_ms = 9 } }\n";
         let cfg = crate::config::load(text, "t.toml", &|_| None).unwrap_or_else(|e| panic!("{e}"));
         AppState::new(&cfg, seed).unwrap_or_else(|e| panic!("{e}"))
