@@ -1312,6 +1312,15 @@ fn a_much_cheaper_candidate_is_warmed_up_longer_with_cheap_warmup_on() {
     assert_eq!(warm(&policy(on, 12)), (1, vec![1]));
     // With its 20 scores it leaves the warm-up.
     assert_eq!(warm(&policy(on, 20)), (0, vec![]));
+    // Against the cheapest other candidate (c2, 2× dearer than c1): c1 is not 3× cheaper
+    // than every other candidate, so it is past the warm-up; it is 2× cheaper.
+    let others = |ratio: f64| CheapWarmup {
+        ratio,
+        against: CheapAgainst::Others,
+        ..on
+    };
+    assert_eq!(warm(&policy(others(3.0), 12)), (0, vec![]));
+    assert_eq!(warm(&policy(others(2.0), 12)), (1, vec![1]));
     // Its early release still applies: scores clearly below c0's end it (0.2 + 3·0.1/√4
     // = 0.35 < 0.75), as they would without the knob.
     let mut p = LqmTs::new(
@@ -1333,13 +1342,14 @@ fn a_much_cheaper_candidate_is_warmed_up_longer_with_cheap_warmup_on() {
     // Written out only when on; a factor below 1 is refused by name.
     let off = serde_json::to_string(&LqmTsConfig::default()).unwrap();
     assert!(!off.contains("cheap_warmup"), "{off}");
-    let cfg: PolicyConfig =
-        serde_json::from_str(r#"{"name": "lqm-ts", "cheap_warmup": {"ratio": 3, "factor": 2}}"#)
-            .unwrap();
+    let cfg: PolicyConfig = serde_json::from_str(
+        r#"{"name": "lqm-ts", "cheap_warmup": {"ratio": 3, "factor": 2, "against": "others"}}"#,
+    )
+    .unwrap();
     let PolicyConfig::LqmTs(c) = cfg else {
         panic!("{cfg:?}")
     };
-    assert_eq!(c.cheap_warmup, on);
+    assert_eq!(c.cheap_warmup, others(3.0));
     let bad = LqmTsConfig {
         cheap_warmup: CheapWarmup {
             ratio: 3.0,

@@ -124,9 +124,10 @@ pub struct LqmTsConfig {
 
 /// A longer warm-up for a cheap candidate ([`LqmTsConfig::cheap_warmup`]): its price is
 /// evidence the scores lack, so a candidate whose expected cost is at most `1/ratio` of the
-/// dearest eligible candidate's needs `factor` times `head.warmup` scores before its
-/// estimate ranks it, and its early release needs its interval at `exit_z` below the best
-/// lower bound. `ratio = 0` (the default) is off.
+/// dearest eligible candidate's (with `against = "others"`: of every other eligible
+/// candidate's) needs `factor` times `head.warmup` scores before its estimate ranks it, and
+/// its early release needs its interval at `exit_z` below the best lower bound. `ratio = 0`
+/// (the default) is off.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheapWarmup {
@@ -137,6 +138,21 @@ pub struct CheapWarmup {
     pub factor: f64,
     /// Its early release's `z` (0: `head.warmup_exit_z`).
     pub exit_z: f64,
+    /// Whose price `ratio` compares with: the dearest eligible candidate's (`dearest`, the
+    /// default) or the cheapest other eligible candidate's (`others`: only a candidate
+    /// `ratio` times cheaper than every other one).
+    pub against: CheapAgainst,
+}
+
+/// The price a candidate's is compared with ([`CheapWarmup::against`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheapAgainst {
+    /// The dearest eligible candidate's.
+    #[default]
+    Dearest,
+    /// The cheapest other eligible candidate's.
+    Others,
 }
 
 impl Default for CheapWarmup {
@@ -145,6 +161,7 @@ impl Default for CheapWarmup {
             ratio: 0.0,
             factor: 1.0,
             exit_z: 0.0,
+            against: CheapAgainst::Dearest,
         }
     }
 }
@@ -485,12 +502,29 @@ impl LqmTs {
             super::heads::warmup_first(ranking, &self.quality.heads, head);
             return;
         }
-        let dearest = ranking
+        // The price each candidate is compared with: the dearest unguarded candidate's, or
+        // the cheapest other unguarded candidate's (the two smallest, to leave out its own).
+        let costs = ranking
             .order
             .iter()
             .filter(|s| !s.breakdown.guarded)
-            .map(|s| ctx.expected_cost(s.index))
-            .fold(0.0, f64::max);
+            .map(|s| (s.index, ctx.expected_cost(s.index)));
+        let (mut dearest, mut least, mut second) =
+            (0.0, (usize::MAX, f64::INFINITY), f64::INFINITY);
+        for (i, c) in costs {
+            dearest = f64::max(dearest, c);
+            if c < least.1 {
+                second = least.1;
+                least = (i, c);
+            } else {
+                second = second.min(c);
+            }
+        }
+        let reference = |i: usize| match cheap.against {
+            CheapAgainst::Dearest => dearest,
+            CheapAgainst::Others if i == least.0 => second,
+            CheapAgainst::Others => least.1,
+        };
         let longer = super::heads::LongerWarmup {
             // The product of a u32 and a factor ≥ 1 (validated), rounded up.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -502,7 +536,11 @@ impl LqmTs {
             },
         };
         super::heads::warmup_first_with(ranking, &self.quality.heads, head, |i| {
-            (dearest > 0.0 && ctx.expected_cost(i) * cheap.ratio <= dearest).then_some(longer)
+            let reference = reference(i);
+            (reference > 0.0
+                && reference.is_finite()
+                && ctx.expected_cost(i) * cheap.ratio <= reference)
+                .then_some(longer)
         });
     }
 
