@@ -1258,6 +1258,114 @@ fn the_warm_up_takes_cold_candidates_in_turn_by_attempts_while_their_scores_are_
 }
 
 #[test]
+fn a_much_cheaper_candidate_is_warmed_up_longer_with_cheap_warmup_on() {
+    // c0 at 0.004 (30 scores around 0.8), c1 at 0.001 (4× cheaper) and c2 at 0.002 (2×),
+    // each 12 scores around 0.7: past the warm-up of 10, not clearly below c0 (upper bound
+    // 0.7 + 3·0.1/√12 ≈ 0.79 > c0's lower 0.8 − 3·0.1/√30 ≈ 0.75), and outside its group.
+    let cands = vec![
+        Candidate::new("c0", "p0", "m").with_price(Price::per_call(0.004)),
+        Candidate::new("c1", "p1", "m").with_price(Price::per_call(0.001)),
+        Candidate::new("c2", "p2", "m").with_price(Price::per_call(0.002)),
+    ];
+    let f = Featurizer::new(16).unwrap();
+    let qs = queries();
+    let x = f.featurize("compare rust and python");
+    let ctx = RankContext::new(&cands, &[0, 1, 2], &x);
+    let policy = |cheap: CheapWarmup, cheap_scores: usize| {
+        let cfg = LqmTsConfig {
+            cheap_warmup: cheap,
+            ..LqmTsConfig::default()
+        };
+        let mut p = LqmTs::new(3, 16, cfg);
+        for t in 0..30 {
+            let x = f.featurize(&qs[t % qs.len()]);
+            let wiggle = if t % 2 == 0 { 0.05 } else { -0.05 };
+            answered(&mut p, 0, &x, 100.0, 0.8 + wiggle, t as f64);
+            if t < cheap_scores {
+                answered(&mut p, 1, &x, 100.0, 0.7 + wiggle, t as f64);
+            }
+            if t < 12 {
+                answered(&mut p, 2, &x, 100.0, 0.7 + wiggle, t as f64);
+            }
+        }
+        p
+    };
+    let warm = |p: &LqmTs| {
+        let r = p.rank(&ctx, &mut rng(1));
+        let warm: Vec<usize> = r
+            .order
+            .iter()
+            .filter(|s| s.breakdown.warmup)
+            .map(|s| s.index)
+            .collect();
+        (r.order[0].index, warm)
+    };
+    let on = CheapWarmup {
+        ratio: 3.0,
+        factor: 2.0,
+        ..CheapWarmup::default()
+    };
+    // Off (the default): everyone is past the warm-up and c0 leads.
+    assert!(LqmTsConfig::default().cheap_warmup.is_off());
+    assert_eq!(warm(&policy(CheapWarmup::default(), 12)), (0, vec![]));
+    // On, 3× cheaper or more: c1 needs 2 × 10 scores and is tried first; c2 (2×) is not.
+    assert_eq!(warm(&policy(on, 12)), (1, vec![1]));
+    // With its 20 scores it leaves the warm-up.
+    assert_eq!(warm(&policy(on, 20)), (0, vec![]));
+    // Against the cheapest other candidate (c2, 2× dearer than c1): c1 is not 3× cheaper
+    // than every other candidate, so it is past the warm-up; it is 2× cheaper.
+    let others = |ratio: f64| CheapWarmup {
+        ratio,
+        against: CheapAgainst::Others,
+        ..on
+    };
+    assert_eq!(warm(&policy(others(3.0), 12)), (0, vec![]));
+    assert_eq!(warm(&policy(others(2.0), 12)), (1, vec![1]));
+    // Its early release still applies: scores clearly below c0's end it (0.2 + 3·0.1/√4
+    // = 0.35 < 0.75), as they would without the knob.
+    let mut p = LqmTs::new(
+        3,
+        16,
+        LqmTsConfig {
+            cheap_warmup: on,
+            ..LqmTsConfig::default()
+        },
+    );
+    for t in 0..30 {
+        answered(&mut p, 0, &x, 100.0, 0.8, f64::from(t));
+        answered(&mut p, 2, &x, 100.0, 0.8, f64::from(t));
+        if t < 4 {
+            answered(&mut p, 1, &x, 100.0, 0.2, f64::from(t));
+        }
+    }
+    assert!(warm(&p).1.is_empty());
+    // Written out only when on; a factor below 1 is refused by name.
+    let off = serde_json::to_string(&LqmTsConfig::default()).unwrap();
+    assert!(!off.contains("cheap_warmup"), "{off}");
+    let cfg: PolicyConfig = serde_json::from_str(
+        r#"{"name": "lqm-ts", "cheap_warmup": {"ratio": 3, "factor": 2, "against": "others"}}"#,
+    )
+    .unwrap();
+    let PolicyConfig::LqmTs(c) = cfg else {
+        panic!("{cfg:?}")
+    };
+    assert_eq!(c.cheap_warmup, others(3.0));
+    let bad = LqmTsConfig {
+        cheap_warmup: CheapWarmup {
+            ratio: 3.0,
+            factor: 0.5,
+            ..CheapWarmup::default()
+        },
+        ..LqmTsConfig::default()
+    };
+    let err = PolicyConfig::LqmTs(bad)
+        .build(&cands, 16)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cheap_warmup.factor"), "{err}");
+}
+
+#[test]
 fn the_warm_up_release_is_written_out_only_when_on_and_rejects_a_negative_z() {
     // Off in LQM's defaults (not written out), on in lqm-ts's.
     let off = serde_json::to_string(&LqmConfig::default()).unwrap();

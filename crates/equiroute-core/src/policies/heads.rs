@@ -533,13 +533,34 @@ type ScoreBounds = (usize, (f64, f64));
 /// `warmup_exit_z > 0`, one whose scores are clearly below another's (see
 /// [`LinUcbConfig::warmup_exit_z`]).
 pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinUcbConfig) {
+    warmup_first_with(ranking, heads, cfg, |_| None);
+}
+
+/// A longer warm-up for one candidate ([`warmup_first_with`]): its own number of scores and
+/// its own early release's `z`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct LongerWarmup {
+    pub scores: u64,
+    pub exit_z: f64,
+}
+
+/// [`warmup_first`], with the candidates for which `longer` (by candidate index) answers
+/// warmed up for its number of scores (and `10 ×` as many attempts) and released early only
+/// when their interval at its `z` is below the best lower bound (the others' `z` unchanged).
+pub(crate) fn warmup_first_with(
+    ranking: &mut Ranking,
+    heads: &HeadsState,
+    cfg: &LinUcbConfig,
+    longer: impl Fn(usize) -> Option<LongerWarmup>,
+) {
     if cfg.warmup == 0 {
         return;
     }
-    let warmup = u64::from(cfg.warmup);
+    let warmup = |s: &ScoredCandidate| longer(s.index).map_or(u64::from(cfg.warmup), |l| l.scores);
     let count = |s: &ScoredCandidate| heads.heads[s.index].count();
     let unscored = |s: &ScoredCandidate| {
         let tries = heads.tries.get(s.index).copied().unwrap_or(0);
+        let warmup = warmup(s);
         !s.breakdown.guarded && count(s) < warmup && tries < 10 * warmup
     };
     // Past the warm-up (the request path's usual case) nothing below is computed.
@@ -554,8 +575,9 @@ pub(crate) fn warmup_first(ranking: &mut Ranking, heads: &HeadsState, cfg: &LinU
         .map(|(lower, _)| lower)
         .fold(f64::NEG_INFINITY, f64::max);
     let released = |s: &ScoredCandidate| {
+        let z = longer(s.index).map_or(cfg.warmup_exit_z, |l| l.exit_z);
         heads
-            .score_bounds(s.index, cfg.warmup_exit_z)
+            .score_bounds(s.index, z)
             .is_some_and(|(_, upper)| upper < best_lower)
     };
     let cold = |s: &ScoredCandidate| unscored(s) && !released(s);

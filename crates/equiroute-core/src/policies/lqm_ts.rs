@@ -116,6 +116,84 @@ pub struct LqmTsConfig {
     /// a detected drop is re-tested, while that level would put it in the top group: the
     /// re-test rule `retest × (1 − freshness)` (0: no re-tests).
     pub retest: f64,
+    /// A longer warm-up for a candidate much cheaper than the dearest eligible one (off by
+    /// default). Written out only when on.
+    #[serde(skip_serializing_if = "CheapWarmup::is_off")]
+    pub cheap_warmup: CheapWarmup,
+}
+
+/// A longer warm-up for a cheap candidate ([`LqmTsConfig::cheap_warmup`]): its price is
+/// evidence the scores lack, so a candidate whose expected cost is at most `1/ratio` of the
+/// dearest eligible candidate's (with `against = "others"`: of every other eligible
+/// candidate's) needs `factor` times `head.warmup` scores before its estimate ranks it, and
+/// its early release needs its interval at `exit_z` below the best lower bound. `ratio = 0`
+/// (the default) is off.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheapWarmup {
+    /// How many times cheaper than the dearest eligible candidate a candidate must be (≥ 1;
+    /// 0: off).
+    pub ratio: f64,
+    /// Its warm-up, as a multiple of `head.warmup` (≥ 1).
+    pub factor: f64,
+    /// Its early release's `z` (0: `head.warmup_exit_z`).
+    pub exit_z: f64,
+    /// Whose price `ratio` compares with: the dearest eligible candidate's (`dearest`, the
+    /// default) or the cheapest other eligible candidate's (`others`: only a candidate
+    /// `ratio` times cheaper than every other one).
+    pub against: CheapAgainst,
+}
+
+/// The price a candidate's is compared with ([`CheapWarmup::against`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheapAgainst {
+    /// The dearest eligible candidate's.
+    #[default]
+    Dearest,
+    /// The cheapest other eligible candidate's.
+    Others,
+}
+
+impl Default for CheapWarmup {
+    fn default() -> Self {
+        CheapWarmup {
+            ratio: 0.0,
+            factor: 1.0,
+            exit_z: 0.0,
+            against: CheapAgainst::Dearest,
+        }
+    }
+}
+
+impl CheapWarmup {
+    /// Off: no candidate's warm-up changes.
+    #[must_use]
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+    pub fn is_off(&self) -> bool {
+        self.ratio == 0.0
+    }
+
+    fn validate(&self) -> Result<(), crate::ConfigError> {
+        if self.ratio != 0.0 && !(self.ratio >= 1.0 && self.ratio.is_finite()) {
+            return Err(crate::error::out_of_range(
+                "cheap_warmup.ratio",
+                self.ratio,
+                "must be 0 (off) or at least 1, e.g. 3 for candidates a third of the dearest's \
+                 price or less",
+            ));
+        }
+        if !(self.factor >= 1.0 && self.factor.is_finite()) {
+            return Err(crate::error::out_of_range(
+                "cheap_warmup.factor",
+                self.factor,
+                "must be at least 1: the cheap candidate's warm-up as a multiple of \
+                 head.warmup",
+            ));
+        }
+        crate::error::non_negative("cheap_warmup.exit_z", self.exit_z)?;
+        Ok(())
+    }
 }
 
 /// How `lqm-ts` orders the candidates whose quality is good enough (the top group).
@@ -186,6 +264,7 @@ impl Default for LqmTsConfig {
             objective: LqmTsObjective::CheapestInGroup,
             shift: ShiftConfig::default(),
             retest: LqmTsConfig::DEFAULT_RETEST,
+            cheap_warmup: CheapWarmup::default(),
         }
     }
 }
@@ -197,6 +276,7 @@ impl LqmTsConfig {
     pub(crate) fn validate(&self) -> Result<(), crate::ConfigError> {
         self.shift.validate()?;
         crate::error::unit_interval("retest", self.retest)?;
+        self.cheap_warmup.validate()?;
         self.lqm.validate()?;
         self.risk.validate()?;
         crate::error::unit_interval("quality_tolerance", self.quality_tolerance)?;
@@ -402,7 +482,7 @@ impl LqmTs {
             ..Ranking::default()
         };
         if learnt {
-            super::heads::warmup_first(&mut ranking, &self.quality.heads, &self.cfg.lqm.head);
+            self.warmup_first(&mut ranking, ctx);
         }
         // A re-test or a warm-up moved first is no member of the group it leads.
         if ranking.order.first().is_some_and(|c| !c.breakdown.warmup) {
@@ -413,6 +493,57 @@ impl LqmTs {
 }
 
 impl LqmTs {
+    /// The warm-up ([`super::heads::warmup_first`]), longer for the cheap candidates with
+    /// `cheap_warmup` on.
+    fn warmup_first(&self, ranking: &mut Ranking, ctx: &RankContext<'_>) {
+        let head = &self.cfg.lqm.head;
+        let cheap = self.cfg.cheap_warmup;
+        if cheap.is_off() {
+            super::heads::warmup_first(ranking, &self.quality.heads, head);
+            return;
+        }
+        // The price each candidate is compared with: the dearest unguarded candidate's, or
+        // the cheapest other unguarded candidate's (the two smallest, to leave out its own).
+        let costs = ranking
+            .order
+            .iter()
+            .filter(|s| !s.breakdown.guarded)
+            .map(|s| (s.index, ctx.expected_cost(s.index)));
+        let (mut dearest, mut least, mut second) =
+            (0.0, (usize::MAX, f64::INFINITY), f64::INFINITY);
+        for (i, c) in costs {
+            dearest = f64::max(dearest, c);
+            if c < least.1 {
+                second = least.1;
+                least = (i, c);
+            } else {
+                second = second.min(c);
+            }
+        }
+        let reference = |i: usize| match cheap.against {
+            CheapAgainst::Dearest => dearest,
+            CheapAgainst::Others if i == least.0 => second,
+            CheapAgainst::Others => least.1,
+        };
+        let longer = super::heads::LongerWarmup {
+            // The product of a u32 and a factor ≥ 1 (validated), rounded up.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            scores: (f64::from(head.warmup) * cheap.factor).ceil() as u64,
+            exit_z: if cheap.exit_z > 0.0 {
+                cheap.exit_z
+            } else {
+                head.warmup_exit_z
+            },
+        };
+        super::heads::warmup_first_with(ranking, &self.quality.heads, head, |i| {
+            let reference = reference(i);
+            (reference > 0.0
+                && reference.is_finite()
+                && ctx.expected_cost(i) * cheap.ratio <= reference)
+                .then_some(longer)
+        });
+    }
+
     /// Places the candidates that are not guarded in the top group, the exploring leader or
     /// the rest, once quality is learnt (see the module doc); returns the top group's bar.
     fn place_in_tiers(&self, keyed: &mut [Keyed], ctx: &RankContext<'_>, budget: bool) -> f64 {

@@ -36,7 +36,7 @@ pub use config::{NoParams, PolicyConfig, PolicyKind};
 pub use floor::{ExplorationFloor, ExplorationFloorConfig};
 pub use heads::{HeadsState, LinUcbPolicy, LinUcbPolicyConfig, Watch};
 pub use lqm::{LatencyTerm, Lqm, LqmConfig, LqmState};
-pub use lqm_ts::{LqmTs, LqmTsConfig, LqmTsObjective, LqmTsState};
+pub use lqm_ts::{CheapAgainst, CheapWarmup, LqmTs, LqmTsConfig, LqmTsObjective, LqmTsState};
 pub use observation::Observation;
 pub use priority_cooldown::{CooldownState, PriorityCooldown, PriorityCooldownConfig};
 pub use risk::{
