@@ -48,7 +48,7 @@ pub async fn serve_loops(
 /// start fails here, before anything says the gateway is listening.
 pub struct Prepared {
     state: Arc<server::state::AppState>,
-    app: axum::Router,
+    app: server::conn::App,
     limits: config::ConnectionLimits,
     /// How long the drain lasts before what is still in flight is ended through `cutoff`.
     grace: std::time::Duration,
@@ -125,8 +125,9 @@ pub async fn prepare(config: &config::GatewayConfig) -> std::io::Result<Prepared
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let state = Arc::new(state);
     let cutoff = server::drain::Cutoff::new();
-    let app = server::drain::layer(
+    let app = server::conn::App::new(
         server::router(state.clone(), config.max_body_bytes),
+        config.max_body_bytes,
         &cutoff,
     );
     Ok(Prepared {
@@ -355,7 +356,7 @@ type LoopThread = std::thread::JoinHandle<std::io::Result<()>>;
 /// socket, until `stop`
 /// turns true. Returns the threads, and for each a receiver that resolves when it ends.
 fn spawn_loops(
-    app: &axum::Router,
+    app: &server::conn::App,
     slots: &Arc<server::conn::ConnectionSlots>,
     tls: Option<&Arc<server::conn::tls::Tls>>,
     sockets: Vec<std::net::TcpListener>,

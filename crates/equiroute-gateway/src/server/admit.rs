@@ -1,5 +1,5 @@
-//! Admit: what a request passes before it is routed. The key's gate (the caller, its share
-//! of requests in flight), the body's limit, its JSON and its fields checked (a clear 400
+//! Admit: what a request passes before it is routed (after the key's gate, [`super::gate`]):
+//! the body's limit, its JSON and its fields checked (a clear 400
 //! naming the field and the fix), and the request's terms from its headers: tenant, task
 //! class, session, deadline, the client's trace, restart events ([`RequestMeta`]); what it
 //! needs of a provider ([`request_profile`]).
@@ -10,9 +10,7 @@ use super::{arms, auth};
 use crate::config::InterfaceKind;
 use crate::upstream::ClientBody;
 use axum::body::Bytes;
-use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use equiroute_core::Millis;
 use serde_json::Value;
@@ -75,85 +73,15 @@ pub fn request_profile(
     (req, tokens)
 }
 
-/// Lets through a request whose key opens `route`, with its [`auth::Caller`] as an extension;
-/// else the 401 that names the setting holding the route's keys.
-pub(super) async fn gate(
-    state: &AppState,
-    route: auth::Route,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    // Anthropic's clients send their key as `x-api-key`: taken on `/v1/messages` only.
-    let x_api_key = req.uri().path() == "/v1/messages";
-    match state.keys.caller(req.headers(), route, x_api_key) {
-        Some(caller) => {
-            // A traffic request holds a seat among its key's requests in flight until its
-            // answer's last byte (a stream's too).
-            let seat = match route {
-                auth::Route::Traffic => match state.keys.enter(&caller) {
-                    Ok(seat) => seat,
-                    Err(refused) => return refused.into_response(),
-                },
-                auth::Route::Feedback | auth::Route::Admin => None,
-            };
-            req.extensions_mut().insert(caller);
-            let response = next.run(req).await;
-            match seat {
-                Some(seat) => super::conn::HeldBody::hold(response, seat),
-                None => response,
-            }
-        }
-        None if route == auth::Route::Admin => {
-            ApiError::unauthorized_admin(state.keys.has_admin_keys()).into_response()
-        }
-        None => ApiError::unauthorized().into_response(),
-    }
-}
-
-/// The state and admin routes: a 401 that names the setting holding their keys.
-pub(super) async fn require_admin_key(
-    State(state): State<Arc<AppState>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    gate(&state, auth::Route::Admin, req, next).await
-}
-
-pub(super) async fn require_key(
-    State(state): State<Arc<AppState>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    gate(&state, auth::Route::Traffic, req, next).await
-}
-
-pub(super) async fn require_feedback_key(
-    State(state): State<Arc<AppState>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    gate(&state, auth::Route::Feedback, req, next).await
-}
-
 /// A request body as the handlers take it: the bytes, or why axum could not read them.
 pub(super) type BodyBytes = Result<Bytes, axum::extract::rejection::BytesRejection>;
 
-/// The OpenAI-style 413 of a body over `server.max_body_bytes` (axum's own answer is plain
-/// text, which SDKs cannot parse).
-pub(super) fn body_too_large() -> ApiError {
-    ApiError::invalid(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "request_too_large",
-        "the body is larger than the gateway accepts: send less, or raise server.max_body_bytes",
-    )
-}
-
-/// The bytes of `body`; a body over `server.max_body_bytes` is a 413 ([`body_too_large`]).
+/// The bytes of `body`; a body over `server.max_body_bytes` is a 413 ([`ApiError::body_too_large`]).
 pub(super) fn read_body(body: BodyBytes) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         let status = e.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            return body_too_large();
+            return ApiError::body_too_large();
         }
         ApiError::invalid(
             status,
@@ -161,30 +89,6 @@ pub(super) fn read_body(body: BodyBytes) -> Result<Bytes, ApiError> {
             format!("the body could not be read: {}", e.body_text()),
         )
     })
-}
-
-/// Layer 1's first check: a `Content-Length` over `max_body_bytes` is answered 413 at once,
-/// instead of after waiting (up to the body timeout) for a body that would be refused; the
-/// connection closes after it, its body unread.
-pub(super) async fn refuse_declared_oversize(
-    State(max_body_bytes): State<usize>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let declared = req
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max_body_bytes as u64) {
-        let mut response = body_too_large().into_response();
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            HeaderValue::from_static("close"),
-        );
-        return response;
-    }
-    next.run(req).await
 }
 
 pub(super) fn parse_json(body: BodyBytes) -> Result<ClientBody, ApiError> {

@@ -5,15 +5,14 @@
 //! than a clean end; a request still waiting for its answer gets a 503 with the same code;
 //! any other body still being written is cut (the connection closes).
 //!
-//! The layer ([`layer`]) is the outermost of the router's: the cut reaches every route.
+//! Each connection's handler ([`super::conn`]) runs its requests through [`until_cut`]: the cut
+//! reaches every route. Until the cutoff it costs a request no allocation: the wait for it
+//! borrows the handler's receiver, and a body that never waits never registers.
 
 use super::error::ApiError;
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
 use hyper::body::{Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
@@ -31,9 +30,15 @@ impl Cutoff {
         Cutoff(watch::channel(false).0)
     }
 
-    /// Ends every request in flight through a [`layer`] of this cutoff, and every later one.
+    /// Ends every request in flight through [`until_cut`] with this cutoff's receiver, and
+    /// every later one.
     pub fn cut(&self) {
         self.0.send_replace(true);
+    }
+
+    /// What a connection's handler watches to end its requests at the cutoff.
+    pub(super) fn receiver(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
     }
 }
 
@@ -43,34 +48,32 @@ impl Default for Cutoff {
     }
 }
 
-/// `app` with its requests ended at `cutoff`.
-pub fn layer(app: Router, cutoff: &Cutoff) -> Router {
-    app.layer(middleware::from_fn_with_state(cutoff.0.subscribe(), cut))
-}
-
 /// Why a request was ended.
 const MESSAGE: &str = "the gateway is shutting down and its grace period for requests in flight (server.shutdown_grace_ms) has passed: retry, another instance or the restarted gateway will answer";
 
 type Cut = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Resolves once the cutoff is given (never if its sender is gone without giving it).
-fn when_cut(mut rx: watch::Receiver<bool>) -> Cut {
-    Box::pin(async move {
-        if rx.wait_for(|cut| *cut).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    })
+async fn given(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|cut| *cut).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 fn error() -> ApiError {
     ApiError::upstream(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", MESSAGE)
 }
 
-async fn cut(State(rx): State<watch::Receiver<bool>>, req: Request, next: Next) -> Response {
-    let mut cut = when_cut(rx);
+/// The response `answer` gives, or a 503 (`shutting_down`) if the cutoff of `rx` comes
+/// first; a body still being written at the cutoff ends there (see [`CutBody`]).
+pub(super) async fn until_cut(
+    rx: watch::Receiver<bool>,
+    answer: impl Future<Output = Response>,
+) -> Response {
+    let mut waiting = rx.clone();
     let response = tokio::select! {
-        response = next.run(req) => response,
-        () = &mut cut => return error().into_response(),
+        response = answer => response,
+        () = given(&mut waiting) => return error().into_response(),
     };
     let stream = response
         .headers()
@@ -80,7 +83,8 @@ async fn cut(State(rx): State<watch::Receiver<bool>>, req: Request, next: Next) 
     response.map(|body| {
         Body::new(CutBody {
             body,
-            cut,
+            rx,
+            cut: None,
             stream,
             ended: false,
         })
@@ -91,7 +95,10 @@ async fn cut(State(rx): State<watch::Receiver<bool>>, req: Request, next: Next) 
 /// (the connection closes) otherwise.
 struct CutBody {
     body: Body,
-    cut: Cut,
+    rx: watch::Receiver<bool>,
+    /// The wait for the cutoff, made the first time the body waits (a body that is ready
+    /// whenever it is polled never needs it).
+    cut: Option<Cut>,
     stream: bool,
     ended: bool,
 }
@@ -100,6 +107,18 @@ struct CutBody {
 #[derive(Debug, thiserror::Error)]
 #[error("{MESSAGE}")]
 struct ShuttingDown;
+
+impl CutBody {
+    /// The body's last frame at the cutoff: an error event for a stream, an error otherwise.
+    fn end(&mut self) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        self.ended = true;
+        if self.stream {
+            let event = format!("data: {}\n\n", error().body());
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
+        }
+        Poll::Ready(Some(Err(axum::Error::new(ShuttingDown))))
+    }
+}
 
 impl HttpBody for CutBody {
     type Data = Bytes;
@@ -114,15 +133,21 @@ impl HttpBody for CutBody {
             return Poll::Ready(None);
         }
         // The cutoff first: a stream that never pauses is cut all the same.
-        if this.cut.as_mut().poll(cx).is_ready() {
-            this.ended = true;
-            if this.stream {
-                let event = format!("data: {}\n\n", error().body());
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
-            }
-            return Poll::Ready(Some(Err(axum::Error::new(ShuttingDown))));
+        if *this.rx.borrow() {
+            return this.end();
         }
-        Pin::new(&mut this.body).poll_frame(cx)
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        if frame.is_pending() {
+            let rx = &this.rx;
+            let cut = this.cut.get_or_insert_with(|| {
+                let mut rx = rx.clone();
+                Box::pin(async move { given(&mut rx).await })
+            });
+            if cut.as_mut().poll(cx).is_ready() {
+                return this.end();
+            }
+        }
+        frame
     }
     fn is_end_stream(&self) -> bool {
         self.ended || self.body.is_end_stream()

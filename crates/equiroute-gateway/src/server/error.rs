@@ -108,6 +108,16 @@ impl ApiError {
             format!("missing or wrong admin key: send `Authorization: Bearer <key>` with a key configured in {setting}"),
         )
     }
+    /// The OpenAI-style 413 of a body over `server.max_body_bytes` (axum's own answer is
+    /// plain text, which SDKs cannot parse).
+    pub fn body_too_large() -> Self {
+        ApiError::invalid(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            "the body is larger than the gateway accepts: send less, or raise server.max_body_bytes",
+        )
+    }
+
     /// Shared state is unusable (a lock poisoned by a crash in another request).
     pub fn internal() -> Self {
         ApiError::upstream(

@@ -7,11 +7,12 @@
 //!    `header_read_timeout_ms` and at most `max_header_bytes` (else 431), the body within
 //!    `body_read_timeout_ms` (else 408) and within the buffered-bytes limits (else 429 or 503),
 //!    an idle keep-alive connection closed after `idle_timeout_ms`;
-//!    the drain's cutoff ([`drain`], added around the router by the gateway's `serve`): after
-//!    `server.shutdown_grace_ms`, requests still in flight are ended;
-//! 1. request body limit: a `Content-Length` over `server.max_body_bytes` gets 413 at once,
-//!    before any of the body is read; a body that grows past it (chunked) gets 413 too;
-//! 2. authentication on `/v1/*` when keys are configured: a missing or wrong bearer key gets
+//!    a `Content-Length` over `server.max_body_bytes` gets 413 at once, before any of the
+//!    body is read; the drain's cutoff ([`drain`]): after `server.shutdown_grace_ms`,
+//!    requests still in flight are ended;
+//! 1. on the routes that read a body, a body that grows past `server.max_body_bytes`
+//!    (chunked) gets 413 too;
+//! 2. authentication on `/v1/*` when keys are configured (`gate.rs`): a missing or wrong bearer key gets
 //!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
 //!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the key
 //!    that matched becomes the request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
@@ -64,6 +65,7 @@ pub mod drain;
 pub mod error;
 mod execute;
 pub mod feedback;
+mod gate;
 pub mod history;
 mod introspect;
 pub mod learnt;
@@ -94,6 +96,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use equiroute_core::QualityFeedback;
 use error::{echo, ApiError};
+use gate::KeyGate;
 use repeated::Repeated;
 use serde_json::{json, Value};
 use state::{AppState, InterfaceRuntime};
@@ -105,26 +108,25 @@ pub use admit::{
 pub use introspect::STATE_PAGE_MAX;
 
 use admit::{
-    check_chat_body, deadline_from, json_kind, parse_json, read_body, refuse_declared_oversize,
-    require_admin_key, require_feedback_key, require_key, with_deadline, BodyBytes,
+    check_chat_body, deadline_from, json_kind, parse_json, read_body, with_deadline, BodyBytes,
 };
 use introspect::{get_model, interface_state, list_interfaces, list_models, metrics, readyz};
 
 /// The router of a gateway with `state`.
 pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    // The body limit joins each group's key gate in one layer: every layer of a route is one
+    // more boxed service and future per request. The other routes read no body.
+    let limit = DefaultBodyLimit::max(max_body_bytes);
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(clients::responses::create))
         .route("/v1/tools/{interface}", post(tool_call))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*model}", get(get_model))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+        .route_layer((limit, KeyGate::new(&state, auth::Route::Traffic)));
     let scores = Router::new()
         .route("/v1/feedback", post(feedback))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_feedback_key,
-        ));
+        .route_layer((limit, KeyGate::new(&state, auth::Route::Feedback)));
     let admin = Router::new()
         .route("/v1/interfaces", get(list_interfaces))
         .route("/v1/interfaces/{name}/state", get(interface_state))
@@ -136,15 +138,12 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         )
         .route("/v1/interfaces/{name}/rollout/abort", post(rollouts::abort))
         .route("/v1/admin/reload", post(reload::route))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_admin_key,
-        ));
+        .route_layer((limit, KeyGate::new(&state, auth::Route::Admin)));
     // Anthropic's clients read errors in Anthropic's shape, the 401 included: the shape is
     // rewritten outside the key check.
     let messages = Router::new()
         .route("/v1/messages", post(clients::messages::create))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .route_layer((limit, KeyGate::new(&state, auth::Route::Traffic)))
         .route_layer(middleware::map_response(clients::messages::error_shape));
     Router::new()
         .merge(v1)
@@ -157,11 +156,6 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .route("/metrics", get(metrics))
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            max_body_bytes,
-            refuse_declared_oversize,
-        ))
         .with_state(state)
 }
 

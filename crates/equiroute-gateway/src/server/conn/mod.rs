@@ -41,16 +41,22 @@
 //! timer). A refused connection of an HTTPS listener is closed without an answer: writing a
 //! refusal would take the handshake the refusal is there to save.
 //!
+//! Before routing, a request whose `Content-Length` is over `max_body_bytes` gets a 413 at
+//! once, instead of after waiting (up to the body timeout) for a body that would be refused;
+//! the connection closes after it, its body unread. At the drain's cutoff ([`super::drain`])
+//! what is still in flight is ended.
+//!
 //! Hyper's own `header_read_timeout` is not used: it also runs while a keep-alive connection
 //! waits for its next request, so it would close idle connections at the header timeout
 //! instead of the idle one.
 
+use super::drain::{self, Cutoff};
 use super::error::ApiError;
 use super::metrics::Metrics;
 use crate::config::{ConnectionLimits, MIN_MAX_HEADER_BYTES};
 use axum::body::{Body, Bytes};
-use axum::http::{Request, StatusCode};
-use axum::response::Response;
+use axum::http::{header, HeaderValue, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
@@ -424,17 +430,56 @@ impl Drop for Slot {
     }
 }
 
+/// What each connection serves: the router, behind the check of a declared body size and
+/// the drain's cutoff (see the module's documentation).
+#[derive(Clone)]
+pub struct App {
+    router: TowerToHyperService<Router>,
+    max_body_bytes: usize,
+    cutoff: watch::Receiver<bool>,
+}
+
+impl App {
+    /// `router`, refusing bodies declared over `max_body_bytes`, its requests ended at
+    /// `cutoff`.
+    #[must_use]
+    pub fn new(router: Router, max_body_bytes: usize, cutoff: &Cutoff) -> App {
+        App {
+            router: TowerToHyperService::new(router),
+            max_body_bytes,
+            cutoff: cutoff.receiver(),
+        }
+    }
+
+    /// Whether `req` declares a body over the limit.
+    fn declares_oversize<B>(&self, req: &Request<B>) -> bool {
+        req.headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > self.max_body_bytes as u64)
+    }
+}
+
+/// The 413 of a body declared too large; the connection closes after it, the body unread.
+fn oversize() -> Response {
+    let mut response = ApiError::body_too_large().into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 /// Serves `app` on `listener` until `stop` turns true (or its sender is gone), then stops
 /// accepting, lets each connection finish its request in flight, and returns once every
 /// connection is closed. `slots` holds the limits, shared with the other event loops.
 pub async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: App,
     slots: Arc<ConnectionSlots>,
     mut stop: watch::Receiver<bool>,
     tls: Option<Arc<Tls>>,
 ) {
-    let app = TowerToHyperService::new(app);
     // Each connection holds a sender; `recv` answers `None` once they are all dropped.
     let (open, mut all_closed) = mpsc::channel::<()>(1);
     loop {
@@ -558,7 +603,7 @@ async fn secured(
     stream: TcpStream,
     peer: IpAddr,
     tls: Arc<Tls>,
-    app: TowerToHyperService<Router>,
+    app: App,
     mut stop: watch::Receiver<bool>,
     held: (Seat, mpsc::Sender<()>),
 ) {
@@ -583,7 +628,7 @@ async fn secured(
 /// `stop` (then the requests in flight finish first).
 async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
-    app: TowerToHyperService<Router>,
+    app: App,
     mut stop: watch::Receiver<bool>,
     held: (Seat, mpsc::Sender<()>),
     protocol: Protocol,
@@ -689,7 +734,7 @@ impl Watch<'_> {
 /// the buffered bytes, and the request stays in flight until its response has been written.
 #[derive(Clone)]
 struct Handler {
-    app: TowerToHyperService<Router>,
+    app: App,
     activity: Arc<Activity>,
     slots: Arc<ConnectionSlots>,
     share: Arc<AddressShare>,
@@ -702,6 +747,12 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let in_flight = InFlight::start(self.activity.clone());
+        if self.app.declares_oversize(&req) {
+            return Box::pin(std::future::ready(Ok(HeldBody::hold(
+                oversize(),
+                in_flight,
+            ))));
+        }
         let fault = Arc::new(OnceLock::new());
         let limits = self.slots.limits;
         let deadline = Instant::now() + limits.body_read_timeout;
@@ -718,12 +769,16 @@ impl hyper::service::Service<Request<Incoming>> for Handler {
                 fault: fault.clone(),
             })
         });
-        let answer = hyper::service::Service::call(&self.app, req);
+        let answer = hyper::service::Service::call(&self.app.router, req);
+        let cutoff = self.app.cutoff.clone();
         Box::pin(async move {
-            let response = match answer.await {
-                Ok(response) => response,
-                Err(never) => match never {},
+            let answer = async {
+                match answer.await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
             };
+            let response = drain::until_cut(cutoff, answer).await;
             // However the handler reported the unreadable body, the client is told why.
             let response = match fault.get() {
                 Some(fault) => fault.response(&limits),
