@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{protocol_error, raw_answer};
@@ -31,15 +30,12 @@ pub(super) enum Phase {
 /// across an `.await`.
 pub(super) struct Activity {
     pub(super) phase: Mutex<Phase>,
-    /// Told when a deadline appears or moves earlier.
-    pub(super) changed: Notify,
 }
 
 impl Activity {
     pub(super) fn new() -> Self {
         Activity {
             phase: Mutex::new(Phase::Head(Instant::now())),
-            changed: Notify::new(),
         }
     }
 
@@ -49,16 +45,11 @@ impl Activity {
 
     /// Bytes arrived: after an idle spell, they start a request, whose headers are now due.
     pub(super) fn bytes_read(&self) {
-        let head = self.update(|phase| match phase {
-            Phase::Idle(_) => {
+        self.update(|phase| {
+            if let Phase::Idle(_) = phase {
                 *phase = Phase::Head(Instant::now());
-                true
             }
-            Phase::Head(_) | Phase::Busy(_) => false,
         });
-        if head {
-            self.changed.notify_one();
-        }
     }
 
     pub(super) fn request_started(&self) {
@@ -71,19 +62,10 @@ impl Activity {
     }
 
     pub(super) fn request_finished(&self) {
-        let idle = self.update(|phase| match phase {
-            Phase::Busy(n) if *n > 1 => {
-                *n -= 1;
-                false
-            }
-            _ => {
-                *phase = Phase::Idle(Instant::now());
-                true
-            }
+        self.update(|phase| match phase {
+            Phase::Busy(n) if *n > 1 => *n -= 1,
+            _ => *phase = Phase::Idle(Instant::now()),
         });
-        if idle {
-            self.changed.notify_one();
-        }
     }
 
     /// Whether a request's head is being read: hyper writes nothing then but its own answer
@@ -95,29 +77,38 @@ impl Activity {
 
     /// Resolves when the current phase has outlived its limit: headers not complete within
     /// the header timeout, or idle for the idle timeout. Never while a request is in flight.
+    ///
+    /// Nothing tells the watchdog that the phase changed (that cost every request a wake-up
+    /// and a new timer): it wakes at the current phase's deadline, or sooner, after the
+    /// shorter of the two timeouts. A phase that starts later has its deadline at least that
+    /// long after its start, so no deadline is ever overslept, and a busy or idle connection
+    /// costs one wake-up per that interval rather than one per request.
     pub(super) async fn expired(&self, limits: &ConnectionLimits) {
+        let recheck = limits
+            .header_read_timeout
+            .min(limits.idle_timeout)
+            .max(MIN_RECHECK);
+        let sleep = tokio::time::sleep(recheck);
+        tokio::pin!(sleep);
         loop {
-            // A notification sent after the phase is read is kept (`notify_one` stores a
-            // permit), so none is missed.
-            let changed = self.changed.notified();
+            let now = Instant::now();
             let deadline = match self.update(|phase| *phase) {
                 Phase::Head(since) => Some(since + limits.header_read_timeout),
                 Phase::Idle(since) => Some(since + limits.idle_timeout),
                 Phase::Busy(_) => None,
             };
-            match deadline {
-                Some(deadline) if deadline <= Instant::now() => return,
-                Some(deadline) => {
-                    tokio::select! {
-                        () = tokio::time::sleep_until(deadline) => {}
-                        () = changed => {}
-                    }
-                }
-                None => changed.await,
+            if deadline.is_some_and(|deadline| deadline <= now) {
+                return;
             }
+            let wake = deadline.map_or(now + recheck, |deadline| deadline.min(now + recheck));
+            sleep.as_mut().reset(wake);
+            sleep.as_mut().await;
         }
     }
 }
+
+/// The watchdog's shortest interval between two looks at the phase, whatever the limits.
+const MIN_RECHECK: Duration = Duration::from_millis(1);
 
 /// The socket (or the TLS stream over it), telling its connection's [`Activity`] when bytes
 /// arrive, and failing a write that has waited `send_timeout` for a client that does not read.
@@ -250,5 +241,47 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedIo<'_, S> {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut *self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The watchdog is never told that the phase changed: it must still fire at each phase's
+    /// own deadline, the idle one after a request, and a head's that comes before the idle
+    /// deadline it was sleeping toward.
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_fires_at_each_phases_deadline_without_being_told() {
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(5),
+            ..ConnectionLimits::default()
+        };
+        let activity = Arc::new(Activity::new());
+        let start = Instant::now();
+        // Busy from 0.5 s (before the head's deadline), idle from 3 s: due at 8 s.
+        let a = activity.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            a.request_started();
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            a.request_finished();
+        });
+        activity.expired(&limits).await;
+        assert_eq!(Instant::now() - start, Duration::from_secs(8));
+
+        // Idle from 8 s; bytes at 10 s start a head, due at 11 s, before the idle deadline
+        // (13 s).
+        activity.request_started();
+        activity.request_finished();
+        let idle_from = Instant::now();
+        let a = activity.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            a.bytes_read();
+        });
+        activity.expired(&limits).await;
+        assert_eq!(Instant::now() - idle_from, Duration::from_secs(3));
     }
 }
