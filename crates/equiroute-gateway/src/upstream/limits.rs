@@ -51,6 +51,14 @@ impl Capacity {
     /// Reads `headers`; `now_unix_ms` turns Anthropic's reset times into waits.
     #[must_use]
     pub fn of(headers: &HeaderMap, now_unix_ms: f64) -> Capacity {
+        // Most answers carry none of them: one pass over the names saves eight lookups.
+        let announced = |name: &HeaderName| {
+            let name = name.as_str();
+            name.starts_with("x-ratelimit-") || name.starts_with("anthropic-ratelimit-")
+        };
+        if !headers.keys().any(announced) {
+            return Capacity::default();
+        }
         let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
         let left = |[remaining, reset]: &[HeaderName; 2], at_time: bool| {
             let remaining = text(remaining)?.trim().parse::<u64>().ok()?;
