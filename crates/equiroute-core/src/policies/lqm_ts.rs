@@ -502,6 +502,26 @@ impl LqmTs {
             super::heads::warmup_first(ranking, &self.quality.heads, head);
             return;
         }
+        let longer = super::heads::LongerWarmup {
+            // The product of a u32 and a factor ≥ 1 (validated), rounded up.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            scores: (f64::from(head.warmup) * cheap.factor).ceil() as u64,
+            exit_z: if cheap.exit_z > 0.0 {
+                cheap.exit_z
+            } else {
+                head.warmup_exit_z
+            },
+        };
+        // Past the longer warm-up (the request path's usual case) no candidate can be in
+        // either warm-up: no price is looked at.
+        let heads = &self.quality.heads;
+        if ranking
+            .order
+            .iter()
+            .all(|s| heads.heads[s.index].count() >= longer.scores)
+        {
+            return;
+        }
         // The price each candidate is compared with: the dearest unguarded candidate's, or
         // the cheapest other unguarded candidate's (the two smallest, to leave out its own).
         let costs = ranking
@@ -525,17 +545,7 @@ impl LqmTs {
             CheapAgainst::Others if i == least.0 => second,
             CheapAgainst::Others => least.1,
         };
-        let longer = super::heads::LongerWarmup {
-            // The product of a u32 and a factor ≥ 1 (validated), rounded up.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            scores: (f64::from(head.warmup) * cheap.factor).ceil() as u64,
-            exit_z: if cheap.exit_z > 0.0 {
-                cheap.exit_z
-            } else {
-                head.warmup_exit_z
-            },
-        };
-        super::heads::warmup_first_with(ranking, &self.quality.heads, head, |i| {
+        super::heads::warmup_first_with(ranking, heads, head, |i| {
             let reference = reference(i);
             (reference > 0.0
                 && reference.is_finite()

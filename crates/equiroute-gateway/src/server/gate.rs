@@ -23,6 +23,8 @@ use std::task::{Context, Poll};
 pub(super) struct KeyGate {
     state: Arc<AppState>,
     route: auth::Route,
+    /// The key may come as `x-api-key` (Anthropic's clients send it so): `/v1/messages` only.
+    x_api_key: bool,
 }
 
 impl KeyGate {
@@ -30,16 +32,23 @@ impl KeyGate {
         KeyGate {
             state: state.clone(),
             route,
+            x_api_key: false,
+        }
+    }
+
+    /// The gate of `/v1/messages`: the traffic keys, also as `x-api-key`.
+    pub(super) fn messages(state: &Arc<AppState>) -> KeyGate {
+        KeyGate {
+            x_api_key: true,
+            ..KeyGate::new(state, auth::Route::Traffic)
         }
     }
 
     /// Lets `req` in (its caller inserted, with its seat for a traffic request), or the
     /// error that refuses it.
     fn admit(&self, req: &mut Request) -> Result<Option<KeySeat>, ApiError> {
-        // Anthropic's clients send their key as `x-api-key`: taken on `/v1/messages` only.
-        let x_api_key = req.uri().path() == "/v1/messages";
         let keys = &self.state.keys;
-        let Some(caller) = keys.caller(req.headers(), self.route, x_api_key) else {
+        let Some(caller) = keys.caller(req.headers(), self.route, self.x_api_key) else {
             return Err(match self.route {
                 auth::Route::Admin => ApiError::unauthorized_admin(keys.has_admin_keys()),
                 auth::Route::Traffic | auth::Route::Feedback => ApiError::unauthorized(),

@@ -12,8 +12,8 @@
 //!    requests still in flight are ended;
 //! 1. on the routes that read a body, a body that grows past `server.max_body_bytes`
 //!    (chunked) gets 413 too;
-//! 2. authentication on `/v1/*` when keys are configured (`gate.rs`): a missing or wrong bearer key gets
-//!    an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
+//! 2. authentication on `/v1/*` when keys are configured (`gate.rs`): a missing or wrong
+//!    bearer key gets an OpenAI-style 401 (keys compared in constant time; `/v1/messages` also takes
 //!    `x-api-key`, and answers its errors, this 401 included, in Anthropic's shape); the key
 //!    that matched becomes the request's [`auth::Caller`] (an extension), which decides its tenant, its task classes
 //!    and whose requests it may score; on the traffic routes it holds one of its key's
@@ -143,7 +143,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     // rewritten outside the key check.
     let messages = Router::new()
         .route("/v1/messages", post(clients::messages::create))
-        .route_layer((limit, KeyGate::new(&state, auth::Route::Traffic)))
+        .route_layer((limit, KeyGate::messages(&state)))
         .route_layer(middleware::map_response(clients::messages::error_shape));
     Router::new()
         .merge(v1)
