@@ -123,17 +123,30 @@ impl LogLatencyStats {
 
     /// Decays the sums to `now` (never backwards).
     pub fn decay_to(&mut self, now: Timestamp, half_life_ms: Option<f64>) {
+        self.decay_parts(now, half_life_ms, true);
+    }
+
+    /// [`Self::decay_to`], the histogram too only when `shape`.
+    fn decay_parts(&mut self, now: Timestamp, half_life_ms: Option<f64>, shape: bool) {
         if now.0 > self.at.0 {
-            self.scale(decay_factor(half_life_ms, now.0 - self.at.0));
+            self.scale_parts(decay_factor(half_life_ms, now.0 - self.at.0), shape);
             self.at = now;
         }
     }
 
     /// Multiplies the weight and the deviation sum by `factor` (the mean is unchanged).
     pub fn scale(&mut self, factor: f64) {
+        self.scale_parts(factor, true);
+    }
+
+    /// [`Self::scale`], the histogram too only when `shape` (a caller that reads only the
+    /// posterior skips its bins).
+    pub fn scale_parts(&mut self, factor: f64, shape: bool) {
         self.weight *= factor;
         self.deviation_sum *= factor;
-        self.shape.scale(factor);
+        if shape {
+            self.shape.scale(factor);
+        }
     }
 
     /// Adds a log-latency `y` with weight `w` and extra spread `extra_var` (the conditional
@@ -218,23 +231,56 @@ impl LogLatencyStats {
     /// Adds another instance's statistics (Chan's parallel formula after decaying both to the
     /// later of their two times): the statistics of the union of the two streams.
     pub fn merge(&mut self, other: &LogLatencyStats, half_life_ms: Option<f64>) {
-        let mut other = *other;
-        let t = if other.at.0 > self.at.0 {
-            other.at
-        } else {
-            self.at
-        };
-        self.decay_to(t, half_life_ms);
-        other.decay_to(t, half_life_ms);
-        let total = self.weight + other.weight;
+        self.merge_scaled(other, None, half_life_ms, true);
+    }
+
+    /// [`Self::merge`] of `other` as it is after `pre = (factor, at)`, its sums and histogram
+    /// times `factor` and its time `at` (a decay done by the caller), without copying it; the
+    /// histograms only when `shape`. Each number gets the products a scaled copy would, in the
+    /// same order, so the result is the same to the bit.
+    pub fn merge_scaled(
+        &mut self,
+        other: &LogLatencyStats,
+        pre: Option<(f64, Timestamp)>,
+        half_life_ms: Option<f64>,
+        shape: bool,
+    ) {
+        // The factors `other`'s numbers are multiplied by, in order: `pre`'s, then the decay
+        // to the later time.
+        let mut factors = [1.0; 2];
+        let mut used = 0;
+        let (mut weight, mut deviation_sum, mut at) = (other.weight, other.deviation_sum, other.at);
+        if let Some((f, to)) = pre {
+            weight *= f;
+            deviation_sum *= f;
+            at = to;
+            factors[used] = f;
+            used += 1;
+        }
+        let t = if at.0 > self.at.0 { at } else { self.at };
+        self.decay_parts(t, half_life_ms, shape);
+        if t.0 > at.0 {
+            let f = decay_factor(half_life_ms, t.0 - at.0);
+            weight *= f;
+            deviation_sum *= f;
+            factors[used] = f;
+            used += 1;
+        }
+        let total = self.weight + weight;
         if total > 0.0 {
             let delta = other.mean_log - self.mean_log;
-            self.mean_log += delta * other.weight / total;
-            self.deviation_sum +=
-                other.deviation_sum + delta * delta * self.weight * other.weight / total;
+            self.mean_log += delta * weight / total;
+            self.deviation_sum += deviation_sum + delta * delta * self.weight * weight / total;
         }
         self.weight = total;
-        self.shape.add_all(&other.shape);
+        if shape {
+            let bins = self.shape.mass.iter_mut().zip(&other.shape.mass);
+            match factors[..used] {
+                [f, g] => bins.for_each(|(m, o)| *m += o * f * g),
+                [f] => bins.for_each(|(m, o)| *m += o * f),
+                _ => bins.for_each(|(m, o)| *m += o),
+            }
+        }
         self.count += other.count;
         self.censored += other.censored;
     }
@@ -244,13 +290,20 @@ impl LogLatencyStats {
     #[must_use]
     pub fn capped(&self, max_weight: f64) -> LogLatencyStats {
         let mut s = *self;
-        if s.weight > max_weight {
-            let f = max_weight / s.weight;
-            s.weight = max_weight;
-            s.deviation_sum *= f;
-            s.shape.scale(f);
-        }
+        s.cap(max_weight, true);
         s
+    }
+
+    /// [`Self::capped`] in place, the histogram too only when `shape`.
+    pub fn cap(&mut self, max_weight: f64, shape: bool) {
+        if self.weight > max_weight {
+            let f = max_weight / self.weight;
+            self.weight = max_weight;
+            self.deviation_sum *= f;
+            if shape {
+                self.shape.scale(f);
+            }
+        }
     }
 
     /// The posterior under `prior` (the four update formulas).
@@ -441,6 +494,38 @@ mod tests {
         let p = LogLatencyStats::from_latencies(&many).posterior(&NigPrior::default());
         let d = 1.4 * p.median_ms();
         assert!((p.point_exceedance(d) / p.predictive_exceedance(d) - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_merge_of_a_scaled_view_is_the_merge_of_a_scaled_copy_to_the_bit() {
+        let h = Some(700.0);
+        let mut a = LogLatencyStats::default();
+        let mut b = LogLatencyStats::default();
+        for (t, l) in [(0.0, 120.0), (150.0, 35.0), (400.0, 900.0)] {
+            a.observe(Timestamp(t), l, h);
+        }
+        for (t, l) in [(50.0, 80.0), (90.0, 2500.0), (260.0, 11.0)] {
+            b.observe(Timestamp(t), l, h);
+        }
+        // `pre` brings b to 300 ms; the merge then decays it again to a's 400 ms.
+        let f = decay_factor(h, 300.0 - 260.0);
+        let mut copy = b;
+        copy.scale(f);
+        copy.at = Timestamp(300.0);
+        let mut want = a;
+        want.merge(&copy, h);
+        let mut got = a;
+        got.merge_scaled(&b, Some((f, Timestamp(300.0))), h, true);
+        assert_eq!(got, want);
+        assert!(got.shape.mass.iter().any(|&m| m > 0.0));
+        // Without the histogram: the same sums, the histogram untouched.
+        let mut sums = a;
+        sums.merge_scaled(&b, Some((f, Timestamp(300.0))), h, false);
+        assert_eq!(
+            (sums.weight, sums.mean_log, sums.deviation_sum, sums.count),
+            (want.weight, want.mean_log, want.deviation_sum, want.count)
+        );
+        assert_eq!(sums.shape, a.shape);
     }
 
     #[test]

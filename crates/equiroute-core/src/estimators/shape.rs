@@ -55,36 +55,78 @@ impl LatencyBelief {
         Some((n0, self.shape.mass_above(y, mu - self.shift, sigma), total))
     }
 
-    /// `(n₀·p + M(> d)) / (n₀ + M)`, or `p` without histogram.
-    fn blend(&self, nig: f64, deadline_ms: f64) -> f64 {
-        match self.blend_terms(deadline_ms) {
-            Some((n0, above, total)) => ((n0 * nig + above) / (n0 + total)).clamp(0.0, 1.0),
-            None => nig,
+    /// The belief read at one deadline: the histogram's part computed once for every
+    /// `P(L > d)` asked of it (a bound, a point, a draw).
+    #[must_use]
+    pub fn at(&self, deadline_ms: f64) -> Exceedance<'_> {
+        Exceedance {
+            belief: self,
+            deadline_ms,
+            terms: self.blend_terms(deadline_ms),
         }
     }
 
     /// Predictive `P(L > d)`: the blend of the Student-t predictive and the histogram.
     #[must_use]
     pub fn exceedance(&self, deadline_ms: f64) -> f64 {
-        self.blend(
-            self.posterior.predictive_exceedance(deadline_ms),
-            deadline_ms,
-        )
+        self.at(deadline_ms).point()
     }
 
     /// An upper bound of [`Self::exceedance`] that skips the t tail when the deadline is past
     /// the posterior median (NIG part at most ½): `None` when that does not hold.
     #[must_use]
     pub fn exceedance_bound(&self, deadline_ms: f64) -> Option<f64> {
-        (deadline_ms > 0.0 && deadline_ms.ln() >= self.posterior.mu_n)
-            .then(|| self.blend(0.5, deadline_ms))
+        self.at(deadline_ms).bound()
     }
 
     /// One Thompson draw of `P(L > d)`: a NIG draw blended with the histogram (averages to
     /// [`Self::exceedance`]).
     pub fn sampled_exceedance(&self, deadline_ms: f64, rng: &mut dyn RngCore) -> f64 {
-        let nig = self.posterior.sampled_exceedance(deadline_ms, rng);
-        self.blend(nig, deadline_ms)
+        self.at(deadline_ms).sampled(rng)
+    }
+}
+
+/// A [`LatencyBelief`] at one deadline `d` ([`LatencyBelief::at`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Exceedance<'b> {
+    belief: &'b LatencyBelief,
+    deadline_ms: f64,
+    terms: Option<(f64, f64, f64)>,
+}
+
+impl Exceedance<'_> {
+    /// `(n₀·p + M(> d)) / (n₀ + M)`, or `p` without histogram.
+    fn blend(&self, nig: f64) -> f64 {
+        match self.terms {
+            Some((n0, above, total)) => ((n0 * nig + above) / (n0 + total)).clamp(0.0, 1.0),
+            None => nig,
+        }
+    }
+
+    /// [`LatencyBelief::exceedance`].
+    #[must_use]
+    pub fn point(&self) -> f64 {
+        self.blend(
+            self.belief
+                .posterior
+                .predictive_exceedance(self.deadline_ms),
+        )
+    }
+
+    /// [`LatencyBelief::exceedance_bound`].
+    #[must_use]
+    pub fn bound(&self) -> Option<f64> {
+        let d = self.deadline_ms;
+        (d > 0.0 && d.ln() >= self.belief.posterior.mu_n).then(|| self.blend(0.5))
+    }
+
+    /// [`LatencyBelief::sampled_exceedance`].
+    pub fn sampled(&self, rng: &mut dyn RngCore) -> f64 {
+        let nig = self
+            .belief
+            .posterior
+            .sampled_exceedance(self.deadline_ms, rng);
+        self.blend(nig)
     }
 }
 

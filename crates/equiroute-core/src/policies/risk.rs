@@ -25,7 +25,7 @@ use crate::decision::{AttemptStatus, SlicePath, Timestamp};
 use crate::estimators::decay_factor;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig};
 use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPosterior, NigPrior};
-use crate::estimators::shape::LatencyBelief;
+use crate::estimators::shape::{Exceedance, LatencyBelief, LatencyHistogram};
 use crate::hash::KeyHasher;
 use crate::StateError;
 use rand::RngCore;
@@ -482,37 +482,53 @@ impl RiskModel {
     /// strength down the slice path.
     #[must_use]
     pub fn posterior(&self, i: usize, slice: SlicePath, now: Timestamp) -> NigPosterior {
-        self.effective(i, slice, now)
+        self.effective(i, slice, now, false)
             .posterior(&self.cfg.latency_prior)
     }
 
-    /// Effective statistics of candidate `i` in `slice` at `now` (sums and histogram).
-    fn effective(&self, i: usize, slice: SlicePath, now: Timestamp) -> LogLatencyStats {
+    /// Effective statistics of candidate `i` in `slice` at `now`: the sums, and the histogram
+    /// when `shape` (else left empty: the posterior reads only the sums).
+    fn effective(
+        &self,
+        i: usize,
+        slice: SlicePath,
+        now: Timestamp,
+        shape: bool,
+    ) -> LogLatencyStats {
         let hl = self.cfg.latency_half_life_ms;
         // Levels are usually updated together, so one decay factor serves them all.
         let mut memo = (u64::MAX, 1.0);
         let mut effective = LogLatencyStats::default();
         for (level, &key) in self.used_levels(&slice).iter().enumerate() {
-            let own = self.latency.get(&(i as u32, key)).map(|s| {
-                let mut s = s.stats;
-                if s.at.0 < now.0 {
-                    // Keyed by the exact bits: the memo is for identical timestamps only.
-                    if s.at.0.to_bits() != memo.0 {
-                        memo = (s.at.0.to_bits(), decay_factor(hl, now.0 - s.at.0));
-                    }
-                    s.scale(memo.1);
-                    s.at = now;
+            let own = self.latency.get(&(i as u32, key)).map(|s| &s.stats);
+            // What brings the level's own statistics to `now`, read in place (not copied).
+            let pre = own.filter(|s| s.at.0 < now.0).map(|s| {
+                // Keyed by the exact bits: the memo is for identical timestamps only.
+                if s.at.0.to_bits() != memo.0 {
+                    memo = (s.at.0.to_bits(), decay_factor(hl, now.0 - s.at.0));
                 }
-                s
+                (memo.1, now)
             });
             if level == 0 {
-                effective = own.unwrap_or_default();
-            } else {
-                let mut borrowed = effective.capped(self.cfg.borrow_strength);
                 if let Some(own) = own {
-                    borrowed.merge(&own, hl);
+                    effective = LogLatencyStats {
+                        shape: if shape {
+                            own.shape
+                        } else {
+                            LatencyHistogram::default()
+                        },
+                        ..*own
+                    };
+                    if let Some((f, at)) = pre {
+                        effective.scale_parts(f, shape);
+                        effective.at = at;
+                    }
                 }
-                effective = borrowed;
+            } else {
+                effective.cap(self.cfg.borrow_strength, shape);
+                if let Some(own) = own {
+                    effective.merge_scaled(own, pre, hl, shape);
+                }
             }
         }
         effective
@@ -522,7 +538,7 @@ impl RiskModel {
     /// posterior shifted by the fast level, and the slice's histogram.
     #[must_use]
     pub fn belief(&self, i: usize, slice: SlicePath, now: Timestamp) -> LatencyBelief {
-        let effective = self.effective(i, slice, now);
+        let effective = self.effective(i, slice, now, true);
         let fresh = self.freshness(i, now);
         let mut posterior = self.faded(effective.posterior(&self.cfg.latency_prior), fresh);
         let shift = self.levels[i].shift(now, &self.cfg, posterior.mean_sigma2());
@@ -615,8 +631,10 @@ impl RiskModel {
                 latency_unseen,
             };
         };
-        if self.over_guard(point_failure, &belief, deadline.0) {
-            let exceedance = belief.exceedance(deadline.0);
+        // The histogram's part of `P(L > d)` once, for the guard's bound and the draw.
+        let at = belief.at(deadline.0);
+        if self.over_guard(point_failure, &at) {
+            let exceedance = at.point();
             return RiskSample {
                 failure,
                 exceedance,
@@ -626,7 +644,7 @@ impl RiskModel {
                 latency_unseen,
             };
         }
-        let exceedance = belief.sampled_exceedance(deadline.0, rng);
+        let exceedance = at.sampled(rng);
         RiskSample {
             failure,
             exceedance,
@@ -651,19 +669,16 @@ impl RiskModel {
     /// point `P(L>d)` exceeds `t = (guard − P(fail))/(1 − P(fail))`; a median below the
     /// deadline means the NIG part of `P(L>d)` is at most ½, which settles the common case
     /// without evaluating the t tail.
-    fn over_guard(&self, failure: f64, belief: &LatencyBelief, deadline_ms: f64) -> bool {
+    fn over_guard(&self, failure: f64, at: &Exceedance<'_>) -> bool {
         let guard = self.cfg.exploration_guard;
         if failure >= 1.0 {
             return true;
         }
         let threshold = (guard - failure) / (1.0 - failure);
-        if belief
-            .exceedance_bound(deadline_ms)
-            .is_some_and(|bound| bound <= threshold)
-        {
+        if at.bound().is_some_and(|bound| bound <= threshold) {
             return false;
         }
-        bad_outcome_probability(failure, belief.exceedance(deadline_ms)) > guard
+        bad_outcome_probability(failure, at.point()) > guard
     }
 
     /// How much of candidate `i`'s latency evidence still counts at `now`: `2^(−age/h)`, where
@@ -828,7 +843,7 @@ impl RiskModel {
         if self.cfg.censored_tail != CensoredTail::Belief {
             return None;
         }
-        let effective = self.effective(i, obs.slice, obs.now);
+        let effective = self.effective(i, obs.slice, obs.now, true);
         let cut = obs.outcome.latency.0.max(1e-3).ln();
         effective.shape.tail_shares(cut, mu, sigma, n0)
     }
