@@ -73,6 +73,23 @@ pub fn request_profile(
     (req, tokens)
 }
 
+/// A request's headers, moved out of it instead of copied (axum's `HeaderMap` extractor
+/// clones the map: an allocation and a copy of every header per request). Extractors after
+/// it see no headers: it goes last among a handler's parts, before the body (whose bytes
+/// axum reads without them).
+pub(super) struct TakenHeaders(pub HeaderMap);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for TakenHeaders {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(TakenHeaders(std::mem::take(&mut parts.headers)))
+    }
+}
+
 /// A request body as the handlers take it: the bytes, or why axum could not read them.
 pub(super) type BodyBytes = Result<Bytes, axum::extract::rejection::BytesRejection>;
 
@@ -136,6 +153,24 @@ const RESTART: HeaderName = HeaderName::from_static(RESTART_HEADER);
 const SESSION: HeaderName = HeaderName::from_static(arms::SESSION_HEADER);
 const DEADLINE: HeaderName = HeaderName::from_static("x-equiroute-deadline-ms");
 
+/// The prefix every header the gateway reads by name shares (W3C `traceparent` aside).
+const OWN_PREFIX: &str = "x-equiroute-";
+
+/// The request's headers when it carries any of the gateway's own (`x-equiroute-*`), else an
+/// empty map. Most requests carry none: one pass over the names spares the lookups by name
+/// (each hashes the name) that would find nothing; a lookup in the empty map returns at once.
+pub(super) fn own_headers(headers: &HeaderMap) -> &HeaderMap {
+    static NONE: std::sync::LazyLock<HeaderMap> = std::sync::LazyLock::new(HeaderMap::new);
+    if headers
+        .keys()
+        .any(|name| name.as_str().starts_with(OWN_PREFIX))
+    {
+        headers
+    } else {
+        &NONE
+    }
+}
+
 /// Whether the request asks for restart events.
 ///
 /// # Errors
@@ -162,18 +197,19 @@ impl RequestMeta {
     /// A tenant header that is not a tenant name (400) or that another tenant's key sent
     /// (403); a task class the key may not name (403).
     pub(super) fn of(headers: &HeaderMap, caller: &auth::Caller) -> Result<RequestMeta, ApiError> {
+        let own = own_headers(headers);
         Ok(RequestMeta {
-            tenant: auth::tenant_of(headers, caller)?,
-            task_class: auth::task_class_of(headers, caller)?,
+            tenant: auth::tenant_of(own, caller)?,
+            task_class: auth::task_class_of(own, caller)?,
             owner: caller.owner(),
-            session: headers
+            session: own
                 .get(SESSION)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
                 .map(str::to_owned),
             trace_parent: crate::telemetry::remote_parent(headers),
-            restart_events: restart_events_of(headers)?,
+            restart_events: restart_events_of(own)?,
         })
     }
 
@@ -214,7 +250,7 @@ pub(super) fn deadline_from(
     headers: &HeaderMap,
     iface: &InterfaceRuntime,
 ) -> Result<(Option<Millis>, bool), ApiError> {
-    let Some(v) = headers.get(DEADLINE) else {
+    let Some(v) = own_headers(headers).get(DEADLINE) else {
         return Ok((iface.deadline, false));
     };
     // Less than an attempt's least time (1 ms) could never be met: the caller's mistake,
@@ -368,4 +404,39 @@ pub(super) fn check_chat_body(body: &Value) -> Result<&str, ApiError> {
         ));
     }
     Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_header_read_by_name_is_one_the_single_pass_looks_for() {
+        for name in [
+            RESTART_HEADER,
+            arms::SESSION_HEADER,
+            DEADLINE.as_str(),
+            auth::TENANT_HEADER,
+            auth::TASK_CLASS_HEADER,
+        ] {
+            assert!(
+                name.starts_with(OWN_PREFIX),
+                "{name} is read through own_headers"
+            );
+        }
+    }
+
+    #[test]
+    fn own_headers_are_the_requests_when_it_carries_one_else_none() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        assert!(own_headers(&headers).is_empty());
+        headers.insert(DEADLINE, HeaderValue::from_static("250"));
+        let own = own_headers(&headers);
+        assert_eq!(own.len(), 2);
+        assert_eq!(
+            own.get(DEADLINE).map(HeaderValue::as_bytes),
+            Some(&b"250"[..])
+        );
+    }
 }

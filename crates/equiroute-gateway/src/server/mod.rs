@@ -109,6 +109,7 @@ pub use introspect::STATE_PAGE_MAX;
 
 use admit::{
     check_chat_body, deadline_from, json_kind, parse_json, read_body, with_deadline, BodyBytes,
+    TakenHeaders,
 };
 use introspect::{get_model, interface_state, list_interfaces, list_models, metrics, readyz};
 
@@ -281,7 +282,7 @@ fn routing_headers(h: &mut HeaderMap, request_id: &str, provider: Option<&str>, 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<auth::Caller>,
-    headers: HeaderMap,
+    TakenHeaders(headers): TakenHeaders,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
     let meta = RequestMeta::of(&headers, &caller)?;
@@ -357,7 +358,7 @@ async fn tool_call(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<auth::Caller>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    TakenHeaders(headers): TakenHeaders,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
     let meta = RequestMeta::of(&headers, &caller)?;

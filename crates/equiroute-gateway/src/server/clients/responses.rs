@@ -26,9 +26,8 @@
 use super::{bad_field, event, unsupported, Answer, ApiWriter, Block};
 use crate::server::auth::Caller;
 use crate::server::error::ApiError;
-use crate::server::{AppState, BodyBytes};
+use crate::server::{AppState, BodyBytes, TakenHeaders};
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 use serde_json::{json, Map, Value};
@@ -38,7 +37,7 @@ use std::sync::Arc;
 pub async fn create(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
-    headers: HeaderMap,
+    TakenHeaders(headers): TakenHeaders,
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
     super::serve(&state, &headers, &caller, body, to_chat, Writer::new).await
