@@ -14,7 +14,7 @@
 //!   (targets all 1): `xᵀθ₁` is how much of a constant the ridge would recover in this context,
 //!   and the mean fills in the rest. Without it, a context unlike the scored ones is estimated
 //!   near 0 after a few scores, whatever the provider's quality.
-//! - Gated (`gate = true`; off by default, `lqm-ts` included): beside the head, the same ridge
+//! - Gated (`gate = true`; off by default, on in `lqm-ts`): beside the head, the same ridge
 //!   with one constant feature, `û₀ = Σu/(λr + n)` over the same pairs
 //!   ([`LinUcbHead::context_free`]), and a prequential record ([`GateRecord`]): each score is
 //!   predicted, before either model learns it, by the mean score `ū` and by the centred head
