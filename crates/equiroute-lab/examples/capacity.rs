@@ -22,7 +22,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 use equiroute_lab::runner::{run, run_with, RunResult};
-use equiroute_lab::scenario::{all_builtin, named, parse_set, ScenarioSpec};
+use equiroute_lab::scenario::{all_builtin, checked_sets, named, ScenarioSpec};
 
 /// The bar: cost within 10 % of the oracle's, mean latency at most 1.1× the unlimited
 /// provider's, at most 0.5 % of the requests without an answer.
@@ -76,6 +76,12 @@ fn spread(label: &str, xs: impl Iterator<Item = f64> + Clone) -> String {
     format!("{label} {mean:.3} [{lo:.3}, {hi:.3}]")
 }
 
+/// A `FIELD=VALUE` argument refused: the reason, and exit status 2 (not a panic).
+fn refused(e: &str) -> ! {
+    eprintln!("capacity: {e}");
+    std::process::exit(2)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let seeds: u64 = args.get(1).map_or(5, |s| s.parse().expect("SEEDS"));
@@ -93,8 +99,8 @@ fn main() {
         .map_or("lqm-ts,ts-deadline", String::as_str)
         .split(',')
         .collect();
-    let sets: Vec<(String, serde_json::Value)> =
-        args.iter().skip(5).map(|a| parse_set(a).unwrap()).collect();
+    let sets = checked_sets(&scenarios[0], "lqm-ts", args.get(5..).unwrap_or_default())
+        .unwrap_or_else(|e| refused(&e));
     let range = first..first + seeds;
     if !sets.is_empty() {
         println!("lqm-ts with {}", args[5..].join(" "));

@@ -21,7 +21,7 @@
 
 use equiroute_lab::report::Summary;
 use equiroute_lab::runner::{run_with, RunResult};
-use equiroute_lab::scenario::{all_builtin, named, parse_set, EventKind, ScenarioSpec};
+use equiroute_lab::scenario::{all_builtin, checked_sets, named, EventKind, ScenarioSpec};
 
 /// `lqm-ts` through `spec` with `seed`, `sets` applied.
 fn run_lqm_ts(spec: &ScenarioSpec, sets: &[(String, serde_json::Value)], seed: u64) -> RunResult {
@@ -44,8 +44,11 @@ fn main() {
     let seeds: u64 = args.get(1).map_or(10, |s| s.parse().expect("SEEDS"));
     let first: u64 = args.get(2).map_or(1, |s| s.parse().expect("FIRST"));
     let scenarios = scenarios(args.get(3).map_or("drops", String::as_str));
-    let sets: Vec<(String, serde_json::Value)> =
-        args.iter().skip(4).map(|a| parse_set(a).unwrap()).collect();
+    let sets = checked_sets(&scenarios[0], "lqm-ts", args.get(4..).unwrap_or_default())
+        .unwrap_or_else(|e| {
+            eprintln!("quality_drift: {e}");
+            std::process::exit(2)
+        });
     println!(
         "lqm-ts, seeds {first}..={}{}",
         first + seeds - 1,

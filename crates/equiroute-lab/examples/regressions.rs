@@ -19,7 +19,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 use equiroute_lab::runner::run_with;
-use equiroute_lab::scenario::{all_builtin, parse_set};
+use equiroute_lab::scenario::{all_builtin, checked_sets};
 use std::collections::BTreeMap;
 
 /// The measures, with whether a larger value is better.
@@ -119,11 +119,15 @@ fn main() {
             args.get(2).map_or(5, |s| s.parse().expect("SEEDS")),
             args.get(3).map_or(1, |s| s.parse().expect("FIRST")),
             args.get(4).map_or("lqm-ts,ts-deadline", String::as_str),
-            &args
-                .iter()
-                .skip(5)
-                .map(|a| parse_set(a).unwrap())
-                .collect::<Vec<_>>(),
+            &checked_sets(
+                &all_builtin().unwrap()[0],
+                "lqm-ts",
+                args.get(5..).unwrap_or_default(),
+            )
+            .unwrap_or_else(|e| {
+                eprintln!("regressions: {e}");
+                std::process::exit(2)
+            }),
         ),
         Some("diff") => diff(&args[2], &args[3]),
         _ => panic!("run SEEDS FIRST POLICIES | diff BEFORE AFTER"),

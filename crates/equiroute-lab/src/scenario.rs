@@ -671,9 +671,17 @@ impl ScenarioSpec {
             let (parents, last) = path.rsplit_once('.').unwrap_or(("", path));
             let mut at = &mut json;
             for part in parents.split('.').filter(|p| !p.is_empty()) {
-                at = at
-                    .get_mut(part)
-                    .ok_or_else(|| format!("`{label}` has no field `{part}` in `{path}`"))?;
+                if at.get(part).is_none() {
+                    let there: Vec<String> = at
+                        .as_object()
+                        .map(|o| o.keys().map(|k| format!("`{k}`")).collect())
+                        .unwrap_or_default();
+                    return Err(format!(
+                        "`{label}` has no field `{part}` in `{path}`: the fields there are {}; name a nested field by its whole path from the policy's configuration (`lqm.head.gate`)",
+                        there.join(", ")
+                    ));
+                }
+                at = &mut at[part];
             }
             // A field left out of the JSON form (at its default) is added; a misspelt one
             // is refused when the configuration is read back.
@@ -729,6 +737,24 @@ pub fn parse_set(arg: &str) -> Result<(String, serde_json::Value), String> {
         .ok_or_else(|| format!("`{arg}`: expected FIELD=VALUE"))?;
     let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::from(value));
     Ok((path.to_owned(), value))
+}
+
+/// The `FIELD=VALUE` arguments of a laboratory example ([`parse_set`]), checked against
+/// `label`'s configuration in `spec` before anything runs.
+///
+/// # Errors
+/// An argument without `=`, or one [`ScenarioSpec::policy_with`] refuses (named, with the fix).
+pub fn checked_sets(
+    spec: &ScenarioSpec,
+    label: &str,
+    args: &[String],
+) -> Result<Vec<(String, serde_json::Value)>, String> {
+    let sets = args
+        .iter()
+        .map(|a| parse_set(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    spec.policy_with(label, &sets)?;
+    Ok(sets)
 }
 
 /// The built-in scenarios, as (name, TOML text).

@@ -403,7 +403,7 @@ fn a_quality_drop_ramps_down_linearly_when_it_has_a_ramp() {
 #[test]
 fn a_policy_takes_field_value_changes_and_refuses_unknown_fields() {
     use equiroute_core::policies::PolicyConfig;
-    use equiroute_lab::scenario::parse_set;
+    use equiroute_lab::scenario::{checked_sets, parse_set};
     let s = ScenarioSpec::from_toml(MINIMAL, "tiny.toml").unwrap();
     let sets = [
         parse_set("quality_tolerance=0.05").unwrap(),
@@ -425,5 +425,17 @@ fn a_policy_takes_field_value_changes_and_refuses_unknown_fields() {
         .policy_with("lqm-ts", &[parse_set("lqm.nope.x=1").unwrap()])
         .unwrap_err();
     assert!(missing.contains("no field `nope`"), "{missing}");
+    // A nested field named from the wrong level: the message lists the level's fields.
+    let short = s
+        .policy_with("lqm-ts", &[parse_set("head.gate_retry=2").unwrap()])
+        .unwrap_err();
+    assert!(
+        short.contains("no field `head`") && short.contains("`lqm`"),
+        "{short}"
+    );
+    let unchecked = ["head.gate_retry=2".to_owned()];
+    assert!(checked_sets(&s, "lqm-ts", &unchecked).is_err());
+    let fine = ["lqm.head.gate_retry=2".to_owned()];
+    assert_eq!(checked_sets(&s, "lqm-ts", &fine).unwrap().len(), 1);
     assert!(parse_set("no-equals-sign").is_err());
 }
