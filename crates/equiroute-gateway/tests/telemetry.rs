@@ -186,7 +186,27 @@ async fn a_fallback_request_exports_request_decision_and_two_attempt_spans() {
     assert_eq!(reply.header("x-equiroute-provider"), Some("b"));
 
     // Wait for the request span (it ends last), keeping every span received.
-    let got = until_request(&mut spans).await;
+    let mut got = until_request(&mut spans).await;
+    // On a loaded machine an export batch can arrive after the request's: every attempt
+    // span carries its number, so the highest says how many there are; wait for the rest
+    // (bounded; a span that never comes fails the count below).
+    let attempt_spans = |got: &[Span]| {
+        let numbers = got.iter().filter(|s| s.name == "attempt");
+        let seen = numbers.clone().count();
+        let highest = numbers
+            .filter_map(|s| match attr(s, "equiroute.attempt") {
+                Some(Any::IntValue(n)) => usize::try_from(*n).ok(),
+                _ => None,
+            })
+            .max();
+        (seen, highest.map_or(0, |n| n + 1))
+    };
+    while attempt_spans(&got).0 < attempt_spans(&got).1 {
+        match tokio::time::timeout(Duration::from_secs(10), spans.recv()).await {
+            Ok(Some(span)) => got.push(span),
+            _ => break,
+        }
+    }
     let request = got.iter().find(|s| s.name == "request").unwrap();
     assert!(
         request.parent_span_id.is_empty(),
