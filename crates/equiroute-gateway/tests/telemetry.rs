@@ -201,7 +201,11 @@ async fn a_fallback_request_exports_request_decision_and_two_attempt_spans() {
             .max();
         (seen, highest.map_or(0, |n| n + 1))
     };
-    while attempt_spans(&got).0 < attempt_spans(&got).1 {
+    loop {
+        let (seen, numbered) = attempt_spans(&got);
+        if seen >= numbered {
+            break;
+        }
         match tokio::time::timeout(Duration::from_secs(10), spans.recv()).await {
             Ok(Some(span)) => got.push(span),
             _ => break,

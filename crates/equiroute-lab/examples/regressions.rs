@@ -31,9 +31,14 @@ const MEASURES: [(&str, bool); 5] = [
     ("failures", false),
 ];
 
-fn run_table(seeds: u64, first: u64, policies: &str, sets: &[(String, serde_json::Value)]) {
+fn run_table(seeds: u64, first: u64, policies: &str, set_args: &[String]) {
+    let specs = all_builtin().unwrap();
+    let sets: &[_] = &checked_sets(&specs[0], "lqm-ts", set_args).unwrap_or_else(|e| {
+        eprintln!("regressions: {e}");
+        std::process::exit(2)
+    });
     println!("scenario\tpolicy\tseed\tquality\tregret\tmisses\tcost\tfailures");
-    for spec in all_builtin().unwrap() {
+    for spec in specs {
         for label in policies.split(',') {
             if spec.policy(label).is_err() {
                 continue;
@@ -119,15 +124,7 @@ fn main() {
             args.get(2).map_or(5, |s| s.parse().expect("SEEDS")),
             args.get(3).map_or(1, |s| s.parse().expect("FIRST")),
             args.get(4).map_or("lqm-ts,ts-deadline", String::as_str),
-            &checked_sets(
-                &all_builtin().unwrap()[0],
-                "lqm-ts",
-                args.get(5..).unwrap_or_default(),
-            )
-            .unwrap_or_else(|e| {
-                eprintln!("regressions: {e}");
-                std::process::exit(2)
-            }),
+            args.get(5..).unwrap_or_default(),
         ),
         Some("diff") => diff(&args[2], &args[3]),
         _ => panic!("run SEEDS FIRST POLICIES | diff BEFORE AFTER"),

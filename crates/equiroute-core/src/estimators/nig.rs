@@ -274,27 +274,15 @@ impl LogLatencyStats {
         }
         self.weight = total;
         if shape {
-            let bins = self.shape.mass.iter_mut().zip(&other.shape.mass);
-            match factors[..used] {
-                [f, g] => bins.for_each(|(m, o)| *m += o * f * g),
-                [f] => bins.for_each(|(m, o)| *m += o * f),
-                _ => bins.for_each(|(m, o)| *m += o),
-            }
+            self.shape.add_scaled(&other.shape, &factors[..used]);
         }
         self.count += other.count;
         self.censored += other.censored;
     }
 
-    /// The same statistics worth at most `max_weight` observations (mean kept, spread scaled):
-    /// what a sparse child slice borrows from its parent.
-    #[must_use]
-    pub fn capped(&self, max_weight: f64) -> LogLatencyStats {
-        let mut s = *self;
-        s.cap(max_weight, true);
-        s
-    }
-
-    /// [`Self::capped`] in place, the histogram too only when `shape`.
+    /// Makes these statistics worth at most `max_weight` observations (mean kept, spread
+    /// scaled, the histogram too only when `shape`): what a sparse child slice borrows from
+    /// its parent.
     pub fn cap(&mut self, max_weight: f64, shape: bool) {
         if self.weight > max_weight {
             let f = max_weight / self.weight;

@@ -509,26 +509,26 @@ impl RiskModel {
                 }
                 (memo.1, now)
             });
-            if level == 0 {
-                if let Some(own) = own {
-                    effective = LogLatencyStats {
-                        shape: if shape {
-                            own.shape
-                        } else {
-                            LatencyHistogram::default()
-                        },
-                        ..*own
-                    };
-                    if let Some((f, at)) = pre {
-                        effective.scale_parts(f, shape);
-                        effective.at = at;
-                    }
-                }
-            } else {
+            if level > 0 {
                 effective.cap(self.cfg.borrow_strength, shape);
                 if let Some(own) = own {
                     effective.merge_scaled(own, pre, hl, shape);
                 }
+                continue;
+            }
+            let Some(own) = own else { continue };
+            let histogram = if shape {
+                own.shape
+            } else {
+                LatencyHistogram::default()
+            };
+            effective = LogLatencyStats {
+                shape: histogram,
+                ..*own
+            };
+            if let Some((f, at)) = pre {
+                effective.scale_parts(f, shape);
+                effective.at = at;
             }
         }
         effective
@@ -633,8 +633,7 @@ impl RiskModel {
         };
         // The histogram's part of `P(L > d)` once, for the guard's bound and the draw.
         let at = belief.at(deadline.0);
-        if self.over_guard(point_failure, &at) {
-            let exceedance = at.point();
+        if let Some(exceedance) = self.over_guard(point_failure, &at) {
             return RiskSample {
                 failure,
                 exceedance,
@@ -665,20 +664,22 @@ impl RiskModel {
             .is_none_or(|s| s.stats.count == 0)
     }
 
-    /// Whether the point-estimate `P(bad)` exceeds the exploration guard. It does when the
+    /// The point `P(L>d)` when the point-estimate `P(bad)` exceeds the exploration guard
+    /// (`None` when it does not, the point then not always computed). It does when the
     /// point `P(L>d)` exceeds `t = (guard − P(fail))/(1 − P(fail))`; a median below the
     /// deadline means the NIG part of `P(L>d)` is at most ½, which settles the common case
     /// without evaluating the t tail.
-    fn over_guard(&self, failure: f64, at: &Exceedance<'_>) -> bool {
+    fn over_guard(&self, failure: f64, at: &Exceedance<'_>) -> Option<f64> {
         let guard = self.cfg.exploration_guard;
         if failure >= 1.0 {
-            return true;
+            return Some(at.point());
         }
         let threshold = (guard - failure) / (1.0 - failure);
         if at.bound().is_some_and(|bound| bound <= threshold) {
-            return false;
+            return None;
         }
-        bad_outcome_probability(failure, at.point()) > guard
+        let point = at.point();
+        (bad_outcome_probability(failure, point) > guard).then_some(point)
     }
 
     /// How much of candidate `i`'s latency evidence still counts at `now`: `2^(−age/h)`, where

@@ -140,6 +140,9 @@ pub struct RequestMeta {
     /// The client reads restart events ([`RESTART_HEADER`]`: events`): a broken stream may
     /// start its answer again after content was sent, announced by the marker event.
     pub restart_events: bool,
+    /// `x-equiroute-deadline-ms` as sent, read in the same pass as the other headers; checked
+    /// against the interface by [`deadline_from`] once the interface is known.
+    pub deadline: Option<HeaderValue>,
 }
 
 /// The request header by which a chat client says it reads the `restart` marker event and
@@ -210,6 +213,7 @@ impl RequestMeta {
                 .map(str::to_owned),
             trace_parent: crate::telemetry::remote_parent(headers),
             restart_events: restart_events_of(own)?,
+            deadline: own.get(DEADLINE).cloned(),
         })
     }
 
@@ -243,14 +247,15 @@ impl RequestMeta {
 /// The longest deadline a request may ask for on an interface without `deadline_ms`.
 pub const MAX_DEADLINE_MS: f64 = 600_000.0;
 
-/// A request's deadline: `x-equiroute-deadline-ms`, else the interface's `deadline_ms`. The
+/// A request's deadline: `x-equiroute-deadline-ms` ([`RequestMeta::deadline`]), else the
+/// interface's `deadline_ms`. The
 /// header is clamped to the interface's `deadline_ms` (or [`MAX_DEADLINE_MS`] without one):
 /// the second value is `true` when it was, and the answer then says which deadline applied.
 pub(super) fn deadline_from(
-    headers: &HeaderMap,
+    meta: &RequestMeta,
     iface: &InterfaceRuntime,
 ) -> Result<(Option<Millis>, bool), ApiError> {
-    let Some(v) = own_headers(headers).get(DEADLINE) else {
+    let Some(v) = &meta.deadline else {
         return Ok((iface.deadline, false));
     };
     // Less than an attempt's least time (1 ms) could never be met: the caller's mistake,

@@ -286,14 +286,13 @@ async fn chat_completions(
     body: BodyBytes,
 ) -> Result<Response, ApiError> {
     let meta = RequestMeta::of(&headers, &caller)?;
-    route_chat(&state, &headers, meta, parse_json(body)?).await
+    route_chat(&state, meta, parse_json(body)?).await
 }
 
 /// Routes a chat completions request: the one entry point of every client API (the Responses
 /// and Messages APIs translate into it, see [`clients`]).
 async fn route_chat(
     state: &Arc<AppState>,
-    headers: &HeaderMap,
     meta: RequestMeta,
     body: ClientBody,
 ) -> Result<Response, ApiError> {
@@ -336,7 +335,7 @@ async fn route_chat(
             )
         })?),
     };
-    let (deadline, clamped) = deadline_from(headers, &iface)?;
+    let (deadline, clamped) = deadline_from(&meta, &iface)?;
     let meta = meta.for_interface(state, &iface);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let streamed =
@@ -382,7 +381,7 @@ async fn tool_call(
                 ),
             )
         })?;
-    let (deadline, clamped) = deadline_from(&headers, &iface)?;
+    let (deadline, clamped) = deadline_from(&meta, &iface)?;
     let meta = meta.for_interface(&state, &iface);
     let answered = execute::execute(&state, &iface, &body, None, deadline, &meta)
         .await

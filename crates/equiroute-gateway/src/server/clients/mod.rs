@@ -359,7 +359,7 @@ pub async fn serve<W: ApiWriter>(
     meta.restart_events = false;
     let body = super::parse_json(body)?;
     let chat = to_chat(body.json())?;
-    route(state, headers, meta, chat, writer(body.json())).await
+    route(state, meta, chat, writer(body.json())).await
 }
 
 /// The request `body` as a JSON object, or a 400 saying it must be an `api` request.
@@ -429,13 +429,12 @@ pub fn stream_into(v: &Value, chat: &mut Map<String, Value>) -> Result<(), ApiEr
 /// or stream; anything else (an error in OpenAI's shape) as it came.
 pub async fn route<W: ApiWriter>(
     state: &Arc<super::AppState>,
-    headers: &HeaderMap,
     meta: super::RequestMeta,
     chat: Value,
     writer: W,
 ) -> Result<Response, ApiError> {
     let stream = chat.get("stream") == Some(&Value::Bool(true));
-    let resp = super::route_chat(state, headers, meta, ClientBody::from_json(chat)).await?;
+    let resp = super::route_chat(state, meta, ClientBody::from_json(chat)).await?;
     if resp.status() != StatusCode::OK {
         return Ok(resp);
     }
