@@ -1,4 +1,4 @@
-# What pair.sh, instructions.sh and added.sh share (sourced, not run): the checks of their
+# What pair.sh, instructions.sh, kernel.sh and added.sh share (sourced, not run): the checks of their
 # arguments, the load generator, the scratch directory and the processes stopped on exit, the
 # gateway's configuration on loopback ports, the mocks and the wait for a port.
 
@@ -66,4 +66,22 @@ wait_port() { # PORT [TRIES]
     done
     echo "nothing listens on 127.0.0.1:$1 after $((tries / 20)) s" >&2
     return 1
+}
+
+# The set-up instructions.sh and kernel.sh share: the one-word chat request in WORK/body.json,
+# the gateway's configuration on BASE in WORK/equiroute.toml, URL, and BIN's three 0 ms mocks,
+# waited for. Then `send N [oha's other arguments]` sends N requests at CONCURRENCY.
+start_instant_upstreams() { # BIN
+    echo '{"model": "chat", "messages": [{"role": "user", "content": "hello"}]}' >"$WORK/body.json"
+    write_config "$BASE" "$WORK/equiroute.toml"
+    URL="http://127.0.0.1:$BASE/v1/chat/completions"
+    start_mocks "$1" mock-0ms.toml
+    for i in 1 2 3; do wait_port $((BASE + i)); done
+}
+
+send() { # N, then oha's other arguments
+    local n=$1
+    shift
+    "$OHA" --no-tui -m POST -H content-type:application/json -D "$WORK/body.json" \
+        -c "$CONCURRENCY" -n "$n" "$@" "$URL"
 }

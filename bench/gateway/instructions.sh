@@ -60,19 +60,7 @@ BASE="${BENCH_PORT_BASE:-19200}"
 start_work
 [ -z "$KEEP" ] || mkdir -p "$KEEP"
 
-echo '{"model": "chat", "messages": [{"role": "user", "content": "hello"}]}' >"$WORK/body.json"
-write_config "$BASE" "$WORK/equiroute.toml"
-URL="http://127.0.0.1:$BASE/v1/chat/completions"
-
-start_mocks "${BINS[0]}" mock-0ms.toml
-for i in 1 2 3; do wait_port $((BASE + i)); done
-
-load() { # N, then oha's other arguments
-    local n=$1
-    shift
-    "$OHA" --no-tui -m POST -H content-type:application/json -D "$WORK/body.json" \
-        -c "$CONCURRENCY" -n "$n" "$@" "$URL"
-}
+start_instant_upstreams "${BINS[0]}"
 
 echo "instructions.sh: $REQUESTS requests at c=$CONCURRENCY after 300 warm-up, 0 ms mocks, callgrind"
 echo
@@ -87,9 +75,9 @@ for bin in "${BINS[@]}"; do
     gw=$!
     PIDS+=("$gw")
     wait_port "$BASE" 1200  # under callgrind the gateway starts in seconds
-    load 300 >/dev/null
+    send 300 >/dev/null
     callgrind_control --zero "$gw" >/dev/null 2>&1
-    load "$REQUESTS" --output-format json >"$WORK/oha$n.json"
+    send "$REQUESTS" --output-format json >"$WORK/oha$n.json"
     callgrind_control --dump=measured "$gw" >/dev/null 2>&1
     kill "$gw"
     wait "$gw" 2>/dev/null || true
