@@ -10,12 +10,13 @@
 //! borrows the handler's receiver, and a body that never waits never registers.
 
 use super::error::ApiError;
+use super::lookout::Lookout;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use hyper::body::{Frame, SizeHint};
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::task::{Context, Poll};
 use tokio::sync::watch;
 
@@ -65,15 +66,25 @@ fn error() -> ApiError {
 }
 
 /// The response `answer` gives, or a 503 (`shutting_down`) if the cutoff of `rx` comes
-/// first; a body still being written at the cutoff ends there (see [`CutBody`]).
+/// first; a body still being written at the cutoff ends there (see [`CutBody`]). The cutoff
+/// is looked at when it woke the request's task ([`Lookout`]), not on each of its wake-ups.
 pub(super) async fn until_cut(
-    rx: watch::Receiver<bool>,
+    mut rx: watch::Receiver<bool>,
     answer: impl Future<Output = Response>,
 ) -> Response {
-    let mut waiting = rx.clone();
-    let response = tokio::select! {
-        response = answer => response,
-        () = given(&mut waiting) => return error().into_response(),
+    let answered = {
+        let lookout = Lookout::new();
+        let mut answer = pin!(answer);
+        let mut cut = pin!(given(&mut rx));
+        poll_fn(|cx| match answer.as_mut().poll(cx) {
+            Poll::Ready(response) => Poll::Ready(Some(response)),
+            Poll::Pending if lookout.due(cx) && lookout.ready(cut.as_mut()) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        })
+        .await
+    };
+    let Some(response) = answered else {
+        return error().into_response();
     };
     let stream = response
         .headers()

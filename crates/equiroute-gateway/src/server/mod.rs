@@ -69,6 +69,7 @@ mod gate;
 pub mod history;
 mod introspect;
 pub mod learnt;
+mod lookout;
 pub mod metrics;
 pub mod minutes;
 pub mod ops;

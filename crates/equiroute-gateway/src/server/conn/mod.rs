@@ -79,11 +79,13 @@ use tokio::time::Instant;
 mod body;
 mod io;
 pub mod tls;
+mod watchers;
 
 pub(super) use body::HeldBody;
 use body::{ArrivingBody, ArrivingBytes, InFlight};
 use io::{Activity, WatchedIo};
 use tls::Tls;
+use watchers::Watch;
 
 /// Most requests in flight at once on one HTTP/2 connection (its concurrent streams).
 pub const H2_MAX_STREAMS: u32 = 16;
@@ -695,38 +697,6 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     drop(held);
     if let (Ended::Served, Some(slot)) = (ended, Slot::take(&slots)) {
         linger(stream, slot).await;
-    }
-}
-
-/// What ends a served connection besides itself: its timeouts, a shed.
-struct Watch<'a> {
-    activity: &'a Activity,
-    limits: &'a ConnectionLimits,
-    shed: &'a Notify,
-}
-
-impl Watch<'_> {
-    /// Runs hyper's connection `conn` until it ends or is cut; on `stop`, `graceful` asks it
-    /// to finish its requests in flight and close.
-    async fn drive<C: Future>(
-        &self,
-        mut conn: Pin<&mut C>,
-        graceful: impl Fn(Pin<&mut C>),
-        stop: &mut watch::Receiver<bool>,
-    ) -> Ended {
-        let mut draining = false;
-        loop {
-            tokio::select! {
-                _ = conn.as_mut() => break Ended::Served,
-                () = self.activity.expired(self.limits) => break Ended::Cut,
-                // Its seat went to a newcomer: closed at once, whatever it was doing.
-                () = self.shed.notified() => break Ended::Cut,
-                _ = stop.wait_for(|stop| *stop), if !draining => {
-                    draining = true;
-                    graceful(conn.as_mut());
-                }
-            }
-        }
     }
 }
 
