@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two equiroute binaries on one load point, alternating: A, B, A, B, ... in the same minutes, so
 # that the machine's drift (which on a shared VM moves the router share by more than most
-# changes do) falls on both alike. Each round starts three 0 ms mocks and the gateway with
+# changes do) falls on both alike. Each round starts three 0 ms mocks (always A's: the mocks
+# share the machine, and another build's mocks cost another CPU time) and the gateway with
 # bench/gateway/equiroute.toml, warms up, then measures with oha and differences the
 # gateway's `equiroute_router_microseconds` histogram scraped before and after, and the gateway
 # process's CPU time (user + system, /proc/PID/stat) over the measured seconds.
@@ -76,7 +77,7 @@ scrape() {
 
 point() { # BIN LABEL
     PIDS=()
-    start_mocks "$1" mock-0ms.toml
+    start_mocks "${BINS[0]}" mock-0ms.toml
     "$1" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
     PIDS+=($!)
     for i in 0 1 2 3; do wait_port $((BASE + i)); done
@@ -113,6 +114,7 @@ PY
 echo "pair.sh: $ROUNDS rounds, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, a ${WORDS}-word prompt, 0 ms mocks"
 echo "A = ${BINS[0]}"
 echo "B = ${BINS[1]}"
+echo "mocks: A's, for both"
 echo
 echo "| round | requests/s | gateway CPU µs/request | router share mean µs | share ≤ 10 µs | p50 bucket µs | p99 bucket µs |"
 echo "|---|---|---|---|---|---|---|"
