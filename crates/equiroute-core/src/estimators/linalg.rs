@@ -144,13 +144,17 @@ pub fn packed_quad_form(p: &[f64], x: &[f64]) -> f64 {
 /// few hashed buckets its words reach: 8 of 64 for one word).
 #[must_use]
 pub fn nonzeros(x: &[f64], max: usize) -> Option<Vec<(usize, f64)>> {
-    let entries = || x.iter().copied().enumerate().filter(|&(_, v)| v != 0.0);
-    // Counted first, so that a dense query (the ranking's other path) allocates nothing here.
-    if entries().nth(max).is_some() {
-        return None;
-    }
+    // One pass, given up at the first nonzero beyond `max` (a dense query, the ranking's
+    // other path, stops early and drops the small buffer).
     let mut nz = Vec::with_capacity(max);
-    nz.extend(entries());
+    for (i, &v) in x.iter().enumerate() {
+        if v != 0.0 {
+            if nz.len() == max {
+                return None;
+            }
+            nz.push((i, v));
+        }
+    }
     Some(nz)
 }
 
@@ -159,23 +163,21 @@ pub fn nonzeros(x: &[f64], max: usize) -> Option<Vec<(usize, f64)>> {
 /// beyond `M` (an `x` longer than `d`) count as zero.
 #[must_use]
 pub fn packed_quad_form_sparse(p: &[f64], d: usize, nz: &[(usize, f64)]) -> f64 {
+    // `nz` is in index order: the entries beyond M are its tail, dropped once here, so every
+    // column below is inside its row.
+    let nz = &nz[..nz.partition_point(|&(i, _)| i < d)];
+    let whole = packed_len(d);
     let mut s = 0.0;
     for (k, &(i, xi)) in nz.iter().enumerate() {
-        if i >= d {
-            break;
-        }
         // Row i, M[i][i..d], starts after rows 0..i: the whole triangle less rows i..d.
-        let start = packed_len(d) - packed_len(d - i);
+        let start = whole - packed_len(d - i);
         let Some(row) = p.get(start..start + (d - i)) else {
             break;
         };
         let mut off_diagonal = 0.0;
         for &(j, xj) in &nz[k + 1..] {
-            // `nz` is in index order, so j > i; past the row's end means past d.
-            match row.get(j - i) {
-                Some(m) => off_diagonal += m * xj,
-                None => break,
-            }
+            // i < j < d: column j - i of the row.
+            off_diagonal += row[j - i] * xj;
         }
         s += xi * (row[0] * xi + 2.0 * off_diagonal);
     }
