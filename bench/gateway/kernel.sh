@@ -57,7 +57,8 @@ fi
 find_oha
 BASE="${BENCH_PORT_BASE:-19300}"
 
-# The system calls a request's path makes, by name; "all" counts every one.
+# The system calls a request's path makes, counted by name besides all of them
+# (raw_syscalls:sys_enter).
 CALLS=(epoll_wait futex writev write sendto recvfrom read accept4 close)
 EVENTS="raw_syscalls:sys_enter,context-switches,cpu-migrations,task-clock"
 for c in "${CALLS[@]}"; do EVENTS="$EVENTS,syscalls:sys_enter_$c"; done
@@ -94,22 +95,23 @@ for round in $(seq "$ROUNDS"); do
         wait "$perf" 2>/dev/null || true
         kill "$gw"
         wait "$gw" 2>/dev/null || true
-        python3 - "$WORK/perf$n.csv" "$WORK/oha$n.json" "$REQUESTS" "$round" "$bin" "$before" "$after" "$(getconf CLK_TCK)" "${CALLS[@]}" <<'PY'
-import csv, json, sys
-path, oha, n, rnd, bin_ = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-(u0, s0), (u1, s1), tck = map(int, sys.argv[6].split()), map(int, sys.argv[7].split()), int(sys.argv[8])
-calls = sys.argv[9:]
+        python3 - "$HERE" "$WORK/perf$n.csv" "$WORK/oha$n.json" "$REQUESTS" "$round" "$bin" "$before" "$after" "$(getconf CLK_TCK)" "${CALLS[@]}" <<'PY'
+import csv, sys
+sys.path.insert(0, sys.argv[1])
+from report import point  # the full run's parser of oha's output
+path, oha, n, rnd, bin_ = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+(u0, s0), (u1, s1), tck = map(int, sys.argv[7].split()), map(int, sys.argv[8].split()), int(sys.argv[9])
+calls = sys.argv[10:]
 counts = {}
 for row in csv.reader(l for l in open(path) if l.strip() and not l.startswith("#")):
     try:
         counts[row[2]] = float(row[0])
     except (ValueError, IndexError):
         pass  # "<not counted>" or a short line
-o = json.load(open(oha))
-ok = o["statusCodeDistribution"].get("200", 0)
-if ok != n:
-    print(f"warning: {bin_} answered {ok} of {n} requests with 200", file=sys.stderr)
-rps = o["summary"]["requestsPerSec"]
+o = point(oha)
+if o["errors"]:
+    print(f"warning: {bin_} failed {o['errors']} of {o['requests']} requests", file=sys.stderr)
+rps = o["rps"]
 per = lambda k: counts.get(k, float("nan")) / n
 cells = [f"{rps:,.0f}", f"{counts.get('task-clock', float('nan')) * 1e3 / n:.1f}",
          f"{(u1 - u0) / tck * 1e6 / n:.1f}", f"{(s1 - s0) / tck * 1e6 / n:.1f}",

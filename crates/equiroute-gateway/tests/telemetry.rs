@@ -191,9 +191,9 @@ async fn a_fallback_request_exports_request_decision_and_two_attempt_spans() {
     // span carries its number, so the highest says how many there are; wait for the rest
     // (bounded; a span that never comes fails the count below).
     let attempt_spans = |got: &[Span]| {
-        let numbers = got.iter().filter(|s| s.name == "attempt");
-        let seen = numbers.clone().count();
-        let highest = numbers
+        let attempts = got.iter().filter(|s| s.name == "attempt");
+        let seen = attempts.clone().count();
+        let highest = attempts
             .filter_map(|s| match attr(s, "equiroute.attempt") {
                 Some(Any::IntValue(n)) => usize::try_from(*n).ok(),
                 _ => None,

@@ -2,10 +2,10 @@
 //! They are polled only after one of them woke the connection's task ([`Lookout`]), not on
 //! each of the task's several wake-ups a request.
 
-use super::super::lookout::Lookout;
 use super::io::Activity;
 use super::Ended;
 use crate::config::ConnectionLimits;
+use crate::server::lookout::Lookout;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::task::Poll;
