@@ -150,6 +150,14 @@ impl LatencyHistogram {
         }
     }
 
+    /// A copy with every bin times `factor`.
+    #[must_use]
+    pub fn scaled(&self, factor: f64) -> LatencyHistogram {
+        LatencyHistogram {
+            mass: self.mass.map(|m| m * factor),
+        }
+    }
+
     /// Adds another histogram bin by bin, each of its bins multiplied by `factors` in turn
     /// (none: as it is): the products of scaling a copy once per factor, without the copy.
     pub fn add_scaled(&mut self, other: &LatencyHistogram, factors: &[f64]) {

@@ -149,6 +149,23 @@ impl LogLatencyStats {
         }
     }
 
+    /// A copy dated `at` with its sums, and its histogram when `shape` (else an empty one),
+    /// times `factor`: the products of [`Self::scale_parts`] on a copy, made in one pass.
+    #[must_use]
+    pub fn scaled(&self, factor: f64, at: Timestamp, shape: bool) -> LogLatencyStats {
+        LogLatencyStats {
+            weight: self.weight * factor,
+            deviation_sum: self.deviation_sum * factor,
+            at,
+            shape: if shape {
+                self.shape.scaled(factor)
+            } else {
+                LatencyHistogram::default()
+            },
+            ..*self
+        }
+    }
+
     /// Adds a log-latency `y` with weight `w` and extra spread `extra_var` (the conditional
     /// variance of an imputed observation; 0 for an exact one).
     fn add_log(&mut self, y: f64, w: f64, extra_var: f64) {
@@ -514,6 +531,31 @@ mod tests {
             (want.weight, want.mean_log, want.deviation_sum, want.count)
         );
         assert_eq!(sums.shape, a.shape);
+    }
+
+    #[test]
+    fn a_scaled_copy_is_a_copy_scaled_to_the_bit() {
+        let h = Some(700.0);
+        let mut a = LogLatencyStats::default();
+        for (t, l) in [(0.0, 120.0), (150.0, 35.0), (400.0, 900.0), (420.0, 3.0)] {
+            a.observe(Timestamp(t), l, h);
+        }
+        let f = decay_factor(h, 333.0);
+        let mut want = a;
+        want.scale_parts(f, true);
+        want.at = Timestamp(733.0);
+        assert_eq!(a.scaled(f, Timestamp(733.0), true), want);
+        assert!(want.shape.mass.iter().filter(|&&m| m > 0.0).count() >= 3);
+        // Without the histogram: the same sums, counts and time, and an empty histogram.
+        let sums = a.scaled(f, Timestamp(733.0), false);
+        assert_eq!(
+            LogLatencyStats {
+                shape: want.shape,
+                ..sums
+            },
+            want
+        );
+        assert_eq!(sums.shape, LatencyHistogram::default());
     }
 
     #[test]

@@ -517,19 +517,17 @@ impl RiskModel {
                 continue;
             }
             let Some(own) = own else { continue };
-            let histogram = if shape {
-                own.shape
-            } else {
-                LatencyHistogram::default()
+            effective = match pre {
+                Some((f, at)) => own.scaled(f, at, shape),
+                None => LogLatencyStats {
+                    shape: if shape {
+                        own.shape
+                    } else {
+                        LatencyHistogram::default()
+                    },
+                    ..*own
+                },
             };
-            effective = LogLatencyStats {
-                shape: histogram,
-                ..*own
-            };
-            if let Some((f, at)) = pre {
-                effective.scale_parts(f, shape);
-                effective.at = at;
-            }
         }
         effective
     }

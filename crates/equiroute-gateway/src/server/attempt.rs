@@ -20,11 +20,17 @@ use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, ProviderFailure, Tok
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-/// Waits the pause the execution asked for before `next` (a retry's), then gives the time.
-pub(super) async fn pause(state: &AppState, next: NextAttempt) -> equiroute_core::Timestamp {
-    if next.wait.0 > 0.0 {
-        tokio::time::sleep(Duration::from_secs_f64(next.wait.0 / 1000.0)).await;
+/// Waits the pause the execution asked for before `next` (a retry's), then gives the time:
+/// `asked`, the time `next` was asked for at, when there was nothing to wait.
+pub(super) async fn pause(
+    state: &AppState,
+    next: NextAttempt,
+    asked: equiroute_core::Timestamp,
+) -> equiroute_core::Timestamp {
+    if next.wait.0 <= 0.0 {
+        return asked;
     }
+    tokio::time::sleep(Duration::from_secs_f64(next.wait.0 / 1000.0)).await;
     state.now()
 }
 

@@ -104,6 +104,9 @@ pub(super) struct RequestEnd<'a> {
     pub owner: Option<&'a str>,
     /// It ended on a provider's content filter refusal.
     pub content_filter: bool,
+    /// When it ended (its result was finished at this time): the time its bookkeeping
+    /// uses, not read from the clock again.
+    pub at: Timestamp,
 }
 
 /// The outcome ledger of one interface (see the module doc for what each end does).
@@ -189,18 +192,17 @@ impl<'a> Ledger<'a> {
             outcome_label(result.status),
             fallback_reason(&result.attempts).as_deref(),
         );
-        let now_ms = state.now().0;
         if let Some(end) = iface.arms.finish(
             &iface.name,
             request_id,
             decided.routed,
             result.status,
-            now_ms,
+            end.at.0,
         ) {
             self.journal_rollout_end(end);
         }
         iface.history.count(
-            state.now(),
+            end.at,
             decided.order.first().copied(),
             result,
             (end.owner, end.content_filter),
@@ -639,10 +641,11 @@ pub(super) fn audit(state: &AppState, iface: &InterfaceRuntime, end: RequestEnd<
         decided,
         features,
         result,
+        at,
         ..
     } = end;
     let attempts = &result.attempts[..];
-    let wanted = iface.history.wants_record(state.now(), attempts);
+    let wanted = iface.history.wants_record(at, attempts);
     if state.audit.is_none() && !wanted {
         return;
     }
@@ -657,7 +660,7 @@ pub(super) fn audit(state: &AppState, iface: &InterfaceRuntime, end: RequestEnd<
     let propensity = decided.ranking.propensity.filter(|_| !decided.retest);
     let record = super::audit::AuditRecord {
         kind: "request",
-        ts_ms: state.now().0,
+        ts_ms: at.0,
         decided_ms: decided.at.0,
         request_id: request_id.to_owned(),
         interface: iface.name.clone(),

@@ -45,7 +45,7 @@ pub(super) fn begin(
     let features = iface
         .featurizer
         .featurize(&super::query_text(iface.kind, body));
-    let t0 = state.now();
+    let t0 = state.at(started);
     let (requirements, tokens) = super::request_profile(iface.kind, body);
     let span = super::spans::decision();
     let decided = span

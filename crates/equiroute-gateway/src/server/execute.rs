@@ -101,8 +101,12 @@ pub(super) async fn execute_unstreamed(
     let mut refusals = ContextRefusals::default();
     let mut rejections = super::rejections::Rejections::default();
     let mut skips = super::capacity::Skips::default();
-    while let Some(next) = run.next_attempt(state.now()) {
-        let now = pause(state, next).await;
+    loop {
+        let asked = state.now();
+        let Some(next) = run.next_attempt(asked) else {
+            break;
+        };
+        let now = pause(state, next, asked).await;
         // Held until the attempt (or the race) is booked.
         let Some(_permit) = admit(state, iface, (next.candidate, now), &mut skips).await? else {
             run.skip();
@@ -156,7 +160,7 @@ pub(super) async fn execute_unstreamed(
         }
     }
     let ending = Instant::now();
-    let end = state.now();
+    let end = state.at(ending);
     let mut result = run.finish(end);
     rejections.settle(state, iface, &mut result, &mut last);
     let attempts = result.attempts.len();
@@ -169,6 +173,7 @@ pub(super) async fn execute_unstreamed(
         label: failed_label(result.status),
         owner: meta.owner.as_deref(),
         content_filter: last.as_ref().is_some_and(|r| r.content_filter),
+        at: end,
     };
     match (result.status, answer) {
         (RequestStatus::Succeeded { candidate }, Some(reply)) => {
@@ -177,7 +182,7 @@ pub(super) async fn execute_unstreamed(
             }
             let answer = Answer {
                 candidate,
-                latency: Millis(started.elapsed().as_secs_f64() * 1000.0),
+                latency: Millis(ending.duration_since(started).as_secs_f64() * 1000.0),
                 at: end,
                 owner: meta.owner.as_deref(),
             };
@@ -398,8 +403,12 @@ pub(super) async fn execute_streamed(
     let mut refusals = ContextRefusals::default();
     let mut router = Duration::ZERO;
     let mut skips = super::capacity::Skips::default();
-    while let Some(next) = run.next_attempt(state.now()) {
-        let now = pause(&state, next).await;
+    loop {
+        let asked = state.now();
+        let Some(next) = run.next_attempt(asked) else {
+            break;
+        };
+        let now = pause(&state, next, asked).await;
         let Some(permit) = admit(&state, &iface, (next.candidate, now), &mut skips).await? else {
             run.skip();
             continue;
@@ -508,7 +517,8 @@ pub(super) async fn execute_streamed(
             }
         }
     }
-    let mut result = run.finish(state.now());
+    let end = state.now();
+    let mut result = run.finish(end);
     rejections.settle(&state, &iface, &mut result, &mut last);
     state.ledger(&iface).request(
         RequestEnd {
@@ -519,6 +529,7 @@ pub(super) async fn execute_streamed(
             label: failed_label(result.status),
             owner: meta.owner.as_deref(),
             content_filter: last.as_ref().is_some_and(|r| r.content_filter),
+            at: end,
         },
         None,
     );

@@ -271,12 +271,18 @@ fn routing_headers(h: &mut HeaderMap, request_id: &str, provider: Option<&str>, 
     const REQUEST_ID: HeaderName = HeaderName::from_static("x-equiroute-request-id");
     const PROVIDER: HeaderName = HeaderName::from_static("x-equiroute-provider");
     const ATTEMPTS: HeaderName = HeaderName::from_static("x-equiroute-attempts");
+    // The usual counts without an allocation each (`max_attempts` is 3 by default).
+    const COUNTS: [&str; 11] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"];
     for (name, value) in [(REQUEST_ID, Some(request_id)), (PROVIDER, provider)] {
         if let Some(v) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
             h.insert(name, v);
         }
     }
-    h.insert(ATTEMPTS, HeaderValue::from(attempts));
+    let count = COUNTS.get(attempts).map_or_else(
+        || HeaderValue::from(attempts),
+        |c| HeaderValue::from_static(c),
+    );
+    h.insert(ATTEMPTS, count);
 }
 
 /// `POST /v1/chat/completions`: `model` names an interface, or `interface/provider` to pin one.

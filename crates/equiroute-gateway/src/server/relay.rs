@@ -240,6 +240,7 @@ impl Relay {
                 owner: self.owner.as_deref(),
                 // A stream's refusal comes before it is relayed, never after.
                 content_filter: false,
+                at: end,
             },
             answer,
         );
@@ -320,8 +321,9 @@ impl Relay {
         let state = self.state.clone();
         let iface = self.iface.clone();
         loop {
-            let next = self.run.next_attempt(state.now())?;
-            let now = pause(&state, next).await;
+            let asked = state.now();
+            let next = self.run.next_attempt(asked)?;
+            let now = pause(&state, next, asked).await;
             // The stream is committed: a continuation that finds no capacity ends as broken.
             let mut skips = super::capacity::Skips::default();
             let admitted = admit(&state, &iface, (next.candidate, now), &mut skips).await;
