@@ -106,8 +106,11 @@ q = lambda p: f"{bucket_quantile(buckets, count, p):g}"  # noqa: E731
 oha = point(work + "/oha.json")
 # The gateway's user + system CPU over the measured seconds, per request answered then.
 cpu_us = int(sys.argv[4]) / int(sys.argv[5]) * 1e6 / max(oha["requests"], 1)
-print(f"| {label} | {oha['rps']:,.0f} | {cpu_us:.0f} | {total / count:.1f} | "
-      f"{100 * buckets.get(10.0, 0) / count:.1f}% | ≤ {q(0.5)} | ≤ {q(0.99)} |")
+row = (f"| {label} | {oha['rps']:,.0f} | {cpu_us:.0f} | {total / count:.1f} | "
+       f"{100 * buckets.get(10.0, 0) / count:.1f}% | ≤ {q(0.5)} | ≤ {q(0.99)} |")
+print(row)
+with open(f"{work}/rows", "a") as rows:  # for the summary after the last round
+    rows.write(row + "\n")
 PY
 }
 
@@ -122,3 +125,10 @@ for r in $(seq "$ROUNDS"); do
     point "${BINS[0]}" "$r A"
     point "${BINS[1]}" "$r B"
 done
+echo
+python3 - "$HERE" "$WORK/rows" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from report import paired_summary
+print(paired_summary(open(sys.argv[2]).read()))
+PY

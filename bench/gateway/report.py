@@ -53,6 +53,39 @@ def point(path):
     }
 
 
+def paired_summary(rows):
+    """pair.sh's closing lines from its table rows ("| 2 B | 32,646 | 32 | 4.3 | 99.2% | ..."):
+    each column's median for A and for B, how many rounds B served more requests/s, and the
+    median of the rounds' paired differences (B - A), which the machine's drift between
+    rounds moves less than it moves either median."""
+    import statistics
+
+    rounds = {}
+    for line in rows.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 5 or len(cells[0].split()) != 2:
+            continue
+        number, side = cells[0].split()
+        rounds.setdefault(number, {})[side] = (
+            float(cells[1].replace(",", "")), float(cells[2]), float(cells[3]),
+            float(cells[4].rstrip("%")),
+        )
+    pairs = [(r["A"], r["B"]) for r in rounds.values() if "A" in r and "B" in r]
+    if not pairs:
+        return "no complete round: nothing to summarize"
+    med = lambda side, k: statistics.median(p[side][k] for p in pairs)  # noqa: E731
+    diffs = [b[0] - a[0] for a, b in pairs]
+    rel = statistics.median((b[0] - a[0]) / a[0] for a, b in pairs)
+    ahead = sum(d > 0 for d in diffs)
+    return "\n".join([
+        f"medians of {len(pairs)} rounds, A / B: {med(0, 0):,.0f} / {med(1, 0):,.0f} requests/s, "
+        f"{med(0, 1):g} / {med(1, 1):g} µs of CPU per request, router share {med(0, 2):.1f} / "
+        f"{med(1, 2):.1f} µs, {med(0, 3):.1f}% / {med(1, 3):.1f}% ≤ 10 µs",
+        f"B served more requests/s in {ahead} of {len(pairs)} rounds; the rounds' paired "
+        f"difference B - A: median {statistics.median(diffs):+,.0f} requests/s ({100 * rel:+.1f}%)",
+    ])
+
+
 def histogram(text, name):
     """Cumulative buckets {le: count} of a Prometheus histogram, plus its sum and count."""
     buckets, total, count = {}, 0.0, 0
