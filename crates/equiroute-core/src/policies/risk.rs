@@ -25,7 +25,7 @@ use crate::decision::{AttemptStatus, SlicePath, Timestamp};
 use crate::estimators::decay_factor;
 use crate::estimators::ewma::{FailureRate, FailureRateConfig};
 use crate::estimators::nig::{bad_outcome_probability, LogLatencyStats, NigPosterior, NigPrior};
-use crate::estimators::shape::{Exceedance, LatencyBelief, LatencyHistogram};
+use crate::estimators::shape::{Exceedance, LatencyBelief};
 use crate::hash::KeyHasher;
 use crate::StateError;
 use rand::RngCore;
@@ -517,17 +517,9 @@ impl RiskModel {
                 continue;
             }
             let Some(own) = own else { continue };
-            effective = match pre {
-                Some((f, at)) => own.scaled(f, at, shape),
-                None => LogLatencyStats {
-                    shape: if shape {
-                        own.shape
-                    } else {
-                        LatencyHistogram::default()
-                    },
-                    ..*own
-                },
-            };
+            // Without a decay, a copy: a number times 1 is itself, to the bit.
+            let (f, at) = pre.unwrap_or((1.0, own.at));
+            effective = own.scaled(f, at, shape);
         }
         effective
     }

@@ -20,18 +20,20 @@ use equiroute_core::{AttemptOutcome, AttemptStatus, Millis, ProviderFailure, Tok
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-/// Waits the pause the execution asked for before `next` (a retry's), then gives the time:
-/// `asked`, the time `next` was asked for at, when there was nothing to wait.
-pub(super) async fn pause(
+/// The next attempt `run` asks for (`None`: the request is over), after the pause it asked
+/// for before it (a retry's), and the time the attempt starts at: the time it was asked at
+/// when there was nothing to wait (one clock read), else the time after the wait.
+pub(super) async fn next_attempt(
     state: &AppState,
-    next: NextAttempt,
-    asked: equiroute_core::Timestamp,
-) -> equiroute_core::Timestamp {
+    run: &mut Execution,
+) -> Option<(NextAttempt, equiroute_core::Timestamp)> {
+    let asked = state.now();
+    let next = run.next_attempt(asked)?;
     if next.wait.0 <= 0.0 {
-        return asked;
+        return Some((next, asked));
     }
     tokio::time::sleep(Duration::from_secs_f64(next.wait.0 / 1000.0)).await;
-    state.now()
+    Some((next, state.now()))
 }
 
 /// Whether an attempt on `candidate` may go now: its capacity ([`super::capacity`]: a

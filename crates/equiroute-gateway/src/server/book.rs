@@ -192,15 +192,7 @@ impl<'a> Ledger<'a> {
             outcome_label(result.status),
             fallback_reason(&result.attempts).as_deref(),
         );
-        if let Some(end) = iface.arms.finish(
-            &iface.name,
-            request_id,
-            decided.routed,
-            result.status,
-            end.at.0,
-        ) {
-            self.journal_rollout_end(end);
-        }
+        self.finish_routed(request_id, decided.routed, result.status, end.at);
         iface.history.count(
             end.at,
             decided.order.first().copied(),
@@ -229,11 +221,16 @@ impl<'a> Ledger<'a> {
         }
     }
 
-    /// Step 3 of a request's end: the canary's guard and the shadow's window; a rollback the
-    /// outcome set off is journaled.
-    fn finish_routed(&self, request_id: &str, routed: super::arms::Routed, status: RequestStatus) {
-        let now_ms = self.state.now().0;
-        if let Some(end) = super::arms::finish(self.iface, request_id, routed, status, now_ms) {
+    /// Step 3 of a request's end, at `at`: the canary's guard and the shadow's window; a
+    /// rollback the outcome set off is journaled.
+    fn finish_routed(
+        &self,
+        request_id: &str,
+        routed: super::arms::Routed,
+        status: RequestStatus,
+        at: Timestamp,
+    ) {
+        if let Some(end) = super::arms::finish(self.iface, request_id, routed, status, at.0) {
             self.journal_rollout_end(end);
         }
     }
@@ -622,7 +619,8 @@ impl AppState {
         routed: super::arms::Routed,
         status: RequestStatus,
     ) {
-        self.ledger(iface).finish_routed(request_id, routed, status);
+        self.ledger(iface)
+            .finish_routed(request_id, routed, status, self.now());
     }
 
     /// Keeps an answered request's context until its quality score arrives (step 7 of a

@@ -6,7 +6,7 @@
 //! and the request's end is booked by the ledger (`book`); this module turns the result into
 //! the answer or the error.
 
-use super::attempt::{admit, open_attempt, pause, usage_of, OpenResult, Unlearnt};
+use super::attempt::{admit, next_attempt, open_attempt, usage_of, OpenResult, Unlearnt};
 use super::book::{Answer, AttemptEnd, Booking, RequestEnd};
 use super::decide::{begin, Begun};
 use super::error::ApiError;
@@ -101,12 +101,7 @@ pub(super) async fn execute_unstreamed(
     let mut refusals = ContextRefusals::default();
     let mut rejections = super::rejections::Rejections::default();
     let mut skips = super::capacity::Skips::default();
-    loop {
-        let asked = state.now();
-        let Some(next) = run.next_attempt(asked) else {
-            break;
-        };
-        let now = pause(state, next, asked).await;
+    while let Some((next, now)) = next_attempt(state, &mut run).await {
         // Held until the attempt (or the race) is booked.
         let Some(_permit) = admit(state, iface, (next.candidate, now), &mut skips).await? else {
             run.skip();
@@ -403,12 +398,7 @@ pub(super) async fn execute_streamed(
     let mut refusals = ContextRefusals::default();
     let mut router = Duration::ZERO;
     let mut skips = super::capacity::Skips::default();
-    loop {
-        let asked = state.now();
-        let Some(next) = run.next_attempt(asked) else {
-            break;
-        };
-        let now = pause(&state, next, asked).await;
+    while let Some((next, now)) = next_attempt(&state, &mut run).await {
         let Some(permit) = admit(&state, &iface, (next.candidate, now), &mut skips).await? else {
             run.skip();
             continue;

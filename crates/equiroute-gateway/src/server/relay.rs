@@ -4,8 +4,8 @@
 //! event. The relayed attempts and the request's end are booked by the ledger (`book`).
 
 use super::attempt::{
-    admit, heard_capacity, learn_first_byte, outcome_of, pause, spent_capacity, streamed, usage_of,
-    wait_limit, Awaited, Began, Unlearnt,
+    admit, heard_capacity, learn_first_byte, next_attempt, outcome_of, spent_capacity, streamed,
+    usage_of, wait_limit, Awaited, Began, Unlearnt,
 };
 use super::book::{Answer, AttemptEnd, Booking, RequestEnd};
 use super::decide::Decided;
@@ -216,8 +216,9 @@ impl Relay {
             let _ = tx.send(Ok(Bytes::from(format!("data: {event}\n\n")))).await;
         }
         drop(tx);
-        let latency = Millis(self.started.elapsed().as_secs_f64() * 1000.0);
-        let end = self.state.now();
+        let ending = std::time::Instant::now();
+        let latency = Millis(ending.duration_since(self.started).as_secs_f64() * 1000.0);
+        let end = self.state.at(ending);
         let result = self.run.clone().finish(end);
         let label = match status {
             AttemptStatus::Ok => "ok",
@@ -321,9 +322,7 @@ impl Relay {
         let state = self.state.clone();
         let iface = self.iface.clone();
         loop {
-            let asked = state.now();
-            let next = self.run.next_attempt(asked)?;
-            let now = pause(&state, next, asked).await;
+            let (next, now) = next_attempt(&state, &mut self.run).await?;
             // The stream is committed: a continuation that finds no capacity ends as broken.
             let mut skips = super::capacity::Skips::default();
             let admitted = admit(&state, &iface, (next.candidate, now), &mut skips).await;
