@@ -5,7 +5,9 @@
 # the same rate (oha -q RATE, latency correction on, so that a stall counts against the
 # requests it delayed; the requests in flight at the end are waited for), each after a 3 s
 # warm-up. Prints one row per point and the added p50 and p99 (gateway minus direct, in the
-# same round).
+# same round). With --nginx, nginx (bench/gateway/nginx.conf, a worker per core) in front of the
+# same mocks is measured in each round as well: what a plain reverse proxy adds on this machine
+# at this rate, the control for the gateway's number.
 # See bench/gateway/README.md ("Added latency at a fixed rate").
 set -euo pipefail
 
@@ -21,9 +23,10 @@ Usage: bench/gateway/added.sh [options] BIN
   --rounds N        rounds of direct then gateway (default: 2)
   --seconds S       seconds measured per point (default: 15), after a 3 s warm-up
   --concurrency C   oha's connections (default: 256)
+  --nginx           also measure nginx in front of the same mocks in each round (the control)
 
-Environment: OHA_BIN (default: oha on PATH, then ~/.cargo/bin/oha), BENCH_PORT_BASE (first of
-4 loopback ports, default: 19500).
+Environment: OHA_BIN (default: oha on PATH, then ~/.cargo/bin/oha), NGINX_BIN (default: nginx
+on PATH, then /usr/sbin/nginx), BENCH_PORT_BASE (first of 5 loopback ports, default: 19500).
 USAGE
 }
 
@@ -31,6 +34,7 @@ RATE=5000
 ROUNDS=2
 SECONDS_PER_POINT=15
 CONCURRENCY=256
+NGINX=""
 BINS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -38,6 +42,7 @@ while [ $# -gt 0 ]; do
         --rounds) ROUNDS="${2:?--rounds needs a number}"; shift ;;
         --seconds) SECONDS_PER_POINT="${2:?--seconds needs a number}"; shift ;;
         --concurrency) CONCURRENCY="${2:?--concurrency needs a number}"; shift ;;
+        --nginx) NGINX=$(find_nginx); [ -n "$NGINX" ] || { echo "--nginx: nginx not found (apt-get install -y nginx-light, or NGINX_BIN)" >&2; exit 2; } ;;
         -h | --help) usage; exit 0 ;;
         -*) echo "unknown option: $1" >&2; usage >&2; exit 2 ;;
         *) BINS+=("$1") ;;
@@ -58,6 +63,17 @@ start_mocks "$BIN" mock-20ms.toml
 "$BIN" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
 PIDS+=($!)
 for i in 0 1 2 3; do wait_port $((BASE + i)); done
+TARGETS="direct gateway"
+if [ -n "$NGINX" ]; then
+    mkdir -p "$WORK/nginx"
+    sed -e "s|@LISTEN@|127.0.0.1:$((BASE + 4))|" -e "s|@UPSTREAM_1@|127.0.0.1:$((BASE + 1))|" \
+        -e "s|@UPSTREAM_2@|127.0.0.1:$((BASE + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((BASE + 3))|" \
+        -e "s|@WORKERS@|$(nproc)|g" -e "s|@PREFIX@|$WORK/nginx|g" "$HERE/nginx.conf" >"$WORK/nginx/nginx.conf"
+    "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >"$WORK/nginx.log" 2>&1 &
+    PIDS+=($!)
+    wait_port $((BASE + 4))
+    TARGETS="direct gateway nginx"
+fi
 
 point() { # URL OUT
     local load=("$OHA" --no-tui -m POST -H content-type:application/json -D "$WORK/body.json"
@@ -66,18 +82,21 @@ point() { # URL OUT
     "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$1" >"$2"
 }
 
-echo "added.sh: $RATE requests/s, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, 20 ms mocks, $BIN"
+echo "added.sh: $RATE requests/s, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, 20 ms mocks, $BIN${NGINX:+, and $NGINX}"
 echo
 echo "| round | target | requests/s | p50 ms | p99 ms | p99.9 ms | non-200 | added p50 ms | added p99 ms |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for r in $(seq "$ROUNDS"); do
     point "http://127.0.0.1:$((BASE + 1))/v1/chat/completions" "$WORK/direct.json"
     point "http://127.0.0.1:$BASE/v1/chat/completions" "$WORK/gateway.json"
-    python3 - "$WORK" "$r" <<'PY'
+    if [ -n "$NGINX" ]; then
+        point "http://127.0.0.1:$((BASE + 4))/v1/chat/completions" "$WORK/nginx.json"
+    fi
+    python3 - "$WORK" "$r" $TARGETS <<'PY'
 import json, sys
-work, r = sys.argv[1], sys.argv[2]
+work, r, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
 rows = {}
-for target in ("direct", "gateway"):
+for target in targets:
     d = json.load(open(f"{work}/{target}.json"))
     p = d["latencyPercentiles"]
     codes = d["statusCodeDistribution"]
@@ -85,7 +104,7 @@ for target in ("direct", "gateway"):
     rows[target] = (d["summary"]["requestsPerSec"], p["p50"] * 1e3, p["p99"] * 1e3, p["p99.9"] * 1e3, other)
 for target, (rps, p50, p99, p999, other) in rows.items():
     added = ""
-    if target == "gateway":
+    if target != "direct":
         added = f" {p50 - rows['direct'][1]:+.2f} | {p99 - rows['direct'][2]:+.2f} |"
     else:
         added = " | |"

@@ -22,6 +22,13 @@ find_oha() {
     [ -x "$OHA" ] || { echo "oha not found: cargo install oha --locked --version 1.16.0" >&2; exit 2; }
 }
 
+# Prints the nginx to run: NGINX_BIN, else nginx on PATH, else /usr/sbin/nginx; nothing when
+# there is none.
+find_nginx() {
+    if [ -n "${NGINX_BIN:-}" ]; then [ -x "$NGINX_BIN" ] && echo "$NGINX_BIN"; return 0; fi
+    command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || true
+}
+
 # Sets WORK to a new scratch directory and PIDS to an empty list; on exit every process in
 # PIDS is stopped and WORK removed.
 start_work() {

@@ -6,6 +6,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=common.sh
+. "$HERE/common.sh" # find_nginx (run.sh keeps its own find_oha, defined below)
 ROOT=$(cd "$HERE/../.." && pwd)
 
 usage() {
@@ -114,10 +116,6 @@ has() { case ",$SYSTEMS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 find_oha() {
     if [ -n "${OHA_BIN:-}" ]; then echo "$OHA_BIN"; return; fi
     command -v oha 2>/dev/null || { [ -x "$HOME/.cargo/bin/oha" ] && echo "$HOME/.cargo/bin/oha"; } || true
-}
-find_nginx() {
-    if [ -n "${NGINX_BIN:-}" ]; then [ -x "$NGINX_BIN" ] && echo "$NGINX_BIN"; return 0; fi
-    command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; } || true
 }
 
 if [ "$INSTALL" = 1 ]; then
