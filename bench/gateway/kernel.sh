@@ -21,6 +21,8 @@ Usage: bench/gateway/kernel.sh [options] BIN [BIN ...]
   --requests N      requests counted per binary and round (default: 20000), after 2000 warm-up
   --concurrency C   oha's concurrency (default: 16)
   --rounds R        rounds, each binary once per round (default: 1)
+  --rate R          send at R requests/s (oha -q) instead of as fast as C connections can:
+                    what a request costs when the gateway idles between requests
 
 Environment: OHA_BIN (default: oha on PATH, then ~/.cargo/bin/oha), BENCH_PORT_BASE (first of
 4 loopback ports, default: 19300).
@@ -30,12 +32,14 @@ USAGE
 REQUESTS=20000
 CONCURRENCY=16
 ROUNDS=1
+RATE=""
 BINS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --requests) REQUESTS="${2:?--requests needs a number}"; shift ;;
         --concurrency) CONCURRENCY="${2:?--concurrency needs a number}"; shift ;;
         --rounds) ROUNDS="${2:?--rounds needs a number}"; shift ;;
+        --rate) RATE="${2:?--rate needs a number}"; shift ;;
         -h | --help) usage; exit 0 ;;
         -*) echo "unknown option: $1" >&2; usage >&2; exit 2 ;;
         *) BINS+=("$1") ;;
@@ -45,6 +49,11 @@ done
 [ "${#BINS[@]}" -ge 1 ] || { echo "kernel.sh needs at least one binary" >&2; usage >&2; exit 2; }
 check_binaries "${BINS[@]}"
 check_positive REQUESTS CONCURRENCY ROUNDS
+PACE=()
+if [ -n "$RATE" ]; then
+    check_positive RATE
+    PACE=(-q "$RATE")
+fi
 if ! command -v perf >/dev/null; then
     echo "perf is missing: apt-get install linux-perf" >&2
     exit 2
@@ -66,7 +75,7 @@ for c in "${CALLS[@]}"; do EVENTS="$EVENTS,syscalls:sys_enter_$c"; done
 start_work
 start_instant_upstreams "${BINS[0]}"
 
-echo "kernel.sh: $REQUESTS requests at c=$CONCURRENCY after 2000 warm-up, 0 ms mocks, perf stat -p on the gateway"
+echo "kernel.sh: $REQUESTS requests at c=$CONCURRENCY${RATE:+, $RATE requests/s,} after 2000 warm-up, 0 ms mocks, perf stat -p on the gateway"
 echo
 header="| round | binary | requests/s | CPU µs/request | user µs | kernel µs | syscalls | context switches | migrations"
 rule="|---|---|---|---|---|---|---|---|---"
@@ -89,7 +98,7 @@ for round in $(seq "$ROUNDS"); do
         perf=$!
         sleep 0.5 # perf attaches to every thread before the load starts
         before=$(cut -d' ' -f14,15 "/proc/$gw/stat")
-        send "$REQUESTS" --output-format json >"$WORK/oha$n.json"
+        send "$REQUESTS" "${PACE[@]}" --output-format json >"$WORK/oha$n.json"
         after=$(cut -d' ' -f14,15 "/proc/$gw/stat")
         kill -INT "$perf"
         wait "$perf" 2>/dev/null || true
