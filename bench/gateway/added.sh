@@ -66,9 +66,7 @@ for i in 0 1 2 3; do wait_port $((BASE + i)); done
 TARGETS="direct gateway"
 if [ -n "$NGINX" ]; then
     mkdir -p "$WORK/nginx"
-    sed -e "s|@LISTEN@|127.0.0.1:$((BASE + 4))|" -e "s|@UPSTREAM_1@|127.0.0.1:$((BASE + 1))|" \
-        -e "s|@UPSTREAM_2@|127.0.0.1:$((BASE + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((BASE + 3))|" \
-        -e "s|@WORKERS@|$(nproc)|g" -e "s|@PREFIX@|$WORK/nginx|g" "$HERE/nginx.conf" >"$WORK/nginx/nginx.conf"
+    write_config "$BASE" "$WORK/nginx/nginx.conf" nginx.conf $((BASE + 4)) "$WORK/nginx"
     "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >"$WORK/nginx.log" 2>&1 &
     PIDS+=($!)
     wait_port $((BASE + 4))

@@ -44,13 +44,20 @@ stop_work() {
     rm -rf "$WORK"
 }
 
-# Writes to FILE this directory's equiroute.toml listening on 127.0.0.1:BASE, its three
-# providers on the next three ports.
-write_config() { # BASE FILE
+# Writes to FILE a template of this directory (default equiroute.toml) listening on
+# 127.0.0.1:LISTEN (default BASE), its three upstreams on the three ports after BASE, with a
+# worker per core (@WORKERS@) and PREFIX for @PREFIX@ (nginx.conf's).
+write_config() { # BASE FILE [TEMPLATE [LISTEN [PREFIX]]]
     local base=$1
-    sed -e "s|@LISTEN@|127.0.0.1:$base|" -e "s|@UPSTREAM_1@|127.0.0.1:$((base + 1))|" \
+    sed -e "s|@LISTEN@|127.0.0.1:${4:-$base}|" -e "s|@UPSTREAM_1@|127.0.0.1:$((base + 1))|" \
         -e "s|@UPSTREAM_2@|127.0.0.1:$((base + 2))|" -e "s|@UPSTREAM_3@|127.0.0.1:$((base + 3))|" \
-        "$HERE/equiroute.toml" >"$2"
+        -e "s|@WORKERS@|$(nproc)|g" -e "s|@PREFIX@|${5:-}|g" "$HERE/${3:-equiroute.toml}" >"$2"
+}
+
+# A process's user + system CPU time so far, in clock ticks (/proc/PID/stat; its own threads,
+# not its children).
+proc_ticks() { # PID
+    awk '{print $14 + $15}' "/proc/$1/stat"
 }
 
 # Starts BIN's three mocks with PROFILE (a file in this directory) on the three ports after

@@ -61,8 +61,6 @@ for p in "${POLICY_LIST[@]}"; do
     done
 done
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
 point() { # POLICY LOOPS ROUND
     "$BIN" serve --config "$WORK/$1-$2.toml" >"$WORK/serve.log" 2>&1 &
     local gw=$!
@@ -70,9 +68,9 @@ point() { # POLICY LOOPS ROUND
     local load=("$OHA" --no-tui -m POST -H content-type:application/json -D "$WORK/body.json" -c 64)
     "${load[@]}" -z 3s "$URL" >/dev/null
     local before after
-    before=$(cpu_ticks "$gw")
+    before=$(proc_ticks "$gw")
     "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$URL" >"$WORK/oha.json"
-    after=$(cpu_ticks "$gw")
+    after=$(proc_ticks "$gw")
     kill "$gw" 2>/dev/null || true
     wait "$gw" 2>/dev/null || true
     python3 - "$HERE" "$WORK" "$1" "$2" "$3" "$((after - before))" "$(getconf CLK_TCK)" <<'PY'
@@ -110,7 +108,7 @@ for policy in dict.fromkeys(r[1] for r in rows):
     rounds = sorted({k[0] for k in at})
     one = [at[(r, "1")] for r in rounds]
     two = [at[(r, "2")] for r in rounds]
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+    med = statistics.median
     d_rps = med([b[0] - a[0] for a, b in zip(one, two)])
     d_cpu = med([b[1] - a[1] for a, b in zip(one, two)])
     print(f"| {policy} | {med([a[0] for a in one]):,.0f} / {med([b[0] for b in two]):,.0f} | "

@@ -67,10 +67,6 @@ PY
 write_config "$BASE" "$WORK/equiroute.toml"
 URL="http://127.0.0.1:$BASE/v1/chat/completions"
 
-cpu_ticks() { # PID: its user + system CPU time so far, in clock ticks (/proc/PID/stat)
-    awk '{print $14 + $15}' "/proc/$1/stat"
-}
-
 scrape() {
     curl -sf "http://127.0.0.1:$BASE/metrics" | grep '^equiroute_router_microseconds' >"$1"
 }
@@ -85,9 +81,9 @@ point() { # BIN LABEL
     "${load[@]}" -z 3s "$URL" >/dev/null
     local gw="${PIDS[3]}" cpu_before cpu_after
     scrape "$WORK/before"
-    cpu_before=$(cpu_ticks "$gw")
+    cpu_before=$(proc_ticks "$gw")
     "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$URL" >"$WORK/oha.json"
-    cpu_after=$(cpu_ticks "$gw")
+    cpu_after=$(proc_ticks "$gw")
     scrape "$WORK/after"
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
