@@ -37,7 +37,11 @@ fn audit_path(name: &str) -> std::path::PathBuf {
 
 /// A `chat` interface under `ts-deadline` with `interface`'s extra lines, auditing to
 /// `audit`: provider `a` (cheap, ranked first) on the first mock's model, `b` (dear) on the
-/// second's.
+/// second's. The cost reference is `a`'s price, so that `a` is ranked first whatever its
+/// latency draw: with the default reference (the mean price) `b`'s cost factor is ⅓, and a
+/// fresh prior's draw put `b` first in 0.18% of the ranks (367 of 200,000), which failed a
+/// run of these tests now and then; with `a`'s price `b` would need `a`'s sampled `P(good)`
+/// below 0.0002 of its own (0 of 2,000,000 draws).
 fn chat_config(
     audit: &std::path::Path,
     interface: &str,
@@ -51,7 +55,7 @@ path = {audit:?}
 
 [interfaces.chat]
 kind = "chat"
-policy = {{ name = "ts-deadline" }}
+policy = {{ name = "ts-deadline", objective = {{ kind = "cost-per-good", cost_ref_usd = 0.0001 }} }}
 {interface}
 
 [[interfaces.chat.providers]]
