@@ -7,7 +7,8 @@
 # warm-up. Prints one row per point and the added p50 and p99 (gateway minus direct, in the
 # same round). With --nginx, nginx (bench/gateway/nginx.conf, a worker per core) in front of the
 # same mocks is measured in each round as well: what a plain reverse proxy adds on this machine
-# at this rate, the control for the gateway's number.
+# at this rate, the control for the gateway's number. With --isolate the gateway (and nginx)
+# run alone on the last CPU, oha and the mocks on the others.
 # See bench/gateway/README.md ("Added latency at a fixed rate").
 set -euo pipefail
 
@@ -24,6 +25,8 @@ Usage: bench/gateway/added.sh [options] BIN
   --seconds S       seconds measured per point (default: 15), after a 3 s warm-up
   --concurrency C   oha's connections (default: 256)
   --nginx           also measure nginx in front of the same mocks in each round (the control)
+  --isolate         the gateway and nginx on the last CPU alone, oha and the mocks on the
+                    others (taskset): the proxies' share without the load's preemptions
 
 Environment: OHA_BIN (default: oha on PATH, then ~/.cargo/bin/oha), NGINX_BIN (default: nginx
 on PATH, then /usr/sbin/nginx), BENCH_PORT_BASE (first of 5 loopback ports, default: 19500).
@@ -35,6 +38,7 @@ ROUNDS=2
 SECONDS_PER_POINT=15
 CONCURRENCY=256
 NGINX=""
+ISOLATE=""
 BINS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -43,6 +47,7 @@ while [ $# -gt 0 ]; do
         --seconds) SECONDS_PER_POINT="${2:?--seconds needs a number}"; shift ;;
         --concurrency) CONCURRENCY="${2:?--concurrency needs a number}"; shift ;;
         --nginx) NGINX=$(find_nginx); [ -n "$NGINX" ] || { echo "--nginx: nginx not found (apt-get install -y nginx-light, or NGINX_BIN)" >&2; exit 2; } ;;
+        --isolate) ISOLATE=1 ;;
         -h | --help) usage; exit 0 ;;
         -*) echo "unknown option: $1" >&2; usage >&2; exit 2 ;;
         *) BINS+=("$1") ;;
@@ -55,19 +60,30 @@ check_positive RATE ROUNDS SECONDS_PER_POINT CONCURRENCY
 find_oha
 BASE="${BENCH_PORT_BASE:-19500}"
 BIN=${BINS[0]}
+PIN=()
+if [ -n "$ISOLATE" ]; then
+    last=$(($(nproc) - 1))
+    if [ "$last" -lt 1 ] || ! command -v taskset >/dev/null; then
+        echo "--isolate needs two CPUs or more and taskset (util-linux)" >&2
+        exit 2
+    fi
+    # This script, so oha and the mocks it starts, off the last CPU; the proxies on it.
+    taskset -pc "0-$((last - 1))" $$ >/dev/null
+    PIN=(taskset -c "$last")
+fi
 
 start_work
 echo '{"model": "chat", "messages": [{"role": "user", "content": "hello"}]}' >"$WORK/body.json"
 write_config "$BASE" "$WORK/equiroute.toml"
 start_mocks "$BIN" mock-20ms.toml
-"$BIN" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
+"${PIN[@]}" "$BIN" serve --config "$WORK/equiroute.toml" >"$WORK/serve.log" 2>&1 &
 PIDS+=($!)
 for i in 0 1 2 3; do wait_port $((BASE + i)); done
 TARGETS="direct gateway"
 if [ -n "$NGINX" ]; then
     mkdir -p "$WORK/nginx"
     write_config "$BASE" "$WORK/nginx/nginx.conf" nginx.conf $((BASE + 4)) "$WORK/nginx"
-    "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >"$WORK/nginx.log" 2>&1 &
+    "${PIN[@]}" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log" >"$WORK/nginx.log" 2>&1 &
     PIDS+=($!)
     wait_port $((BASE + 4))
     TARGETS="direct gateway nginx"
@@ -80,7 +96,7 @@ point() { # URL OUT
     "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$1" >"$2"
 }
 
-echo "added.sh: $RATE requests/s, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, 20 ms mocks, $BIN${NGINX:+, and $NGINX}"
+echo "added.sh: $RATE requests/s, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, 20 ms mocks, $BIN${NGINX:+, and $NGINX}${ISOLATE:+, the proxies alone on CPU $last}"
 echo
 echo "| round | target | requests/s | p50 ms | p99 ms | p99.9 ms | non-200 | added p50 ms | added p99 ms |"
 echo "|---|---|---|---|---|---|---|---|---|"
