@@ -61,16 +61,7 @@ find_oha
 BASE="${BENCH_PORT_BASE:-19500}"
 BIN=${BINS[0]}
 PIN=()
-if [ -n "$ISOLATE" ]; then
-    last=$(($(nproc) - 1))
-    if [ "$last" -lt 1 ] || ! command -v taskset >/dev/null; then
-        echo "--isolate needs two CPUs or more and taskset (util-linux)" >&2
-        exit 2
-    fi
-    # This script, so oha and the mocks it starts, off the last CPU; the proxies on it.
-    taskset -pc "0-$((last - 1))" $$ >/dev/null
-    PIN=(taskset -c "$last")
-fi
+[ -z "$ISOLATE" ] || isolate_last_cpu
 
 start_work
 echo '{"model": "chat", "messages": [{"role": "user", "content": "hello"}]}' >"$WORK/body.json"
@@ -96,7 +87,7 @@ point() { # URL OUT
     "${load[@]}" -z "${SECONDS_PER_POINT}s" --output-format json "$1" >"$2"
 }
 
-echo "added.sh: $RATE requests/s, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, 20 ms mocks, $BIN${NGINX:+, and $NGINX}${ISOLATE:+, the proxies alone on CPU $last}"
+echo "added.sh: $RATE requests/s, c=$CONCURRENCY, ${SECONDS_PER_POINT} s points, 20 ms mocks, $BIN${NGINX:+, and $NGINX}${ISOLATE:+, the proxies alone on CPU $LAST_CPU}"
 echo
 echo "| round | target | requests/s | p50 ms | p99 ms | p99.9 ms | non-200 | added p50 ms | added p99 ms |"
 echo "|---|---|---|---|---|---|---|---|---|"

@@ -54,6 +54,20 @@ write_config() { # BASE FILE [TEMPLATE [LISTEN [PREFIX]]]
         -e "s|@WORKERS@|$(nproc)|g" -e "s|@PREFIX@|${5:-}|g" "$HERE/${3:-equiroute.toml}" >"$2"
 }
 
+# --isolate's pinning: this shell (so oha and the mocks it starts later) on every CPU but the
+# last, and PIN, a command prefix, for what is to run on the last CPU alone (LAST_CPU). A
+# process's default worker count follows the CPUs it may use, so a gateway or nginx started
+# under PIN on a 2-core machine runs one loop or worker. Exits 2 without two CPUs or taskset.
+isolate_last_cpu() {
+    LAST_CPU=$(($(nproc) - 1))
+    if [ "$LAST_CPU" -lt 1 ] || ! command -v taskset >/dev/null; then
+        echo "--isolate needs two CPUs or more and taskset (util-linux)" >&2
+        exit 2
+    fi
+    taskset -pc "0-$((LAST_CPU - 1))" $$ >/dev/null
+    PIN=(taskset -c "$LAST_CPU")
+}
+
 # A process's user + system CPU time so far, in clock ticks (/proc/PID/stat; its own threads,
 # not its children).
 proc_ticks() { # PID

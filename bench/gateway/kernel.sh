@@ -7,7 +7,7 @@
 # sends --requests requests at concurrency --concurrency, and the router's share
 # (`equiroute_router_microseconds`) of the same requests from /metrics. Prints them per request,
 # one row per binary and round; rounds alternate the binaries, as pair.sh does.
-# Needs perf (Debian's linux-perf) with the raw_syscalls and syscalls tracepoints readable
+# Needs perf (Debian's linux-perf) with the raw_syscalls, syscalls and sched tracepoints readable
 # (`perf stat -e raw_syscalls:sys_enter true` tells); hardware counters are not needed.
 # See bench/gateway/README.md ("System calls and wake-ups per request").
 set -euo pipefail
@@ -71,18 +71,8 @@ if ! perf stat -e raw_syscalls:sys_enter true >/dev/null 2>&1; then
 fi
 find_oha
 BASE="${BENCH_PORT_BASE:-19300}"
-# --isolate: this script (so oha and the mocks it starts) on every CPU but the last, the
-# gateway on the last.
-GW_PIN=()
-if [ -n "$ISOLATE" ]; then
-    last=$(($(nproc) - 1))
-    if [ "$last" -lt 1 ] || ! command -v taskset >/dev/null; then
-        echo "--isolate needs two CPUs or more and taskset (util-linux)" >&2
-        exit 2
-    fi
-    taskset -pc "0-$((last - 1))" $$ >/dev/null
-    GW_PIN=(taskset -c "$last")
-fi
+PIN=()
+[ -z "$ISOLATE" ] || isolate_last_cpu
 
 # The system calls a request's path makes, counted by name besides all of them
 # (raw_syscalls:sys_enter).
@@ -96,7 +86,7 @@ PREEMPTED=(-e sched:sched_switch --filter "prev_state == 0")
 start_work
 start_instant_upstreams "${BINS[0]}"
 
-echo "kernel.sh: $REQUESTS requests at c=$CONCURRENCY${RATE:+, $RATE requests/s,} after 2000 warm-up, 0 ms mocks, perf stat -p on the gateway${ISOLATE:+, the gateway alone on CPU $last}"
+echo "kernel.sh: $REQUESTS requests at c=$CONCURRENCY${RATE:+, $RATE requests/s,} after 2000 warm-up, 0 ms mocks, perf stat -p on the gateway${ISOLATE:+, the gateway alone on CPU $LAST_CPU}"
 echo
 header="| round | binary | requests/s | CPU µs/request | user µs | kernel µs | router share: mean µs, ≤ 10 µs, p99 bucket | syscalls | context switches | preempted | migrations | page faults"
 rule="|---|---|---|---|---|---|---|---|---|---|---|---"
@@ -110,7 +100,7 @@ for round in $(seq "$ROUNDS"); do
     n=0
     for bin in "${BINS[@]}"; do
         n=$((n + 1))
-        "${GW_PIN[@]}" "$bin" serve --config "$WORK/equiroute.toml" >"$WORK/serve$n.log" 2>&1 &
+        "${PIN[@]}" "$bin" serve --config "$WORK/equiroute.toml" >"$WORK/serve$n.log" 2>&1 &
         gw=$!
         PIDS+=("$gw")
         wait_port "$BASE" 200
@@ -130,7 +120,7 @@ for round in $(seq "$ROUNDS"); do
         python3 - "$HERE" "$WORK/perf$n.csv" "$WORK/oha$n.json" "$REQUESTS" "$round" "$bin" "$before" "$after" "$(getconf CLK_TCK)" "$WORK/metrics$n" "${CALLS[@]}" <<'PY'
 import csv, sys
 sys.path.insert(0, sys.argv[1])
-from report import bucket_quantile, histogram, point  # the full run's parsers
+from report import bucket_quantile, histogram_delta, point  # the full run's parsers
 path, oha, n, rnd, bin_ = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
 (u0, s0), (u1, s1), tck = map(int, sys.argv[7].split()), map(int, sys.argv[8].split()), int(sys.argv[9])
 metrics = sys.argv[10]
@@ -143,12 +133,11 @@ for row in csv.reader(l for l in open(path) if l.strip() and not l.startswith("#
     except (ValueError, IndexError):
         pass  # "<not counted>" or a short line
 # The router share of the measured requests: the histogram after minus before.
-(b0, t0, c0), (b1, t1, c1) = (histogram(open(metrics + s).read(), "equiroute_router_microseconds")
-                              for s in (".before", ".after"))
-buckets, count = {le: v - b0.get(le, 0) for le, v in b1.items()}, c1 - c0
+buckets, total, count = histogram_delta(*(open(metrics + s).read() for s in (".before", ".after")),
+                                        "equiroute_router_microseconds")
 if count:
     p99 = bucket_quantile(buckets, count, 0.99)
-    router = f"{(t1 - t0) / count:.2f}, {buckets.get(10.0, 0) / count:.1%}, ≤ {p99:g}"
+    router = f"{total / count:.2f}, {buckets.get(10.0, 0) / count:.1%}, ≤ {p99:g}"
 else:
     router = "–"
 

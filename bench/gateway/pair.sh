@@ -91,13 +91,11 @@ point() { # BIN LABEL
     python3 - "$HERE" "$WORK" "$2" "$((cpu_after - cpu_before))" "$(getconf CLK_TCK)" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[1])
-from report import bucket_quantile, histogram, point  # the full run's parsers
+from report import bucket_quantile, histogram_delta, point  # the full run's parsers
 work, label = sys.argv[2], sys.argv[3]
-name = "equiroute_router_microseconds"
-before, after = (histogram(open(f"{work}/{w}").read(), name) for w in ("before", "after"))
 # The measured seconds alone: the scrape after minus the one before (warm-up excluded).
-buckets = {le: n - before[0].get(le, 0) for le, n in after[0].items()}
-total, count = after[1] - before[1], after[2] - before[2]
+buckets, total, count = histogram_delta(*(open(f"{work}/{w}").read() for w in ("before", "after")),
+                                        "equiroute_router_microseconds")
 q = lambda p: f"{bucket_quantile(buckets, count, p):g}"  # noqa: E731
 oha = point(work + "/oha.json")
 # The gateway's user + system CPU over the measured seconds, per request answered then.

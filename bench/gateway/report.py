@@ -101,6 +101,13 @@ def histogram(text, name):
     return buckets, total, count
 
 
+def histogram_delta(before, after, name):
+    """The histogram `name` over what happened between two scrapes (texts): the cumulative
+    buckets, the sum and the count of `after` minus those of `before`."""
+    (b0, s0, c0), (b1, s1, c1) = histogram(before, name), histogram(after, name)
+    return {le: n - b0.get(le, 0) for le, n in b1.items()}, s1 - s0, c1 - c0
+
+
 def bucket_quantile(buckets, count, q):
     """The smallest bucket bound holding at least q of the observations (an upper bound)."""
     for le in sorted(buckets):
