@@ -45,7 +45,9 @@ pub struct Answered {
 ///
 /// The work is one boxed future: a request's state (its attempts, races and upstream calls,
 /// some 3.4 KB) is allocated once where it runs, instead of being copied into each enclosing
-/// future (the handler's, axum's, the connection's) as each is built and moved.
+/// future (the handler's, axum's, the connection's) as each is built and moved. It is boxed
+/// before it is put in its span: the other way round, the state was copied once more, into
+/// the span's wrapper on the stack, before the box.
 pub async fn execute(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -54,10 +56,10 @@ pub async fn execute(
     deadline: Option<Millis>,
     meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
-    Box::pin(
-        execute_unstreamed(state, iface, body, pinned, deadline, meta)
-            .instrument(request_span(iface, meta)),
-    )
+    Box::pin(execute_unstreamed(
+        state, iface, body, pinned, deadline, meta,
+    ))
+    .instrument(request_span(iface, meta))
     .await
 }
 
@@ -371,7 +373,10 @@ pub async fn execute_stream(
     meta: super::RequestMeta,
 ) -> Result<axum::response::Response, ApiError> {
     let span = request_span(&iface, &meta);
-    Box::pin(execute_streamed(state, iface, body, pinned, deadline, meta).instrument(span)).await
+    // Boxed before it is put in its span, as in `execute`.
+    Box::pin(execute_streamed(state, iface, body, pinned, deadline, meta))
+        .instrument(span)
+        .await
 }
 
 #[allow(clippy::too_many_lines)]
