@@ -363,20 +363,20 @@ pub(super) fn failure(
 /// and no `[DONE]`, and the attempt is recorded as failed.
 ///
 /// # Errors
-/// As [`execute`], when no attempt produced a first byte. Boxed as [`execute`] is.
-pub async fn execute_stream(
+/// As [`execute`], when no attempt produced a first byte. Boxed as [`execute`] is, and
+/// handed back boxed, not wrapped in a future of its own: that one would hold the arguments
+/// until its first poll (some 600 bytes, in every chat request's future, streamed or not).
+pub fn execute_stream(
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
     body: ClientBody,
     pinned: Option<usize>,
     deadline: Option<Millis>,
     meta: super::RequestMeta,
-) -> Result<axum::response::Response, ApiError> {
+) -> impl std::future::Future<Output = Result<axum::response::Response, ApiError>> {
     let span = request_span(&iface, &meta);
     // Boxed before it is put in its span, as in `execute`.
-    Box::pin(execute_streamed(state, iface, body, pinned, deadline, meta))
-        .instrument(span)
-        .await
+    Box::pin(execute_streamed(state, iface, body, pinned, deadline, meta)).instrument(span)
 }
 
 #[allow(clippy::too_many_lines)]
