@@ -42,12 +42,6 @@ pub struct Answered {
 /// # Errors
 /// No eligible provider (503), every attempt failed (502), the deadline passed (504), or the
 /// provider rejected the request itself (400 with the provider's reason, not retried).
-///
-/// The work is one boxed future: a request's state (its attempts, races and upstream calls,
-/// some 3.4 KB) is allocated once where it runs, instead of being copied into each enclosing
-/// future (the handler's, axum's, the connection's) as each is built and moved. It is boxed
-/// before it is put in its span: the other way round, the state was copied once more, into
-/// the span's wrapper on the stack, before the box.
 pub async fn execute(
     state: &AppState,
     iface: &InterfaceRuntime,
@@ -56,11 +50,20 @@ pub async fn execute(
     deadline: Option<Millis>,
     meta: &super::RequestMeta,
 ) -> Result<Answered, ApiError> {
-    Box::pin(execute_unstreamed(
-        state, iface, body, pinned, deadline, meta,
-    ))
-    .instrument(request_span(iface, meta))
-    .await
+    let work = execute_unstreamed(state, iface, body, pinned, deadline, meta);
+    boxed_in_span(work, request_span(iface, meta)).await
+}
+
+/// A request's work as one boxed future in its span. Its state (its attempts, races and
+/// upstream calls, some 3.4 KB unstreamed) is allocated once where it runs, instead of being
+/// copied into each enclosing future (the handler's, axum's, the connection's) as each is
+/// built and moved. Boxed before it is put in the span: the other way round, the state was
+/// copied once more, into the span's wrapper on the stack, before the box.
+fn boxed_in_span<F: std::future::Future>(
+    work: F,
+    span: tracing::Span,
+) -> tracing::instrument::Instrumented<std::pin::Pin<Box<F>>> {
+    Box::pin(work).instrument(span)
 }
 
 /// The span around one request's handling; its id is recorded once [`begin`] numbers it.
@@ -363,9 +366,11 @@ pub(super) fn failure(
 /// and no `[DONE]`, and the attempt is recorded as failed.
 ///
 /// # Errors
-/// As [`execute`], when no attempt produced a first byte. Boxed as [`execute`] is, and
-/// handed back boxed, not wrapped in a future of its own: that one would hold the arguments
-/// until its first poll (some 600 bytes, in every chat request's future, streamed or not).
+/// As [`execute`], when no attempt produced a first byte.
+///
+/// Handed back as `boxed_in_span` makes it, not wrapped in a future of its own: that one
+/// would hold the arguments until its first poll (some 600 bytes, in every chat request's
+/// future, streamed or not).
 pub fn execute_stream(
     state: Arc<AppState>,
     iface: Arc<InterfaceRuntime>,
@@ -375,8 +380,10 @@ pub fn execute_stream(
     meta: super::RequestMeta,
 ) -> impl std::future::Future<Output = Result<axum::response::Response, ApiError>> {
     let span = request_span(&iface, &meta);
-    // Boxed before it is put in its span, as in `execute`.
-    Box::pin(execute_streamed(state, iface, body, pinned, deadline, meta)).instrument(span)
+    boxed_in_span(
+        execute_streamed(state, iface, body, pinned, deadline, meta),
+        span,
+    )
 }
 
 #[allow(clippy::too_many_lines)]
