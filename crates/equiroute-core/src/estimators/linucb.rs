@@ -566,7 +566,24 @@ impl LinUcbHead {
     /// `fast_width` says (it is the cheaper path, not an approximation).
     #[must_use]
     pub fn width_sq_sparse(&self, nz: &[(usize, f64)]) -> f64 {
+        if self.pristine() {
+            // A⁻¹ is still I/λr: the off-diagonal terms of the quadratic form are all +0.0,
+            // so the sum is the diagonal's alone, term for term the same floating-point
+            // operations as the general form's (`x·(m·x + 2·0)` is `x·(m·x)`).
+            let m = self.a_inv.first().copied().unwrap_or(0.0);
+            let width_sq: f64 = nz
+                .iter()
+                .take_while(|&&(i, _)| i < self.dim)
+                .fold(0.0, |s, &(_, x)| s + x * (m * x));
+            return width_sq.max(0.0);
+        }
         packed_quad_form_sparse(&self.a_inv, self.dim, nz).max(0.0)
+    }
+
+    /// Whether `A⁻¹` is still the `I/λr` it starts as: `A⁻¹` changes only when a pair is
+    /// folded in (which counts it) or in a refresh (which is counted too, merges included).
+    fn pristine(&self) -> bool {
+        self.count == 0 && self.refreshes == 0
     }
 
     /// The pairs in `A` and `b`: the window's, or every one without a window.
@@ -935,6 +952,59 @@ impl LinUcbHead {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_heads_sparse_width_is_the_general_forms_to_the_bit() {
+        use crate::estimators::linalg::nonzeros;
+        let dim = 12;
+        for lambda_r in [1.0, 0.3, 2.5] {
+            let config = LinUcbConfig {
+                lambda_r,
+                ..LinUcbConfig::default()
+            };
+            let fresh = LinUcbHead::new(dim, config);
+            let mut used = LinUcbHead::new(dim, config);
+            used.update(&[0.0; 12], 0.5, Timestamp(0.0));
+            // Queries with a few nonzero features of either sign, one beyond the head's
+            // dimension (a longer x counts its tail as zero).
+            for seed in 0..50_u32 {
+                let mut x = vec![0.0; dim + 2];
+                for (k, v) in x.iter_mut().enumerate() {
+                    let h = (seed * 31 + k as u32 * 17) % 7;
+                    if h < 3 {
+                        *v = (f64::from(h) - 1.3) * (1.0 + f64::from(seed) / 7.0);
+                    }
+                }
+                x[dim + 1] = 0.7;
+                let nz = nonzeros(&x, x.len()).unwrap();
+                let general = packed_quad_form_sparse(&fresh.a_inv, dim, &nz).max(0.0);
+                assert!(fresh.pristine());
+                assert_eq!(fresh.width_sq_sparse(&nz).to_bits(), general.to_bits());
+                // A head that learnt (even from an all-zero query) is read the general way.
+                assert!(!used.pristine());
+                let learnt = packed_quad_form_sparse(&used.a_inv, dim, &nz).max(0.0);
+                assert_eq!(used.width_sq_sparse(&nz).to_bits(), learnt.to_bits());
+            }
+        }
+        // A merge that brings pairs is no longer pristine; one that brings none changes nothing.
+        let mut merged = LinUcbHead::new(dim, LinUcbConfig::default());
+        merged
+            .merge(&LinUcbHead::new(dim, LinUcbConfig::default()))
+            .unwrap();
+        assert!(merged.pristine());
+        let mut other = LinUcbHead::new(dim, LinUcbConfig::default());
+        let mut x = vec![0.0; dim];
+        x[3] = 1.0;
+        x[5] = -0.5;
+        other.update(&x, 0.9, Timestamp(0.0));
+        merged.merge(&other).unwrap();
+        assert!(!merged.pristine());
+        let nz = nonzeros(&x, dim).unwrap();
+        assert!(
+            merged.width_sq_sparse(&nz)
+                < LinUcbHead::new(dim, LinUcbConfig::default()).width_sq_sparse(&nz)
+        );
+    }
 
     #[test]
     fn one_update_by_hand() {
