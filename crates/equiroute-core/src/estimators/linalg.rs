@@ -163,9 +163,8 @@ pub fn nonzeros(x: &[f64], max: usize) -> Option<Vec<(usize, f64)>> {
 /// beyond `M` (an `x` longer than `d`) count as zero.
 #[must_use]
 pub fn packed_quad_form_sparse(p: &[f64], d: usize, nz: &[(usize, f64)]) -> f64 {
-    // `nz` is in index order: the entries beyond M are its tail, dropped once here, so every
-    // column below is inside its row.
-    let nz = &nz[..nz.partition_point(|&(i, _)| i < d)];
+    // Every column below is inside its row.
+    let nz = within(nz, d);
     let whole = packed_len(d);
     let mut s = 0.0;
     for (k, &(i, xi)) in nz.iter().enumerate() {
@@ -182,6 +181,22 @@ pub fn packed_quad_form_sparse(p: &[f64], d: usize, nz: &[(usize, f64)]) -> f64 
         s += xi * (row[0] * xi + 2.0 * off_diagonal);
     }
     s
+}
+
+/// [`packed_quad_form_sparse`] for `M = m·I`, in `n` terms: the same floating-point
+/// operations as the general form, whose off-diagonal sums are then `+0.0` (`x·(m·x + 2·0)`
+/// is `x·(m·x)`), so the two agree to the bit.
+#[must_use]
+pub fn scaled_identity_quad_form_sparse(m: f64, d: usize, nz: &[(usize, f64)]) -> f64 {
+    within(nz, d)
+        .iter()
+        .fold(0.0, |s, &(_, xi)| s + xi * (m * xi))
+}
+
+/// The [`nonzeros`] of `x` inside a matrix of dimension `d`: `nz` is in index order, so the
+/// entries beyond it are its tail.
+fn within(nz: &[(usize, f64)], d: usize) -> &[(usize, f64)] {
+    &nz[..nz.partition_point(|&(i, _)| i < d)]
 }
 
 /// `a · x` from the [`nonzeros`] of `x`.

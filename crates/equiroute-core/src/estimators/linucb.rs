@@ -35,7 +35,8 @@
 
 use super::linalg::{
     dot, dot_sparse, full_to_packed, packed_len, packed_mat_vec, packed_mat_vec2, packed_quad_form,
-    packed_quad_form_sparse, packed_rank_one, packed_rank_two, packed_to_full, spd_inverse,
+    packed_quad_form_sparse, packed_rank_one, packed_rank_two, packed_to_full,
+    scaled_identity_quad_form_sparse, spd_inverse,
 };
 use crate::decision::Timestamp;
 use serde::{Deserialize, Serialize};
@@ -566,18 +567,14 @@ impl LinUcbHead {
     /// `fast_width` says (it is the cheaper path, not an approximation).
     #[must_use]
     pub fn width_sq_sparse(&self, nz: &[(usize, f64)]) -> f64 {
-        if self.pristine() {
-            // A⁻¹ is still I/λr: the off-diagonal terms of the quadratic form are all +0.0,
-            // so the sum is the diagonal's alone, term for term the same floating-point
-            // operations as the general form's (`x·(m·x + 2·0)` is `x·(m·x)`).
+        let width_sq = if self.pristine() {
+            // A⁻¹ is still I/λr (its first entry is the diagonal's value, bit for bit).
             let m = self.a_inv.first().copied().unwrap_or(0.0);
-            let width_sq: f64 = nz
-                .iter()
-                .take_while(|&&(i, _)| i < self.dim)
-                .fold(0.0, |s, &(_, x)| s + x * (m * x));
-            return width_sq.max(0.0);
-        }
-        packed_quad_form_sparse(&self.a_inv, self.dim, nz).max(0.0)
+            scaled_identity_quad_form_sparse(m, self.dim, nz)
+        } else {
+            packed_quad_form_sparse(&self.a_inv, self.dim, nz)
+        };
+        width_sq.max(0.0)
     }
 
     /// Whether `A⁻¹` is still the `I/λr` it starts as: `A⁻¹` changes only when a pair is
@@ -964,7 +961,7 @@ mod tests {
             };
             let fresh = LinUcbHead::new(dim, config);
             let mut used = LinUcbHead::new(dim, config);
-            used.update(&[0.0; 12], 0.5, Timestamp(0.0));
+            used.update(&vec![0.0; dim], 0.5, Timestamp(0.0));
             // Queries with a few nonzero features of either sign, one beyond the head's
             // dimension (a longer x counts its tail as zero).
             for seed in 0..50_u32 {
